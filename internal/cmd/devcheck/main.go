@@ -1,0 +1,74 @@
+// Command devcheck tells whether the development servers really answer: it runs
+// a query on PostgreSQL and a metadata request on Kafka. scripts/dev uses it to
+// wait for the servers it starts; it exits 0 once every named server answered,
+// and 1 with a one-line reason when the time is up.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+)
+
+func main() {
+	pgURL := flag.String("postgres", "", "PostgreSQL URL to query (skipped when empty)")
+	brokers := flag.String("kafka", "", "Kafka broker address to ask for metadata (skipped when empty)")
+	wait := flag.Duration("wait", 60*time.Second, "how long to keep trying")
+	flag.Parse()
+	if *pgURL == "" && *brokers == "" {
+		fmt.Fprintln(os.Stderr, "devcheck: name -postgres URL and/or -kafka host:port")
+		os.Exit(2)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *wait)
+	defer cancel()
+
+	var last error
+	for {
+		last = check(ctx, *pgURL, *brokers)
+		if last == nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			fmt.Fprintf(os.Stderr, "devcheck: no answer after %s: %v\n", *wait, last)
+			os.Exit(1)
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+func check(ctx context.Context, pgURL, broker string) error {
+	attempt, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if pgURL != "" {
+		conn, err := pgx.Connect(attempt, pgURL)
+		if err != nil {
+			return fmt.Errorf("postgres: %w", err)
+		}
+		var version string
+		err = conn.QueryRow(attempt, "SELECT current_setting('server_version')").Scan(&version)
+		_ = conn.Close(context.WithoutCancel(attempt))
+		if err != nil {
+			return fmt.Errorf("postgres: %w", err)
+		}
+		fmt.Printf("postgres answers: server_version %s\n", version)
+	}
+	if broker != "" {
+		client := &kafka.Client{Addr: kafka.TCP(broker), Timeout: 5 * time.Second}
+		md, err := client.Metadata(attempt, &kafka.MetadataRequest{})
+		if err != nil {
+			return fmt.Errorf("kafka: %w", err)
+		}
+		if len(md.Brokers) == 0 {
+			return errors.New("kafka: metadata lists no broker yet")
+		}
+		fmt.Printf("kafka answers: %d broker(s), controller %d, cluster %s\n", len(md.Brokers), md.Controller.ID, md.ClusterID)
+	}
+	return nil
+}
