@@ -7,4 +7,54 @@
 // not an error. Records older than the configured retention are purged in
 // bounded batches; after that, a redelivered message with the same ID counts
 // as new: retention must outlast every redelivery and replay you expect.
+//
+// # Claims
+//
+// Store.ClaimTx, Store.ClaimWithPositionTx and Store.ClaimBatchTx take the
+// pgx.Tx your handler writes in. A new claim (duplicate == false) is
+// invisible to other transactions until yours commits; if yours rolls back,
+// the claim goes with it and the message can be claimed again. While it is
+// uncommitted, a concurrent claim of the same ID waits for it, then reports a
+// duplicate (your transaction committed) or claims it (it rolled back): of
+// any number of concurrent claims, exactly one commits as new. The guarantee
+// is scoped to one consumer name: the same message ID claimed by two consumers
+// is two claims. It holds at the PostgreSQL boundary only: effects outside the
+// transaction need the outbox or the receiver's own idempotency.
+//
+// Input is checked before any SQL runs: consumer names and message IDs with
+// ValidateID (non-empty, at most MaxIDLength bytes, valid UTF-8, no control
+// characters), topics non-empty, partitions and offsets not negative. An
+// invalid claim writes nothing and returns an error matching ErrInvalidInput
+// (and ErrInvalidID when an ID is at fault): retrying it cannot help.
+//
+// # Positions
+//
+// The positions table holds, per (consumer, topic, partition), the
+// consumer's next offset: the offset of the first message whose effects are
+// not committed. ClaimWithPositionTx and ClaimBatchTx write it in the same
+// statement as the claim, so it commits atomically with the effects, which
+// makes it a correct place to resume from after a crash between the database
+// commit and the Kafka offset commit. It never moves back through the store
+// (a redelivery at a lower offset leaves it alone) and it is recorded for
+// duplicates too, since a duplicate is done. Positions are never purged.
+//
+// # Retention
+//
+// Records live until Store.Purge deletes them; nothing expires on its own.
+// Purge(ctx, pool, retention, n) deletes records processed more than
+// retention ago, n rows per short statement, so it never holds long locks or
+// a long transaction. After a record is purged its message ID is unknown: a
+// redelivered or replayed message with that ID counts as new and its handler
+// runs again. Choose a retention longer than the longest window in which a
+// message can come back: Kafka redelivery after a rebalance or crash (minutes),
+// dead-letter replays, and any manual re-consumption from an older offset
+// (the topic's own retention, if you may rewind that far). Run Purge on a
+// schedule you own, for example a ticker in a goroutine your program waits
+// for.
+//
+// # Tables
+//
+// The tables are created by package migrate (version 1); Config and
+// migrate.Config must name the same schema and tables. Nothing in this
+// package runs DDL.
 package dedup

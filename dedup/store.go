@@ -1,0 +1,442 @@
+package dedup
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idemkit/migrate"
+)
+
+// PurgeBatchDefault is the number of rows Purge deletes per statement when
+// given a batch size of zero or less.
+const PurgeBatchDefault = 1000
+
+// ErrInvalidInput matches (with errors.Is) every error for input rejected
+// before any SQL runs: an invalid consumer name or message ID (which also
+// matches ErrInvalidID), an empty topic, a negative partition or offset.
+// Nothing is written when it is returned.
+var ErrInvalidInput = errors.New("dedup: invalid input")
+
+// inputError marks an error as ErrInvalidInput while keeping what it wraps
+// reachable (errors.Is(err, ErrInvalidID), errors.As(err, **InvalidIDError)).
+type inputError struct{ err error }
+
+func (e *inputError) Error() string        { return e.err.Error() }
+func (e *inputError) Unwrap() error        { return e.err }
+func (e *inputError) Is(target error) bool { return target == ErrInvalidInput }
+
+func invalid(format string, args ...any) error {
+	return &inputError{err: fmt.Errorf(format, args...)}
+}
+
+// Config says where the store's tables live. They are created by package
+// migrate, which must be given the same Schema and Tables.
+type Config struct {
+	// Schema holds the tables. Defaults to "public".
+	Schema string
+	// Tables names the tables inside Schema; each name defaults as documented
+	// on migrate.Tables (Migrations is not used by the store).
+	Tables migrate.Tables
+}
+
+// DBTX runs queries: a pgx.Tx, a *pgxpool.Pool and a *pgx.Conn all satisfy
+// it. Read-only methods take it so they can run inside or outside a
+// transaction.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+var (
+	_ DBTX = pgx.Tx(nil)
+	_ DBTX = (*pgxpool.Pool)(nil)
+	_ DBTX = (*pgx.Conn)(nil)
+)
+
+// Claim identifies one message to claim: the consumer that handles it, its
+// stable ID, and where it was read.
+type Claim struct {
+	// Consumer names the logical consumer (typically the consumer group); IDs
+	// are unique per consumer. Checked with ValidateID.
+	Consumer string
+	// MessageID is the message's stable ID. Checked with ValidateID.
+	MessageID string
+	// Topic is the Kafka topic the message was read from; not empty.
+	Topic string
+	// Partition is the message's partition, 0 to math.MaxInt32.
+	Partition int
+	// Offset is the message's offset, 0 or more.
+	Offset int64
+}
+
+func (c Claim) validate() error {
+	if err := ValidateID("Consumer", c.Consumer); err != nil {
+		return &inputError{err: err}
+	}
+	if err := ValidateID("MessageID", c.MessageID); err != nil {
+		return &inputError{err: err}
+	}
+	if err := validateTopic(c.Topic); err != nil {
+		return err
+	}
+	if err := validatePartition(c.Partition); err != nil {
+		return err
+	}
+	if c.Offset < 0 || c.Offset == math.MaxInt64 {
+		return invalid("invalid Offset %d", c.Offset)
+	}
+	return nil
+}
+
+func validateTopic(topic string) error {
+	if topic == "" || !utf8.ValidString(topic) || strings.IndexByte(topic, 0) >= 0 {
+		return invalid("invalid Topic %q: empty, not valid UTF-8 or contains NUL", topic)
+	}
+	return nil
+}
+
+func validatePartition(partition int) error {
+	if partition < 0 || partition > math.MaxInt32 {
+		return invalid("invalid Partition %d", partition)
+	}
+	return nil
+}
+
+// Store claims message IDs and records consumer positions in the tables
+// created by package migrate. It holds no connection and no state besides
+// its SQL: it is safe for concurrent use.
+type Store struct {
+	claimSQL             string
+	claimWithPositionSQL string
+	claimBatchSQL        string
+	savePositionSQL      string
+	positionsSQL         string
+	processedSQL         string
+	purgeSQL             string
+}
+
+// New returns a Store for the tables cfg names. cfg may be nil, meaning
+// every default. An invalid cfg returns an error wrapping
+// migrate.ErrInvalidConfig. New does not touch the database.
+func New(cfg *Config) (*Store, error) {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	mc := migrate.Config{Schema: c.Schema, Tables: c.Tables}.WithDefaults()
+	if err := mc.Validate(); err != nil {
+		return nil, fmt.Errorf("dedup: %w", err)
+	}
+	processed := pgx.Identifier{mc.Schema, mc.Tables.ProcessedMessages}.Sanitize()
+	positions := pgx.Identifier{mc.Schema, mc.Tables.ConsumerPositions}.Sanitize()
+
+	// upsertPosition never moves a position back: a redelivered or replayed
+	// message at a lower offset leaves it as it is.
+	upsertPosition := `INSERT INTO ` + positions + ` AS p (consumer, topic, kafka_partition, next_offset)
+	%s
+	ON CONFLICT (consumer, topic, kafka_partition) DO UPDATE
+	SET next_offset = EXCLUDED.next_offset, updated_at = now()
+	WHERE p.next_offset < EXCLUDED.next_offset`
+
+	return &Store{
+		claimSQL: `INSERT INTO ` + processed + ` (consumer, message_id, topic, kafka_partition, kafka_offset)
+	VALUES ($1, $2, $3, $4, $5)
+	ON CONFLICT (consumer, message_id) DO NOTHING`,
+
+		claimWithPositionSQL: `WITH claimed AS (
+	INSERT INTO ` + processed + ` (consumer, message_id, topic, kafka_partition, kafka_offset)
+	VALUES ($1, $2, $3, $4, $5)
+	ON CONFLICT (consumer, message_id) DO NOTHING
+	RETURNING 1
+), position AS (
+	` + fmt.Sprintf(upsertPosition, `VALUES ($1, $3, $4, $6)`) + `
+)
+SELECT NOT EXISTS (SELECT 1 FROM claimed)`,
+
+		claimBatchSQL: `WITH input AS (
+	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::bigint[]) WITH ORDINALITY
+		AS i (consumer, message_id, topic, kafka_partition, kafka_offset, ord)
+), claimed AS (
+	INSERT INTO ` + processed + ` (consumer, message_id, topic, kafka_partition, kafka_offset)
+	SELECT consumer, message_id, topic, kafka_partition, kafka_offset FROM input ORDER BY ord
+	ON CONFLICT (consumer, message_id) DO NOTHING
+	RETURNING consumer, message_id
+), position AS (
+	` + fmt.Sprintf(upsertPosition, `SELECT * FROM unnest($6::text[], $7::text[], $8::int[], $9::bigint[])`) + `
+)
+SELECT input.ord FROM input JOIN claimed USING (consumer, message_id)`,
+
+		savePositionSQL: fmt.Sprintf(upsertPosition, `VALUES ($1, $2, $3, $4)`),
+
+		positionsSQL: `SELECT kafka_partition, next_offset FROM ` + positions + `
+	WHERE consumer = $1 AND topic = $2`,
+
+		processedSQL: `SELECT EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1 AND message_id = $2)`,
+
+		purgeSQL: `DELETE FROM ` + processed + ` WHERE (consumer, message_id) IN (
+	SELECT consumer, message_id FROM ` + processed + `
+	WHERE processed_at < $1
+	ORDER BY processed_at
+	LIMIT $2
+	FOR UPDATE SKIP LOCKED
+)`,
+	}, nil
+}
+
+// ClaimTx claims c.MessageID for c.Consumer in tx. duplicate is false when
+// the ID is newly claimed: the claim then commits or rolls back with tx.
+// duplicate is true when the ID was already claimed by a committed
+// transaction (a transaction still claiming it concurrently makes ClaimTx
+// wait for its outcome). Invalid input returns an error matching
+// ErrInvalidInput before any SQL runs.
+func (s *Store) ClaimTx(ctx context.Context, tx pgx.Tx, c Claim) (duplicate bool, err error) {
+	if err := c.validate(); err != nil {
+		return false, fmt.Errorf("dedup: claim: %w", err)
+	}
+	if tx == nil {
+		return false, errors.New("dedup: claim: nil tx")
+	}
+	tag, err := tx.Exec(ctx, s.claimSQL, c.Consumer, c.MessageID, c.Topic, c.Partition, c.Offset)
+	if err != nil {
+		return false, fmt.Errorf("dedup: claim: %w", err)
+	}
+	return tag.RowsAffected() == 0, nil
+}
+
+// ClaimWithPositionTx does what ClaimTx does and, in the same statement,
+// records c.Offset+1 as the consumer's next offset for c.Topic and
+// c.Partition, unless a higher one is recorded already. The position is
+// recorded for duplicates too: the message is done either way.
+func (s *Store) ClaimWithPositionTx(ctx context.Context, tx pgx.Tx, c Claim) (duplicate bool, err error) {
+	if err := c.validate(); err != nil {
+		return false, fmt.Errorf("dedup: claim: %w", err)
+	}
+	if tx == nil {
+		return false, errors.New("dedup: claim: nil tx")
+	}
+	err = tx.QueryRow(ctx, s.claimWithPositionSQL,
+		c.Consumer, c.MessageID, c.Topic, c.Partition, c.Offset, c.Offset+1).Scan(&duplicate)
+	if err != nil {
+		return false, fmt.Errorf("dedup: claim: %w", err)
+	}
+	return duplicate, nil
+}
+
+type idKey struct{ consumer, messageID string }
+
+type positionKey struct {
+	consumer, topic string
+	partition       int
+}
+
+// ClaimBatchTx claims many IDs in one statement in tx and records, for each
+// (consumer, topic, partition) present, the highest offset+1 as the next
+// offset (unless a higher one is recorded already). duplicate[i] reports
+// whether claims[i] was a duplicate: of an ID claimed before, or of an
+// earlier claim in the same batch (the first occurrence claims). Any invalid
+// claim fails the whole batch before any SQL runs. An empty batch does
+// nothing.
+func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, claims []Claim) (duplicate []bool, err error) {
+	for i, c := range claims {
+		if err := c.validate(); err != nil {
+			return nil, fmt.Errorf("dedup: claim batch: claims[%d]: %w", i, err)
+		}
+	}
+	if tx == nil {
+		return nil, errors.New("dedup: claim batch: nil tx")
+	}
+	if len(claims) == 0 {
+		return []bool{}, nil
+	}
+
+	// ON CONFLICT cannot see a row inserted by the same statement twice, and
+	// the answer must say which occurrence claimed: keep first occurrences.
+	seen := make(map[idKey]struct{}, len(claims))
+	first := make([]int, 0, len(claims)) // indexes into claims
+	next := map[positionKey]int64{}
+	for i, c := range claims {
+		pk := positionKey{c.Consumer, c.Topic, c.Partition}
+		next[pk] = max(next[pk], c.Offset+1)
+		k := idKey{c.Consumer, c.MessageID}
+		if _, ok := seen[k]; ok {
+			continue
+		}
+		seen[k] = struct{}{}
+		first = append(first, i)
+	}
+	// A stable order of inserts and row locks keeps concurrent batches that
+	// overlap from deadlocking.
+	slices.SortFunc(first, func(a, b int) int {
+		return cmp.Or(strings.Compare(claims[a].Consumer, claims[b].Consumer),
+			strings.Compare(claims[a].MessageID, claims[b].MessageID))
+	})
+	consumers := make([]string, len(first))
+	ids := make([]string, len(first))
+	topics := make([]string, len(first))
+	partitions := make([]int32, len(first))
+	offsets := make([]int64, len(first))
+	for j, i := range first {
+		c := claims[i]
+		consumers[j], ids[j], topics[j] = c.Consumer, c.MessageID, c.Topic
+		partitions[j], offsets[j] = int32(c.Partition), c.Offset
+	}
+	keys := make([]positionKey, 0, len(next))
+	for k := range next {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b positionKey) int {
+		return cmp.Or(strings.Compare(a.consumer, b.consumer), strings.Compare(a.topic, b.topic),
+			cmp.Compare(a.partition, b.partition))
+	})
+	pConsumers := make([]string, len(keys))
+	pTopics := make([]string, len(keys))
+	pPartitions := make([]int32, len(keys))
+	pNext := make([]int64, len(keys))
+	for j, k := range keys {
+		pConsumers[j], pTopics[j], pPartitions[j], pNext[j] = k.consumer, k.topic, int32(k.partition), next[k]
+	}
+
+	rows, err := tx.Query(ctx, s.claimBatchSQL, consumers, ids, topics, partitions, offsets,
+		pConsumers, pTopics, pPartitions, pNext)
+	if err != nil {
+		return nil, fmt.Errorf("dedup: claim batch: %w", err)
+	}
+	claimed, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("dedup: claim batch: %w", err)
+	}
+	duplicate = make([]bool, len(claims))
+	for i := range duplicate {
+		duplicate[i] = true
+	}
+	for _, ord := range claimed { // 1-based positions in first
+		if ord < 1 || int(ord) > len(first) {
+			return nil, fmt.Errorf("dedup: claim batch: unexpected ordinality %d", ord)
+		}
+		duplicate[first[ord-1]] = false
+	}
+	return duplicate, nil
+}
+
+// SavePositionTx records next as consumer's next offset for topic and
+// partition in tx, unless a higher one is recorded already: positions never
+// move back through the store. (ClaimWithPositionTx and ClaimBatchTx already
+// record positions; this is for messages handled without a claim and for
+// tooling. To rewind a consumer, update the table itself.)
+func (s *Store) SavePositionTx(ctx context.Context, tx pgx.Tx, consumer, topic string, partition int, next int64) error {
+	if err := ValidateID("Consumer", consumer); err != nil {
+		return fmt.Errorf("dedup: save position: %w", &inputError{err: err})
+	}
+	if err := validateTopic(topic); err != nil {
+		return fmt.Errorf("dedup: save position: %w", err)
+	}
+	if err := validatePartition(partition); err != nil {
+		return fmt.Errorf("dedup: save position: %w", err)
+	}
+	if next < 0 {
+		return fmt.Errorf("dedup: save position: %w", invalid("invalid next offset %d", next))
+	}
+	if tx == nil {
+		return errors.New("dedup: save position: nil tx")
+	}
+	if _, err := tx.Exec(ctx, s.savePositionSQL, consumer, topic, partition, next); err != nil {
+		return fmt.Errorf("dedup: save position: %w", err)
+	}
+	return nil
+}
+
+// Positions returns consumer's next offset per partition of topic: the
+// offset of the first message whose effects are not committed, as far as
+// positions were recorded. Partitions without a record are absent.
+func (s *Store) Positions(ctx context.Context, db DBTX, consumer, topic string) (map[int]int64, error) {
+	if err := ValidateID("Consumer", consumer); err != nil {
+		return nil, fmt.Errorf("dedup: positions: %w", &inputError{err: err})
+	}
+	if err := validateTopic(topic); err != nil {
+		return nil, fmt.Errorf("dedup: positions: %w", err)
+	}
+	rows, err := db.Query(ctx, s.positionsSQL, consumer, topic)
+	if err != nil {
+		return nil, fmt.Errorf("dedup: positions: %w", err)
+	}
+	out := map[int]int64{}
+	var (
+		partition int
+		next      int64
+	)
+	_, err = pgx.ForEachRow(rows, []any{&partition, &next}, func() error {
+		out[partition] = next
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dedup: positions: %w", err)
+	}
+	return out, nil
+}
+
+// Processed reports whether messageID is recorded as claimed by consumer, as
+// db sees it (within a transaction, its own uncommitted claims count). After
+// a record is purged, Processed reports false.
+func (s *Store) Processed(ctx context.Context, db DBTX, consumer, messageID string) (bool, error) {
+	if err := ValidateID("Consumer", consumer); err != nil {
+		return false, fmt.Errorf("dedup: processed: %w", &inputError{err: err})
+	}
+	if err := ValidateID("MessageID", messageID); err != nil {
+		return false, fmt.Errorf("dedup: processed: %w", &inputError{err: err})
+	}
+	var ok bool
+	if err := db.QueryRow(ctx, s.processedSQL, consumer, messageID).Scan(&ok); err != nil {
+		return false, fmt.Errorf("dedup: processed: %w", err)
+	}
+	return ok, nil
+}
+
+// Purge deletes the records of messages processed more than olderThan ago
+// (by the database's clock, fixed when Purge starts), at most batchSize rows
+// per statement, each statement its own short transaction on db, until no
+// such record is left or ctx ends. It returns how many records it deleted,
+// also when it returns an error. batchSize <= 0 means PurgeBatchDefault.
+// Rows locked by a concurrent Purge are skipped, not waited for. Positions
+// are never purged.
+func (s *Store) Purge(ctx context.Context, db *pgxpool.Pool, olderThan time.Duration, batchSize int) (int64, error) {
+	if olderThan <= 0 {
+		return 0, fmt.Errorf("dedup: purge: %w", invalid("olderThan %v is not positive", olderThan))
+	}
+	if db == nil {
+		return 0, errors.New("dedup: purge: nil pool")
+	}
+	if batchSize <= 0 {
+		batchSize = PurgeBatchDefault
+	}
+	var cutoff time.Time
+	if err := db.QueryRow(ctx, `SELECT now() - $1::bigint * interval '1 microsecond'`,
+		olderThan.Microseconds()).Scan(&cutoff); err != nil {
+		return 0, fmt.Errorf("dedup: purge: %w", err)
+	}
+	var deleted int64
+	for {
+		if err := ctx.Err(); err != nil {
+			return deleted, fmt.Errorf("dedup: purge: %w", err)
+		}
+		tag, err := db.Exec(ctx, s.purgeSQL, cutoff, batchSize)
+		if err != nil {
+			return deleted, fmt.Errorf("dedup: purge: %w", err)
+		}
+		deleted += tag.RowsAffected()
+		if tag.RowsAffected() < int64(batchSize) {
+			return deleted, nil
+		}
+	}
+}

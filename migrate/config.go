@@ -1,0 +1,101 @@
+package migrate
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+)
+
+// Defaults of Config.
+const (
+	// SchemaDefault is the schema of every idemkit table.
+	SchemaDefault = "public"
+	// ProcessedMessagesDefault is the table of claimed message IDs.
+	ProcessedMessagesDefault = "processed_messages"
+	// ConsumerPositionsDefault is the table of next offsets per partition.
+	ConsumerPositionsDefault = "consumer_positions"
+	// MigrationsDefault is the bookkeeping table of applied versions.
+	MigrationsDefault = "idemkit_migrations"
+)
+
+// MaxIdentifierLength is the longest PostgreSQL identifier, in bytes
+// (NAMEDATALEN - 1). Longer names would be silently truncated by the server,
+// so Validate rejects them.
+const MaxIdentifierLength = 63
+
+// ErrInvalidConfig is wrapped by every error Config.Validate returns.
+var ErrInvalidConfig = errors.New("migrate: invalid config")
+
+// Tables names idemkit's tables, unqualified. Any string PostgreSQL accepts
+// as a quoted identifier is allowed: names are quoted, never interpolated raw.
+type Tables struct {
+	// ProcessedMessages holds one row per claimed (consumer, message ID).
+	// Defaults to "processed_messages".
+	ProcessedMessages string
+	// ConsumerPositions holds each consumer's next offset per partition.
+	// Defaults to "consumer_positions".
+	ConsumerPositions string
+	// Migrations records which migration versions are applied.
+	// Defaults to "idemkit_migrations".
+	Migrations string
+}
+
+// Config says where idemkit's tables live.
+type Config struct {
+	// Schema holds every idemkit table; Up creates it when missing.
+	// Defaults to "public".
+	Schema string
+	// Tables names the tables inside Schema. Each name defaults as documented
+	// on Tables.
+	Tables Tables
+}
+
+// WithDefaults returns a copy of c with every empty field set to its default.
+func (c Config) WithDefaults() Config {
+	c.Schema = cmp.Or(c.Schema, SchemaDefault)
+	c.Tables.ProcessedMessages = cmp.Or(c.Tables.ProcessedMessages, ProcessedMessagesDefault)
+	c.Tables.ConsumerPositions = cmp.Or(c.Tables.ConsumerPositions, ConsumerPositionsDefault)
+	c.Tables.Migrations = cmp.Or(c.Tables.Migrations, MigrationsDefault)
+	return c
+}
+
+// Validate reports whether c, with defaults applied, names usable
+// identifiers: each non-empty, at most MaxIdentifierLength bytes, valid UTF-8
+// without NUL, and the three tables distinct. The error wraps
+// ErrInvalidConfig.
+func (c Config) Validate() error {
+	c = c.WithDefaults()
+	fields := []struct{ name, value string }{
+		{"Schema", c.Schema},
+		{"Tables.ProcessedMessages", c.Tables.ProcessedMessages},
+		{"Tables.ConsumerPositions", c.Tables.ConsumerPositions},
+		{"Tables.Migrations", c.Tables.Migrations},
+	}
+	for _, f := range fields {
+		if err := validateIdentifier(f.value); err != nil {
+			return fmt.Errorf("%w: %s: %v", ErrInvalidConfig, f.name, err)
+		}
+	}
+	t := c.Tables
+	if t.ProcessedMessages == t.ConsumerPositions || t.ProcessedMessages == t.Migrations ||
+		t.ConsumerPositions == t.Migrations {
+		return fmt.Errorf("%w: Tables: names must be distinct", ErrInvalidConfig)
+	}
+	return nil
+}
+
+func validateIdentifier(s string) error {
+	switch {
+	case s == "":
+		return errors.New("empty")
+	case len(s) > MaxIdentifierLength:
+		return fmt.Errorf("%d bytes, longer than %d", len(s), MaxIdentifierLength)
+	case !utf8.ValidString(s):
+		return errors.New("not valid UTF-8")
+	case strings.IndexByte(s, 0) >= 0:
+		return errors.New("contains NUL")
+	}
+	return nil
+}

@@ -1,0 +1,29 @@
+// Package migrate creates and upgrades idemkit's PostgreSQL tables with
+// versioned migrations embedded in the library.
+//
+// Each version is a pair of SQL files, NNN_name.up.sql and NNN_name.down.sql,
+// compiled into the binary. Their identifiers (schema, tables, indexes) come
+// from Config and are quoted once with pgx.Identifier before the SQL is
+// rendered; no value is ever put into SQL text.
+//
+// Contract:
+//
+//   - Up applies every pending version in order; Down reverts versions above
+//     a target in reverse order. Each version runs in its own transaction
+//     together with the insert or delete of its row in the migrations table,
+//     so a version is either fully applied and recorded or not at all.
+//   - Every step first takes a transaction-level advisory lock keyed on the
+//     schema name, then re-checks whether its version is applied. Any number
+//     of processes may call Up at once (for example every replica at start):
+//     each version is applied exactly once and the others wait, then skip it.
+//   - Up creates the schema and the migrations table when missing. No other
+//     DDL runs outside a versioned migration, and nothing else in idemkit runs
+//     DDL: call Up from your deployment or your program's start, on purpose.
+//   - Table names are free-form (any valid UTF-8 of at most 63 bytes without
+//     NUL); derived index names are kept within PostgreSQL's 63-byte limit.
+//
+// Version 1 (001_dedup) creates the dedup store's tables: processed messages,
+// keyed by (consumer, message_id), with an index on processed_at for
+// retention purges; and consumer positions, the next offset per (consumer,
+// topic, partition). See package dedup for their contract.
+package migrate
