@@ -1,0 +1,91 @@
+package consumer
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// committer commits Kafka offsets for one generation. Workers mark the next
+// offset of a partition once its transaction has committed in PostgreSQL; the
+// committer sends the newest mark of every partition in one synchronous
+// OffsetCommit request, and the next request as soon as that one answered.
+// The database position is the source of truth, so a Kafka offset only ever
+// trails it, and the processing path never waits for the broker: on brokers
+// whose group coordinator lingers a few milliseconds per commit, committing
+// per transaction would cap a partition at a few hundred messages a second.
+type committer struct {
+	gen   *kafka.Generation
+	topic string
+	log   *slog.Logger
+	hook  func(topic string, partition int, next int64)
+
+	mu      sync.Mutex
+	pending map[int]int64
+	wake    chan struct{} // size 1: a mark arrived
+	workers sync.WaitGroup
+}
+
+func newCommitter(gen *kafka.Generation, topic string, log *slog.Logger, hook func(string, int, int64)) *committer {
+	return &committer{gen: gen, topic: topic, log: log, hook: hook,
+		pending: map[int]int64{}, wake: make(chan struct{}, 1)}
+}
+
+// mark records that every message of partition before next is committed in
+// PostgreSQL.
+func (c *committer) mark(partition int, next int64) {
+	c.mu.Lock()
+	if next > c.pending[partition] {
+		c.pending[partition] = next
+	}
+	c.mu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run commits marks until the generation ends, then waits for the workers and
+// commits their last marks. A failed commit ends the generation: the group
+// rebalances and the next owner of each partition starts from PostgreSQL.
+func (c *committer) run(genCtx context.Context) {
+	for {
+		select {
+		case <-c.wake:
+			if !c.flush(genCtx) {
+				return
+			}
+		case <-genCtx.Done():
+			c.workers.Wait()
+			c.flush(genCtx)
+			return
+		}
+	}
+}
+
+func (c *committer) flush(genCtx context.Context) bool {
+	c.mu.Lock()
+	batch := c.pending
+	c.pending = map[int]int64{}
+	c.mu.Unlock()
+	if len(batch) == 0 {
+		return true
+	}
+	if err := c.gen.CommitOffsets(map[string]map[int]int64{c.topic: batch}); err != nil {
+		if genCtx.Err() == nil {
+			c.log.Error("kafka offset commit failed; leaving the generation (positions are safe in PostgreSQL)",
+				"offsets", batch, "err", err)
+		} else {
+			c.log.Debug("kafka offset commit after the generation ended", "offsets", batch, "err", err)
+		}
+		return false
+	}
+	if c.hook != nil {
+		for p, next := range batch {
+			c.hook(c.topic, p, next)
+		}
+	}
+	return true
+}

@@ -1,0 +1,247 @@
+package consumer
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/idemkit/dedup"
+)
+
+// Defaults of Config.
+const (
+	IDHeaderDefault       = "message-id"
+	BatchSizeDefault      = 1
+	BatchLingerDefault    = 5 * time.Millisecond
+	MaxPartitionsDefault  = 16
+	SessionTimeoutDefault = 10 * time.Second
+	TxRetriesDefault      = 10
+)
+
+// Handler applies one message's business effect inside tx. The runner owns tx:
+// a handler must neither commit nor roll it back. Returning an error rolls
+// back the effect together with the message's dedup claim.
+type Handler interface {
+	Handle(ctx context.Context, tx pgx.Tx, msg *Message) error
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(ctx context.Context, tx pgx.Tx, msg *Message) error
+
+// Handle calls f.
+func (f HandlerFunc) Handle(ctx context.Context, tx pgx.Tx, msg *Message) error {
+	return f(ctx, tx, msg)
+}
+
+// BatchHandler applies the effects of several messages of one partition at
+// once, so that they can be written with set-based SQL. It receives only the
+// messages whose IDs were newly claimed in tx, in offset order.
+type BatchHandler interface {
+	HandleBatch(ctx context.Context, tx pgx.Tx, msgs []*Message) error
+}
+
+// BatchHandlerFunc adapts a function to BatchHandler.
+type BatchHandlerFunc func(ctx context.Context, tx pgx.Tx, msgs []*Message) error
+
+// HandleBatch calls f.
+func (f BatchHandlerFunc) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []*Message) error {
+	return f(ctx, tx, msgs)
+}
+
+// MissingIDPolicy says what happens to a message that carries no usable ID.
+type MissingIDPolicy int
+
+const (
+	// MissingIDFail treats the message as failed with ErrMissingID: it is not
+	// retried and goes to Config.OnFailure (or stops the runner). This is the
+	// default: a message is never processed without dedup.
+	MissingIDFail MissingIDPolicy = iota
+	// MissingIDUseCoordinates derives the ID "topic/partition/offset". Such an
+	// ID deduplicates redeliveries of the same record, but not a producer that
+	// sent the same event twice (two records, two offsets).
+	MissingIDUseCoordinates
+)
+
+// FailureFunc receives a message whose handler failed for good (a permanent
+// error, or retries exhausted). Returning nil means the message was taken care
+// of (for example written to a dead-letter topic): its offset moves on.
+// Returning an error stops the runner with that error; the offset does not move.
+type FailureFunc func(ctx context.Context, msg *Message, err error) error
+
+// Config configures a Runner. Brokers, Topic, GroupID, Pool and one of
+// Handler or BatchHandler are required.
+type Config struct {
+	// Brokers are the Kafka bootstrap addresses.
+	Brokers []string
+	// Topic is the topic to consume. It must exist: the runner never creates it.
+	Topic string
+	// GroupID is the Kafka consumer group.
+	GroupID string
+	// Name scopes the dedup records: two runners with the same Name share one
+	// set of processed IDs. Defaults to GroupID.
+	Name string
+
+	// Pool is where the handler's transaction runs.
+	Pool *pgxpool.Pool
+	// Store is the dedup store; its tables must be migrated (see package
+	// migrate). Defaults to dedup.New(nil): schema "public", default tables.
+	Store *dedup.Store
+
+	// Handler handles one message per call. With BatchSize > 1 several calls
+	// share one transaction.
+	Handler Handler
+	// BatchHandler handles all new messages of a batch in one call. Set
+	// either Handler or BatchHandler.
+	BatchHandler BatchHandler
+
+	// IDHeader is the Kafka header that carries the message ID. Defaults to
+	// "message-id".
+	IDHeader string
+	// IDFunc extracts the message ID; when set, IDHeader is not read.
+	IDFunc func(msg *kafka.Message) (string, error)
+	// MissingID says what happens to a message with no usable ID. Defaults to
+	// MissingIDFail.
+	MissingID MissingIDPolicy
+
+	// BatchSize is how many messages of one partition share a transaction.
+	// Defaults to 1: one transaction per message.
+	BatchSize int
+	// BatchLinger is how long a batch waits to fill once its first message
+	// arrived. Defaults to 5ms; used only when BatchSize > 1.
+	BatchLinger time.Duration
+	// MaxPartitions bounds how many partitions are processed at once.
+	// Defaults to 16.
+	MaxPartitions int
+
+	// Retry decides whether and when a failed message is tried again.
+	// Defaults to DefaultRetry().
+	Retry RetryPolicy
+	// OnFailure receives messages that failed for good. Defaults to nil: the
+	// runner stops and Run returns a *MessageError; nothing is skipped.
+	OnFailure FailureFunc
+	// TxRetries bounds how often a transaction that failed with a
+	// serialization failure or a deadlock is run again. Defaults to 10.
+	TxRetries int
+
+	// StartOffset is where a partition with no committed position starts:
+	// kafka.FirstOffset or kafka.LastOffset. Defaults to kafka.FirstOffset.
+	StartOffset int64
+	// SessionTimeout is the consumer group session timeout. Defaults to 10s.
+	SessionTimeout time.Duration
+	// Dialer connects to Kafka. Defaults to kafka-go's default dialer.
+	Dialer *kafka.Dialer
+
+	// Logger receives structured logs. Defaults to slog.Default().
+	Logger *slog.Logger
+	// Hooks observe the runner; every field is optional.
+	Hooks Hooks
+}
+
+// Hooks are optional callbacks for metrics, tracing and tests. They run
+// synchronously on the partition's goroutine: keep them fast.
+type Hooks struct {
+	// BeforeCommit runs after the handlers succeeded and before the
+	// transaction commits.
+	BeforeCommit func(ctx context.Context, msgs []*Message)
+	// AfterCommit runs after the transaction committed and before the Kafka
+	// offset commit.
+	AfterCommit func(ctx context.Context, msgs []*Message)
+	// OffsetCommitted runs after a Kafka offset commit succeeded; next is the
+	// offset of the next message to read.
+	OffsetCommitted func(topic string, partition int, next int64)
+	// Outcome runs once per message when its fate is known.
+	Outcome func(msg *Message, outcome Outcome)
+	// Assigned runs when a partition is assigned, with the offset it starts at.
+	Assigned func(topic string, partition int, start int64)
+}
+
+// Outcome is what became of a message.
+type Outcome int
+
+const (
+	// Applied: the ID was newly claimed and the handler's effect committed.
+	Applied Outcome = iota + 1
+	// Duplicate: the ID was already claimed; the handler did not run.
+	Duplicate
+	// Failed: the handler failed for good and OnFailure took the message.
+	Failed
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Applied:
+		return "applied"
+	case Duplicate:
+		return "duplicate"
+	case Failed:
+		return "failed"
+	}
+	return fmt.Sprintf("Outcome(%d)", int(o))
+}
+
+// ErrInvalidConfig is wrapped by every configuration error New returns.
+var ErrInvalidConfig = errors.New("consumer: invalid config")
+
+func (c Config) withDefaults() (Config, error) {
+	c.Name = cmp.Or(c.Name, c.GroupID)
+	c.IDHeader = cmp.Or(c.IDHeader, IDHeaderDefault)
+	c.BatchSize = cmp.Or(c.BatchSize, BatchSizeDefault)
+	c.BatchLinger = cmp.Or(c.BatchLinger, BatchLingerDefault)
+	c.MaxPartitions = cmp.Or(c.MaxPartitions, MaxPartitionsDefault)
+	c.TxRetries = cmp.Or(c.TxRetries, TxRetriesDefault)
+	c.StartOffset = cmp.Or(c.StartOffset, kafka.FirstOffset)
+	c.SessionTimeout = cmp.Or(c.SessionTimeout, SessionTimeoutDefault)
+	if c.Retry == nil {
+		c.Retry = DefaultRetry()
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Store == nil {
+		s, err := dedup.New(nil)
+		if err != nil {
+			return c, err
+		}
+		c.Store = s
+	}
+	invalid := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case len(c.Brokers) == 0:
+		return c, invalid("Brokers is empty")
+	case c.Topic == "":
+		return c, invalid("Topic is empty")
+	case c.GroupID == "":
+		return c, invalid("GroupID is empty")
+	case c.Pool == nil:
+		return c, invalid("Pool is nil")
+	case c.Handler == nil && c.BatchHandler == nil:
+		return c, invalid("set Handler or BatchHandler")
+	case c.Handler != nil && c.BatchHandler != nil:
+		return c, invalid("set Handler or BatchHandler, not both")
+	case c.BatchSize < 1:
+		return c, invalid("BatchSize %d < 1", c.BatchSize)
+	case c.BatchLinger < 0:
+		return c, invalid("BatchLinger %s < 0", c.BatchLinger)
+	case c.MaxPartitions < 1:
+		return c, invalid("MaxPartitions %d < 1", c.MaxPartitions)
+	case c.TxRetries < 1:
+		return c, invalid("TxRetries %d < 1", c.TxRetries)
+	case c.StartOffset != kafka.FirstOffset && c.StartOffset != kafka.LastOffset:
+		return c, invalid("StartOffset must be kafka.FirstOffset or kafka.LastOffset")
+	case c.MissingID != MissingIDFail && c.MissingID != MissingIDUseCoordinates:
+		return c, invalid("unknown MissingID policy %d", c.MissingID)
+	}
+	if err := dedup.ValidateID("consumer name", c.Name); err != nil {
+		return c, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return c, nil
+}

@@ -1,0 +1,530 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/migrate"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m, nil) }
+
+// env is one test's topic, schema and effect table.
+type env struct {
+	t       *testing.T
+	topic   string
+	group   string
+	db      *testenv.DB
+	store   *dedup.Store
+	effects string // table counting how often each message's effect ran
+}
+
+func newEnv(t *testing.T, partitions int) *env {
+	t.Helper()
+	db := testenv.NewDB(t, func(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+		m, err := migrate.New(pool, &migrate.Config{Schema: schema})
+		if err != nil {
+			return err
+		}
+		if _, err := m.Up(ctx); err != nil {
+			return err
+		}
+		_, err = pool.Exec(ctx, `CREATE TABLE `+pgx.Identifier{schema, "effects"}.Sanitize()+` (
+			id text PRIMARY KEY, runs int NOT NULL, amount bigint NOT NULL)`)
+		return err
+	})
+	store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{t: t, topic: testenv.NewTopic(t, partitions), group: testenv.Name(t, "g"),
+		db: db, store: store, effects: db.Table("effects")}
+}
+
+// msg is a test message: ID header, key, and an amount as the value.
+func msg(id, key string, amount int) kafka.Message {
+	m := kafka.Message{Key: []byte(key), Value: []byte(strconv.Itoa(amount))}
+	if id != "" {
+		m.Headers = []kafka.Header{{Key: consumer.IDHeaderDefault, Value: []byte(id)}}
+	}
+	return m
+}
+
+func (e *env) produce(msgs ...kafka.Message) {
+	e.t.Helper()
+	w := &kafka.Writer{Addr: kafka.TCP(testenv.Brokers(e.t)...), Topic: e.topic, Balancer: &kafka.Hash{},
+		RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		e.t.Fatalf("produce: %v", err)
+	}
+}
+
+// effect is the business write: it counts runs per message and sums amounts,
+// so any duplicate effect shows.
+func (e *env) effect(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+	amount, err := strconv.Atoi(string(m.Value))
+	if err != nil {
+		return fmt.Errorf("bad amount %q: %w", m.Value, err)
+	}
+	_, err = tx.Exec(ctx, `INSERT INTO `+e.effects+` (id, runs, amount) VALUES ($1, 1, $2)
+		ON CONFLICT (id) DO UPDATE SET runs = `+e.effects+`.runs + 1, amount = `+e.effects+`.amount + excluded.amount`,
+		m.ID, amount)
+	return err
+}
+
+func (e *env) batchEffect(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
+	ids := make([]string, len(msgs))
+	amounts := make([]int64, len(msgs))
+	for i, m := range msgs {
+		a, err := strconv.Atoi(string(m.Value))
+		if err != nil {
+			return fmt.Errorf("bad amount %q: %w", m.Value, err)
+		}
+		ids[i], amounts[i] = m.ID, int64(a)
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO `+e.effects+` (id, runs, amount)
+		SELECT id, 1, amount FROM unnest($1::text[], $2::bigint[]) AS t(id, amount)
+		ON CONFLICT (id) DO UPDATE SET runs = `+e.effects+`.runs + 1, amount = `+e.effects+`.amount + excluded.amount`,
+		ids, amounts)
+	return err
+}
+
+// effects returns runs per message ID.
+func (e *env) runs() map[string]int {
+	e.t.Helper()
+	rows, err := e.db.Pool.Query(context.Background(), `SELECT id, runs FROM `+e.effects)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (struct {
+		id   string
+		runs int
+	}, error) {
+		var v struct {
+			id   string
+			runs int
+		}
+		return v, r.Scan(&v.id, &v.runs)
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	m := map[string]int{}
+	for _, v := range out {
+		m[v.id] = v.runs
+	}
+	return m
+}
+
+// mode is a way of running the consumer; every behaviour test runs in each.
+type mode struct {
+	name  string
+	batch int
+	set   bool // use the batch handler
+}
+
+var modes = []mode{
+	{name: "per-message"},
+	{name: "batched", batch: 50},
+	{name: "batch-handler", batch: 50, set: true},
+}
+
+// outcomes counts what the Outcome hook reports and signals when a total is reached.
+type outcomes struct {
+	mu     sync.Mutex
+	byKind map[consumer.Outcome]int
+	ids    map[string][]consumer.Outcome
+	want   int
+	done   chan struct{}
+}
+
+func newOutcomes(want int) *outcomes {
+	return &outcomes{byKind: map[consumer.Outcome]int{}, ids: map[string][]consumer.Outcome{}, want: want,
+		done: make(chan struct{})}
+}
+
+func (o *outcomes) hook(m *consumer.Message, oc consumer.Outcome) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.byKind[oc]++
+	o.ids[m.ID] = append(o.ids[m.ID], oc)
+	if n := o.byKind[consumer.Applied] + o.byKind[consumer.Duplicate] + o.byKind[consumer.Failed]; n == o.want {
+		close(o.done)
+	}
+}
+
+func (o *outcomes) count(oc consumer.Outcome) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.byKind[oc]
+}
+
+// config returns a runner config for the env in the given mode. check, when
+// set, runs first for each message and may fail it; the effect follows.
+func (e *env) config(md mode, check func(ctx context.Context, m *consumer.Message) error) *consumer.Config {
+	cfg := &consumer.Config{
+		Brokers: testenv.Brokers(e.t), Topic: e.topic, GroupID: e.group,
+		Pool: e.db.Pool, Store: e.store, BatchSize: md.batch,
+		Retry:  consumer.Exponential{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond, MaxAttempts: 5},
+		Logger: slog.New(slog.NewTextHandler(e.t.Output(), nil)),
+	}
+	if check == nil {
+		check = func(context.Context, *consumer.Message) error { return nil }
+	}
+	if md.set {
+		cfg.BatchHandler = consumer.BatchHandlerFunc(func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
+			for _, m := range msgs {
+				if err := check(ctx, m); err != nil {
+					return err
+				}
+			}
+			return e.batchEffect(ctx, tx, msgs)
+		})
+	} else {
+		cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			if err := check(ctx, m); err != nil {
+				return err
+			}
+			return e.effect(ctx, tx, m)
+		})
+	}
+	return cfg
+}
+
+// run starts the runner and returns a function that stops it and returns Run's error.
+func run(t *testing.T, cfg *consumer.Config) (stop func() error) {
+	t.Helper()
+	r, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- r.Run(ctx) }()
+	var once sync.Once
+	var result error
+	stop = func() error {
+		once.Do(func() { cancel(); result = <-errc })
+		return result
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
+func wait(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(90 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+// TestDuplicateIDOneEffect: the same message ID produced twice (a producer
+// retry) has one effect; the second copy is acknowledged as a duplicate.
+func TestDuplicateIDOneEffect(t *testing.T) {
+	t.Parallel()
+	for _, md := range modes {
+		t.Run(md.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, 2)
+			var msgs []kafka.Message
+			for i := range 20 {
+				msgs = append(msgs, msg(fmt.Sprintf("pay-%d", i), fmt.Sprintf("k%d", i%4), 100))
+			}
+			msgs = append(msgs, msg("pay-7", "k3", 100), msg("pay-12", "k0", 100)) // producer retries
+			e.produce(msgs...)
+
+			oc := newOutcomes(len(msgs))
+			cfg := e.config(md, nil)
+			cfg.Hooks.Outcome = oc.hook
+			stop := run(t, cfg)
+			wait(t, oc.done, "all messages")
+			if err := stop(); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			runs := e.runs()
+			if len(runs) != 20 {
+				t.Fatalf("%d messages had an effect, want 20", len(runs))
+			}
+			for id, n := range runs {
+				if n != 1 {
+					t.Fatalf("%s ran %d times", id, n)
+				}
+			}
+			if got := oc.count(consumer.Duplicate); got != 2 {
+				t.Fatalf("duplicates acknowledged: %d, want 2", got)
+			}
+		})
+	}
+}
+
+// TestHandlerErrorRollsBack: a failing handler leaves no marker and no
+// effect; the message is retried and succeeds once the cause heals, and the
+// messages around it are applied exactly once.
+func TestHandlerErrorRollsBack(t *testing.T) {
+	t.Parallel()
+	for _, md := range modes {
+		t.Run(md.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, 1)
+			var msgs []kafka.Message
+			for i := range 10 {
+				msgs = append(msgs, msg(fmt.Sprintf("m-%d", i), "k", 1))
+			}
+			e.produce(msgs...)
+
+			var failures atomic.Int32
+			var sawMarker atomic.Bool
+			oc := newOutcomes(len(msgs))
+			cfg := e.config(md, func(ctx context.Context, m *consumer.Message) error {
+				if m.ID == "m-4" && failures.Load() < 3 {
+					failures.Add(1)
+					// The claim of an earlier failed attempt must not have survived it.
+					if ok, err := e.store.Processed(ctx, e.db.Pool, e.group, "m-4"); err != nil || ok {
+						sawMarker.Store(true)
+					}
+					return errors.New("downstream unavailable")
+				}
+				return nil
+			})
+			cfg.Hooks.Outcome = oc.hook
+			stop := run(t, cfg)
+			wait(t, oc.done, "all messages")
+			if err := stop(); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			if failures.Load() != 3 {
+				t.Fatalf("handler failed %d times, want 3", failures.Load())
+			}
+			if sawMarker.Load() {
+				t.Fatal("a failed attempt left its dedup marker behind")
+			}
+			runs := e.runs()
+			for i := range 10 {
+				if id := fmt.Sprintf("m-%d", i); runs[id] != 1 {
+					t.Fatalf("%s ran %d times, want 1", id, runs[id])
+				}
+			}
+		})
+	}
+}
+
+// TestMissingID: a message with no ID is never processed without dedup. By
+// default it fails (here to OnFailure, which sees ErrMissingID) and the
+// messages after it flow; with MissingIDUseCoordinates it is processed under
+// the ID topic/partition/offset.
+func TestMissingID(t *testing.T) {
+	t.Parallel()
+	for _, md := range modes {
+		t.Run(md.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, 1)
+			e.produce(msg("a", "k", 1), msg("", "k", 1), msg("b", "k", 1))
+
+			oc := newOutcomes(3)
+			var failed []error
+			cfg := e.config(md, nil)
+			cfg.Hooks.Outcome = oc.hook
+			cfg.OnFailure = func(ctx context.Context, m *consumer.Message, err error) error {
+				failed = append(failed, err)
+				return nil
+			}
+			stop := run(t, cfg)
+			wait(t, oc.done, "all messages")
+			if err := stop(); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			if len(failed) != 1 || !errors.Is(failed[0], consumer.ErrMissingID) {
+				t.Fatalf("OnFailure got %v, want one ErrMissingID", failed)
+			}
+			var merr *consumer.MessageError
+			if !errors.As(failed[0], &merr) || merr.Offset != 1 || merr.Attempts != 1 {
+				t.Fatalf("OnFailure error %#v: want offset 1 after 1 attempt", merr)
+			}
+			if runs := e.runs(); len(runs) != 2 || runs["a"] != 1 || runs["b"] != 1 {
+				t.Fatalf("effects %v, want a and b once", runs)
+			}
+		})
+	}
+
+	t.Run("stops without OnFailure", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t, 1)
+		e.produce(msg("a", "k", 1), msg("", "k", 1), msg("b", "k", 1))
+		r, err := consumer.New(e.config(modes[0], nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+		defer cancel()
+		err = r.Run(ctx)
+		var merr *consumer.MessageError
+		if !errors.As(err, &merr) || !errors.Is(err, consumer.ErrMissingID) || merr.Offset != 1 {
+			t.Fatalf("Run returned %v, want a MessageError for offset 1 wrapping ErrMissingID", err)
+		}
+		if runs := e.runs(); len(runs) != 1 || runs["a"] != 1 {
+			t.Fatalf("effects %v, want only a (b must wait behind the failure)", runs)
+		}
+		pos, err := e.store.Positions(context.Background(), e.db.Pool, e.group, e.topic)
+		if err != nil || pos[0] != 1 {
+			t.Fatalf("position %v (%v): want 1, the failed message not skipped", pos, err)
+		}
+	})
+
+	t.Run("coordinates", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t, 1)
+		e.produce(msg("a", "k", 1), msg("", "k", 1))
+		oc := newOutcomes(2)
+		cfg := e.config(modes[0], nil)
+		cfg.MissingID = consumer.MissingIDUseCoordinates
+		cfg.Hooks.Outcome = oc.hook
+		stop := run(t, cfg)
+		wait(t, oc.done, "both messages")
+		if err := stop(); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		want := e.topic + "/0/1"
+		if runs := e.runs(); runs["a"] != 1 || runs[want] != 1 {
+			t.Fatalf("effects %v, want a and %s once", runs, want)
+		}
+	})
+}
+
+// TestPanicIsAnError: a poison value that makes the handler panic does not
+// kill the runner: the panic becomes an error with its stack, goes through
+// retries and OnFailure, and the other messages are applied.
+func TestPanicIsAnError(t *testing.T) {
+	t.Parallel()
+	for _, md := range modes {
+		t.Run(md.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, 1)
+			e.produce(msg("a", "k", 1), msg("poison", "k", 1), msg("b", "k", 1), msg("flaky", "k", 1), msg("c", "k", 1))
+			var flaky atomic.Int32
+			var failed []error
+			oc := newOutcomes(5)
+			cfg := e.config(md, func(ctx context.Context, m *consumer.Message) error {
+				switch {
+				case m.ID == "poison":
+					panic("poison value")
+				case m.ID == "flaky" && flaky.Add(1) == 1:
+					panic("flaky once")
+				}
+				return nil
+			})
+			cfg.Hooks.Outcome = oc.hook
+			cfg.OnFailure = func(ctx context.Context, m *consumer.Message, err error) error {
+				failed = append(failed, err)
+				return nil
+			}
+			stop := run(t, cfg)
+			wait(t, oc.done, "all messages")
+			if err := stop(); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			var perr *consumer.PanicError
+			if len(failed) != 1 || !errors.As(failed[0], &perr) || perr.Value != "poison value" || len(perr.Stack) == 0 {
+				t.Fatalf("OnFailure got %v, want one PanicError with a stack", failed)
+			}
+			runs := e.runs()
+			if len(runs) != 4 || runs["a"] != 1 || runs["b"] != 1 || runs["c"] != 1 || runs["flaky"] != 1 {
+				t.Fatalf("effects %v, want a, b, c and flaky once", runs)
+			}
+		})
+	}
+}
+
+// TestPositionLivesWithEffects: the runner starts each partition from the
+// position recorded in PostgreSQL when it is ahead of Kafka's committed
+// offset, so a crash between the database commit and the offset commit costs
+// no redelivery at all. Here the second run uses a new consumer group (no
+// committed offset at all) with the same dedup name.
+func TestPositionLivesWithEffects(t *testing.T) {
+	t.Parallel()
+	for _, md := range modes {
+		t.Run(md.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, 1)
+			for i := range 3 {
+				e.produce(msg(fmt.Sprintf("m-%d", i), "k", 1))
+			}
+			oc := newOutcomes(3)
+			cfg := e.config(md, nil)
+			cfg.Hooks.Outcome = oc.hook
+			stop := run(t, cfg)
+			wait(t, oc.done, "m-0..m-2")
+			if err := stop(); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+
+			for i := 3; i < 6; i++ {
+				e.produce(msg(fmt.Sprintf("m-%d", i), "k", 1))
+			}
+			oc = newOutcomes(3)
+			cfg = e.config(md, nil)
+			cfg.Name = cfg.GroupID
+			cfg.GroupID = testenv.Name(t, "other")
+			starts := make(chan int64, 1)
+			cfg.Hooks.Assigned = func(_ string, _ int, start int64) { starts <- start }
+			cfg.Hooks.Outcome = oc.hook
+			stop = run(t, cfg)
+			wait(t, oc.done, "m-3..m-5")
+			if err := stop(); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			if start := <-starts; start != 3 {
+				t.Fatalf("second run started at %d, want 3 (the Postgres position)", start)
+			}
+			if d := oc.count(consumer.Duplicate); d != 0 {
+				t.Fatalf("%d duplicates redelivered, want none", d)
+			}
+			runs := e.runs()
+			for i := range 6 {
+				if id := fmt.Sprintf("m-%d", i); runs[id] != 1 {
+					t.Fatalf("%s ran %d times", id, runs[id])
+				}
+			}
+		})
+	}
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	t.Parallel()
+	h := consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })
+	pool := &pgxpool.Pool{}
+	for name, cfg := range map[string]*consumer.Config{
+		"nil":          nil,
+		"no brokers":   {Topic: "t", GroupID: "g", Pool: pool, Handler: h},
+		"no topic":     {Brokers: []string{"b"}, GroupID: "g", Pool: pool, Handler: h},
+		"no group":     {Brokers: []string{"b"}, Topic: "t", Pool: pool, Handler: h},
+		"no pool":      {Brokers: []string{"b"}, Topic: "t", GroupID: "g", Handler: h},
+		"no handler":   {Brokers: []string{"b"}, Topic: "t", GroupID: "g", Pool: pool},
+		"bad batch":    {Brokers: []string{"b"}, Topic: "t", GroupID: "g", Pool: pool, Handler: h, BatchSize: -1},
+		"bad name":     {Brokers: []string{"b"}, Topic: "t", GroupID: "g\x00", Pool: pool, Handler: h},
+		"bad start":    {Brokers: []string{"b"}, Topic: "t", GroupID: "g", Pool: pool, Handler: h, StartOffset: 7},
+		"both handler": {Brokers: []string{"b"}, Topic: "t", GroupID: "g", Pool: pool, Handler: h, BatchHandler: consumer.BatchHandlerFunc(nil)},
+	} {
+		if _, err := consumer.New(cfg); !errors.Is(err, consumer.ErrInvalidConfig) {
+			t.Errorf("%s: New returned %v, want ErrInvalidConfig", name, err)
+		}
+	}
+}
