@@ -18,6 +18,11 @@ const (
 	ConsumerPositionsDefault = "consumer_positions"
 	// MigrationsDefault is the bookkeeping table of applied versions.
 	MigrationsDefault = "idemkit_migrations"
+	// OutboxDefault is the table of outbox messages (package outbox).
+	OutboxDefault = "idemkit_outbox"
+	// IdempotencyRecordsDefault is the table of HTTP idempotency records
+	// (package idemhttp).
+	IdempotencyRecordsDefault = "idempotency_records"
 )
 
 // MaxIdentifierLength is the longest PostgreSQL identifier, in bytes
@@ -40,6 +45,12 @@ type Tables struct {
 	// Migrations records which migration versions are applied.
 	// Defaults to "idemkit_migrations".
 	Migrations string
+	// Outbox holds messages enqueued in business transactions.
+	// Defaults to "idemkit_outbox".
+	Outbox string
+	// IdempotencyRecords holds the HTTP middleware's records.
+	// Defaults to "idempotency_records".
+	IdempotencyRecords string
 }
 
 // Config says where idemkit's tables live.
@@ -58,12 +69,14 @@ func (c Config) WithDefaults() Config {
 	c.Tables.ProcessedMessages = cmp.Or(c.Tables.ProcessedMessages, ProcessedMessagesDefault)
 	c.Tables.ConsumerPositions = cmp.Or(c.Tables.ConsumerPositions, ConsumerPositionsDefault)
 	c.Tables.Migrations = cmp.Or(c.Tables.Migrations, MigrationsDefault)
+	c.Tables.Outbox = cmp.Or(c.Tables.Outbox, OutboxDefault)
+	c.Tables.IdempotencyRecords = cmp.Or(c.Tables.IdempotencyRecords, IdempotencyRecordsDefault)
 	return c
 }
 
 // Validate reports whether c, with defaults applied, names usable
 // identifiers: each non-empty, at most MaxIdentifierLength bytes, valid UTF-8
-// without NUL, and the three tables distinct. The error wraps
+// without NUL, and the tables distinct. The error wraps
 // ErrInvalidConfig.
 func (c Config) Validate() error {
 	c = c.WithDefaults()
@@ -72,16 +85,21 @@ func (c Config) Validate() error {
 		{"Tables.ProcessedMessages", c.Tables.ProcessedMessages},
 		{"Tables.ConsumerPositions", c.Tables.ConsumerPositions},
 		{"Tables.Migrations", c.Tables.Migrations},
+		{"Tables.Outbox", c.Tables.Outbox},
+		{"Tables.IdempotencyRecords", c.Tables.IdempotencyRecords},
 	}
-	for _, f := range fields {
+	seen := map[string]string{}
+	for i, f := range fields {
 		if err := validateIdentifier(f.value); err != nil {
 			return fmt.Errorf("%w: %s: %v", ErrInvalidConfig, f.name, err)
 		}
-	}
-	t := c.Tables
-	if t.ProcessedMessages == t.ConsumerPositions || t.ProcessedMessages == t.Migrations ||
-		t.ConsumerPositions == t.Migrations {
-		return fmt.Errorf("%w: Tables: names must be distinct", ErrInvalidConfig)
+		if i == 0 {
+			continue // the schema may share a table's name
+		}
+		if other, ok := seen[f.value]; ok {
+			return fmt.Errorf("%w: %s and %s both name %q: table names must be distinct", ErrInvalidConfig, other, f.name, f.value)
+		}
+		seen[f.value] = f.name
 	}
 	return nil
 }

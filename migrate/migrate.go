@@ -95,6 +95,31 @@ type templateData struct {
 	// ProcessedMessagesProcessedAtIndex is the quoted, unqualified name of the
 	// index on processed_at (an index lives in its table's schema).
 	ProcessedMessagesProcessedAtIndex string
+	// Outbox and IdempotencyRecords are schema-qualified and quoted.
+	Outbox             string
+	IdempotencyRecords string
+
+	raw Tables // unquoted table names, for Index
+}
+
+// Index returns the quoted, unqualified name of an index on the table that
+// Tables names by field (for example "Outbox"), ending in suffix. Templates
+// call it as {{.Index "Outbox" "_pending_idx"}}.
+func (d templateData) Index(field, suffix string) (string, error) {
+	var table string
+	switch field {
+	case "ProcessedMessages":
+		table = d.raw.ProcessedMessages
+	case "ConsumerPositions":
+		table = d.raw.ConsumerPositions
+	case "Outbox":
+		table = d.raw.Outbox
+	case "IdempotencyRecords":
+		table = d.raw.IdempotencyRecords
+	default:
+		return "", fmt.Errorf("migrate: no table field %q", field)
+	}
+	return pgx.Identifier{indexName(table, suffix)}.Sanitize(), nil
 }
 
 // step is one migration rendered for a Config.
@@ -140,6 +165,9 @@ func New(db *pgxpool.Pool, cfg *Config) (*Migrator, error) {
 		ProcessedMessagesProcessedAtIndex: pgx.Identifier{
 			indexName(c.Tables.ProcessedMessages, "_processed_at_idx"),
 		}.Sanitize(),
+		Outbox:             pgx.Identifier{c.Schema, c.Tables.Outbox}.Sanitize(),
+		IdempotencyRecords: pgx.Identifier{c.Schema, c.Tables.IdempotencyRecords}.Sanitize(),
+		raw:                c.Tables,
 	}
 	m := &Migrator{
 		db:         db,

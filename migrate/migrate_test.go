@@ -391,9 +391,11 @@ func TestConfig(t *testing.T) {
 	t.Parallel()
 	got := migrate.Config{}.WithDefaults()
 	want := migrate.Config{Schema: "public", Tables: migrate.Tables{
-		ProcessedMessages: "processed_messages",
-		ConsumerPositions: "consumer_positions",
-		Migrations:        "idemkit_migrations",
+		ProcessedMessages:  "processed_messages",
+		ConsumerPositions:  "consumer_positions",
+		Migrations:         "idemkit_migrations",
+		Outbox:             "idemkit_outbox",
+		IdempotencyRecords: "idempotency_records",
 	}}
 	if got != want {
 		t.Fatalf("WithDefaults = %+v, want %+v", got, want)
