@@ -13,6 +13,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/retry"
 )
 
 // Defaults of Config.
@@ -70,9 +71,11 @@ const (
 )
 
 // FailureFunc receives a message whose handler failed for good (a permanent
-// error, or retries exhausted). Returning nil means the message was taken care
-// of (for example written to a dead-letter topic): its offset moves on.
-// Returning an error stops the runner with that error; the offset does not move.
+// error, or retries exhausted); err is a *MessageError with the message's
+// failure history. Returning nil means the message was taken care of (for
+// example written to a dead-letter topic, see package dlq): its position
+// moves on. Returning an error stops the runner with that error; the
+// position does not move, so nothing is lost.
 type FailureFunc func(ctx context.Context, msg *Message, err error) error
 
 // Config configures a Runner. Brokers, Topic, GroupID, Pool and one of
@@ -120,9 +123,10 @@ type Config struct {
 	// Defaults to 16.
 	MaxPartitions int
 
-	// Retry decides whether and when a failed message is tried again.
-	// Defaults to DefaultRetry().
-	Retry RetryPolicy
+	// Retry decides whether and when a failed message is tried again, and
+	// which errors are permanent. Defaults to the zero retry.Policy: 5
+	// attempts, exponential from 100ms with jitter, retry.Classify.
+	Retry *retry.Policy
 	// OnFailure receives messages that failed for good. Defaults to nil: the
 	// runner stops and Run returns a *MessageError; nothing is skipped.
 	OnFailure FailureFunc
@@ -199,7 +203,7 @@ func (c Config) withDefaults() (Config, error) {
 	c.StartOffset = cmp.Or(c.StartOffset, kafka.FirstOffset)
 	c.SessionTimeout = cmp.Or(c.SessionTimeout, SessionTimeoutDefault)
 	if c.Retry == nil {
-		c.Retry = DefaultRetry()
+		c.Retry = &retry.Policy{}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -237,6 +241,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, invalid("TxRetries %d < 1", c.TxRetries)
 	case c.StartOffset != kafka.FirstOffset && c.StartOffset != kafka.LastOffset:
 		return c, invalid("StartOffset must be kafka.FirstOffset or kafka.LastOffset")
+	case c.Retry.Validate() != nil:
+		return c, invalid("Retry: %v", c.Retry.Validate())
 	case c.MissingID != MissingIDFail && c.MissingID != MissingIDUseCoordinates:
 		return c, invalid("unknown MissingID policy %d", c.MissingID)
 	}

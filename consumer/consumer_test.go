@@ -19,6 +19,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/migrate"
+	"github.com/idemkit/idemkit/retry"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m, nil) }
@@ -182,7 +183,7 @@ func (e *env) config(md mode, check func(ctx context.Context, m *consumer.Messag
 	cfg := &consumer.Config{
 		Brokers: testenv.Brokers(e.t), Topic: e.topic, GroupID: e.group,
 		Pool: e.db.Pool, Store: e.store, BatchSize: md.batch,
-		Retry:  consumer.Exponential{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond, MaxAttempts: 5},
+		Retry:  &retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
 		Logger: slog.New(slog.NewTextHandler(e.t.Output(), nil)),
 	}
 	if check == nil {

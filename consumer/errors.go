@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkit/idemkit/retry"
 )
 
 // ErrMissingID means a message carried no usable ID and the MissingID policy
@@ -20,13 +22,21 @@ type MessageError struct {
 	Partition int
 	Offset    int64
 	ID        string
-	Attempts  int
-	Err       error
+	// Attempts is how many times the handler ran (or 1 for a message that
+	// never reached it, such as one without ID).
+	Attempts int
+	// Class is retry.ClassPermanent for an error that must not be retried,
+	// retry.ClassTransient when the retries were used up.
+	Class retry.Class
+	// FirstFailure and LastFailure are when the first and the last attempt failed.
+	FirstFailure, LastFailure time.Time
+	// Err is the last attempt's error.
+	Err error
 }
 
 func (e *MessageError) Error() string {
-	return fmt.Sprintf("consumer: message %s/%d/%d (id %q) failed after %d attempt(s): %v",
-		e.Topic, e.Partition, e.Offset, e.ID, e.Attempts, e.Err)
+	return fmt.Sprintf("consumer: message %s/%d/%d (id %q) failed (%s) after %d attempt(s): %v",
+		e.Topic, e.Partition, e.Offset, e.ID, e.Class, e.Attempts, e.Err)
 }
 
 func (e *MessageError) Unwrap() error { return e.Err }
@@ -44,40 +54,6 @@ func recoverPanic(err *error) {
 	if v := recover(); v != nil {
 		*err = &PanicError{Value: v, Stack: debug.Stack()}
 	}
-}
-
-// RetryPolicy decides whether a failed message runs again.
-type RetryPolicy interface {
-	// Backoff is called after the attempt-th failure (attempt starts at 1)
-	// with its error. It returns how long to wait before the next attempt, or
-	// retry=false to give up.
-	Backoff(attempt int, err error) (delay time.Duration, retry bool)
-}
-
-// Exponential is a bounded exponential RetryPolicy without jitter; package
-// retry offers jittered, classified policies.
-type Exponential struct {
-	Initial     time.Duration // delay after the first failure
-	Max         time.Duration // cap on one delay
-	MaxAttempts int           // attempts in all, the first one included
-}
-
-// DefaultRetry returns the policy used when Config.Retry is nil: up to 5
-// attempts, waiting 100ms, 200ms, 400ms, 800ms.
-func DefaultRetry() RetryPolicy {
-	return Exponential{Initial: 100 * time.Millisecond, Max: 5 * time.Second, MaxAttempts: 5}
-}
-
-// Backoff implements RetryPolicy. A message without ID is never retried.
-func (p Exponential) Backoff(attempt int, err error) (time.Duration, bool) {
-	if attempt >= p.MaxAttempts || errors.Is(err, ErrMissingID) {
-		return 0, false
-	}
-	d := p.Initial
-	for i := 1; i < attempt && d < p.Max; i++ {
-		d *= 2
-	}
-	return min(d, p.Max), true
 }
 
 // retryableTx reports whether a whole transaction may simply run again:

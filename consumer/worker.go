@@ -8,11 +8,13 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/retry"
 )
 
 // worker processes one partition for one generation, in offset order.
@@ -154,7 +156,9 @@ func (w *worker) process(ctx context.Context, msgs []*Message) error {
 			if err := w.process(ctx, msgs[:i]); err != nil {
 				return err
 			}
-			if err := w.giveUp(ctx, msgs[i], 1, msgs[i].idErr); err != nil {
+			now := time.Now()
+			f := failure{attempts: 1, class: retry.ClassPermanent, first: now, last: now, err: msgs[i].idErr}
+			if err := w.giveUp(ctx, msgs[i], f); err != nil {
 				return err
 			}
 			msgs = msgs[i+1:]
@@ -200,15 +204,30 @@ func indexMissingID(msgs []*Message) int {
 	return -1
 }
 
-// retry runs one failing message again under the retry policy.
+// retry runs one failing message again under the retry policy until it
+// succeeds, its error proves permanent, or the schedule is used up.
 func (w *worker) retry(ctx context.Context, msg *Message, err error) error {
-	for attempt := 1; ; attempt++ {
-		delay, again := w.r.cfg.Retry.Backoff(attempt, err)
-		if !again {
-			return w.giveUp(ctx, msg, attempt, err)
+	cfg := &w.r.cfg
+	schedule := cfg.Retry.Schedule()
+	f := failure{first: time.Now()}
+	for f.attempts = 1; ; f.attempts++ {
+		f.last, f.err = time.Now(), err
+		f.class = cfg.Retry.Classify(err)
+		switch f.class {
+		case retry.ClassStop:
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			f.class = retry.ClassTransient // a handler's own timeout: retry it
+		case retry.ClassPermanent:
+			return w.giveUp(ctx, msg, f)
+		}
+		delay := schedule.NextBackOff()
+		if delay == backoff.Stop {
+			return w.giveUp(ctx, msg, f)
 		}
 		w.log.Warn("handler failed; retrying", "offset", msg.Offset, "message_id", msg.ID,
-			"attempt", attempt, "delay", delay, "err", err)
+			"attempt", f.attempts, "delay", delay, "err", err)
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
@@ -226,15 +245,23 @@ func (w *worker) retry(ctx context.Context, msg *Message, err error) error {
 	}
 }
 
+// failure is a message's failure history.
+type failure struct {
+	attempts    int
+	class       retry.Class
+	first, last time.Time
+	err         error
+}
+
 // giveUp hands a message that failed for good to OnFailure and, when that
 // took it, records the partition's position past it so that it is not
 // fetched again. Without OnFailure the runner stops.
-func (w *worker) giveUp(ctx context.Context, msg *Message, attempts int, err error) error {
+func (w *worker) giveUp(ctx context.Context, msg *Message, f failure) error {
 	cfg := &w.r.cfg
-	merr := &MessageError{Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset,
-		ID: msg.ID, Attempts: attempts, Err: err}
-	log := w.log.With("offset", msg.Offset, "message_id", msg.ID, "attempts", attempts, "err", err)
-	if perr := (*PanicError)(nil); errors.As(err, &perr) {
+	merr := &MessageError{Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset, ID: msg.ID,
+		Attempts: f.attempts, Class: f.class, FirstFailure: f.first, LastFailure: f.last, Err: f.err}
+	log := w.log.With("offset", msg.Offset, "message_id", msg.ID, "attempts", f.attempts, "class", f.class, "err", f.err)
+	if perr := (*PanicError)(nil); errors.As(f.err, &perr) {
 		log = log.With("stack", string(perr.Stack))
 	}
 	if cfg.OnFailure == nil {
@@ -245,7 +272,7 @@ func (w *worker) giveUp(ctx context.Context, msg *Message, attempts int, err err
 	if ferr := cfg.OnFailure(ctx, msg, merr); ferr != nil {
 		return fmt.Errorf("consumer: OnFailure for %s/%d/%d: %w", msg.Topic, msg.Partition, msg.Offset, ferr)
 	}
-	err = inTx(ctx, cfg.Pool, func(tx pgx.Tx) error {
+	err := inTx(ctx, cfg.Pool, func(tx pgx.Tx) error {
 		return cfg.Store.SavePositionTx(ctx, tx, cfg.Name, msg.Topic, msg.Partition, msg.Offset+1)
 	})
 	if err != nil {
