@@ -23,6 +23,11 @@ const (
 	// IdempotencyRecordsDefault is the table of HTTP idempotency records
 	// (package idemhttp).
 	IdempotencyRecordsDefault = "idempotency_records"
+	// ParkedMessagesDefault is the table of messages parked by the
+	// consumer's non-blocking retry mode.
+	ParkedMessagesDefault = "idemkit_parked_messages"
+	// DLQReplaysDefault is the table of dead-letter replays (package dlq).
+	DLQReplaysDefault = "idemkit_dlq_replays"
 )
 
 // MaxIdentifierLength is the longest PostgreSQL identifier, in bytes
@@ -51,6 +56,12 @@ type Tables struct {
 	// IdempotencyRecords holds the HTTP middleware's records.
 	// Defaults to "idempotency_records".
 	IdempotencyRecords string
+	// ParkedMessages holds messages parked by the consumer's non-blocking
+	// retry mode. Defaults to "idemkit_parked_messages".
+	ParkedMessages string
+	// DLQReplays records which dead letters were replayed, by whom and how.
+	// Defaults to "idemkit_dlq_replays".
+	DLQReplays string
 }
 
 // Config says where idemkit's tables live.
@@ -71,6 +82,8 @@ func (c Config) WithDefaults() Config {
 	c.Tables.Migrations = cmp.Or(c.Tables.Migrations, MigrationsDefault)
 	c.Tables.Outbox = cmp.Or(c.Tables.Outbox, OutboxDefault)
 	c.Tables.IdempotencyRecords = cmp.Or(c.Tables.IdempotencyRecords, IdempotencyRecordsDefault)
+	c.Tables.ParkedMessages = cmp.Or(c.Tables.ParkedMessages, ParkedMessagesDefault)
+	c.Tables.DLQReplays = cmp.Or(c.Tables.DLQReplays, DLQReplaysDefault)
 	return c
 }
 
@@ -87,6 +100,8 @@ func (c Config) Validate() error {
 		{"Tables.Migrations", c.Tables.Migrations},
 		{"Tables.Outbox", c.Tables.Outbox},
 		{"Tables.IdempotencyRecords", c.Tables.IdempotencyRecords},
+		{"Tables.ParkedMessages", c.Tables.ParkedMessages},
+		{"Tables.DLQReplays", c.Tables.DLQReplays},
 	}
 	seen := map[string]string{}
 	for i, f := range fields {

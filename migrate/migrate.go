@@ -95,9 +95,12 @@ type templateData struct {
 	// ProcessedMessagesProcessedAtIndex is the quoted, unqualified name of the
 	// index on processed_at (an index lives in its table's schema).
 	ProcessedMessagesProcessedAtIndex string
-	// Outbox and IdempotencyRecords are schema-qualified and quoted.
+	// Outbox, IdempotencyRecords, ParkedMessages and DLQReplays are
+	// schema-qualified and quoted.
 	Outbox             string
 	IdempotencyRecords string
+	ParkedMessages     string
+	DLQReplays         string
 
 	raw Tables // unquoted table names, for Index
 }
@@ -116,6 +119,10 @@ func (d templateData) Index(field, suffix string) (string, error) {
 		table = d.raw.Outbox
 	case "IdempotencyRecords":
 		table = d.raw.IdempotencyRecords
+	case "ParkedMessages":
+		table = d.raw.ParkedMessages
+	case "DLQReplays":
+		table = d.raw.DLQReplays
 	default:
 		return "", fmt.Errorf("migrate: no table field %q", field)
 	}
@@ -167,6 +174,8 @@ func New(db *pgxpool.Pool, cfg *Config) (*Migrator, error) {
 		}.Sanitize(),
 		Outbox:             pgx.Identifier{c.Schema, c.Tables.Outbox}.Sanitize(),
 		IdempotencyRecords: pgx.Identifier{c.Schema, c.Tables.IdempotencyRecords}.Sanitize(),
+		ParkedMessages:     pgx.Identifier{c.Schema, c.Tables.ParkedMessages}.Sanitize(),
+		DLQReplays:         pgx.Identifier{c.Schema, c.Tables.DLQReplays}.Sanitize(),
 		raw:                c.Tables,
 	}
 	m := &Migrator{
@@ -214,6 +223,15 @@ func indexName(table, suffix string) string {
 		keep--
 	}
 	return table[:keep] + tag + suffix
+}
+
+// Known returns every version this build knows, ascending.
+func Known() []int {
+	out := make([]int, len(all))
+	for i, m := range all {
+		out[i] = m.version
+	}
+	return out
 }
 
 // Latest returns the highest version this build knows.

@@ -25,6 +25,13 @@ func newMigrator(t *testing.T, pool *pgxpool.Pool, cfg *migrate.Config) *migrate
 	return m
 }
 
+// knownDesc is every known version, newest first: the order Down reverts in.
+func knownDesc() []int {
+	v := migrate.Known()
+	slices.Reverse(v)
+	return v
+}
+
 func wantInts(t *testing.T, what string, got []int, want ...int) {
 	t.Helper()
 	if !slices.Equal(got, want) {
@@ -101,8 +108,8 @@ func TestUpDownUp(t *testing.T) {
 	positions := db.Table(migrate.ConsumerPositionsDefault)
 	bookkeeping := db.Table(migrate.MigrationsDefault)
 
-	if got := m.Latest(); got != 1 {
-		t.Fatalf("Latest = %d, want 1", got)
+	if got, known := m.Latest(), migrate.Known(); got != known[len(known)-1] {
+		t.Fatalf("Latest = %d, want %d", got, known[len(known)-1])
 	}
 	v, err := m.Versions(ctx)
 	if err != nil {
@@ -117,12 +124,12 @@ func TestUpDownUp(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Up: %v", err)
 	}
-	wantInts(t, "Up applied", applied, 1)
+	wantInts(t, "Up applied", applied, migrate.Known()...)
 	v, err = m.Versions(ctx)
 	if err != nil {
 		t.Fatalf("Versions: %v", err)
 	}
-	wantInts(t, "Versions after Up", v, 1)
+	wantInts(t, "Versions after Up", v, migrate.Known()...)
 
 	var name string
 	var recent bool
@@ -178,7 +185,7 @@ func TestUpDownUp(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Down: %v", err)
 	}
-	wantInts(t, "Down reverted", reverted, 1)
+	wantInts(t, "Down reverted", reverted, knownDesc()...)
 	if relExists(t, db.Pool, processed) || relExists(t, db.Pool, positions) {
 		t.Fatal("tables still exist after Down(0)")
 	}
@@ -200,7 +207,7 @@ func TestUpDownUp(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Up after Down: %v", err)
 	}
-	wantInts(t, "Up after Down applied", applied, 1)
+	wantInts(t, "Up after Down applied", applied, migrate.Known()...)
 	if !relExists(t, db.Pool, processed) || !relExists(t, db.Pool, positions) {
 		t.Fatal("tables missing after Up, Down, Up")
 	}
@@ -229,7 +236,7 @@ func TestCustomSchemaAndOddNames(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Up: %v", err)
 	}
-	wantInts(t, "Up applied", applied, 1)
+	wantInts(t, "Up applied", applied, migrate.Known()...)
 
 	processed := pgx.Identifier{schema, `Odd "Name"`}.Sanitize()
 	positions := pgx.Identifier{schema, `pos; DROP TABLE x; --`}.Sanitize()
@@ -250,7 +257,7 @@ func TestCustomSchemaAndOddNames(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Versions: %v", err)
 	}
-	wantInts(t, "Versions", v, 1)
+	wantInts(t, "Versions", v, migrate.Known()...)
 
 	// The default tables in the same schema are untouched by this config.
 	if relExists(t, db.Pool, pgx.Identifier{schema, migrate.ProcessedMessagesDefault}.Sanitize()) {
@@ -261,7 +268,7 @@ func TestCustomSchemaAndOddNames(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Down: %v", err)
 	}
-	wantInts(t, "Down reverted", reverted, 1)
+	wantInts(t, "Down reverted", reverted, knownDesc()...)
 	if relExists(t, db.Pool, processed) || relExists(t, db.Pool, positions) {
 		t.Fatal("custom tables still exist after Down")
 	}
@@ -269,19 +276,19 @@ func TestCustomSchemaAndOddNames(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Up after Down: %v", err)
 	}
-	wantInts(t, "Up after Down applied", applied, 1)
+	wantInts(t, "Up after Down applied", applied, migrate.Known()...)
 }
 
 func TestLongTableNamesGetDistinctIndexNames(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testenv.NewDB(t)
 	// 63 bytes each, sharing a 61-byte prefix of two-byte characters, so the
 	// derived index names must be cut at a character boundary and still differ.
 	prefix := strings.Repeat("é", 30) + "_"
 	names := []string{prefix + "aa", prefix + "bb"}
 	var indexNames []string
 	for i, name := range names {
+		db := testenv.NewDB(t) // a schema each: the other tables keep their default names
 		if len(name) != 63 {
 			t.Fatalf("test name is %d bytes, want 63", len(name))
 		}
@@ -294,7 +301,7 @@ func TestLongTableNamesGetDistinctIndexNames(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Up with table %q: %v", name, err)
 		}
-		wantInts(t, "Up applied", applied, 1)
+		wantInts(t, "Up applied", applied, migrate.Known()...)
 		for idx := range indexes(t, db.Pool, db.Table(name)) {
 			if strings.HasSuffix(idx, "_processed_at_idx") {
 				indexNames = append(indexNames, idx)
@@ -343,12 +350,12 @@ func TestConcurrentUp(t *testing.T) {
 		}
 		all = append(all, results[i]...)
 	}
-	wantInts(t, "versions applied by all migrators together", all, 1)
+	wantInts(t, "versions applied by all migrators together", all, migrate.Known()...)
 	v, err := newMigrator(t, db.Pool, &migrate.Config{Schema: schema}).Versions(ctx)
 	if err != nil {
 		t.Fatalf("Versions: %v", err)
 	}
-	wantInts(t, "Versions", v, 1)
+	wantInts(t, "Versions", v, migrate.Known()...)
 }
 
 func TestDownRejectsUnknownVersionAndNegativeTarget(t *testing.T) {
@@ -384,7 +391,7 @@ func TestDownRejectsUnknownVersionAndNegativeTarget(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Versions: %v", err)
 	}
-	wantInts(t, "Versions", v, 1, 999)
+	wantInts(t, "Versions", v, append(migrate.Known(), 999)...)
 }
 
 func TestConfig(t *testing.T) {
@@ -396,6 +403,8 @@ func TestConfig(t *testing.T) {
 		Migrations:         "idemkit_migrations",
 		Outbox:             "idemkit_outbox",
 		IdempotencyRecords: "idempotency_records",
+		ParkedMessages:     "idemkit_parked_messages",
+		DLQReplays:         "idemkit_dlq_replays",
 	}}
 	if got != want {
 		t.Fatalf("WithDefaults = %+v, want %+v", got, want)
@@ -443,7 +452,7 @@ func TestNew(t *testing.T) {
 	if err != nil {
 		t.Fatalf("New(pool, nil): %v", err)
 	}
-	if m.Latest() != 1 {
-		t.Fatalf("Latest = %d, want 1", m.Latest())
+	if known := migrate.Known(); m.Latest() != known[len(known)-1] {
+		t.Fatalf("Latest = %d, want %d", m.Latest(), known[len(known)-1])
 	}
 }

@@ -1,0 +1,2 @@
+DROP TABLE {{.DLQReplays}};
+DROP TABLE {{.ParkedMessages}};
