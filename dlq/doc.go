@@ -1,11 +1,49 @@
 // Package dlq parks messages that cannot succeed and replays them safely.
 //
-// Contract (being built, see the README's package map for status): a message
-// whose error is permanent, or whose attempts are exhausted, is written to a
-// dead-letter topic (default "<topic>.dlq") with its original key, value and
-// headers plus headers recording its origin, error and attempt history. The
-// source offset is committed only after that write succeeded, so a message is
-// never lost between the two. A reprocessor re-drives dead letters through the
-// same idempotent consumer path: dedup makes a replay of an already applied
-// message a no-op.
+// # Dead-lettering
+//
+// A Writer's OnFailure is a consumer.FailureFunc. The consumer calls it for a
+// message whose error is permanent (see package retry) or whose retries are
+// used up; it publishes the original key, value and headers to the
+// dead-letter topic (default "<topic>.dlq") with headers that record the
+// origin (topic, partition, offset, consumer group, dedup name, message ID),
+// the last error's text and class, the attempt count, the first and last
+// failure times, the replay round and the whole failure history as JSON (see
+// the Header… constants). The write waits for all in-sync replicas. Only
+// after it succeeded does the consumer record the partition's position past
+// the message: a message is never lost between the two. While the
+// dead-letter topic is unavailable (down, or not created: the Writer never
+// creates topics, CreateTopic does), OnFailure keeps retrying with backoff and
+// the partition waits; other partitions keep flowing.
+//
+// A crash after the dead-letter write and before the position commit makes
+// the consumer fail the message again after restart and dead-letter it a
+// second time. Both copies carry the same origin coordinates and replay round,
+// and the reprocessor treats them as one dead letter.
+//
+// # Replaying
+//
+// A Reprocessor reads a dead-letter topic from its start to the end it has
+// when Run starts (no consumer group; reading moves no offset) and, for each
+// dead letter its Filter selects:
+//
+//   - if a replay record for the dead letter (origin coordinates and round)
+//     exists: AlreadyReplayed, nothing done — replaying twice is a no-op;
+//   - if the dedup store already holds the message ID under the original
+//     consumer name: AlreadyApplied, recorded, nothing re-run;
+//   - Redrive: one transaction inserts the replay record, claims the original
+//     message ID under the original consumer name (the consumer's own dedup
+//     scope), runs the Handler and commits — the effect, the claim and the
+//     record of who replayed it and when commit together, so a crash in the
+//     middle of a replay and a rerun still apply each effect once;
+//   - Republish: the original message goes back to its origin topic with its
+//     message ID, and the consumer's dedup absorbs any repeat.
+//
+// A dead letter whose handler fails again goes back to the dead-letter topic
+// with its history extended and its round increased; past ReplayLimit rounds
+// it is parked (recorded as Parked, not written back) instead of looping.
+// DryRun reports what would happen and writes nothing; Rate bounds the pace;
+// Progress reports each decision.
+//
+// The tables (replay records) are created by package migrate, version 4.
 package dlq

@@ -1,0 +1,111 @@
+package dlq
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// DeadLetter is a message read back from a dead-letter topic.
+type DeadLetter struct {
+	// Message is the dead letter as read: its Topic, Partition and Offset are
+	// the dead-letter topic's.
+	Message kafka.Message
+	// Origin is where the original message was consumed from.
+	Origin Origin
+	// Group and Consumer are the consumer group and the dedup name of the
+	// consumer that gave up on it.
+	Group, Consumer string
+	// MessageID is the original message ID: a replay keeps it.
+	MessageID string
+	// Round is 0 for a message dead-lettered by a consumer, n for one that
+	// failed again in its n-th replay.
+	Round int
+	// History holds every round's failure, oldest first.
+	History []Failure
+}
+
+// Last returns the most recent failure.
+func (d *DeadLetter) Last() Failure { return d.History[len(d.History)-1] }
+
+// Original returns the original message: key, value and headers without the
+// dead-letter headers, on the origin topic.
+func (d *DeadLetter) Original() kafka.Message {
+	m := kafka.Message{Topic: d.Origin.Topic, Partition: d.Origin.Partition, Offset: d.Origin.Offset,
+		Key: d.Message.Key, Value: d.Message.Value, Time: d.Message.Time}
+	for _, h := range d.Message.Headers {
+		if !strings.HasPrefix(h.Key, "idemkit-dlq-") {
+			m.Headers = append(m.Headers, h)
+		}
+	}
+	return m
+}
+
+// ErrNotDeadLetter means a message lacks the headers a Writer adds.
+var ErrNotDeadLetter = errors.New("dlq: not an idemkit dead letter")
+
+// Parse reads a dead letter's headers.
+func Parse(m kafka.Message) (*DeadLetter, error) {
+	h := map[string]string{}
+	for _, x := range m.Headers {
+		if strings.HasPrefix(x.Key, "idemkit-dlq-") {
+			h[x.Key] = string(x.Value)
+		}
+	}
+	bad := func(what string, err error) error {
+		return fmt.Errorf("%w: %s/%d/%d: header %s: %v", ErrNotDeadLetter, m.Topic, m.Partition, m.Offset, what, err)
+	}
+	for _, k := range []string{HeaderOriginTopic, HeaderOriginPartition, HeaderOriginOffset, HeaderMessageID, HeaderHistory} {
+		if _, ok := h[k]; !ok {
+			return nil, bad(k, errors.New("missing"))
+		}
+	}
+	d := &DeadLetter{Message: m, Group: h[HeaderGroup], Consumer: h[HeaderConsumer], MessageID: h[HeaderMessageID]}
+	d.Origin.Topic = h[HeaderOriginTopic]
+	var err error
+	if d.Origin.Partition, err = strconv.Atoi(h[HeaderOriginPartition]); err != nil {
+		return nil, bad(HeaderOriginPartition, err)
+	}
+	if d.Origin.Offset, err = strconv.ParseInt(h[HeaderOriginOffset], 10, 64); err != nil {
+		return nil, bad(HeaderOriginOffset, err)
+	}
+	if err := json.Unmarshal([]byte(h[HeaderHistory]), &d.History); err != nil {
+		return nil, bad(HeaderHistory, err)
+	}
+	if len(d.History) == 0 {
+		return nil, bad(HeaderHistory, errors.New("empty"))
+	}
+	d.Round = d.Last().Round
+	return d, nil
+}
+
+// Filter selects dead letters; a zero field selects everything.
+type Filter struct {
+	MessageID     string    // exactly this message ID
+	OriginTopic   string    // from this origin topic
+	ErrorContains string    // the last error's text contains this
+	Since, Until  time.Time // the last failure happened in [Since, Until)
+}
+
+// Match reports whether d passes the filter.
+func (f Filter) Match(d *DeadLetter) bool {
+	last := d.Last()
+	switch {
+	case f.MessageID != "" && d.MessageID != f.MessageID:
+		return false
+	case f.OriginTopic != "" && d.Origin.Topic != f.OriginTopic:
+		return false
+	case f.ErrorContains != "" && !strings.Contains(last.Error, f.ErrorContains):
+		return false
+	case !f.Since.IsZero() && last.LastFailure.Before(f.Since):
+		return false
+	case !f.Until.IsZero() && !last.LastFailure.Before(f.Until):
+		return false
+	}
+	return true
+}

@@ -1,0 +1,223 @@
+package dlq
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/retry"
+)
+
+// Headers a dead letter carries besides the original message's own.
+const (
+	HeaderOriginTopic     = "idemkit-dlq-origin-topic"
+	HeaderOriginPartition = "idemkit-dlq-origin-partition"
+	HeaderOriginOffset    = "idemkit-dlq-origin-offset"
+	HeaderGroup           = "idemkit-dlq-group"
+	HeaderConsumer        = "idemkit-dlq-consumer" // the dedup name: replays use the same scope
+	HeaderMessageID       = "idemkit-dlq-message-id"
+	HeaderError           = "idemkit-dlq-error"
+	HeaderErrorClass      = "idemkit-dlq-error-class"
+	HeaderAttempts        = "idemkit-dlq-attempts"
+	HeaderFirstFailure    = "idemkit-dlq-first-failure" // RFC 3339, nanoseconds
+	HeaderLastFailure     = "idemkit-dlq-last-failure"
+	HeaderReplayRound     = "idemkit-dlq-replay-round" // 0 for the first dead-lettering
+	HeaderHistory         = "idemkit-dlq-history"      // JSON array of Failure, oldest first
+)
+
+// TopicSuffixDefault makes the default dead-letter topic name: "<topic>.dlq".
+const TopicSuffixDefault = ".dlq"
+
+// maxErrorText bounds the error text carried in headers.
+const maxErrorText = 4096
+
+// Failure is one round of failures in a dead letter's history.
+type Failure struct {
+	Round        int       `json:"round"`
+	Error        string    `json:"error"`
+	Class        string    `json:"class"`
+	Attempts     int       `json:"attempts"`
+	FirstFailure time.Time `json:"first_failure"`
+	LastFailure  time.Time `json:"last_failure"`
+}
+
+// WriterConfig configures a Writer. Brokers is required.
+type WriterConfig struct {
+	// Brokers are the Kafka bootstrap addresses.
+	Brokers []string
+	// Topic is the dead-letter topic. Defaults to the origin topic with
+	// ".dlq" appended. It must exist: the writer never creates it (see
+	// CreateTopic).
+	Topic string
+	// Group and Consumer are recorded in the headers: the consumer group and
+	// the dedup name of the consumer that gave up. Consumer defaults to Group.
+	Group, Consumer string
+	// Retry paces attempts to write while the dead-letter topic is
+	// unavailable. The partition waits meanwhile: a message is never dropped.
+	// Defaults to no bound on attempts or time, 100ms to 10s apart.
+	Retry *retry.Policy
+	// Transport connects to Kafka. Defaults to kafka-go's default transport.
+	Transport kafka.RoundTripper
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Writer publishes messages that failed for good to a dead-letter topic, with
+// their origin and failure history in headers, acknowledged by all in-sync
+// replicas. Its OnFailure method is a consumer.FailureFunc.
+type Writer struct {
+	cfg WriterConfig
+	w   *kafka.Writer
+}
+
+// ErrInvalidConfig is wrapped by configuration errors.
+var ErrInvalidConfig = errors.New("dlq: invalid config")
+
+// NewWriter validates cfg and returns a Writer. Close it when done.
+func NewWriter(cfg *WriterConfig) (*Writer, error) {
+	if cfg == nil || len(cfg.Brokers) == 0 {
+		return nil, fmt.Errorf("%w: Brokers is empty", ErrInvalidConfig)
+	}
+	c := *cfg
+	c.Consumer = cmp.Or(c.Consumer, c.Group)
+	if c.Retry == nil {
+		c.Retry = &retry.Policy{MaxAttempts: -1, MaxElapsedTime: -1}
+	}
+	if err := c.Retry.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return &Writer{cfg: c, w: &kafka.Writer{
+		Addr:         kafka.TCP(c.Brokers...),
+		Balancer:     &kafka.Hash{},
+		RequiredAcks: kafka.RequireAll,
+		BatchTimeout: time.Millisecond,
+		Transport:    c.Transport,
+	}}, nil
+}
+
+// Close flushes and closes the underlying Kafka writer.
+func (w *Writer) Close() error { return w.w.Close() }
+
+// TopicFor returns the dead-letter topic for messages from origin.
+func (w *Writer) TopicFor(origin string) string {
+	return cmp.Or(w.cfg.Topic, origin+TopicSuffixDefault)
+}
+
+// OnFailure writes msg to the dead-letter topic and returns nil once the
+// write is acknowledged; while the topic is unavailable it retries under the
+// writer's policy, so the consumer's partition waits. It returns an error
+// only when ctx ends or the policy gives up: the consumer then keeps the
+// message (its position does not move).
+func (w *Writer) OnFailure(ctx context.Context, msg *consumer.Message, err error) error {
+	var merr *consumer.MessageError
+	if !errors.As(err, &merr) {
+		now := time.Now()
+		merr = &consumer.MessageError{Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset,
+			ID: msg.ID, Attempts: 1, Class: retry.Classify(err), FirstFailure: now, LastFailure: now, Err: err}
+	}
+	f := Failure{Error: truncate(merr.Err.Error()), Class: merr.Class.String(), Attempts: merr.Attempts,
+		FirstFailure: merr.FirstFailure.UTC(), LastFailure: merr.LastFailure.UTC()}
+	dl := build(msg.Message, Origin{Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset},
+		w.cfg.Group, w.cfg.Consumer, msg.ID, nil, f)
+	dl.Topic = w.TopicFor(msg.Topic)
+	return w.write(ctx, dl)
+}
+
+func (w *Writer) write(ctx context.Context, m kafka.Message) error {
+	err := w.cfg.Retry.Do(ctx, func(ctx context.Context) error {
+		err := w.w.WriteMessages(ctx, m)
+		var werrs kafka.WriteErrors
+		if errors.As(err, &werrs) && len(werrs) == 1 {
+			err = werrs[0]
+		}
+		if errors.Is(err, kafka.UnknownTopicOrPartition) {
+			// Kafka calls this retriable; for us it means the topic was not
+			// created. Keep waiting, but say what to do.
+			return fmt.Errorf("dead-letter topic %q does not exist (create it, e.g. with dlq.CreateTopic): %w", m.Topic, err)
+		}
+		return err
+	}, func(err error, attempt int, wait time.Duration) {
+		w.cfg.Logger.Error("dead-letter write failed; the partition waits", "dlq_topic", m.Topic,
+			"attempt", attempt, "retry_in", wait, "err", err)
+	})
+	if err != nil {
+		return fmt.Errorf("dlq: write to %s: %w", m.Topic, err)
+	}
+	return nil
+}
+
+// Origin is where a dead letter came from.
+type Origin struct {
+	Topic     string
+	Partition int
+	Offset    int64
+}
+
+// build makes a dead letter of the original message: its key, value and
+// headers (without any earlier dead-letter headers), plus the origin and the
+// failure history extended by f.
+func build(orig kafka.Message, o Origin, group, name, id string, history []Failure, f Failure) kafka.Message {
+	f.Round = len(history)
+	history = append(history, f)
+	hist, _ := json.Marshal(history)
+	headers := make([]kafka.Header, 0, len(orig.Headers)+13)
+	for _, h := range orig.Headers {
+		if !strings.HasPrefix(h.Key, "idemkit-dlq-") {
+			headers = append(headers, h)
+		}
+	}
+	add := func(k, v string) { headers = append(headers, kafka.Header{Key: k, Value: []byte(v)}) }
+	add(HeaderOriginTopic, o.Topic)
+	add(HeaderOriginPartition, strconv.Itoa(o.Partition))
+	add(HeaderOriginOffset, strconv.FormatInt(o.Offset, 10))
+	add(HeaderGroup, group)
+	add(HeaderConsumer, name)
+	add(HeaderMessageID, id)
+	add(HeaderError, f.Error)
+	add(HeaderErrorClass, f.Class)
+	add(HeaderAttempts, strconv.Itoa(f.Attempts))
+	add(HeaderFirstFailure, f.FirstFailure.Format(time.RFC3339Nano))
+	add(HeaderLastFailure, f.LastFailure.Format(time.RFC3339Nano))
+	add(HeaderReplayRound, strconv.Itoa(f.Round))
+	add(HeaderHistory, string(hist))
+	return kafka.Message{Key: orig.Key, Value: orig.Value, Headers: headers}
+}
+
+func truncate(s string) string {
+	if len(s) <= maxErrorText {
+		return s
+	}
+	cut := maxErrorText
+	for cut > 0 && (s[cut]&0xC0) == 0x80 { // keep UTF-8 whole
+		cut--
+	}
+	return s[:cut] + "…"
+}
+
+// CreateTopic creates a dead-letter topic, with replication factor
+// replicas (-1: the broker's default). An existing topic is not an error.
+func CreateTopic(ctx context.Context, brokers []string, topic string, partitions, replicas int) error {
+	client := &kafka.Client{Addr: kafka.TCP(brokers...)}
+	resp, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
+		Topic: topic, NumPartitions: partitions, ReplicationFactor: replicas,
+	}}})
+	if err == nil {
+		err = resp.Errors[topic]
+	}
+	if err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
+		return fmt.Errorf("dlq: create topic %s: %w", topic, err)
+	}
+	return nil
+}
