@@ -14,12 +14,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/segmentio/kafka-go"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/migrate"
+	"github.com/idemkit/idemkit/retry"
 )
 
 // The child process is configured through these variables.
@@ -28,7 +33,8 @@ const (
 	childTopic  = "IDEMKIT_FAULT_TOPIC"  // topic (one partition)
 	childGroup  = "IDEMKIT_FAULT_GROUP"  // consumer group and dedup name
 	childSchema = "IDEMKIT_FAULT_SCHEMA" // schema of the dedup and effects tables
-	childCrash  = "IDEMKIT_FAULT_CRASH"  // "before-commit:ID" or "after-commit:ID": SIGKILL there
+	childCrash  = "IDEMKIT_FAULT_CRASH"  // "before-commit:ID", "after-commit:ID" or "after-dlq:ID": SIGKILL there
+	childFail   = "IDEMKIT_FAULT_FAIL"   // this message ID fails permanently and goes to the dead-letter topic
 	childBatch  = "IDEMKIT_FAULT_BATCH"  // batch size
 	childUntil  = "IDEMKIT_FAULT_UNTIL"  // exit 0 once the Kafka offset reaches this
 )
@@ -67,16 +73,34 @@ func child() int {
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
+	brokers := strings.Split(os.Getenv(testenv.EnvKafkaBrokers), ",")
+	dead, err := dlq.NewWriter(&dlq.WriterConfig{Brokers: brokers, Group: os.Getenv(childGroup)})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		return 2
+	}
+	defer dead.Close()
+	failID := os.Getenv(childFail)
 	r, err := consumer.New(&consumer.Config{
-		Brokers:   strings.Split(os.Getenv(testenv.EnvKafkaBrokers), ","),
+		Brokers:   brokers,
 		Topic:     os.Getenv(childTopic),
 		GroupID:   os.Getenv(childGroup),
 		Pool:      pool,
 		Store:     store,
 		BatchSize: batch,
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			if m.ID == failID {
+				return retry.Permanent(errors.New("rejected by a business rule"))
+			}
 			return applyEffect(ctx, tx, table, m)
 		}),
+		OnFailure: func(ctx context.Context, m *consumer.Message, err error) error {
+			if err := dead.OnFailure(ctx, m, err); err != nil {
+				return err
+			}
+			crashIf("after-dlq", []*consumer.Message{m})
+			return nil
+		},
 		Hooks: consumer.Hooks{
 			BeforeCommit: func(_ context.Context, msgs []*consumer.Message) { crashIf("before-commit", msgs) },
 			AfterCommit:  func(_ context.Context, msgs []*consumer.Message) { crashIf("after-commit", msgs) },
@@ -198,5 +222,77 @@ func TestCrashBetweenCommits(t *testing.T) {
 			}
 			checkOrder(t, db)
 		})
+	}
+}
+
+// TestCrashAfterDeadLetterWrite kills the consumer between the dead-letter
+// write and the position commit: after restart the message is not lost and
+// not applied; it may stand in the dead-letter topic twice, as the same dead
+// letter (same origin and round), and a replay applies it once.
+func TestCrashAfterDeadLetterWrite(t *testing.T) {
+	t.Parallel()
+	const n = 6
+	db := newDB(t)
+	topic := testenv.NewTopic(t, 1)
+	testenv.CreateTopic(t, topic+dlq.TopicSuffixDefault, 1)
+	group := testenv.Name(t, "g")
+	produce(t, topic, "m-", 0, n, 2)
+	env := []string{childTopic + "=" + topic, childGroup + "=" + group, childSchema + "=" + db.Schema,
+		childBatch + "=1", childUntil + "=" + strconv.Itoa(n), childFail + "=m-2"}
+
+	if _, killed := startChild(t, append(env, childCrash+"=after-dlq:m-2")); !killed {
+		t.Fatal("the consumer process was not killed after the dead-letter write")
+	}
+	if _, killed := startChild(t, env); killed {
+		t.Fatal("the restarted consumer was killed")
+	}
+	runs := effectRuns(t, db)
+	for i := range n {
+		id := "m-" + strconv.Itoa(i)
+		want := 1
+		if id == "m-2" {
+			want = 0
+		}
+		if runs[id] != want {
+			t.Fatalf("%s ran %d times, want %d", id, runs[id], want)
+		}
+	}
+	var copies []*dlq.DeadLetter
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := dlq.Scan(ctx, testenv.Brokers(t), topic+dlq.TopicSuffixDefault, func(m kafka.Message) error {
+		d, err := dlq.Parse(m)
+		if err == nil {
+			copies = append(copies, d)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(copies) < 1 || len(copies) > 2 {
+		t.Fatalf("%d dead letters for m-2, want 1 or 2", len(copies))
+	}
+	for _, d := range copies {
+		if d.MessageID != "m-2" || d.Origin != copies[0].Origin || d.Round != 0 {
+			t.Fatalf("dead letter %+v differs from %+v", d, copies[0])
+		}
+	}
+	table := db.Table("effects")
+	rp, err := dlq.NewReprocessor(&dlq.ReprocessorConfig{Brokers: testenv.Brokers(t), Topic: topic + dlq.TopicSuffixDefault,
+		Mode: dlq.Redrive, Pool: db.Pool, Tables: migrate.Config{Schema: db.Schema},
+		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			return applyEffect(ctx, tx, table, m)
+		})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rp.Close()
+	sum, err := rp.Run(ctx)
+	if err != nil || sum[dlq.Applied] != 1 || sum[dlq.AlreadyReplayed] != len(copies)-1 {
+		t.Fatalf("replay: %v %v", sum, err)
+	}
+	if runs := effectRuns(t, db); runs["m-2"] != 1 {
+		t.Fatalf("after replay m-2 ran %d times, want 1", runs["m-2"])
 	}
 }
