@@ -162,7 +162,10 @@ type Hooks struct {
 	OffsetCommitted func(topic string, partition int, next int64)
 	// Outcome runs once per message when its fate is known.
 	Outcome func(msg *Message, outcome Outcome)
-	// Assigned runs when a partition is assigned, with the offset it starts at.
+	// Assigned runs when a partition is assigned, with the offset it starts
+	// at: the later of Kafka's committed offset and the PostgreSQL position,
+	// or kafka.FirstOffset / kafka.LastOffset (Config.StartOffset) when
+	// neither has one.
 	Assigned func(topic string, partition int, start int64)
 }
 
