@@ -130,6 +130,16 @@ type Config struct {
 	// OnFailure receives messages that failed for good. Defaults to nil: the
 	// runner stops and Run returns a *MessageError; nothing is skipped.
 	OnFailure FailureFunc
+	// FailureMode is Blocking (retry in place; the partition waits) or
+	// NonBlocking (park the failing message and its key's later messages in
+	// PostgreSQL; other keys flow). Defaults to Blocking.
+	FailureMode FailureMode
+	// ParkedRetry paces retries of parked messages (NonBlocking only).
+	// Defaults to 10 attempts, 1s to 1m apart, with jitter.
+	ParkedRetry *retry.Policy
+	// ParkedPoll is how often a partition with parked messages looks for
+	// due ones (NonBlocking only). Defaults to 500ms.
+	ParkedPoll time.Duration
 	// TxRetries bounds how often a transaction that failed with a
 	// serialization failure or a deadlock is run again. Defaults to 10.
 	TxRetries int
@@ -179,6 +189,9 @@ const (
 	Duplicate
 	// Failed: the handler failed for good and OnFailure took the message.
 	Failed
+	// Parked: the message waits in PostgreSQL behind a failure of its key
+	// (NonBlocking mode); a later Applied, Duplicate or Failed follows.
+	Parked
 )
 
 func (o Outcome) String() string {
@@ -189,6 +202,8 @@ func (o Outcome) String() string {
 		return "duplicate"
 	case Failed:
 		return "failed"
+	case Parked:
+		return "parked"
 	}
 	return fmt.Sprintf("Outcome(%d)", int(o))
 }
@@ -208,6 +223,10 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Retry == nil {
 		c.Retry = &retry.Policy{}
 	}
+	if c.ParkedRetry == nil {
+		c.ParkedRetry = parkedRetryDefault()
+	}
+	c.ParkedPoll = cmp.Or(c.ParkedPoll, ParkedPollDefault)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -246,6 +265,12 @@ func (c Config) withDefaults() (Config, error) {
 		return c, invalid("StartOffset must be kafka.FirstOffset or kafka.LastOffset")
 	case c.Retry.Validate() != nil:
 		return c, invalid("Retry: %v", c.Retry.Validate())
+	case c.ParkedRetry.Validate() != nil:
+		return c, invalid("ParkedRetry: %v", c.ParkedRetry.Validate())
+	case c.FailureMode != Blocking && c.FailureMode != NonBlocking:
+		return c, invalid("unknown FailureMode %d", c.FailureMode)
+	case c.ParkedPoll < 0:
+		return c, invalid("ParkedPoll %s < 0", c.ParkedPoll)
 	case c.MissingID != MissingIDFail && c.MissingID != MissingIDUseCoordinates:
 		return c, invalid("unknown MissingID policy %d", c.MissingID)
 	}

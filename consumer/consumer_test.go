@@ -45,7 +45,7 @@ func newEnv(t *testing.T, partitions int) *env {
 			return err
 		}
 		_, err = pool.Exec(ctx, `CREATE TABLE `+pgx.Identifier{schema, "effects"}.Sanitize()+` (
-			id text PRIMARY KEY, runs int NOT NULL, amount bigint NOT NULL)`)
+			id text PRIMARY KEY, runs int NOT NULL, amount bigint NOT NULL, seq bigserial)`)
 		return err
 	})
 	store, err := dedup.New(&dedup.Config{Schema: db.Schema})
@@ -527,5 +527,160 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		if _, err := consumer.New(cfg); !errors.Is(err, consumer.ErrInvalidConfig) {
 			t.Errorf("%s: New returned %v, want ErrInvalidConfig", name, err)
 		}
+	}
+}
+
+// appliedOrder returns the message IDs in the order their effects committed.
+func (e *env) appliedOrder() []string {
+	e.t.Helper()
+	rows, err := e.db.Pool.Query(context.Background(), `SELECT id FROM `+e.effects+` ORDER BY seq`)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return ids
+}
+
+// TestNonBlockingKeepsPerKeyOrder: keys A, B and C interleaved on one
+// partition; B's first message fails three times, then heals. A and C flow
+// during B's failures; B's messages are parked behind its head and land in
+// their original order once it heals.
+func TestNonBlockingKeepsPerKeyOrder(t *testing.T) {
+	t.Parallel()
+	for _, md := range modes {
+		t.Run(md.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, 1)
+			var msgs []kafka.Message
+			for i := range 10 {
+				for _, k := range []string{"A", "B", "C"} {
+					msgs = append(msgs, msg(fmt.Sprintf("%s%d", k, i), k, 1))
+				}
+			}
+			e.produce(msgs...)
+
+			// B0 fails until it is parked, then twice more as a parked message.
+			var parkedB0 atomic.Bool
+			var failuresParked atomic.Int32
+			oc := newOutcomes(len(msgs))
+			cfg := e.config(md, func(ctx context.Context, m *consumer.Message) error {
+				if m.ID != "B0" {
+					return nil
+				}
+				if !parkedB0.Load() {
+					return errors.New("B's dependency is down")
+				}
+				if failuresParked.Load() < 2 {
+					failuresParked.Add(1)
+					return errors.New("B's dependency is still down")
+				}
+				return nil
+			})
+			cfg.FailureMode = consumer.NonBlocking
+			cfg.Retry = &retry.Policy{MaxAttempts: 1} // park at the first failure
+			cfg.ParkedRetry = &retry.Policy{InitialInterval: 300 * time.Millisecond, MaxInterval: 300 * time.Millisecond, MaxAttempts: 10}
+			cfg.ParkedPoll = 20 * time.Millisecond
+			cfg.Hooks.Outcome = func(m *consumer.Message, o consumer.Outcome) {
+				if m.ID == "B0" && o == consumer.Parked {
+					parkedB0.Store(true)
+				}
+				oc.hook(m, o)
+			}
+			stop := run(t, cfg)
+			wait(t, oc.done, "all messages")
+			if err := stop(); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			if failuresParked.Load() != 2 {
+				t.Fatalf("parked B0 failed %d times, want 2", failuresParked.Load())
+			}
+			if p := oc.count(consumer.Parked); p != 10 {
+				t.Fatalf("%d messages parked, want B0..B9", p)
+			}
+			order := e.appliedOrder()
+			if len(order) != 30 {
+				t.Fatalf("%d effects, want 30: %v", len(order), order)
+			}
+			pos := map[string]int{}
+			for i, id := range order {
+				pos[id] = i
+			}
+			for i := range 10 {
+				for _, k := range []string{"A", "C"} {
+					if id := fmt.Sprintf("%s%d", k, i); pos[id] > pos["B0"] {
+						t.Fatalf("%s applied after B0 healed: other keys must flow during B's failures (order %v)", id, order)
+					}
+				}
+				if i > 0 && pos[fmt.Sprintf("B%d", i)] < pos[fmt.Sprintf("B%d", i-1)] {
+					t.Fatalf("B%d applied before B%d (order %v)", i, i-1, order)
+				}
+			}
+			for id, n := range e.runs() {
+				if n != 1 {
+					t.Fatalf("%s ran %d times", id, n)
+				}
+			}
+			var left int
+			if err := e.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+e.db.Table(migrate.ParkedMessagesDefault)).Scan(&left); err != nil || left != 0 {
+				t.Fatalf("%d messages still parked (%v)", left, err)
+			}
+		})
+	}
+}
+
+// TestOtherPartitionsFlow: in blocking mode, a message retrying in place
+// holds only its own partition.
+func TestOtherPartitionsFlow(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 2)
+	// Keys "k0" and "k1" hash to different partitions of two (checked below).
+	var msgs []kafka.Message
+	for i := range 10 {
+		msgs = append(msgs, msg(fmt.Sprintf("x%d", i), "k0", 1), msg(fmt.Sprintf("y%d", i), "k1", 1))
+	}
+	e.produce(msgs...)
+	healed := make(chan struct{})
+	var sawOthers atomic.Bool
+	oc := newOutcomes(len(msgs))
+	cfg := e.config(modes[0], func(ctx context.Context, m *consumer.Message) error {
+		if m.ID == "x0" {
+			select {
+			case <-healed:
+				return nil
+			default:
+				return errors.New("down")
+			}
+		}
+		return nil
+	})
+	cfg.Retry = &retry.Policy{InitialInterval: 50 * time.Millisecond, MaxInterval: 50 * time.Millisecond, MaxAttempts: -1}
+	var mu sync.Mutex
+	parts := map[string]int{}
+	cfg.Hooks.Outcome = func(m *consumer.Message, o consumer.Outcome) {
+		mu.Lock()
+		parts[string(m.Key)] = m.Partition
+		mu.Unlock()
+		if m.ID == "y9" {
+			sawOthers.Store(true)
+			close(healed)
+		}
+		oc.hook(m, o)
+	}
+	stop := run(t, cfg)
+	wait(t, oc.done, "all messages")
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if parts["k0"] == parts["k1"] {
+		t.Fatalf("test setup: both keys landed on partition %d", parts["k0"])
+	}
+	if !sawOthers.Load() {
+		t.Fatal("the other partition did not finish while x0 was failing")
+	}
+	if order := e.appliedOrder(); order[len(order)-10] != "x0" {
+		t.Fatalf("x0 should follow all of y: order %v", order)
 	}
 }

@@ -21,6 +21,7 @@ import (
 type worker struct {
 	r         *Runner
 	commits   *committer
+	parked    *parker // NonBlocking mode only
 	partition int
 	start     int64
 	fail      func(error)
@@ -50,9 +51,29 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 		return
 	}
 	w.log.Debug("partition assigned", "start_offset", w.start)
+	if cfg.FailureMode == NonBlocking {
+		w.parked = newParker(w)
+		if err := w.parked.load(ctx); err != nil {
+			if ctx.Err() == nil {
+				w.fail(err)
+			}
+			return
+		}
+	}
 
 	for {
+		if w.parked != nil {
+			if err := w.parked.releaseDue(ctx); err != nil {
+				if ctx.Err() == nil {
+					w.fail(err)
+				}
+				return
+			}
+		}
 		batch, err := w.fetch(ctx, reader)
+		if errors.Is(err, errIdle) {
+			continue // time to look at parked messages
+		}
 		if err != nil {
 			if ctx.Err() == nil {
 				w.log.Error("fetch failed; leaving the generation", "err", err)
@@ -84,12 +105,25 @@ func (w *worker) acquire(ctx context.Context) error {
 	}
 }
 
+// errIdle means no message came while parked messages may be due.
+var errIdle = errors.New("idle")
+
 // fetch waits for one message, then gathers up to BatchSize-1 more for at
-// most BatchLinger.
+// most BatchLinger. With parked messages it waits at most ParkedPoll and
+// returns errIdle.
 func (w *worker) fetch(ctx context.Context, reader *kafka.Reader) ([]*Message, error) {
 	cfg := &w.r.cfg
-	first, err := reader.FetchMessage(ctx)
+	wait := ctx
+	if w.parked != nil && len(w.parked.keys) > 0 {
+		var cancel context.CancelFunc
+		wait, cancel = context.WithTimeout(ctx, cfg.ParkedPoll)
+		defer cancel()
+	}
+	first, err := reader.FetchMessage(wait)
 	if err != nil {
+		if ctx.Err() == nil && wait.Err() != nil {
+			return nil, errIdle
+		}
 		return nil, err
 	}
 	batch := []*Message{w.message(first)}
@@ -158,7 +192,7 @@ func (w *worker) process(ctx context.Context, msgs []*Message) error {
 			}
 			now := time.Now()
 			f := failure{attempts: 1, class: retry.ClassPermanent, first: now, last: now, err: msgs[i].idErr}
-			if err := w.giveUp(ctx, msgs[i], f); err != nil {
+			if err := w.giveUp(ctx, msgs[i], f, true); err != nil {
 				return err
 			}
 			msgs = msgs[i+1:]
@@ -220,11 +254,14 @@ func (w *worker) retry(ctx context.Context, msg *Message, err error) error {
 			}
 			f.class = retry.ClassTransient // a handler's own timeout: retry it
 		case retry.ClassPermanent:
-			return w.giveUp(ctx, msg, f)
+			return w.giveUp(ctx, msg, f, true)
 		}
 		delay := schedule.NextBackOff()
 		if delay == backoff.Stop {
-			return w.giveUp(ctx, msg, f)
+			if w.parked != nil {
+				return w.parked.park(ctx, msg, f)
+			}
+			return w.giveUp(ctx, msg, f, true)
 		}
 		w.log.Warn("handler failed; retrying", "offset", msg.Offset, "message_id", msg.ID,
 			"attempt", f.attempts, "delay", delay, "err", err)
@@ -254,9 +291,10 @@ type failure struct {
 }
 
 // giveUp hands a message that failed for good to OnFailure and, when that
-// took it, records the partition's position past it so that it is not
-// fetched again. Without OnFailure the runner stops.
-func (w *worker) giveUp(ctx context.Context, msg *Message, f failure) error {
+// took it, records the partition's position past it (when savePosition; a
+// parked message is already behind the position) so that it is not fetched
+// again. Without OnFailure the runner stops.
+func (w *worker) giveUp(ctx context.Context, msg *Message, f failure, savePosition bool) error {
 	cfg := &w.r.cfg
 	merr := &MessageError{Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset, ID: msg.ID,
 		Attempts: f.attempts, Class: f.class, FirstFailure: f.first, LastFailure: f.last, Err: f.err}
@@ -272,11 +310,13 @@ func (w *worker) giveUp(ctx context.Context, msg *Message, f failure) error {
 	if ferr := cfg.OnFailure(ctx, msg, merr); ferr != nil {
 		return fmt.Errorf("consumer: OnFailure for %s/%d/%d: %w", msg.Topic, msg.Partition, msg.Offset, ferr)
 	}
-	err := inTx(ctx, cfg.Pool, func(tx pgx.Tx) error {
-		return cfg.Store.SavePositionTx(ctx, tx, cfg.Name, msg.Topic, msg.Partition, msg.Offset+1)
-	})
-	if err != nil {
-		return fmt.Errorf("consumer: save position past failed message: %w", err)
+	if savePosition {
+		err := inTx(ctx, cfg.Pool, func(tx pgx.Tx) error {
+			return cfg.Store.SavePositionTx(ctx, tx, cfg.Name, msg.Topic, msg.Partition, msg.Offset+1)
+		})
+		if err != nil {
+			return fmt.Errorf("consumer: save position past failed message: %w", err)
+		}
 	}
 	if h := cfg.Hooks.Outcome; h != nil {
 		h(msg, Failed)
@@ -292,16 +332,12 @@ func (w *worker) giveUp(ctx context.Context, msg *Message, f failure) error {
 func (w *worker) commit(ctx context.Context, msgs []*Message) (failed int, err error) {
 	cfg := &w.r.cfg
 	for try := 1; ; try++ {
-		var dup []bool
-		failed, dup, err = w.tx(ctx, msgs)
+		var outcomes []Outcome
+		failed, outcomes, err = w.tx(ctx, msgs)
 		if err == nil {
 			if h := cfg.Hooks.Outcome; h != nil {
 				for i, m := range msgs {
-					o := Applied
-					if dup[i] {
-						o = Duplicate
-					}
-					h(m, o)
+					h(m, outcomes[i])
 				}
 			}
 			return -1, nil
@@ -322,30 +358,63 @@ type handlerError struct {
 func (e *handlerError) Error() string { return e.err.Error() }
 func (e *handlerError) Unwrap() error { return e.err }
 
-func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, dup []bool, err error) {
+func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes []Outcome, err error) {
 	cfg := &w.r.cfg
+	outcomes = make([]Outcome, len(msgs))
+	var live []int // messages handled now; the others wait behind a parked message of their key
+	for i, m := range msgs {
+		if w.parked.parkedKey(m) {
+			outcomes[i] = Parked
+		} else {
+			live = append(live, i)
+		}
+	}
+	parking := len(live) < len(msgs)
 	err = inTx(ctx, cfg.Pool, func(tx pgx.Tx) error {
-		if len(msgs) == 1 {
-			m := msgs[0]
-			d, err := cfg.Store.ClaimWithPositionTx(ctx, tx, dedup.Claim{Consumer: cfg.Name, MessageID: m.ID,
-				Topic: m.Topic, Partition: m.Partition, Offset: m.Offset})
+		claim := func(m *Message) dedup.Claim {
+			return dedup.Claim{Consumer: cfg.Name, MessageID: m.ID, Topic: m.Topic, Partition: m.Partition, Offset: m.Offset}
+		}
+		var dup []bool
+		switch {
+		case len(live) == 1 && !parking:
+			d, err := cfg.Store.ClaimWithPositionTx(ctx, tx, claim(msgs[0]))
 			if err != nil {
 				return err
 			}
 			dup = []bool{d}
-		} else {
-			claims := make([]dedup.Claim, len(msgs))
-			for i, m := range msgs {
-				claims[i] = dedup.Claim{Consumer: cfg.Name, MessageID: m.ID, Topic: m.Topic,
-					Partition: m.Partition, Offset: m.Offset}
+		case len(live) > 0:
+			claims := make([]dedup.Claim, len(live))
+			for j, i := range live {
+				claims[j] = claim(msgs[i])
 			}
 			var err error
 			if dup, err = cfg.Store.ClaimBatchTx(ctx, tx, claims); err != nil {
 				return err
 			}
 		}
-		if err := w.handle(ctx, tx, msgs, dup); err != nil {
+		for j, i := range live {
+			outcomes[i] = Applied
+			if dup[j] {
+				outcomes[i] = Duplicate
+			}
+		}
+		if err := w.handle(ctx, tx, msgs, outcomes); err != nil {
 			return err
+		}
+		if parking {
+			var waiting []*Message
+			for i, m := range msgs {
+				if outcomes[i] == Parked {
+					waiting = append(waiting, m)
+				}
+			}
+			if err := w.parked.insert(ctx, tx, waiting, nil, time.Time{}); err != nil {
+				return err
+			}
+			last := msgs[len(msgs)-1]
+			if err := cfg.Store.SavePositionTx(ctx, tx, cfg.Name, last.Topic, last.Partition, last.Offset+1); err != nil {
+				return err
+			}
 		}
 		if h := cfg.Hooks.BeforeCommit; h != nil {
 			h(ctx, msgs)
@@ -359,19 +428,24 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, dup []boo
 	if err != nil {
 		return -1, nil, fmt.Errorf("consumer: transaction: %w", err)
 	}
+	for i, m := range msgs {
+		if outcomes[i] == Parked {
+			w.parked.keys[string(m.Key)]++
+		}
+	}
 	if h := cfg.Hooks.AfterCommit; h != nil {
 		h(ctx, msgs)
 	}
-	return -1, dup, nil
+	return -1, outcomes, nil
 }
 
 // handle runs the user's handler for the messages whose claim is new.
-func (w *worker) handle(ctx context.Context, tx pgx.Tx, msgs []*Message, dup []bool) error {
+func (w *worker) handle(ctx context.Context, tx pgx.Tx, msgs []*Message, outcomes []Outcome) error {
 	cfg := &w.r.cfg
 	if cfg.BatchHandler != nil {
 		fresh := make([]*Message, 0, len(msgs))
 		for i, m := range msgs {
-			if !dup[i] {
+			if outcomes[i] == Applied {
 				fresh = append(fresh, m)
 			}
 		}
@@ -384,7 +458,7 @@ func (w *worker) handle(ctx context.Context, tx pgx.Tx, msgs []*Message, dup []b
 		return nil
 	}
 	for i, m := range msgs {
-		if dup[i] {
+		if outcomes[i] != Applied {
 			continue
 		}
 		if err := call(ctx, cfg.Handler, tx, m); err != nil {
@@ -392,6 +466,14 @@ func (w *worker) handle(ctx context.Context, tx pgx.Tx, msgs []*Message, dup []b
 		}
 	}
 	return nil
+}
+
+// handleOne runs the user's handler for one message.
+func (w *worker) handleOne(ctx context.Context, tx pgx.Tx, m *Message) error {
+	if h := w.r.cfg.BatchHandler; h != nil {
+		return callBatch(ctx, h, tx, []*Message{m})
+	}
+	return call(ctx, w.r.cfg.Handler, tx, m)
 }
 
 // inTx runs f in a transaction and commits it. Once f succeeded, the commit

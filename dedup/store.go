@@ -118,6 +118,7 @@ func validatePartition(partition int) error {
 // created by package migrate. It holds no connection and no state besides
 // its SQL: it is safe for concurrent use.
 type Store struct {
+	tables               migrate.Config
 	claimSQL             string
 	claimWithPositionSQL string
 	claimBatchSQL        string
@@ -151,6 +152,7 @@ func New(cfg *Config) (*Store, error) {
 	WHERE p.next_offset < EXCLUDED.next_offset`
 
 	return &Store{
+		tables: mc,
 		claimSQL: `INSERT INTO ` + processed + ` (consumer, message_id, topic, kafka_partition, kafka_offset)
 	VALUES ($1, $2, $3, $4, $5)
 	ON CONFLICT (consumer, message_id) DO NOTHING`,
@@ -194,6 +196,10 @@ SELECT input.ord FROM input JOIN claimed USING (consumer, message_id)`,
 )`,
 	}, nil
 }
+
+// Tables returns where the store's tables live, with defaults applied:
+// packages that keep their own tables next to the store's use it.
+func (s *Store) Tables() migrate.Config { return s.tables }
 
 // ClaimTx claims c.MessageID for c.Consumer in tx. duplicate is false when
 // the ID is newly claimed: the claim then commits or rolls back with tx.

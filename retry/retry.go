@@ -191,6 +191,9 @@ func (p *Policy) Validate() error {
 // Classify classifies err with the policy's classifier.
 func (p *Policy) Classify(err error) Class { return p.resolved().Classifier(err) }
 
+// MaxIntervalOrDefault returns the cap on one delay, with the default applied.
+func (p *Policy) MaxIntervalOrDefault() time.Duration { return p.resolved().MaxInterval }
+
 // MaxAttemptsOrZero returns the attempt bound, or 0 when there is none.
 func (p *Policy) MaxAttemptsOrZero() int { return max(p.resolved().MaxAttempts, 0) }
 

@@ -1,0 +1,315 @@
+package consumer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/retry"
+)
+
+// FailureMode says what a failing message does to the messages behind it.
+type FailureMode int
+
+const (
+	// Blocking retries a failing message in place: its partition waits until
+	// it succeeds or is given up on (OnFailure). Order is total within the
+	// partition. Choose it when messages of different keys depend on each
+	// other, or when failures are rare and short.
+	Blocking FailureMode = iota
+	// NonBlocking keeps order per key only. After the in-place attempts of
+	// Config.Retry, a message that still fails with a transient error is
+	// parked in PostgreSQL, in the transaction that moves the partition's
+	// position past it; every later message with the same key is parked
+	// behind it, and other keys keep flowing. Parked messages are retried
+	// under Config.ParkedRetry and released strictly in offset order per key.
+	// When the head of a key fails for good (permanent error, or
+	// ParkedRetry used up) it goes to OnFailure (the dead-letter topic) and
+	// the next parked message of the key becomes the head at once; without
+	// OnFailure it stays parked and is retried at the policy's longest
+	// interval. Choose it when a poison message or a sick dependency must
+	// not stall unrelated keys (accounts, orders).
+	NonBlocking
+)
+
+// Defaults for the non-blocking mode.
+const (
+	ParkedPollDefault = 500 * time.Millisecond
+)
+
+// parkedRetryDefault paces retries of parked messages.
+func parkedRetryDefault() *retry.Policy {
+	return &retry.Policy{InitialInterval: time.Second, MaxInterval: time.Minute, MaxAttempts: 10, MaxElapsedTime: -1}
+}
+
+// parker keeps a partition's parked messages in the non-blocking mode. It is
+// used only by its worker's goroutine.
+type parker struct {
+	w     *worker
+	table string
+	keys  map[string]int // parked messages per key
+	due   time.Time      // when to look for due parked messages next
+}
+
+type header struct {
+	Key   string `json:"k"`
+	Value []byte `json:"v"`
+}
+
+func newParker(w *worker) *parker {
+	t := w.r.cfg.Store.Tables()
+	return &parker{w: w, table: pgx.Identifier{t.Schema, t.Tables.ParkedMessages}.Sanitize(), keys: map[string]int{}}
+}
+
+// load reads which keys of the partition have parked messages.
+func (p *parker) load(ctx context.Context) error {
+	cfg := &p.w.r.cfg
+	rows, err := cfg.Pool.Query(ctx, `SELECT message_key, count(*) FROM `+p.table+`
+		WHERE consumer = $1 AND topic = $2 AND kafka_partition = $3 GROUP BY message_key`,
+		cfg.Name, cfg.Topic, p.w.partition)
+	if err != nil {
+		return fmt.Errorf("consumer: read parked keys: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var key []byte
+		var n int
+		if err := rows.Scan(&key, &n); err != nil {
+			return err
+		}
+		p.keys[string(key)] = n
+	}
+	return rows.Err()
+}
+
+// parkedKey reports whether msg must wait behind a parked message of its key.
+func (p *parker) parkedKey(msg *Message) bool { return p != nil && p.keys[string(msg.Key)] > 0 }
+
+// insert parks msgs in tx, with the failure f for the first one when given.
+func (p *parker) insert(ctx context.Context, tx pgx.Tx, msgs []*Message, f *failure, next time.Time) error {
+	cfg := &p.w.r.cfg
+	for i, m := range msgs {
+		hs := make([]header, len(m.Headers))
+		for j, h := range m.Headers {
+			hs[j] = header{Key: h.Key, Value: h.Value}
+		}
+		js, err := json.Marshal(hs)
+		if err != nil {
+			return err
+		}
+		var attempts int
+		var first, last *time.Time
+		var lastErr *string
+		nextAt := time.Now()
+		if i == 0 && f != nil {
+			attempts, first, last, nextAt = f.attempts, &f.first, &f.last, next
+			s := f.err.Error()
+			lastErr = &s
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO `+p.table+` (consumer, topic, kafka_partition, kafka_offset, message_key,
+			message_id, value, headers, message_time, attempts, first_failed_at, last_failed_at, last_error, next_attempt_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+			ON CONFLICT DO NOTHING`,
+			cfg.Name, m.Topic, m.Partition, m.Offset, m.Key, m.ID, m.Value, js, m.Time, attempts, first, last, lastErr, nextAt)
+		if err != nil {
+			return fmt.Errorf("consumer: park %s/%d/%d: %w", m.Topic, m.Partition, m.Offset, err)
+		}
+	}
+	return nil
+}
+
+// park parks a message that failed in place, in the transaction that moves
+// the partition's position past it.
+func (p *parker) park(ctx context.Context, msg *Message, f failure) error {
+	cfg := &p.w.r.cfg
+	delay, _ := p.delay(1)
+	err := inTx(ctx, cfg.Pool, func(tx pgx.Tx) error {
+		if err := p.insert(ctx, tx, []*Message{msg}, &f, time.Now().Add(delay)); err != nil {
+			return err
+		}
+		return cfg.Store.SavePositionTx(ctx, tx, cfg.Name, msg.Topic, msg.Partition, msg.Offset+1)
+	})
+	if err != nil {
+		return err
+	}
+	p.keys[string(msg.Key)]++
+	p.w.log.Warn("message parked; its key waits, other keys flow", "offset", msg.Offset, "message_id", msg.ID,
+		"attempts", f.attempts, "retry_in", delay, "err", f.err)
+	if h := cfg.Hooks.Outcome; h != nil {
+		h(msg, Parked)
+	}
+	return nil
+}
+
+// delay is the wait after a parked message's attempt-th failure, or false
+// when its retries are used up.
+func (p *parker) delay(attempt int) (time.Duration, bool) {
+	s := p.w.r.cfg.ParkedRetry.Schedule()
+	var d time.Duration
+	for range attempt {
+		if d = s.NextBackOff(); d == backoff.Stop {
+			return p.w.r.cfg.ParkedRetry.MaxIntervalOrDefault(), false
+		}
+	}
+	return d, true
+}
+
+// parkedMsg is a parked row.
+type parkedMsg struct {
+	msg      *Message
+	attempts int
+	first    *time.Time
+	nextAt   time.Time
+}
+
+// head returns the first parked message of key, if any.
+func (p *parker) head(ctx context.Context, key []byte) (*parkedMsg, error) {
+	cfg := &p.w.r.cfg
+	var (
+		pm    parkedMsg
+		m     kafka.Message
+		id    string
+		js    []byte
+		mtime *time.Time
+	)
+	err := cfg.Pool.QueryRow(ctx, `SELECT kafka_offset, message_id, value, headers, message_time, attempts,
+		first_failed_at, next_attempt_at FROM `+p.table+`
+		WHERE consumer = $1 AND topic = $2 AND kafka_partition = $3 AND message_key = $4
+		ORDER BY kafka_offset LIMIT 1`, cfg.Name, cfg.Topic, p.w.partition, key).
+		Scan(&m.Offset, &id, &m.Value, &js, &mtime, &pm.attempts, &pm.first, &pm.nextAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("consumer: read parked head: %w", err)
+	}
+	var hs []header
+	if err := json.Unmarshal(js, &hs); err != nil {
+		return nil, fmt.Errorf("consumer: parked headers: %w", err)
+	}
+	for _, h := range hs {
+		m.Headers = append(m.Headers, kafka.Header{Key: h.Key, Value: h.Value})
+	}
+	m.Topic, m.Partition, m.Key = cfg.Topic, p.w.partition, key
+	if mtime != nil {
+		m.Time = *mtime
+	}
+	pm.msg = &Message{Message: m, ID: id}
+	return &pm, nil
+}
+
+// releaseDue retries the due heads of parked keys, and on success the
+// messages parked behind them, in offset order.
+func (p *parker) releaseDue(ctx context.Context) error {
+	if len(p.keys) == 0 || time.Now().Before(p.due) {
+		return nil
+	}
+	p.due = time.Now().Add(p.w.r.cfg.ParkedPoll)
+	for key := range p.keys {
+		if err := p.releaseKey(ctx, []byte(key)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *parker) releaseKey(ctx context.Context, key []byte) error {
+	cfg := &p.w.r.cfg
+	for {
+		pm, err := p.head(ctx, key)
+		if err != nil {
+			return err
+		}
+		if pm == nil {
+			delete(p.keys, string(key))
+			return nil
+		}
+		if time.Now().Before(pm.nextAt) {
+			return nil
+		}
+		var dup bool
+		err = inTx(ctx, cfg.Pool, func(tx pgx.Tx) error {
+			var err error
+			dup, err = cfg.Store.ClaimTx(ctx, tx, dedup.Claim{Consumer: cfg.Name, MessageID: pm.msg.ID,
+				Topic: pm.msg.Topic, Partition: pm.msg.Partition, Offset: pm.msg.Offset})
+			if err != nil {
+				return err
+			}
+			if !dup {
+				if err := p.w.handleOne(ctx, tx, pm.msg); err != nil {
+					return &handlerError{err: err}
+				}
+			}
+			return p.remove(ctx, tx, pm.msg)
+		})
+		var herr *handlerError
+		switch {
+		case err == nil:
+			p.keys[string(key)]--
+			if h := cfg.Hooks.Outcome; h != nil {
+				o := Applied
+				if dup {
+					o = Duplicate
+				}
+				h(pm.msg, o)
+			}
+			continue // the next parked message of the key is due at once
+		case errors.As(err, &herr):
+			if done, err := p.failed(ctx, pm, herr.err); err != nil || !done {
+				return err
+			}
+			continue
+		default:
+			return fmt.Errorf("consumer: release parked %d: %w", pm.msg.Offset, err)
+		}
+	}
+}
+
+func (p *parker) remove(ctx context.Context, db dedup.DBTX, m *Message) error {
+	cfg := &p.w.r.cfg
+	_, err := db.Exec(ctx, `DELETE FROM `+p.table+` WHERE consumer = $1 AND topic = $2 AND kafka_partition = $3
+		AND kafka_offset = $4`, cfg.Name, m.Topic, m.Partition, m.Offset)
+	return err
+}
+
+// failed records a parked head's failure. It returns done=true when the
+// head left the parking (given to OnFailure), so the next one may go.
+func (p *parker) failed(ctx context.Context, pm *parkedMsg, err error) (done bool, _ error) {
+	cfg := &p.w.r.cfg
+	now := time.Now()
+	f := failure{attempts: pm.attempts + 1, class: cfg.Retry.Classify(err), first: now, last: now, err: err}
+	if pm.first != nil {
+		f.first = *pm.first
+	}
+	if f.class == retry.ClassStop && ctx.Err() != nil {
+		return false, ctx.Err()
+	}
+	delay, more := p.delay(f.attempts)
+	if (f.class == retry.ClassPermanent || !more) && cfg.OnFailure != nil {
+		if err := p.w.giveUp(ctx, pm.msg, f, false); err != nil {
+			return false, err
+		}
+		if err := p.remove(ctx, cfg.Pool, pm.msg); err != nil {
+			return false, fmt.Errorf("consumer: unpark %d: %w", pm.msg.Offset, err)
+		}
+		p.keys[string(pm.msg.Key)]--
+		return true, nil
+	}
+	p.w.log.Warn("parked message failed again", "offset", pm.msg.Offset, "message_id", pm.msg.ID,
+		"attempts", f.attempts, "retry_in", delay, "err", err)
+	_, uerr := cfg.Pool.Exec(ctx, `UPDATE `+p.table+` SET attempts = $5, first_failed_at = coalesce(first_failed_at, $6),
+		last_failed_at = $7, last_error = $8, next_attempt_at = $9
+		WHERE consumer = $1 AND topic = $2 AND kafka_partition = $3 AND kafka_offset = $4`,
+		cfg.Name, pm.msg.Topic, pm.msg.Partition, pm.msg.Offset, f.attempts, f.first, f.last, err.Error(), now.Add(delay))
+	if uerr != nil {
+		return false, fmt.Errorf("consumer: record parked failure: %w", uerr)
+	}
+	return false, nil
+}
