@@ -1,0 +1,122 @@
+// Command idemkit operates idemkit's tables and topics: it applies the
+// migrations and lists, inspects and replays dead letters.
+//
+//	idemkit migrate up|down VERSION|status   -database URL [-schema S]
+//	idemkit dlq list     -topic T.dlq [filters]        -brokers B [-database URL]
+//	idemkit dlq inspect  -topic T.dlq -id ID | -at P/O -brokers B
+//	idemkit dlq replay   -topic T.dlq [filters] [-dry-run] [-rate N] -brokers B -database URL
+//
+// -database and -brokers default to $IDEMKIT_DATABASE_URL and
+// $IDEMKIT_KAFKA_BROKERS. Exit status: 0 done, 1 failed (one line on stderr
+// says why), 2 bad usage.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// usageError makes main exit 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(format, args...)} }
+
+const usage = `usage:
+  idemkit migrate up|status            [-database URL] [-schema S]
+  idemkit migrate down VERSION         [-database URL] [-schema S]
+  idemkit dlq list    -topic T.dlq     [-brokers B] [-database URL] [filters]
+  idemkit dlq inspect -topic T.dlq     (-id ID | -at PARTITION/OFFSET) [-brokers B]
+  idemkit dlq replay  -topic T.dlq     [-brokers B] [-database URL] [filters] [-dry-run] [-rate N] [-replay-limit N]
+filters: -message-id ID -origin TOPIC -error TEXT -since RFC3339 -until RFC3339
+-database and -brokers default to $IDEMKIT_DATABASE_URL and $IDEMKIT_KAFKA_BROKERS.
+replay writes each selected dead letter back to its origin topic (the consumer's dedup
+makes repeats harmless) and records who replayed what; to re-run a handler in-process,
+use dlq.Reprocessor with Mode Redrive from Go.
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := run(ctx, os.Args[1:], os.Stdout)
+	var u *usageError
+	switch {
+	case err == nil:
+	case errors.As(err, &u):
+		fmt.Fprintf(os.Stderr, "idemkit: %s\n%s", u.msg, usage)
+		os.Exit(2)
+	default:
+		fmt.Fprintf(os.Stderr, "idemkit: %s\n", oneLine(err))
+		os.Exit(1)
+	}
+}
+
+func oneLine(err error) string { return strings.Join(strings.Fields(err.Error()), " ") }
+
+func run(ctx context.Context, args []string, out io.Writer) error {
+	if len(args) < 2 {
+		return usagef("name a command")
+	}
+	switch args[0] + " " + args[1] {
+	case "migrate up", "migrate status", "migrate down":
+		return migrateCmd(ctx, args[1], args[2:], out)
+	case "dlq list", "dlq inspect", "dlq replay":
+		return dlqCmd(ctx, args[1], args[2:], out)
+	}
+	return usagef("unknown command %q", strings.Join(args[:2], " "))
+}
+
+// common flags
+type conn struct {
+	database string
+	brokers  string
+	schema   string
+}
+
+func (c *conn) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.database, "database", os.Getenv("IDEMKIT_DATABASE_URL"), "PostgreSQL URL")
+	fs.StringVar(&c.brokers, "brokers", os.Getenv("IDEMKIT_KAFKA_BROKERS"), "Kafka bootstrap addresses, comma-separated")
+	fs.StringVar(&c.schema, "schema", "public", "schema of idemkit's tables")
+}
+
+func (c *conn) brokerList() ([]string, error) {
+	var out []string
+	for _, b := range strings.Split(c.brokers, ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			out = append(out, b)
+		}
+	}
+	if len(out) == 0 {
+		return nil, usagef("no Kafka brokers: pass -brokers or set IDEMKIT_KAFKA_BROKERS")
+	}
+	return out, nil
+}
+
+// parse parses flags that may come after positional arguments too.
+func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	fs.SetOutput(io.Discard)
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, usagef("%v", err)
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
+
+// dial bounds how long a command waits for a server that does not answer.
+const dial = 10 * time.Second

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idemkit/migrate"
+)
+
+func connectDB(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	if url == "" {
+		return nil, usagef("no database: pass -database or set IDEMKIT_DATABASE_URL")
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, usagef("bad -database URL: %v", err)
+	}
+	cfg.ConnConfig.ConnectTimeout = dial
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, dial)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("PostgreSQL at %s does not answer: %w", cfg.ConnConfig.Host, err)
+	}
+	return pool, nil
+}
+
+func migrateCmd(ctx context.Context, sub string, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("migrate "+sub, flag.ContinueOnError)
+	var c conn
+	c.register(fs)
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	target := 0
+	switch {
+	case sub == "down" && len(pos) != 1:
+		return usagef("migrate down takes the VERSION to go down to (0: all)")
+	case sub == "down":
+		if target, err = strconv.Atoi(pos[0]); err != nil || target < 0 {
+			return usagef("migrate down: VERSION must be a number >= 0, not %q", pos[0])
+		}
+	case len(pos) != 0:
+		return usagef("migrate %s takes no arguments", sub)
+	}
+	pool, err := connectDB(ctx, c.database)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	m, err := migrate.New(pool, &migrate.Config{Schema: c.schema})
+	if err != nil {
+		return err
+	}
+	switch sub {
+	case "up":
+		applied, err := m.Up(ctx)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "applied %v; schema %s is at version %d\n", applied, c.schema, m.Latest())
+	case "down":
+		reverted, err := m.Down(ctx, target)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "reverted %v; schema %s is at version %d\n", reverted, c.schema, target)
+	case "status":
+		v, err := m.Versions(ctx)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "schema %s: applied %v; this build knows %v\n", c.schema, v, migrate.Known())
+	}
+	return nil
+}
