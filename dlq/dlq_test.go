@@ -138,7 +138,7 @@ func (e *env) consume(n int, fail func(m *consumer.Message, attempt int) error) 
 	r, err := consumer.New(&consumer.Config{
 		Brokers: testenv.Brokers(e.t), Topic: e.topic, GroupID: e.group, Pool: e.db.Pool, Store: e.store,
 		Logger: e.logger, OnFailure: w.OnFailure,
-		Retry:  &retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 20 * time.Millisecond, MaxAttempts: 3},
+		Retry: &retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 20 * time.Millisecond, MaxAttempts: 3},
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			mu.Lock()
 			attempts[m.ID]++
@@ -472,4 +472,3 @@ func TestNewReprocessorRejectsBadConfig(t *testing.T) {
 		t.Errorf("writer without brokers: %v", err)
 	}
 }
-
