@@ -1,0 +1,51 @@
+package dlq_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"os"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/dlq"
+)
+
+// Replay the dead letters of payments.dlq whose last error mentions the tax
+// service, through the fixed handler, in the consumer's own dedup scope.
+func ExampleReprocessor() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	r, err := dlq.NewReprocessor(&dlq.ReprocessorConfig{
+		Brokers: []string{"127.0.0.1:9092"},
+		Topic:   "payments.dlq",
+		Mode:    dlq.Redrive,
+		Pool:    pool,
+		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+			_, err := tx.Exec(ctx, `UPDATE orders SET status = 'paid' WHERE id = $1`, string(msg.Key))
+			return err
+		}),
+		Filter: dlq.Filter{ErrorContains: "tax service"},
+		Rate:   50, // dead letters per second
+		Progress: func(it dlq.Item) {
+			if it.DeadLetter != nil {
+				fmt.Println(it.Action, it.DeadLetter.MessageID)
+			}
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer r.Close()
+	sum, err := r.Run(ctx) // to the end of the topic as it is now
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(sum[dlq.Applied], "applied,", sum[dlq.AlreadyApplied], "already applied")
+}
