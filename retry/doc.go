@@ -1,11 +1,27 @@
 // Package retry decides whether and when a failed attempt runs again.
 //
-// Contract (being built, see the README's package map for status): a policy on
-// cenkalti/backoff/v4, exponential with jitter, bounded by attempts and by
-// elapsed time, honouring context cancellation. Errors are split into
-// transient (retried: Postgres serialization failures and deadlocks, lost
-// connections, Kafka temporary errors) and permanent (never retried: wrap an
-// error with Permanent, compatible with backoff.Permanent, or classify it with
-// a user function). A permanent error or exhausted attempts hand the message
-// to the dead-letter path; nothing is dropped.
+// A Policy is an exponential backoff built on cenkalti/backoff/v4 — initial
+// and maximum interval, multiplier — with jitter (each delay spread uniformly
+// over ±RandomizationFactor, from an injectable random source), bounded by
+// MaxAttempts and MaxElapsedTime. Every field has a documented default, so
+// the zero Policy is usable. Policy.Do retries an operation and honours its
+// context; Policy.Schedule gives a fresh backoff.BackOff to callers that keep
+// their own loop (the consumer, the dead-letter writer).
+//
+// Errors are split by Classify (or Policy.Classifier):
+//
+//   - permanent, never retried: errors wrapped with Permanent (the same type
+//     as backoff.Permanent, so either is recognised), errors matching
+//     ErrInvalid, JSON and number decoding errors, PostgreSQL data and
+//     integrity errors (SQLSTATE 22xxx, 23xxx), Kafka errors that are not
+//     temporary;
+//   - transient, retried under the policy: PostgreSQL serialization failures
+//     and deadlocks (40001, 40P01), connection and resource errors (08, 53,
+//     57), Kafka temporary errors, and anything unknown — bounded by the
+//     attempts, so an unknown error is given up on after a few tries;
+//   - stop: the context was cancelled or its deadline passed.
+//
+// In idemkit a permanent error, or a transient one whose attempts are used
+// up, hands the message to the dead-letter path (package dlq): nothing is
+// dropped and nothing is retried forever.
 package retry
