@@ -2,9 +2,6 @@ package dedup_test
 
 import (
 	"context"
-	"crypto/rand"
-	"os"
-	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -39,28 +36,11 @@ func newStore(t *testing.T) (*testenv.DB, *dedup.Store) {
 	return db, s
 }
 
-// exampleDB returns, for Example functions (which get no testing.TB), a pool
-// on the test server with an empty search_path and a fresh migrated schema; drop
-// removes the schema and closes the pool.
+// exampleDB returns a pool on the test server and a fresh migrated schema;
+// drop removes it.
 func exampleDB() (pool *pgxpool.Pool, schema string, drop func()) {
-	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(os.Getenv(testenv.EnvDatabaseURL))
-	if err != nil {
-		panic(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = ""
-	pool, err = pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		panic(err)
-	}
-	schema = "ex_" + strings.ToLower(rand.Text()[:12])
-	drop = func() {
-		defer pool.Close()
-		if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-			panic(err)
-		}
-	}
-	if err := migrated(ctx, pool, schema); err != nil {
+	pool, schema, drop = testenv.ExampleSchema()
+	if err := migrated(context.Background(), pool, schema); err != nil {
 		drop()
 		panic(err)
 	}

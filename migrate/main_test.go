@@ -2,9 +2,6 @@ package migrate_test
 
 import (
 	"context"
-	"crypto/rand"
-	"os"
-	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -15,28 +12,9 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m, nil) }
 
-// exampleDB returns, for Example functions (which get no testing.TB), a pool
-// on the test server with an empty search_path and the name of a schema that does
-// not exist yet; drop removes the schema and closes the pool.
-func exampleDB() (pool *pgxpool.Pool, schema string, drop func()) {
-	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(os.Getenv(testenv.EnvDatabaseURL))
-	if err != nil {
-		panic(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = ""
-	pool, err = pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		panic(err)
-	}
-	schema = "ex_" + strings.ToLower(rand.Text()[:12])
-	return pool, schema, func() {
-		defer pool.Close()
-		if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-			panic(err)
-		}
-	}
-}
+// exampleDB returns a pool on the test server and the name of a schema that
+// does not exist yet; drop removes it.
+func exampleDB() (*pgxpool.Pool, string, func()) { return testenv.ExampleSchema() }
 
 // dropSchemaAtCleanup drops a schema the test made outside testenv.NewDB.
 func dropSchemaAtCleanup(t *testing.T, pool *pgxpool.Pool, schema string) {

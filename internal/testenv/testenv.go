@@ -212,6 +212,40 @@ func NewDB(tb testing.TB, setup ...func(ctx context.Context, pool *pgxpool.Pool,
 	return &DB{Pool: pool, Schema: schema}
 }
 
+// ExampleSchema is for Example functions, which get no testing.TB: it
+// returns a pool on the test server (search_path '') and the name of a
+// schema that does not exist yet; drop removes the schema and closes the
+// pool. It panics when no server is available.
+func ExampleSchema() (pool *pgxpool.Pool, schema string, drop func()) {
+	mu.Lock()
+	s := servers
+	mu.Unlock()
+	if s == nil {
+		panic(Instruction)
+	}
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(s.DatabaseURL)
+	if err != nil {
+		panic(err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = ""
+	pool, err = pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		panic(err)
+	}
+	var b [5]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	schema = "ex_" + hex.EncodeToString(b[:])
+	return pool, schema, func() {
+		defer pool.Close()
+		if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			panic(err)
+		}
+	}
+}
+
 func dropSchema(tb testing.TB, url, schema string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
