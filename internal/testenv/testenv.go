@@ -213,7 +213,7 @@ func NewDB(tb testing.TB, setup ...func(ctx context.Context, pool *pgxpool.Pool,
 }
 
 // ExampleSchema is for Example functions, which get no testing.TB: it
-// returns a pool on the test server (search_path ”) and the name of a
+// returns a pool on the test server (with an empty search_path) and the name of a
 // schema that does not exist yet; drop removes the schema and closes the
 // pool. It panics when no server is available.
 func ExampleSchema() (pool *pgxpool.Pool, schema string, drop func()) {
