@@ -44,6 +44,9 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 		MinBytes:  1,
 		MaxBytes:  8 << 20,
 		MaxWait:   250 * time.Millisecond,
+		// A full batch can wait in the reader's queue while the previous
+		// batch commits, so that BatchLinger is not spent refilling it.
+		QueueCapacity: max(100, cfg.BatchSize),
 	})
 	defer reader.Close()
 	if err := reader.SetOffset(w.start); err != nil {
