@@ -1,0 +1,185 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Handler performs one non-Kafka side effect: send an e-mail, call a payment
+// provider. It may run more than once for one message (after a crash, a
+// timeout, a lost commit): pass rec.ID to the provider as its idempotency
+// key so that the effect happens once. Returning an error retries the message
+// with backoff; an error wrapped with retry.Permanent parks it at once.
+type Handler interface {
+	Handle(ctx context.Context, rec *Record) error
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(ctx context.Context, rec *Record) error
+
+// Handle calls f.
+func (f HandlerFunc) Handle(ctx context.Context, rec *Record) error { return f(ctx, rec) }
+
+// PanicError is a handler panic turned into an error; Stack is the stack of
+// the panicking goroutine. The message is retried like any failure.
+type PanicError struct {
+	Value any
+	Stack []byte
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("outbox: handler panicked: %v", e.Value) }
+
+// DispatcherConfig configures a Dispatcher. Handlers is required.
+type DispatcherConfig struct {
+	// Handlers maps Message.Handler names to handlers. The dispatcher
+	// claims only messages whose handler it has.
+	Handlers map[string]Handler
+
+	// BatchSize is the most messages one round claims. Defaults to 500.
+	BatchSize int
+	// HandlerTimeout bounds one handler call. Defaults to 30s.
+	HandlerTimeout time.Duration
+	// PollInterval, RetryInitial, RetryMax, ParkAfter, Retention,
+	// CleanupInterval, CleanupBatch, StatsInterval and DisableListen mean
+	// what they mean in RelayConfig, with the same defaults. Every failure
+	// counts towards ParkAfter.
+	PollInterval    time.Duration
+	RetryInitial    time.Duration
+	RetryMax        time.Duration
+	ParkAfter       int
+	Retention       time.Duration
+	CleanupInterval time.Duration
+	CleanupBatch    int
+	StatsInterval   time.Duration
+	DisableListen   bool
+
+	// Logger receives structured logs. Defaults to slog.Default().
+	Logger *slog.Logger
+	// Hooks observe the dispatcher; Published means handled.
+	Hooks Hooks
+}
+
+// Dispatcher runs registered handlers for outbox messages enqueued with
+// Message.Handler set, after their transaction committed, at least once,
+// in enqueue order per (Handler, Key). Any number of dispatchers may run
+// at once.
+type Dispatcher struct {
+	pool     *pgxpool.Pool
+	store    *Store
+	handlers map[string]Handler
+	names    []string
+	timeout  time.Duration
+	loop     loopConfig
+}
+
+// NewDispatcher validates cfg, applies its defaults and returns a Dispatcher.
+func NewDispatcher(pool *pgxpool.Pool, store *Store, cfg *DispatcherConfig) (*Dispatcher, error) {
+	switch {
+	case pool == nil:
+		return nil, fmt.Errorf("%w: nil pool", ErrInvalidConfig)
+	case store == nil:
+		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)
+	case cfg == nil:
+		return nil, fmt.Errorf("%w: nil config", ErrInvalidConfig)
+	case len(cfg.Handlers) == 0:
+		return nil, fmt.Errorf("%w: no Handlers", ErrInvalidConfig)
+	}
+	d := &Dispatcher{pool: pool, store: store, handlers: map[string]Handler{},
+		timeout: cmp.Or(cfg.HandlerTimeout, HandlerTimeoutDefault)}
+	for name, h := range cfg.Handlers {
+		if name == "" || h == nil {
+			return nil, fmt.Errorf("%w: handler %q: empty name or nil handler", ErrInvalidConfig, name)
+		}
+		d.handlers[name] = h
+		d.names = append(d.names, name)
+	}
+	slices.Sort(d.names)
+	if d.timeout <= 0 {
+		return nil, fmt.Errorf("%w: HandlerTimeout %v <= 0", ErrInvalidConfig, d.timeout)
+	}
+	rc := RelayConfig{BatchSize: cfg.BatchSize, PollInterval: cfg.PollInterval, RetryInitial: cfg.RetryInitial,
+		RetryMax: cfg.RetryMax, ParkAfter: cfg.ParkAfter, Retention: cfg.Retention,
+		CleanupInterval: cfg.CleanupInterval, CleanupBatch: cfg.CleanupBatch, StatsInterval: cfg.StatsInterval,
+		DisableListen: cfg.DisableListen, Logger: cfg.Logger, Hooks: cfg.Hooks}
+	l, err := rc.loop()
+	if err != nil {
+		return nil, err
+	}
+	l.name = "dispatcher"
+	d.loop = l
+	return d, nil
+}
+
+// Run dispatches until ctx ends, then returns nil, only after every goroutine
+// it started has exited. It returns an error wrapping ErrNotMigrated when the
+// table is missing.
+func (d *Dispatcher) Run(ctx context.Context) error {
+	e := &engine{pool: d.pool, store: d.store, cfg: d.loop, d: d,
+		log: d.loop.logger.With("component", "outbox.dispatcher")}
+	return e.run(ctx)
+}
+
+func (d *Dispatcher) scan(ctx context.Context, tx pgx.Tx, limit int) ([]int64, error) {
+	rows, err := tx.Query(ctx, d.store.sql.scanHandlers, limit, d.names)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int64])
+}
+
+func (d *Dispatcher) cut(rows []*row) int { return len(rows) }
+
+// deliver runs the handlers one message at a time, in enqueue order; a key
+// whose message failed is held until the next round.
+func (d *Dispatcher) deliver(ctx context.Context, rows []*row) []error {
+	errs := make([]error, len(rows))
+	held := map[int64]bool{}
+	for i, r := range rows {
+		if held[r.lockKey] {
+			errs[i] = errHeld
+			continue
+		}
+		if err := d.call(ctx, r); err != nil {
+			errs[i] = err
+			held[r.lockKey] = true
+		}
+		if ctx.Err() != nil {
+			for j := i + 1; j < len(rows); j++ {
+				errs[j] = ctx.Err()
+			}
+			break
+		}
+	}
+	return errs
+}
+
+func (d *Dispatcher) call(ctx context.Context, r *row) (err error) {
+	h := d.handlers[r.rec.Handler]
+	if h == nil { // a handler removed between scan and now cannot happen; be safe
+		return fmt.Errorf("outbox: no handler %q", r.rec.Handler)
+	}
+	ctx, cancel := context.WithTimeout(ctx, d.timeout)
+	defer cancel()
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	rec := r.rec
+	return h.Handle(ctx, &rec)
+}
+
+func (d *Dispatcher) classify(err error) verdict {
+	if isPermanent(err) {
+		return permanentFailure
+	}
+	return countedFailure
+}

@@ -1,0 +1,100 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idemkit/outbox"
+	"github.com/idemkit/idemkit/retry"
+)
+
+// The dispatcher runs the registered handler for each message once it
+// committed, hands it the stable ID, retries failures, parks permanent ones,
+// keeps order per key, and never touches Kafka messages.
+func TestDispatcher(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, store := newDB(t)
+	var (
+		mu       sync.Mutex
+		calls    []string // "key:value" in call order
+		attempts = map[string]int{}
+	)
+	email := outbox.HandlerFunc(func(ctx context.Context, rec *outbox.Record) error {
+		mu.Lock()
+		defer mu.Unlock()
+		attempts[rec.ID]++
+		if rec.Attempt != attempts[rec.ID] {
+			return fmt.Errorf("attempt %d, want %d", rec.Attempt, attempts[rec.ID])
+		}
+		switch string(rec.Value) {
+		case "flaky":
+			if rec.Attempt == 1 {
+				return errors.New("provider timeout")
+			}
+		case "invalid":
+			return retry.Permanent(errors.New("address rejected"))
+		case "panic":
+			panic("boom")
+		}
+		calls = append(calls, string(rec.Key)+":"+string(rec.Value))
+		return nil
+	})
+	pub := newPublished()
+	d, err := outbox.NewDispatcher(db.Pool, store, &outbox.DispatcherConfig{
+		Handlers:     map[string]outbox.Handler{"email": email},
+		PollInterval: 50 * time.Millisecond, RetryInitial: 20 * time.Millisecond, RetryMax: 50 * time.Millisecond,
+		ParkAfter: 2, Logger: testLogger(t), Hooks: outbox.Hooks{Published: pub.hook},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, d)
+	ids := enqueue(t, db.Pool, store,
+		outbox.Message{Handler: "email", Key: []byte("a"), Value: []byte("flaky")},
+		outbox.Message{Handler: "email", Key: []byte("a"), Value: []byte("second")},
+		outbox.Message{Handler: "email", Key: []byte("b"), Value: []byte("invalid")},
+		outbox.Message{Handler: "email", Key: []byte("c"), Value: []byte("panic")},
+		outbox.Message{Handler: "sms", Key: []byte("d"), Value: []byte("no such handler here")},
+		outbox.Message{Topic: "kafka-only", Value: []byte("for the relay")},
+	)
+	pub.wait(t, 20*time.Second, ids[0], ids[1])
+	deadline := time.Now().Add(20 * time.Second)
+	var parked []outbox.ParkedMessage
+	for time.Now().Before(deadline) {
+		if parked, err = store.Parked(ctx, db.Pool); err != nil {
+			t.Fatal(err)
+		}
+		if len(parked) == 2 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(parked) != 2 || parked[0].ID != ids[2] || parked[1].ID != ids[3] {
+		t.Fatalf("parked = %+v, want the invalid (permanent) and the panicking message", parked)
+	}
+	if parked[0].Attempts != 1 || !strings.Contains(parked[0].Error, "address rejected") {
+		t.Fatalf("permanent failure parked as %+v, want after 1 attempt", parked[0])
+	}
+	if parked[1].Attempts != 2 || !strings.Contains(parked[1].Error, "panicked: boom") {
+		t.Fatalf("panicking handler parked as %+v, want after 2 attempts", parked[1])
+	}
+	mu.Lock()
+	got := strings.Join(calls, " ")
+	mu.Unlock()
+	if got != "a:flaky a:second" {
+		t.Fatalf("handled %q, want the flaky message (retried) before the second of its key", got)
+	}
+	st, err := store.Stats(ctx, db.Pool)
+	if err != nil || st.Backlog != 2 {
+		t.Fatalf("stats = %+v, %v; want the sms and the Kafka message still pending", st, err)
+	}
+	if _, err := outbox.NewDispatcher(db.Pool, store, &outbox.DispatcherConfig{}); !errors.Is(err, outbox.ErrInvalidConfig) {
+		t.Fatalf("NewDispatcher without handlers: %v", err)
+	}
+}

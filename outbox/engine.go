@@ -1,0 +1,532 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/idemkit/retry"
+)
+
+// Record is an outbox message as the relay and the dispatcher deliver it.
+type Record struct {
+	// ID is the stable ID fixed at enqueue.
+	ID string
+	// Topic is the Kafka topic (informative for Dispatcher messages).
+	Topic string
+	// Handler is the Dispatcher handler name; empty for Kafka messages.
+	Handler string
+	Key     []byte
+	Value   []byte
+	// Headers are the headers given at enqueue, without HeaderID.
+	Headers []kafka.Header
+	// Attempt counts delivery attempts, this one included: 1 the first time.
+	Attempt int
+	// EnqueuedAt is when the enqueuing statement ran, by the database clock.
+	EnqueuedAt time.Time
+}
+
+// Hooks observe a Relay or a Dispatcher: metrics, tracing and tests. Every
+// field is optional. They run synchronously on the delivery goroutine (Stats
+// on its own): keep them fast.
+type Hooks struct {
+	// AfterPublish runs after records were delivered (acknowledged by every
+	// in-sync replica, or handled) and before they are marked in the
+	// database. A crash here delivers them again later, with the same IDs.
+	AfterPublish func(ctx context.Context, recs []Record)
+	// Published runs after the delivered records were marked and committed.
+	Published func(recs []Record)
+	// Failed runs after a failed attempt was recorded, for each record that
+	// will be tried again.
+	Failed func(rec Record, err error)
+	// Parked runs after a record was parked because its own delivery failed
+	// for good (not for the records parked behind it).
+	Parked func(rec Record, err error)
+	// Stats runs every StatsInterval with the outbox's backlog: pending
+	// count, oldest pending age, parked count.
+	Stats func(Stats)
+}
+
+// errHeld is the error a deliverer reports for a record it did not attempt
+// because an earlier record of the same key failed in the same round.
+var errHeld = errors.New("outbox: held behind an earlier message of the same key")
+
+// row is one claimed row.
+type row struct {
+	seq         int64
+	lockKey     int64
+	rec         Record
+	due         bool
+	availableAt time.Time
+	parked      bool
+}
+
+// verdict classifies a delivery error.
+type verdict int
+
+const (
+	countedFailure   verdict = iota // attempts+1; park at ParkAfter
+	transientFailure                // attempts+1; never parks
+	permanentFailure                // park now
+)
+
+// deliverer is what a Relay or a Dispatcher does with a round's rows: rows
+// come in enqueue order, and only a prefix of each key's pending rows. It
+// returns one error per row (nil: delivered), and must not attempt a row
+// after a failed row of the same key (errHeld).
+type deliverer interface {
+	deliver(ctx context.Context, rows []*row) []error
+	classify(err error) verdict
+	scan(ctx context.Context, tx pgx.Tx, limit int) ([]int64, error)
+	// cut returns how many of the deliverable rows (in order) fit one round.
+	cut(rows []*row) int
+}
+
+// loopConfig is what a Relay and a Dispatcher share.
+type loopConfig struct {
+	name            string // "relay" or "dispatcher", for errors and logs
+	batchSize       int
+	pollInterval    time.Duration
+	retryInitial    time.Duration
+	retryMax        time.Duration
+	parkAfter       int
+	retention       time.Duration
+	cleanupInterval time.Duration
+	cleanupBatch    int
+	statsInterval   time.Duration
+	disableListen   bool
+	logger          *slog.Logger
+	hooks           Hooks
+}
+
+// engine claims rows key by key and hands them to a deliverer.
+type engine struct {
+	pool  *pgxpool.Pool
+	store *Store
+	cfg   loopConfig
+	d     deliverer
+	log   *slog.Logger
+}
+
+// run is the body of Relay.Run and Dispatcher.Run.
+func (e *engine) run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wake := make(chan struct{}, 1) // size 1: wake-ups coalesce
+	var wg sync.WaitGroup
+	if !e.cfg.disableListen {
+		wg.Go(func() { e.listen(ctx, wake) })
+	}
+	if e.cfg.retention > 0 {
+		wg.Go(func() { e.cleanupLoop(ctx) })
+	}
+	if e.cfg.hooks.Stats != nil {
+		wg.Go(func() { e.statsLoop(ctx) })
+	}
+	err := e.deliverLoop(ctx, wake)
+	cancel()
+	wg.Wait()
+	return err
+}
+
+func (e *engine) newBackOff() *backoff.ExponentialBackOff {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = e.cfg.retryInitial
+	b.MaxInterval = e.cfg.retryMax
+	b.MaxElapsedTime = 0
+	b.Reset()
+	return b
+}
+
+// rowDelay is the wait after a record's attempt-th failure: the attempt-th
+// step of the jittered exponential schedule.
+func (e *engine) rowDelay(attempt int) time.Duration {
+	b := e.newBackOff()
+	d := b.NextBackOff()
+	for i := 1; i < min(attempt, 64) && d < e.cfg.retryMax; i++ {
+		d = b.NextBackOff()
+	}
+	return d
+}
+
+// sleep waits d or until ctx ends or wake fires (when wake is non-nil).
+func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	case <-wake:
+	}
+}
+
+func (e *engine) deliverLoop(ctx context.Context, wake chan struct{}) error {
+	bo := e.newBackOff()
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		res, err := e.round(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, ErrNotMigrated):
+			return fmt.Errorf("outbox: %s: %w", e.cfg.name, err)
+		case err != nil:
+			d := bo.NextBackOff()
+			e.log.Warn("round failed; backing off", "err", err, "wait", d)
+			sleep(ctx, d, nil)
+		case res.stalled:
+			// Every attempt failed for a reason outside the rows (the
+			// broker is unreachable): back off the whole loop too.
+			sleep(ctx, bo.NextBackOff(), nil)
+		case res.delivered > 0:
+			bo.Reset() // there may be more: go again at once
+		default:
+			bo.Reset()
+			sleep(ctx, e.cfg.pollInterval, wake)
+		}
+	}
+}
+
+type roundResult struct {
+	delivered int
+	stalled   bool
+}
+
+// update is one row's entry in markFailed.
+type update struct {
+	seq       int64
+	add       int32
+	err       pgtype.Text
+	delayUS   int64
+	floor     pgtype.Timestamptz
+	park      bool
+	blockedBy pgtype.Text
+}
+
+// round claims keys, reads their rows, delivers a prefix of each key, and
+// records the outcome, all in one transaction whose advisory locks keep
+// other relays off these keys until the marks are committed.
+func (e *engine) round(ctx context.Context) (roundResult, error) {
+	var res roundResult
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		return res, err
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = tx.Rollback(rctx) // no-op after Commit
+	}()
+
+	keys, err := e.d.scan(ctx, tx, e.cfg.batchSize)
+	if err != nil {
+		return res, translate(err)
+	}
+	if len(keys) == 0 {
+		return res, tx.Commit(ctx)
+	}
+	rows, err := e.keyRows(ctx, tx, keys)
+	if err != nil {
+		return res, translate(err)
+	}
+
+	// Per key, the deliverable prefix: due rows up to the first row that is
+	// parked or not yet due. Rows behind such a row wait for it: behind a
+	// parked row they are parked as blocked by it; behind a row that is not
+	// due they are deferred to its time, so the scan does not meet them
+	// again in the meantime.
+	var (
+		deliverable []*row
+		updates     []update
+		blocker     = map[int64]*row{}
+	)
+	for _, r := range rows {
+		if b := blocker[r.lockKey]; b != nil {
+			switch {
+			case b.parked:
+				updates = append(updates, update{seq: r.seq, park: true,
+					err:       pgtype.Text{String: "blocked: message " + b.rec.ID + " of the same key is parked", Valid: true},
+					blockedBy: pgtype.Text{String: b.rec.ID, Valid: true}})
+			case r.due || r.availableAt.Before(b.availableAt):
+				updates = append(updates, update{seq: r.seq, floor: pgtype.Timestamptz{Time: b.availableAt, Valid: true},
+					blockedBy: pgtype.Text{}})
+			}
+			continue
+		}
+		if r.parked || !r.due {
+			blocker[r.lockKey] = r
+			continue
+		}
+		deliverable = append(deliverable, r)
+	}
+	deliverable = deliverable[:e.d.cut(deliverable)]
+
+	var errs []error
+	if len(deliverable) > 0 {
+		errs = e.d.deliver(ctx, deliverable)
+	}
+	// Shutting down: failures caused by the cancellation are not recorded
+	// (those rows stay as they were), deliveries are.
+	cancelled := ctx.Err() != nil
+	var done []Record
+	doneSeqs := make([]int64, 0, len(deliverable))
+	failed := map[int64]update{} // by key: the failure that holds the rest
+	type failure struct {
+		rec    Record
+		err    error
+		parked bool
+	}
+	var failures []failure
+	allTransient := len(deliverable) > 0
+	for i, r := range deliverable {
+		if f, ok := failed[r.lockKey]; ok {
+			if cancelled && !f.blockedBy.Valid {
+				continue
+			}
+			// Behind a failure of its key: not delivered (or delivered
+			// out of turn, and then delivered again in turn later).
+			u := update{seq: r.seq, delayUS: f.delayUS}
+			if f.park {
+				u.park = true
+				u.err = pgtype.Text{String: "blocked: message " + f.blockedBy.String + " of the same key is parked", Valid: true}
+				u.blockedBy = f.blockedBy
+			}
+			updates = append(updates, u)
+			continue
+		}
+		err := errs[i]
+		if err != nil && cancelled {
+			failed[r.lockKey] = update{} // hold the rest of the key, record nothing
+			continue
+		}
+		if err == nil {
+			doneSeqs = append(doneSeqs, r.seq)
+			done = append(done, r.rec)
+			allTransient = false
+			continue
+		}
+		v := e.d.classify(err)
+		if v != transientFailure {
+			allTransient = false
+		}
+		park := v == permanentFailure || v == countedFailure && r.rec.Attempt >= e.cfg.parkAfter
+		u := update{seq: r.seq, add: 1, err: pgtype.Text{String: truncate(err.Error(), 2000), Valid: true}, park: park}
+		if !park {
+			u.delayUS = e.rowDelay(r.rec.Attempt).Microseconds()
+		}
+		updates = append(updates, u)
+		failed[r.lockKey] = update{delayUS: u.delayUS, park: park, blockedBy: pgtype.Text{String: r.rec.ID, Valid: true}}
+		failures = append(failures, failure{rec: r.rec, err: err, parked: park})
+	}
+	if h := e.cfg.hooks.AfterPublish; h != nil && len(done) > 0 {
+		h(ctx, done)
+	}
+
+	// Delivered: record it even if the run is being cancelled.
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if len(doneSeqs) > 0 {
+		if _, err := tx.Exec(mctx, e.store.sql.markDone, doneSeqs); err != nil {
+			return res, fmt.Errorf("mark delivered: %w", err)
+		}
+	}
+	if len(updates) > 0 {
+		if err := e.markFailed(mctx, tx, updates); err != nil {
+			return res, fmt.Errorf("mark failed: %w", err)
+		}
+	}
+	if err := tx.Commit(mctx); err != nil {
+		return res, fmt.Errorf("commit: %w", err)
+	}
+
+	res.delivered = len(done)
+	res.stalled = allTransient
+	if h := e.cfg.hooks.Published; h != nil && len(done) > 0 {
+		h(done)
+	}
+	if len(failures) > 0 {
+		e.log.Warn("delivery failed", "failed", len(failures), "delivered", len(done),
+			"message_id", failures[0].rec.ID, "topic", failures[0].rec.Topic, "attempt", failures[0].rec.Attempt,
+			"err", failures[0].err)
+	}
+	for _, f := range failures {
+		if f.parked {
+			e.log.Error("message parked", "message_id", f.rec.ID, "topic", f.rec.Topic, "handler", f.rec.Handler,
+				"attempt", f.rec.Attempt, "err", f.err)
+			if h := e.cfg.hooks.Parked; h != nil {
+				h(f.rec, f.err)
+			}
+		} else if h := e.cfg.hooks.Failed; h != nil {
+			h(f.rec, f.err)
+		}
+	}
+	return res, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+func (e *engine) keyRows(ctx context.Context, tx pgx.Tx, keys []int64) ([]*row, error) {
+	rs, err := tx.Query(ctx, e.store.sql.keyRows, keys, e.cfg.batchSize)
+	if err != nil {
+		return nil, err
+	}
+	var out []*row
+	var (
+		seq, lockKey     int64
+		id, topic        string
+		handler          pgtype.Text
+		key, value, hdrs []byte
+		attempts         int
+		due, parked      bool
+		availableAt, at  time.Time
+	)
+	_, err = pgx.ForEachRow(rs, []any{&seq, &id, &lockKey, &handler, &topic, &key, &value, &hdrs, &attempts,
+		&due, &availableAt, &parked, &at}, func() error {
+		r := &row{seq: seq, lockKey: lockKey, due: due, availableAt: availableAt, parked: parked, rec: Record{
+			ID: id, Topic: topic, Handler: handler.String, Attempt: attempts + 1, EnqueuedAt: at,
+			Key: cloneOrNil(key), Value: cloneOrNil(value),
+		}}
+		if len(hdrs) > 0 {
+			var hs []storedHeader
+			if err := json.Unmarshal(hdrs, &hs); err != nil {
+				return fmt.Errorf("headers of message %s: %w", id, err)
+			}
+			r.rec.Headers = make([]kafka.Header, len(hs))
+			for i, h := range hs {
+				r.rec.Headers[i] = kafka.Header{Key: h.Key, Value: h.Value}
+			}
+		}
+		out = append(out, r)
+		return nil
+	})
+	return out, err
+}
+
+func cloneOrNil(b []byte) []byte {
+	if b == nil {
+		return nil
+	}
+	return append([]byte{}, b...)
+}
+
+func (e *engine) markFailed(ctx context.Context, tx pgx.Tx, us []update) error {
+	n := len(us)
+	var (
+		seqs      = make([]int64, n)
+		adds      = make([]int32, n)
+		errs      = make([]pgtype.Text, n)
+		delays    = make([]int64, n)
+		floors    = make([]pgtype.Timestamptz, n)
+		parks     = make([]bool, n)
+		blockedBy = make([]pgtype.Text, n)
+	)
+	for i, u := range us {
+		seqs[i], adds[i], errs[i], delays[i], floors[i], parks[i], blockedBy[i] =
+			u.seq, u.add, u.err, u.delayUS, u.floor, u.park, u.blockedBy
+	}
+	_, err := tx.Exec(ctx, e.store.sql.markFailed, seqs, adds, errs, delays, floors, parks, blockedBy)
+	return err
+}
+
+// listen wakes the delivery loop on every NOTIFY from EnqueueTx, on a
+// connection of its own taken out of the pool; it reconnects with backoff.
+func (e *engine) listen(ctx context.Context, wake chan<- struct{}) {
+	bo := e.newBackOff()
+	for {
+		err := e.listenOnce(ctx, wake, bo)
+		if ctx.Err() != nil {
+			return
+		}
+		d := bo.NextBackOff()
+		e.log.Warn("LISTEN connection lost; polling until it is back", "err", err, "wait", d)
+		sleep(ctx, d, nil)
+	}
+}
+
+func (e *engine) listenOnce(ctx context.Context, wake chan<- struct{}, bo backoff.BackOff) error {
+	pc, err := e.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	conn := pc.Hijack()
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{e.store.channel}.Sanitize()); err != nil {
+		return err
+	}
+	bo.Reset()
+	signal(wake) // anything enqueued while nobody listened
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		signal(wake)
+	}
+}
+
+func signal(c chan<- struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+func (e *engine) cleanupLoop(ctx context.Context) {
+	t := time.NewTicker(e.cfg.cleanupInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, err := e.store.Cleanup(ctx, e.pool, e.cfg.retention, e.cfg.cleanupBatch)
+		if err != nil && ctx.Err() == nil {
+			e.log.Warn("cleanup failed", "deleted", n, "err", err)
+		} else if n > 0 {
+			e.log.Debug("cleanup", "deleted", n)
+		}
+	}
+}
+
+func (e *engine) statsLoop(ctx context.Context) {
+	t := time.NewTicker(e.cfg.statsInterval)
+	defer t.Stop()
+	for {
+		st, err := e.store.Stats(ctx, e.pool)
+		if err == nil {
+			e.cfg.hooks.Stats(st)
+		} else if ctx.Err() == nil {
+			e.log.Warn("stats failed", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// isPermanent reports an error marked with retry.Permanent (or
+// backoff.Permanent).
+func isPermanent(err error) bool { return retry.IsPermanent(err) }

@@ -1,0 +1,328 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+)
+
+// Defaults of RelayConfig and DispatcherConfig.
+const (
+	BatchSizeDefault       = 500
+	MaxBatchBytesDefault   = 1 << 20 // kafka-go's and Kafka's default limit
+	PollIntervalDefault    = 500 * time.Millisecond
+	PublishTimeoutDefault  = 10 * time.Second
+	HandlerTimeoutDefault  = 30 * time.Second
+	RetryInitialDefault    = 100 * time.Millisecond
+	RetryMaxDefault        = 10 * time.Second
+	ParkAfterDefault       = 10
+	RetentionDefault       = 24 * time.Hour
+	CleanupIntervalDefault = time.Minute
+	StatsIntervalDefault   = 10 * time.Second
+)
+
+// ErrInvalidConfig is wrapped by every configuration error NewRelay and
+// NewDispatcher return.
+var ErrInvalidConfig = errors.New("outbox: invalid config")
+
+// ErrMessageTooLarge is the error of a message bigger than the relay's
+// MaxBatchBytes: it is parked at once.
+var ErrMessageTooLarge = errors.New("outbox: message larger than MaxBatchBytes")
+
+// RelayConfig configures a Relay. Brokers is required.
+type RelayConfig struct {
+	// Brokers are the Kafka bootstrap addresses.
+	Brokers []string
+	// Transport carries the Kafka requests (TLS, SASL). Its MetadataTTL is
+	// how long a topic created while the relay runs may still look missing
+	// (its messages fail and are retried meanwhile). Defaults to a
+	// kafka.Transport the relay creates and closes, with a MetadataTTL of 2s.
+	Transport kafka.RoundTripper
+
+	// BatchSize is the most messages one round claims and publishes.
+	// Defaults to 500.
+	BatchSize int
+	// MaxBatchBytes bounds one round's messages, in bytes as Kafka counts
+	// them (roughly), so that each partition's share goes out as a single
+	// produce request, all or nothing. A bigger message is parked with
+	// ErrMessageTooLarge. It must not exceed the broker's message.max.bytes.
+	// Defaults to 1 MiB.
+	MaxBatchBytes int
+	// PollInterval is how often the relay looks for due messages when no
+	// notification woke it (delayed messages, retries, a lost LISTEN).
+	// Defaults to 500ms.
+	PollInterval time.Duration
+	// PublishTimeout bounds one round's Kafka writes. Defaults to 10s.
+	PublishTimeout time.Duration
+	// RetryInitial is the wait after a message's first failed attempt; it
+	// doubles (with jitter) up to RetryMax. Defaults to 100ms.
+	RetryInitial time.Duration
+	// RetryMax caps the wait between attempts. Defaults to 10s.
+	RetryMax time.Duration
+	// ParkAfter is how many failed attempts park a message. Failures of
+	// the connection to Kafka (broker down, leader elections, timeouts) are
+	// retried without end and never park. Defaults to 10.
+	ParkAfter int
+	// Retention is how long published rows are kept before cleanup deletes
+	// them. Negative disables cleanup in this relay. Defaults to 24h.
+	Retention time.Duration
+	// CleanupInterval is how often published rows past Retention are
+	// deleted, in batches of CleanupBatch. Defaults to 1m.
+	CleanupInterval time.Duration
+	// CleanupBatch is the most rows one cleanup statement deletes.
+	// Defaults to 1000.
+	CleanupBatch int
+	// StatsInterval is how often Hooks.Stats runs (only when set). Defaults
+	// to 10s.
+	StatsInterval time.Duration
+	// DisableListen turns off LISTEN/NOTIFY wake-ups: the relay only polls.
+	// Defaults to false.
+	DisableListen bool
+
+	// Logger receives structured logs. Defaults to slog.Default().
+	Logger *slog.Logger
+	// Hooks observe the relay; every field is optional.
+	Hooks Hooks
+}
+
+func (c *RelayConfig) loop() (loopConfig, error) {
+	l := loopConfig{
+		name:            "relay",
+		batchSize:       cmp.Or(c.BatchSize, BatchSizeDefault),
+		pollInterval:    cmp.Or(c.PollInterval, PollIntervalDefault),
+		retryInitial:    cmp.Or(c.RetryInitial, RetryInitialDefault),
+		retryMax:        cmp.Or(c.RetryMax, RetryMaxDefault),
+		parkAfter:       cmp.Or(c.ParkAfter, ParkAfterDefault),
+		retention:       cmp.Or(c.Retention, RetentionDefault),
+		cleanupInterval: cmp.Or(c.CleanupInterval, CleanupIntervalDefault),
+		cleanupBatch:    cmp.Or(c.CleanupBatch, CleanupBatchDefault),
+		statsInterval:   cmp.Or(c.StatsInterval, StatsIntervalDefault),
+		disableListen:   c.DisableListen,
+		logger:          cmp.Or(c.Logger, slog.Default()),
+		hooks:           c.Hooks,
+	}
+	return l, l.validate()
+}
+
+func (l loopConfig) validate() error {
+	invalid := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case l.batchSize < 1:
+		return invalid("BatchSize %d < 1", l.batchSize)
+	case l.pollInterval <= 0:
+		return invalid("PollInterval %v <= 0", l.pollInterval)
+	case l.retryInitial <= 0 || l.retryMax < l.retryInitial:
+		return invalid("need 0 < RetryInitial (%v) <= RetryMax (%v)", l.retryInitial, l.retryMax)
+	case l.parkAfter < 1:
+		return invalid("ParkAfter %d < 1", l.parkAfter)
+	case l.cleanupInterval <= 0:
+		return invalid("CleanupInterval %v <= 0", l.cleanupInterval)
+	case l.cleanupBatch < 1:
+		return invalid("CleanupBatch %d < 1", l.cleanupBatch)
+	case l.statsInterval <= 0:
+		return invalid("StatsInterval %v <= 0", l.statsInterval)
+	}
+	return nil
+}
+
+// Relay publishes committed outbox messages to Kafka. Create it with
+// NewRelay; Run it once. Any number of relays (in one process or many) may
+// run against the same table.
+type Relay struct {
+	pool  *pgxpool.Pool
+	store *Store
+	cfg   RelayConfig
+	loop  loopConfig
+}
+
+// NewRelay validates cfg, applies its defaults and returns a Relay. It does
+// not connect to anything.
+func NewRelay(pool *pgxpool.Pool, store *Store, cfg *RelayConfig) (*Relay, error) {
+	switch {
+	case pool == nil:
+		return nil, fmt.Errorf("%w: nil pool", ErrInvalidConfig)
+	case store == nil:
+		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)
+	case cfg == nil:
+		return nil, fmt.Errorf("%w: nil config", ErrInvalidConfig)
+	case len(cfg.Brokers) == 0:
+		return nil, fmt.Errorf("%w: Brokers is empty", ErrInvalidConfig)
+	}
+	c := *cfg
+	c.MaxBatchBytes = cmp.Or(c.MaxBatchBytes, MaxBatchBytesDefault)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, PublishTimeoutDefault)
+	if c.MaxBatchBytes < 1024 {
+		return nil, fmt.Errorf("%w: MaxBatchBytes %d < 1024", ErrInvalidConfig, c.MaxBatchBytes)
+	}
+	if c.PublishTimeout <= 0 {
+		return nil, fmt.Errorf("%w: PublishTimeout %v <= 0", ErrInvalidConfig, c.PublishTimeout)
+	}
+	l, err := c.loop()
+	if err != nil {
+		return nil, err
+	}
+	return &Relay{pool: pool, store: store, cfg: c, loop: l}, nil
+}
+
+// Run publishes until ctx ends, then returns nil, only after every goroutine
+// it started has exited. It returns an error wrapping ErrNotMigrated when the
+// table is missing. Failures of Kafka or PostgreSQL are logged and retried
+// with backoff: the relay recovers by itself once they are back.
+func (r *Relay) Run(ctx context.Context) error {
+	transport := r.cfg.Transport
+	if transport == nil {
+		t := &kafka.Transport{MetadataTTL: 2 * time.Second}
+		defer t.CloseIdleConnections()
+		transport = t
+	}
+	w := &kafka.Writer{
+		Addr:                   kafka.TCP(r.cfg.Brokers...),
+		Balancer:               &kafka.Hash{},
+		RequiredAcks:           kafka.RequireAll,
+		AllowAutoTopicCreation: false,
+		// One round's share of a partition fits one batch: all or nothing.
+		BatchSize:    r.loop.batchSize,
+		BatchBytes:   int64(r.cfg.MaxBatchBytes),
+		BatchTimeout: time.Millisecond, // a synchronous write flushes at once
+		MaxAttempts:  3,
+		WriteTimeout: r.cfg.PublishTimeout,
+		ReadTimeout:  r.cfg.PublishTimeout,
+		Transport:    transport,
+	}
+	defer w.Close()
+	log := r.loop.logger.With("component", "outbox.relay")
+	e := &engine{pool: r.pool, store: r.store, cfg: r.loop, log: log,
+		d: &kafkaDeliverer{w: w, store: r.store, maxBytes: r.cfg.MaxBatchBytes, timeout: r.cfg.PublishTimeout}}
+	return e.run(ctx)
+}
+
+type kafkaDeliverer struct {
+	w        *kafka.Writer
+	store    *Store
+	maxBytes int
+	timeout  time.Duration
+}
+
+func (k *kafkaDeliverer) scan(ctx context.Context, tx pgx.Tx, limit int) ([]int64, error) {
+	rows, err := tx.Query(ctx, k.store.sql.scanKafka, limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int64])
+}
+
+// size over-estimates the bytes kafka-go counts for a message.
+func size(r *row) int {
+	n := 64 + len(r.rec.Key) + len(r.rec.Value) + len(HeaderID) + 36
+	for _, h := range r.rec.Headers {
+		n += 10 + len(h.Key) + len(h.Value)
+	}
+	return n
+}
+
+func (k *kafkaDeliverer) cut(rows []*row) int {
+	total := 0
+	for i, r := range rows {
+		s := size(r)
+		if s > k.maxBytes {
+			continue // rejected alone in deliver
+		}
+		if total+s > k.maxBytes {
+			return i
+		}
+		total += s
+	}
+	return len(rows)
+}
+
+func (k *kafkaDeliverer) deliver(ctx context.Context, rows []*row) []error {
+	errs := make([]error, len(rows))
+	held := map[int64]bool{}
+	byTopic := map[string][]int{}
+	for i, r := range rows {
+		switch {
+		case held[r.lockKey]:
+			errs[i] = errHeld
+		case size(r) > k.maxBytes:
+			errs[i] = fmt.Errorf("%w: about %d bytes, limit %d", ErrMessageTooLarge, size(r), k.maxBytes)
+			held[r.lockKey] = true
+		default:
+			byTopic[r.rec.Topic] = append(byTopic[r.rec.Topic], i)
+		}
+	}
+	// One write per topic, at once: a topic that fails as a whole (missing,
+	// unauthorized) fails only its own messages.
+	var wg sync.WaitGroup
+	for topic, idx := range byTopic {
+		wg.Go(func() {
+			msgs := make([]kafka.Message, len(idx))
+			for j, i := range idx {
+				r := rows[i]
+				hs := make([]kafka.Header, 0, len(r.rec.Headers)+1)
+				hs = append(hs, r.rec.Headers...)
+				hs = append(hs, kafka.Header{Key: HeaderID, Value: []byte(r.rec.ID)})
+				msgs[j] = kafka.Message{Topic: topic, Key: r.rec.Key, Value: r.rec.Value, Headers: hs}
+			}
+			wctx, cancel := context.WithTimeout(ctx, k.timeout)
+			defer cancel()
+			err := k.w.WriteMessages(wctx, msgs...)
+			var werrs kafka.WriteErrors
+			switch {
+			case err == nil:
+			case errors.As(err, &werrs) && len(werrs) == len(msgs):
+				for j, i := range idx {
+					errs[i] = werrs[j]
+				}
+			default:
+				for _, i := range idx {
+					errs[i] = err
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return errs
+}
+
+// classify: broker and network trouble is transient (never parks); a
+// message Kafka rejects as such is permanent; anything else, a missing
+// topic included, counts towards ParkAfter.
+func (k *kafkaDeliverer) classify(err error) verdict {
+	var (
+		kerr kafka.Error
+		nerr net.Error
+	)
+	switch {
+	case isPermanent(err), errors.Is(err, ErrMessageTooLarge):
+		return permanentFailure
+	case errors.As(err, &kerr):
+		switch kerr {
+		case kafka.UnknownTopicOrPartition, kafka.InvalidMessage:
+			return countedFailure
+		case kafka.MessageSizeTooLarge, kafka.InvalidTopic, kafka.RecordListTooLarge, kafka.InvalidRecord:
+			return permanentFailure
+		}
+		if kerr.Temporary() {
+			return transientFailure
+		}
+		return countedFailure
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &nerr),
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.ErrClosedPipe),
+		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
+		return transientFailure
+	}
+	return countedFailure
+}

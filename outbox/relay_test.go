@@ -1,0 +1,511 @@
+package outbox_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/outbox"
+)
+
+func TestHeaderIDIsTheConsumersDefault(t *testing.T) {
+	t.Parallel()
+	if outbox.HeaderID != consumer.IDHeaderDefault {
+		t.Fatalf("HeaderID %q != consumer.IDHeaderDefault %q", outbox.HeaderID, consumer.IDHeaderDefault)
+	}
+}
+
+// Test 1: a rolled-back business transaction publishes nothing; a committed
+// one publishes its messages once, with key, value, headers and the ID header.
+func TestRollbackPublishesNothingCommitPublishesOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, store := newDB(t)
+	topic := testenv.NewTopic(t, 3)
+	pub := newPublished()
+	newRelayRun := newRelay(t, db, store, outbox.RelayConfig{Hooks: outbox.Hooks{Published: pub.hook}})
+	run(t, newRelayRun)
+
+	// Rolled back: the business write and the outbox rows go together.
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rolledBack, err := store.EnqueueTx(ctx, tx, outbox.Message{Topic: topic, Key: []byte("order-1"), Value: []byte("rolled back")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	ids := enqueue(t, db.Pool, store,
+		outbox.Message{Topic: topic, Key: []byte("order-1"), Value: []byte("created"),
+			Headers: []kafka.Header{{Key: "type", Value: []byte("OrderCreated")}}},
+		outbox.Message{Topic: topic, Key: []byte("order-1"), Value: []byte("paid")},
+		outbox.Message{Topic: topic, Value: []byte("no key")},
+	)
+	if len(ids) != 3 || ids[0] == ids[1] || len(ids[0]) != 36 {
+		t.Fatalf("ids = %q, want 3 distinct UUIDs", ids)
+	}
+	pub.wait(t, 30*time.Second, ids...)
+	waitBacklog(t, db, store, 10*time.Second)
+
+	msgs := readAll(t, testenv.Brokers(t), topic)
+	if len(msgs) != 3 {
+		t.Fatalf("%d messages in Kafka, want 3: %v", len(msgs), msgs)
+	}
+	byID := map[string]kafka.Message{}
+	for _, m := range msgs {
+		byID[header(m, outbox.HeaderID)] = m
+	}
+	if _, ok := byID[rolledBack[0]]; ok {
+		t.Fatal("the rolled-back message was published")
+	}
+	m0, m1, m2 := byID[ids[0]], byID[ids[1]], byID[ids[2]]
+	if string(m0.Value) != "created" || string(m0.Key) != "order-1" || header(m0, "type") != "OrderCreated" {
+		t.Fatalf("first message = key %q value %q headers %v", m0.Key, m0.Value, m0.Headers)
+	}
+	if string(m1.Value) != "paid" || m1.Partition != m0.Partition || m1.Offset <= m0.Offset {
+		t.Fatalf("second message %q at %d/%d, want after the first at %d/%d", m1.Value, m1.Partition, m1.Offset,
+			m0.Partition, m0.Offset)
+	}
+	if string(m2.Value) != "no key" || m2.Key != nil {
+		t.Fatalf("third message = key %q value %q", m2.Key, m2.Value)
+	}
+	for _, id := range ids {
+		if n := pub.count(id); n != 1 {
+			t.Fatalf("%s published %d times, want 1", id, n)
+		}
+	}
+	var pending, done int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE published_at IS NULL),
+		count(*) FILTER (WHERE published_at IS NOT NULL) FROM `+store.Table()).Scan(&pending, &done); err != nil {
+		t.Fatal(err)
+	}
+	if pending != 0 || done != 3 {
+		t.Fatalf("table has %d pending and %d published rows, want 0 and 3", pending, done)
+	}
+}
+
+func TestEnqueueValidation(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, store := newDB(t)
+	for _, tc := range []struct {
+		name string
+		msg  outbox.Message
+	}{
+		{"no topic", outbox.Message{Value: []byte("x")}},
+		{"bad topic", outbox.Message{Topic: "a b"}},
+		{"long topic", outbox.Message{Topic: strings.Repeat("t", 250)}},
+		{"id header", outbox.Message{Topic: "t", Headers: []kafka.Header{{Key: "Message-ID", Value: []byte("mine")}}}},
+		{"empty header key", outbox.Message{Topic: "t", Headers: []kafka.Header{{Value: []byte("v")}}}},
+		{"handler with NUL", outbox.Message{Handler: "a\x00"}},
+	} {
+		err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+			_, err := store.EnqueueTx(ctx, tx, outbox.Message{Topic: "ok"}, tc.msg)
+			return err
+		})
+		var me *outbox.MessageError
+		if !errors.Is(err, outbox.ErrInvalidMessage) || !errors.As(err, &me) || me.Index != 1 {
+			t.Errorf("%s: err = %v, want a *MessageError for index 1", tc.name, err)
+		}
+	}
+	if _, err := store.EnqueueTx(ctx, nil, outbox.Message{Topic: "t"}); err == nil {
+		t.Error("EnqueueTx with a nil tx succeeded")
+	}
+	ids := enqueue(t, db.Pool, store)
+	if len(ids) != 0 {
+		t.Errorf("no messages: ids = %v", ids)
+	}
+	st, err := store.Stats(ctx, db.Pool)
+	if err != nil || st.Backlog != 0 {
+		t.Fatalf("stats = %+v, %v; want an empty outbox", st, err)
+	}
+	if _, err := outbox.New(&outbox.Config{Table: strings.Repeat("x", 64)}); err == nil {
+		t.Error("New with a 64-byte table name succeeded")
+	}
+	if _, err := outbox.NewRelay(db.Pool, store, &outbox.RelayConfig{}); !errors.Is(err, outbox.ErrInvalidConfig) {
+		t.Errorf("NewRelay without brokers: %v, want ErrInvalidConfig", err)
+	}
+}
+
+func TestNotMigrated(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	store, err := outbox.New(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newRelay(t, db, store, outbox.RelayConfig{DisableListen: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := r.Run(ctx); !errors.Is(err, outbox.ErrNotMigrated) {
+		t.Fatalf("Run on an unmigrated schema: %v, want ErrNotMigrated", err)
+	}
+}
+
+// Rows of a transaction that commits late are never skipped, whatever the
+// relay published in the meantime; same-key messages of transactions that do
+// not overlap keep commit order.
+func TestLateCommitIsNotSkipped(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, store := newDB(t)
+	topic := testenv.NewTopic(t, 1)
+	pub := newPublished()
+	run(t, newRelay(t, db, store, outbox.RelayConfig{Hooks: outbox.Hooks{Published: pub.hook}}))
+
+	slow, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Rollback(ctx)
+	slowIDs, err := store.EnqueueTx(ctx, slow, outbox.Message{Topic: topic, Key: []byte("a"), Value: []byte("slow")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Later rows (higher seq), other keys and the same key, commit first.
+	fast := enqueue(t, db.Pool, store,
+		outbox.Message{Topic: topic, Key: []byte("b"), Value: []byte("b/0")},
+		outbox.Message{Topic: topic, Key: []byte("a"), Value: []byte("fast")})
+	pub.wait(t, 30*time.Second, fast...)
+	more := enqueue(t, db.Pool, store, outbox.Message{Topic: topic, Key: []byte("b"), Value: []byte("b/1")})
+	pub.wait(t, 30*time.Second, more...)
+
+	if err := slow.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pub.wait(t, 30*time.Second, slowIDs...)
+	after := enqueue(t, db.Pool, store, outbox.Message{Topic: topic, Key: []byte("a"), Value: []byte("after")})
+	pub.wait(t, 30*time.Second, after...)
+
+	var values []string
+	for _, m := range readAll(t, testenv.Brokers(t), topic) {
+		values = append(values, string(m.Value))
+	}
+	want := "b/0 fast b/1 slow after"
+	if got := strings.Join(values, " "); got != want {
+		t.Fatalf("Kafka holds %q, want %q", got, want)
+	}
+}
+
+// A message with NotBefore waits for its time, and so do the later messages
+// of its key; other keys do not wait.
+func TestNotBefore(t *testing.T) {
+	t.Parallel()
+	db, store := newDB(t)
+	topic := testenv.NewTopic(t, 1)
+	pub := newPublished()
+	run(t, newRelay(t, db, store, outbox.RelayConfig{Hooks: outbox.Hooks{Published: pub.hook}}))
+
+	var dbNow time.Time
+	if err := db.Pool.QueryRow(context.Background(), `SELECT now()`).Scan(&dbNow); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	ids := enqueue(t, db.Pool, store,
+		outbox.Message{Topic: topic, Key: []byte("k"), Value: []byte("delayed"), NotBefore: dbNow.Add(1500 * time.Millisecond)},
+		outbox.Message{Topic: topic, Key: []byte("k"), Value: []byte("behind")},
+		outbox.Message{Topic: topic, Key: []byte("other"), Value: []byte("now")})
+	pub.wait(t, 10*time.Second, ids[2])
+	if pub.count(ids[0]) != 0 || pub.count(ids[1]) != 0 {
+		t.Fatal("a delayed message, or the one behind it, was published before its time")
+	}
+	pub.wait(t, 10*time.Second, ids[0], ids[1])
+	if el := time.Since(start); el < time.Second {
+		t.Fatalf("delayed message published after %v, want about 1.5s", el)
+	}
+	var values []string
+	for _, m := range readAll(t, testenv.Brokers(t), topic) {
+		values = append(values, string(m.Value))
+	}
+	if got := strings.Join(values, " "); got != "now delayed behind" {
+		t.Fatalf("Kafka holds %q", got)
+	}
+}
+
+// Test 3: three relays at once, 50,000 messages over 1,000 keys enqueued
+// while they run: none lost, per-key order kept.
+func TestThreeRelaysKeepPerKeyOrder(t *testing.T) {
+	t.Parallel()
+	const total, keys, writers, perTx = 50000, 1000, 4, 500
+	db, store := newDB(t)
+	topic := testenv.NewTopic(t, 6)
+	var published atomic.Int64
+	var mu sync.Mutex
+	byRelay := map[int]int{}
+	for i := range 3 {
+		r := newRelay(t, db, store, outbox.RelayConfig{BatchSize: 1000, Hooks: outbox.Hooks{
+			Published: func(recs []outbox.Record) {
+				published.Add(int64(len(recs)))
+				mu.Lock()
+				byRelay[i] += len(recs)
+				mu.Unlock()
+			},
+		}})
+		run(t, r)
+	}
+
+	// Each writer owns the keys k with k % writers == w and enqueues them in
+	// order, transaction after transaction: per key, commit order is the
+	// order of the values.
+	want := map[string]int{}
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			next := map[int]int{}
+			var batch []outbox.Message
+			for i := range total {
+				k := i % keys
+				if k%writers != w {
+					continue
+				}
+				key := fmt.Sprintf("key-%04d", k)
+				batch = append(batch, outbox.Message{Topic: topic, Key: []byte(key),
+					Value: fmt.Appendf(nil, "%s/%d", key, next[k])})
+				next[k]++
+				if len(batch) == perTx {
+					enqueue(t, db.Pool, store, batch...)
+					batch = batch[:0]
+				}
+			}
+			if len(batch) > 0 {
+				enqueue(t, db.Pool, store, batch...)
+			}
+			mu.Lock()
+			for k, n := range next {
+				want[fmt.Sprintf("key-%04d", k)] += n
+			}
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	waitBacklog(t, db, store, 90*time.Second)
+	if got := published.Load(); got < total {
+		t.Fatalf("relays report %d published, want at least %d", got, total)
+	}
+	msgs := readAll(t, testenv.Brokers(t), topic)
+	dups := checkKeyOrder(t, msgs, want)
+	t.Logf("%d messages in Kafka (%d duplicates); published per relay: %v", len(msgs), dups, byRelay)
+	if len(byRelay) < 2 {
+		t.Errorf("only %d relay(s) published anything: %v", len(byRelay), byRelay)
+	}
+}
+
+// Test 5: a poison message is parked after ParkAfter attempts, the messages
+// behind it on its key are parked as blocked by it, other keys flow; Retry
+// publishes them once the cause is fixed, in order.
+func TestPoisonIsParkedAndRetried(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, store := newDB(t)
+	good := testenv.NewTopic(t, 2)
+	missing := testenv.Name(t, "missing") // not created yet
+	pub := newPublished()
+	var parked atomic.Int64
+	parkedHook := make(chan outbox.Record, 10)
+	// Metadata cached for less than the retry schedule: once the topic is
+	// created, the retried message sees it.
+	tr := &kafka.Transport{MetadataTTL: 50 * time.Millisecond}
+	t.Cleanup(tr.CloseIdleConnections)
+	run(t, newRelay(t, db, store, outbox.RelayConfig{ParkAfter: 3, RetryInitial: 50 * time.Millisecond,
+		RetryMax: 100 * time.Millisecond, MaxBatchBytes: 64 << 10, Transport: tr,
+		Hooks: outbox.Hooks{Published: pub.hook, Parked: func(r outbox.Record, err error) {
+			parked.Add(1)
+			parkedHook <- r
+		}}}))
+
+	poison := enqueue(t, db.Pool, store,
+		outbox.Message{Topic: missing, Key: []byte("p"), Value: []byte("p/0")},
+		outbox.Message{Topic: missing, Key: []byte("p"), Value: []byte("p/1")},
+		outbox.Message{Topic: good, Key: []byte("big"), Value: bytes.Repeat([]byte("x"), 100<<10)},
+		outbox.Message{Topic: good, Key: []byte("big"), Value: []byte("big/1")},
+	)
+	var goodIDs []string
+	for i := range 20 {
+		goodIDs = append(goodIDs, enqueue(t, db.Pool, store,
+			outbox.Message{Topic: good, Key: fmt.Appendf(nil, "g%d", i%4), Value: []byte("ok")})...)
+	}
+	pub.wait(t, 30*time.Second, goodIDs...)
+	for range 2 {
+		select {
+		case <-parkedHook:
+		case <-time.After(30 * time.Second):
+			t.Fatal("poison messages not parked within 30s")
+		}
+	}
+	// More messages for a parked key are parked behind it.
+	late := enqueue(t, db.Pool, store, outbox.Message{Topic: missing, Key: []byte("p"), Value: []byte("p/2")})
+
+	var list []outbox.ParkedMessage
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var err error
+		list, err = store.Parked(ctx, db.Pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(list) == 5 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	got := map[string]outbox.ParkedMessage{}
+	for _, p := range list {
+		got[p.ID] = p
+	}
+	if len(list) != 5 {
+		t.Fatalf("parked = %+v, want 5 messages", list)
+	}
+	if p := got[poison[0]]; p.Attempts != 3 || p.BlockedBy != "" || !strings.Contains(p.Error, "Unknown Topic") || p.Topic != missing {
+		t.Fatalf("parked poison = %+v, want 3 attempts and an unknown-topic error", p)
+	}
+	if p := got[poison[1]]; p.BlockedBy != poison[0] {
+		t.Fatalf("message behind the poison = %+v, want BlockedBy %s", p, poison[0])
+	}
+	if p := got[late[0]]; p.BlockedBy != poison[0] {
+		t.Fatalf("late message of the parked key = %+v, want BlockedBy %s", p, poison[0])
+	}
+	if p := got[poison[2]]; p.Attempts != 1 || !strings.Contains(p.Error, "larger than MaxBatchBytes") {
+		t.Fatalf("oversized message = %+v, want parked after one attempt", p)
+	}
+	if p := got[poison[3]]; p.BlockedBy != poison[2] {
+		t.Fatalf("message behind the oversized one = %+v", p)
+	}
+	if n := parked.Load(); n != 2 {
+		t.Fatalf("Parked hook ran %d times, want 2 (blocked messages do not count)", n)
+	}
+	st, err := store.Stats(ctx, db.Pool)
+	if err != nil || st.Parked != 5 || st.Backlog != 0 {
+		t.Fatalf("stats = %+v, %v; want 5 parked, no backlog", st, err)
+	}
+
+	// Fix the cause, then retry by command.
+	testenv.CreateTopic(t, missing, 1)
+	n, err := store.Retry(ctx, db.Pool, poison[0])
+	if err != nil || n != 3 {
+		t.Fatalf("Retry = %d, %v; want 3 requeued", n, err)
+	}
+	pub.wait(t, 30*time.Second, poison[0], poison[1], late[0])
+	var values []string
+	for _, m := range readAll(t, testenv.Brokers(t), missing) {
+		values = append(values, string(m.Value))
+	}
+	if got := strings.Join(values, " "); got != "p/0 p/1 p/2" {
+		t.Fatalf("after Retry, Kafka holds %q", got)
+	}
+	if _, err := store.Retry(ctx, db.Pool, poison[0]); !errors.Is(err, outbox.ErrNotFound) {
+		t.Fatalf("second Retry: %v, want ErrNotFound", err)
+	}
+	if _, err := store.Retry(ctx, db.Pool, "not-a-uuid"); err == nil {
+		t.Fatal("Retry with a malformed ID succeeded")
+	}
+	list, err = store.Parked(ctx, db.Pool)
+	if err != nil || len(list) != 2 {
+		t.Fatalf("parked after retry = %+v, %v; want the two oversized-key messages", list, err)
+	}
+}
+
+func TestCleanupAndStats(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, store := newDB(t)
+	topic := testenv.NewTopic(t, 1)
+	stats := make(chan outbox.Stats, 100)
+	ids := enqueue(t, db.Pool, store, outbox.Message{Topic: topic, Value: []byte("1")},
+		outbox.Message{Topic: topic, Value: []byte("2")})
+	if _, err := db.Pool.Exec(ctx, `UPDATE `+store.Table()+` SET created_at = now() - interval '1 hour'`); err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.Stats(ctx, db.Pool)
+	if err != nil || st.Backlog != 2 || st.OldestAge < 59*time.Minute || st.OldestAge > 61*time.Minute {
+		t.Fatalf("stats = %+v, %v; want backlog 2, oldest about 1h", st, err)
+	}
+	pub := newPublished()
+	run(t, newRelay(t, db, store, outbox.RelayConfig{Retention: 50 * time.Millisecond, CleanupInterval: 100 * time.Millisecond,
+		CleanupBatch: 1, StatsInterval: 50 * time.Millisecond,
+		Hooks: outbox.Hooks{Published: pub.hook, Stats: func(s outbox.Stats) {
+			select {
+			case stats <- s:
+			default:
+			}
+		}}}))
+	pub.wait(t, 30*time.Second, ids...)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var n int
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+store.Table()).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d published rows left after retention", n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	select {
+	case s := <-stats:
+		_ = s
+	case <-time.After(5 * time.Second):
+		t.Fatal("Stats hook never ran")
+	}
+	n, err := store.Cleanup(ctx, db.Pool, 0, 0)
+	if err != nil || n != 0 {
+		t.Fatalf("Cleanup on an empty table = %d, %v", n, err)
+	}
+}
+
+// The scan must walk the pending index in order: a plan that filtered every
+// pending row before sorting would take every key's lock at once.
+func TestScanPlanUsesPendingIndex(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, store := newDB(t)
+	for range 5 {
+		var msgs []outbox.Message
+		for i := range 1000 {
+			msgs = append(msgs, outbox.Message{Topic: "t", Key: fmt.Appendf(nil, "%d", i)})
+		}
+		enqueue(t, db.Pool, store, msgs...)
+	}
+	if _, err := db.Pool.Exec(ctx, `ANALYZE `+store.Table()); err != nil {
+		t.Fatal(err)
+	}
+	err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		var locks int
+		rows, err := tx.Query(ctx, outbox.ScanSQL(store), 10)
+		if err != nil {
+			return err
+		}
+		keys, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return err
+		}
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()`).
+			Scan(&locks); err != nil {
+			return err
+		}
+		if len(keys) != 10 || locks != 10 {
+			t.Errorf("scan with LIMIT 10 returned %d keys and holds %d advisory locks, want 10 and 10", len(keys), locks)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,148 @@
+// Package outbox holds the outbox tests that need more than one package or
+// process: the consumer → outbox → relay → consumer chain with a relay killed
+// between publish and mark, and a relay whose Kafka broker goes away.
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/migrate"
+	"github.com/idemkit/idemkit/outbox"
+	"github.com/idemkit/idemkit/test/internal/containers"
+)
+
+func TestMain(m *testing.M) {
+	// The crash test runs this same binary as the relay process it kills.
+	if os.Getenv(childEnv) != "" {
+		os.Exit(child())
+	}
+	testenv.Main(m, containers.Start)
+}
+
+func newDB(t *testing.T) (*testenv.DB, *outbox.Store) {
+	t.Helper()
+	db := testenv.NewDB(t, func(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+		m, err := migrate.New(pool, &migrate.Config{Schema: schema})
+		if err != nil {
+			return err
+		}
+		if _, err := m.Up(ctx); err != nil {
+			return err
+		}
+		_, err = pool.Exec(ctx, `CREATE TABLE `+pgx.Identifier{schema, "effects"}.Sanitize()+
+			` (id text PRIMARY KEY, runs int NOT NULL)`)
+		return err
+	})
+	store, err := outbox.New(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return db, store
+}
+
+// readAll returns every message of topic on brokers, partition after
+// partition, each in offset order.
+func readAll(t *testing.T, brokers []string, topic string) []kafka.Message {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 30 * time.Second}
+	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	if err != nil || len(md.Topics) != 1 || md.Topics[0].Error != nil {
+		t.Fatalf("metadata of %s: %v", topic, err)
+	}
+	req := map[string][]kafka.OffsetRequest{}
+	for _, p := range md.Topics[0].Partitions {
+		req[topic] = append(req[topic], kafka.LastOffsetOf(p.ID))
+	}
+	// A broker that just restarted may answer with errors for a moment.
+	var parts []kafka.PartitionOffsets
+	waitFor(t, 30*time.Second, "list offsets of "+topic, func() (bool, error) {
+		offs, err := client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: req})
+		if err != nil {
+			return false, nil
+		}
+		parts = offs.Topics[topic]
+		for _, p := range parts {
+			if p.Error != nil {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	slices.SortFunc(parts, func(a, b kafka.PartitionOffsets) int { return a.Partition - b.Partition })
+	var out []kafka.Message
+	for _, p := range parts {
+		if p.LastOffset == 0 {
+			continue
+		}
+		r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: p.Partition,
+			MinBytes: 1, MaxBytes: 8 << 20, MaxWait: 100 * time.Millisecond})
+		for {
+			m, err := r.ReadMessage(ctx) // no group: nothing is committed
+			if err != nil {
+				r.Close()
+				t.Fatalf("read %s/%d: %v", topic, p.Partition, err)
+			}
+			out = append(out, m)
+			if m.Offset >= p.LastOffset-1 {
+				break
+			}
+		}
+		if err := r.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
+
+func header(m kafka.Message, key string) string {
+	for _, h := range m.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// waitFor polls cond every 50ms until it holds, or fails after d.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		ok, err := cond()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after %v", what, d)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func backlog(db *testenv.DB, store *outbox.Store) func() (int64, error) {
+	return func() (int64, error) {
+		st, err := store.Stats(context.Background(), db.Pool)
+		if err != nil {
+			return 0, err
+		}
+		if st.Parked != 0 {
+			return 0, fmt.Errorf("%d parked messages", st.Parked)
+		}
+		return st.Backlog, nil
+	}
+}
