@@ -139,13 +139,13 @@ func (e *engine) run(ctx context.Context) error {
 	return err
 }
 
-func (e *engine) newBackOff() *backoff.ExponentialBackOff {
-	b := backoff.NewExponentialBackOff()
-	b.InitialInterval = e.cfg.retryInitial
-	b.MaxInterval = e.cfg.retryMax
-	b.MaxElapsedTime = 0
-	b.Reset()
-	return b
+// newBackOff is the relay's retry schedule: retry.Policy's jittered
+// exponential backoff, unbounded (failures are counted per row, see
+// ParkAfter).
+func (e *engine) newBackOff() backoff.BackOff {
+	p := &retry.Policy{InitialInterval: e.cfg.retryInitial, MaxInterval: e.cfg.retryMax,
+		MaxAttempts: -1, MaxElapsedTime: -1}
+	return p.Schedule()
 }
 
 // rowDelay is the wait after a record's attempt-th failure: the attempt-th
