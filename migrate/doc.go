@@ -22,8 +22,14 @@
 //   - Table names are free-form (any valid UTF-8 of at most 63 bytes without
 //     NUL); derived index names are kept within PostgreSQL's 63-byte limit.
 //
-// Version 1 (001_dedup) creates the dedup store's tables: processed messages,
-// keyed by (consumer, message_id), with an index on processed_at for
-// retention purges; and consumer positions, the next offset per (consumer,
-// topic, partition). See package dedup for their contract.
+// Versions:
+//
+//   - 1 (001_dedup): the dedup store's tables: processed messages, keyed by
+//     (consumer, message_id), with an index on processed_at for retention
+//     purges; and consumer positions, the next offset per (consumer, topic,
+//     partition). See package dedup.
+//   - 2 (002_outbox): the outbox table. See package outbox.
+//   - 3 (003_idempotency): the HTTP idempotency records. See package idemhttp.
+//   - 4 (004_retry): messages parked by the consumer's non-blocking mode, and
+//     the dead-letter replay records. See packages consumer and dlq.
 package migrate
