@@ -5,6 +5,7 @@
 //	idemkit dlq list     -topic T.dlq [filters]        -brokers B [-database URL]
 //	idemkit dlq inspect  -topic T.dlq -id ID | -at P/O -brokers B
 //	idemkit dlq replay   -topic T.dlq [filters] [-dry-run] [-rate N] -brokers B -database URL
+//	idemkit idemhttp stuck -database URL [-schema S] [-table T] [-limit N]
 //
 // -database and -brokers default to $IDEMKIT_DATABASE_URL and
 // $IDEMKIT_KAFKA_BROKERS. Exit status: 0 done, 1 failed (one line on stderr
@@ -37,6 +38,7 @@ const usage = `usage:
   idemkit dlq list    -topic T.dlq     [-brokers B] [-database URL] [filters]
   idemkit dlq inspect -topic T.dlq     (-id ID | -at PARTITION/OFFSET) [-brokers B]
   idemkit dlq replay  -topic T.dlq     [-brokers B] [-database URL] [filters] [-dry-run] [-rate N] [-replay-limit N]
+  idemkit idemhttp stuck               [-database URL] [-schema S] [-table T] [-limit N]
 filters: -message-id ID -origin TOPIC -error TEXT -since RFC3339 -until RFC3339
 -database and -brokers default to $IDEMKIT_DATABASE_URL and $IDEMKIT_KAFKA_BROKERS.
 replay writes each selected dead letter back to its origin topic (the consumer's dedup
@@ -71,6 +73,8 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return migrateCmd(ctx, args[1], args[2:], out)
 	case "dlq list", "dlq inspect", "dlq replay":
 		return dlqCmd(ctx, args[1], args[2:], out)
+	case "idemhttp stuck":
+		return idemhttpCmd(ctx, args[1], args[2:], out)
 	}
 	return usagef("unknown command %q", strings.Join(args[:2], " "))
 }

@@ -1,0 +1,36 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/idemkit/idemkit/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m, nil) }
+
+// The scenario against the test server: two lost responses, three attempts,
+// one charge and one PaymentCreated event.
+func TestScenario(t *testing.T) {
+	db := testenv.NewDB(t) // an empty schema, dropped at cleanup; run migrates it
+	var out bytes.Buffer
+	if err := run(context.Background(), testenv.DatabaseURL(t), db.Schema, &out); err != nil {
+		t.Fatalf("run: %v\n%s", err, out.String())
+	}
+	t.Log("\n" + out.String())
+	for _, want := range []string{
+		"network: the server answered 201, the answer was lost",
+		"client: attempt 3 answered",
+		`Idempotent-Replayed: "true"`,
+		"charges for order-842: 1, PaymentCreated events in the outbox: 1",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if strings.Count(out.String(), "the answer was lost") != 2 {
+		t.Fatalf("want two lost answers:\n%s", out.String())
+	}
+}

@@ -1,0 +1,327 @@
+package idemhttp
+
+import (
+	"bytes"
+	"cmp"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"mime"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Defaults of Config.
+const (
+	// LeaseDefault is how long a request holds its key before its record
+	// counts as stuck.
+	LeaseDefault = time.Minute
+	// TTLDefault is how long a record lives after it was completed.
+	TTLDefault = 24 * time.Hour
+	// RetryAfterDefault is the Retry-After of 409 request_in_flight.
+	RetryAfterDefault = time.Second
+	// MaxRequestBytesDefault is the longest request body read (1 MiB).
+	MaxRequestBytesDefault = 1 << 20
+	// MaxResponseBytesDefault is the longest response body stored (1 MiB).
+	MaxResponseBytesDefault = 1 << 20
+)
+
+// StoredHeadersDefault is the response header allow-list used when
+// Config.StoredHeaders is nil: headers describing the representation and the
+// created resource, never credentials or cookies.
+var StoredHeadersDefault = []string{
+	"Content-Type", "Content-Language", "Content-Location", "Location", "ETag", "Last-Modified", "Link",
+}
+
+// deniedHeaders may never be stored, whatever the allow-list says.
+var deniedHeaders = []string{
+	"Authorization", "Proxy-Authorization", "Cookie", "Set-Cookie", "Set-Cookie2",
+	"Proxy-Authenticate", "WWW-Authenticate",
+}
+
+// ErrInvalidConfig is wrapped by every error New returns for a bad Config.
+var ErrInvalidConfig = errors.New("idemhttp: invalid config")
+
+// IntentFunc returns the bytes that define a request's intent; the
+// fingerprint is the SHA-256 of the operation and these bytes. body is the
+// whole request body (also readable by the handler afterwards). An error
+// matching ErrInvalidJSON answers 400 invalid_json, any other error 400
+// invalid_request with the error's text as message.
+type IntentFunc func(r *http.Request, body []byte) ([]byte, error)
+
+// Config is the middleware's policy.
+type Config struct {
+	// Store is where records live. Defaults to NewStore(nil): the table
+	// public.idempotency_records on the clock time.Now.
+	Store *Store
+
+	// Account returns the tenant a request acts for, typically from the
+	// authentication your earlier middleware put in the context. Keys are
+	// scoped by it: two accounts never see each other's records. It must
+	// return a non-empty string of at most MaxAccountLength bytes; an error
+	// answers 401 unauthorized (authenticate before this middleware to
+	// answer otherwise). Required.
+	Account func(r *http.Request) (string, error)
+
+	// Operation names what a request does, the second part of the scope.
+	// Defaults to OperationDefault: the method and the http.ServeMux pattern
+	// that matched ("POST /payments/{id}/refunds"), else the method and the
+	// URL path.
+	Operation func(r *http.Request) string
+
+	// Intent returns the bytes that define a request's intent, hashed into
+	// its fingerprint. Defaults to IntentDefault: the canonical JSON of a
+	// JSON body (else the raw body) and the sorted query. IntentJSON selects
+	// members of a JSON body.
+	Intent IntentFunc
+
+	// Optional lets requests without an Idempotency-Key header through to
+	// the handler unprotected, with no transaction. Defaults to false: they
+	// get 400 idempotency_key_missing.
+	Optional bool
+
+	// NoTx runs handlers without a transaction: Tx reports false, and the
+	// record is completed by its own statement after the handler returns.
+	// For handlers whose effects are outside this database (then a crash
+	// between the effect and the completion leaves the record PROCESSING for
+	// the reconciler). Defaults to false: every handler runs in a
+	// transaction the middleware commits together with the record.
+	NoTx bool
+
+	// Lease is how long a request holds its key: its handler's context ends
+	// then, and from then on the record counts as stuck (FindStuck) until it
+	// completes. Defaults to LeaseDefault (1 minute).
+	Lease time.Duration
+
+	// TTL is how long a record lives after it was reserved and again after
+	// it completed. After it, the key is unknown and a request with it runs
+	// anew. Defaults to TTLDefault (24 hours).
+	TTL time.Duration
+
+	// Wait is how long a request whose key is in flight waits for the first
+	// request to finish (then it is answered with the replay, or runs the
+	// handler if the first released the key) before it gets 409
+	// request_in_flight. Defaults to 0: 409 at once.
+	Wait time.Duration
+
+	// RetryAfter is the Retry-After sent with 409 request_in_flight and
+	// lease_lost, and 503 store_unavailable. Defaults to RetryAfterDefault
+	// (1 second).
+	RetryAfter time.Duration
+
+	// Retryable reports whether a response status releases the key instead
+	// of being stored: the transaction is rolled back, the response is sent
+	// as it is, and a retry with the key runs the handler again. Defaults to
+	// RetryableDefault: 5xx, 408, 425 and 429.
+	Retryable func(status int) bool
+
+	// StoredHeaders is the allow-list of response headers stored and
+	// replayed; other headers reach the first response only. Authorization,
+	// Proxy-Authorization, Cookie, Set-Cookie, Set-Cookie2,
+	// Proxy-Authenticate and WWW-Authenticate are refused by New. Defaults
+	// to StoredHeadersDefault.
+	StoredHeaders []string
+
+	// MaxRequestBytes is the longest request body; longer ones get 413
+	// request_too_large before anything is reserved. Defaults to
+	// MaxRequestBytesDefault (1 MiB).
+	MaxRequestBytes int64
+
+	// MaxResponseBytes is the longest response body a handler may write.
+	// Past it, Write returns ErrResponseTooLarge, the transaction is rolled
+	// back, the key released, and the client gets 500 response_too_large.
+	// Defaults to MaxResponseBytesDefault (1 MiB).
+	MaxResponseBytes int
+
+	// WriteError writes the middleware's own error responses. Defaults to
+	// WriteErrorJSON.
+	WriteError func(w http.ResponseWriter, r *http.Request, e *Error)
+
+	// Logger receives what the middleware cannot tell the client: failed
+	// releases, recovered panics with their stack, lost leases. Defaults to
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// RetryableDefault reports whether status is 5xx, 408 Request Timeout, 425
+// Too Early or 429 Too Many Requests: outcomes a retry may change.
+func RetryableDefault(status int) bool {
+	return status >= 500 || status == http.StatusRequestTimeout || status == http.StatusTooEarly ||
+		status == http.StatusTooManyRequests
+}
+
+// OperationDefault returns the method and the route pattern http.ServeMux
+// matched (r.Pattern, without the method it may start with, so that "POST
+// /payments" and "/payments" both give "POST /payments"), or the method and
+// the URL path when no pattern is set (other routers, or a middleware
+// wrapped around the mux rather than the route's handler: wrap the handler
+// you register to get the pattern).
+func OperationDefault(r *http.Request) string {
+	p := r.Pattern
+	if p == "" {
+		return r.Method + " " + r.URL.Path
+	}
+	if i := strings.IndexAny(p, " \t"); i >= 0 && !strings.Contains(p[:i], "/") {
+		p = strings.TrimLeft(p[i:], " \t")
+	}
+	return r.Method + " " + p
+}
+
+// IntentDefault defines a request's intent by its query (sorted by
+// parameter) and its body: the canonical JSON (CanonicalJSON) of a body
+// whose Content-Type is application/json or ends in +json, else the raw
+// bytes. So key order, whitespace and number forms of JSON do not change
+// the fingerprint; any change of a value does.
+func IntentDefault(r *http.Request, body []byte) ([]byte, error) {
+	var b bytes.Buffer
+	writeField(&b, []byte(r.URL.Query().Encode()))
+	if len(body) > 0 && isJSON(r.Header.Get("Content-Type")) {
+		c, err := CanonicalJSON(body)
+		if err != nil {
+			return nil, err
+		}
+		body = c
+	}
+	writeField(&b, body)
+	return b.Bytes(), nil
+}
+
+// IntentJSON returns an IntentFunc that defines a request's intent by the
+// members of its JSON body that the given RFC 6901 JSON Pointers select
+// ("/orderId", "/amount", "/items/0/sku"; a name without a leading slash is
+// a top-level member: "amount" is "/amount"), in canonical form; everything else
+// (other members, the query, headers) does not count. An absent member
+// counts as absent, which differs from null. The body must be JSON whatever
+// its Content-Type.
+func IntentJSON(pointers ...string) IntentFunc {
+	ps := make([]string, len(pointers))
+	for i, p := range pointers {
+		if !strings.HasPrefix(p, "/") {
+			p = "/" + strings.ReplaceAll(strings.ReplaceAll(p, "~", "~0"), "/", "~1")
+		}
+		ps[i] = p
+	}
+	return func(_ *http.Request, body []byte) ([]byte, error) {
+		v, err := parseJSON(body)
+		if err != nil {
+			return nil, err
+		}
+		var b, c bytes.Buffer
+		for _, p := range ps {
+			writeField(&b, []byte(p))
+			sel, ok := v.lookup(p)
+			if !ok {
+				b.WriteByte(0)
+				continue
+			}
+			b.WriteByte(1)
+			c.Reset()
+			sel.writeCanonical(&c)
+			writeField(&b, c.Bytes())
+		}
+		return b.Bytes(), nil
+	}
+}
+
+func isJSON(contentType string) bool {
+	mt, _, err := mime.ParseMediaType(contentType)
+	if err != nil {
+		return false
+	}
+	return mt == "application/json" || strings.HasSuffix(mt, "+json")
+}
+
+// writeField appends a length-prefixed field, so that concatenations of
+// fields are unambiguous.
+func writeField(b *bytes.Buffer, p []byte) {
+	var n [binary.MaxVarintLen64]byte
+	b.Write(n[:binary.PutUvarint(n[:], uint64(len(p)))])
+	b.Write(p)
+}
+
+// fingerprint is the SHA-256 of a version tag, the operation and the intent.
+func fingerprint(operation string, intent []byte) []byte {
+	var b bytes.Buffer
+	b.WriteString("idemhttp/1\n")
+	writeField(&b, []byte(operation))
+	writeField(&b, intent)
+	sum := sha256.Sum256(b.Bytes())
+	return sum[:]
+}
+
+// withDefaults returns a validated copy of c with every default applied.
+func (c Config) withDefaults() (Config, error) {
+	if c.Account == nil {
+		return c, fmt.Errorf("%w: Account is required", ErrInvalidConfig)
+	}
+	if c.Store == nil {
+		s, err := NewStore(nil)
+		if err != nil {
+			return c, err
+		}
+		c.Store = s
+	}
+	if c.Operation == nil {
+		c.Operation = OperationDefault
+	}
+	if c.Intent == nil {
+		c.Intent = IntentDefault
+	}
+	if c.Retryable == nil {
+		c.Retryable = RetryableDefault
+	}
+	if c.WriteError == nil {
+		c.WriteError = WriteErrorJSON
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.StoredHeaders == nil {
+		c.StoredHeaders = StoredHeadersDefault
+	}
+	for name, d := range map[string]time.Duration{"Lease": c.Lease, "TTL": c.TTL, "Wait": c.Wait, "RetryAfter": c.RetryAfter} {
+		if d < 0 {
+			return c, fmt.Errorf("%w: %s %v is negative", ErrInvalidConfig, name, d)
+		}
+	}
+	c.Lease = cmp.Or(c.Lease, LeaseDefault)
+	c.TTL = cmp.Or(c.TTL, TTLDefault)
+	c.RetryAfter = cmp.Or(c.RetryAfter, RetryAfterDefault)
+	if c.TTL < c.Lease {
+		return c, fmt.Errorf("%w: TTL %v is shorter than Lease %v", ErrInvalidConfig, c.TTL, c.Lease)
+	}
+	if c.MaxRequestBytes < 0 || c.MaxResponseBytes < 0 {
+		return c, fmt.Errorf("%w: negative MaxRequestBytes or MaxResponseBytes", ErrInvalidConfig)
+	}
+	c.MaxRequestBytes = cmp.Or(c.MaxRequestBytes, MaxRequestBytesDefault)
+	c.MaxResponseBytes = cmp.Or(c.MaxResponseBytes, MaxResponseBytesDefault)
+	allowed := make([]string, 0, len(c.StoredHeaders))
+	for _, h := range c.StoredHeaders {
+		k := http.CanonicalHeaderKey(strings.TrimSpace(h))
+		if k == "" {
+			return c, fmt.Errorf("%w: empty name in StoredHeaders", ErrInvalidConfig)
+		}
+		for _, d := range deniedHeaders {
+			if k == d {
+				return c, fmt.Errorf("%w: StoredHeaders lists %s, which may carry credentials and is never stored", ErrInvalidConfig, k)
+			}
+		}
+		allowed = append(allowed, k)
+	}
+	c.StoredHeaders = allowed
+	return c, nil
+}
+
+// storedHeader returns the allow-listed part of h.
+func storedHeader(h http.Header, allowed []string) http.Header {
+	out := http.Header{}
+	for _, k := range allowed {
+		if v, ok := h[k]; ok && len(v) > 0 {
+			out[k] = append([]string(nil), v...)
+		}
+	}
+	return out
+}

@@ -1,0 +1,121 @@
+// Package idemhttp is an Idempotency-Key middleware for net/http handlers,
+// with its records in PostgreSQL next to your business data.
+//
+// A client that does not know whether its POST happened (the response was
+// lost) sends it again with the same Idempotency-Key; the handler's effect
+// happens once and the client gets the first outcome.
+//
+// # Contract
+//
+// Scope. A record is keyed by (account, operation, key): the account from
+// Config.Account (your authentication), the operation from the method and
+// the route pattern (Config.Operation), the key from the Idempotency-Key
+// header. Accounts never see each other's records; the same key on two
+// operations is two keys.
+//
+// Reservation. The first request with a key reserves it in one autocommit
+// statement (INSERT … ON CONFLICT DO NOTHING, never SELECT-then-INSERT), as
+// PROCESSING with a lease (Config.Lease) and a fresh random token, so that
+// concurrent requests see the reservation at once. It is not made inside
+// the handler's transaction on purpose: an uncommitted reservation would
+// make concurrent requests wait on the unique index instead of being
+// answered. In transaction mode the reservation's commit does not wait for
+// its WAL flush (synchronous_commit off for that one statement): a record
+// can only become COMPLETED in the later, synchronous commit, which flushes
+// the reservation with it, and a reservation lost in a server crash only
+// frees a key whose request never completed.
+//
+// Execution. The handler then runs in a transaction the middleware begins
+// (Tx returns it). After the handler returns, the middleware stores the
+// response and marks the record COMPLETED with an UPDATE that matches the
+// token, in that same transaction, and commits: the business writes, the
+// outbox messages and the COMPLETED record commit together or not at all.
+// If the token no longer matches (the record was handed to the reconciler or
+// taken over after it expired), the transaction is rolled back and the
+// client gets 409 lease_lost: a holder that lost its lease cannot complete.
+// The response is buffered and sent only after the commit, so a client never
+// sees a success that was not committed. With Config.NoTx the handler runs
+// without a transaction and the record is completed by its own statement.
+//
+// Fingerprint. Each request has a fingerprint: the SHA-256 of the operation
+// and the request's intent (Config.Intent). By default the intent is the
+// sorted query and the canonical JSON of a JSON body (CanonicalJSON: key
+// order, insignificant whitespace and number forms do not matter), else the
+// raw body; IntentJSON selects the members that define the intent. Headers,
+// credentials and the body itself are never stored, only the hash.
+//
+// Answers to a request whose key has a live record:
+//
+//   - other fingerprint: 422 idempotency_key_reused, nothing executed (this
+//     check comes first, whatever the record's state);
+//   - PROCESSING: 409 request_in_flight with Retry-After, or, with
+//     Config.Wait, the replay once the first request finishes;
+//   - COMPLETED: the stored status, allow-listed headers and body, with
+//     Idempotent-Replayed: true;
+//   - FAILED or UNKNOWN (set by a reconciler): 409 operation_failed or
+//     outcome_unknown.
+//
+// Outcomes. A response whose status Config.Retryable accepts (by default
+// 5xx, 408, 425, 429) is sent as it is while the transaction is rolled back
+// and the key released (the record deleted): a retry runs the handler again.
+// So are a handler panic (500 internal_error; the panic and its stack go to
+// the Logger), an invalid status, and a response longer than
+// Config.MaxResponseBytes (500 response_too_large: the middleware cannot
+// store it, and it does not send what it could not commit). Every other
+// response, definitive 4xx included, is stored and replayed. The
+// transaction commits whenever a response is stored, so a handler that
+// answers 4xx after writing must undo its writes (validate first, or use a
+// savepoint: tx.Begin).
+//
+// Errors of the middleware itself are JSON: {"error":{"code":"...",
+// "message":"..."}} with the stable codes of the Code constants: 400 for a
+// missing or malformed key (empty, longer than 255 bytes, not printable
+// ASCII) or an invalid JSON body, 401 when Config.Account fails, 413 past
+// Config.MaxRequestBytes, 503 store_unavailable when PostgreSQL fails.
+//
+// # Leases, reconciliation and expiry
+//
+// The handler's context ends when its lease ends. A record still PROCESSING
+// after its lease is stuck: its holder crashed, hung or is slow.
+// Store.FindStuck lists such records and Store.Reconcile hands them to your
+// Reconciler, which decides: AllowRetry (delete the record; the next request
+// runs anew), MarkFailed (409 operation_failed until expiry), KeepUnknown
+// (409 outcome_unknown until an operator calls Store.Resolve). For effects
+// written in the middleware's transaction AllowRetry is always safe: a
+// crashed holder's transaction is gone, a live one can no longer complete.
+// For effects outside it (a payment provider called by a NoTx handler), ask
+// the outside system first. `idemkit idemhttp stuck` lists stuck records.
+//
+// A record expires Config.TTL (default 24 hours) after it was reserved, and
+// again TTL after it completed. From then on its key is unknown: a request
+// with it runs the handler anew, whatever the record's state. This is the
+// contract, not a cache detail: choose a TTL longer than any retry you
+// expect, and back critical effects with a business constraint that does
+// not expire (for example a unique order reference). Store.Purge deletes
+// expired records in batches; it only reclaims space. Leases and expiry are
+// measured on StoreConfig.Now (default time.Now): keep the clocks of the
+// processes sharing a table in step.
+//
+// # The IETF draft
+//
+// This follows draft-ietf-httpapi-idempotency-key-header where it speaks: 400
+// for a missing key on an endpoint that requires one, 409 for a request whose
+// key is being processed, 422 for a key reused with a different request, a
+// fingerprint of the request, keys that expire. Where it differs:
+//
+//   - The draft makes the header a Structured Fields string ("quoted");
+//     ParseKey accepts that and also the unquoted key most clients send.
+//   - The draft suggests problem details (RFC 9457) for errors; this package
+//     writes {"error":{...}} by default (Config.WriteError changes it).
+//   - The draft defines no header marking a replay; Idempotent-Replayed is
+//     ours. Responses with a retryable status (5xx by default) are not
+//     stored, so a retry runs again; the draft leaves this to the server.
+//   - Retry-After on 409, FAILED and UNKNOWN records, the lease, and the
+//     scope by account and operation go beyond the draft.
+//
+// # Tables
+//
+// The table is created by package migrate (version 3); StoreConfig and
+// migrate.Config must name the same schema and table. Nothing in this
+// package runs DDL.
+package idemhttp

@@ -1,0 +1,576 @@
+package idemhttp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idemkit/migrate"
+)
+
+// Defaults of StoreConfig and of Store methods.
+const (
+	// PurgeBatchDefault is the number of rows Purge deletes per statement
+	// when given a batch size of zero or less.
+	PurgeBatchDefault = 1000
+	// FindLimitDefault is the number of records FindStuck and Reconcile look
+	// at when given a limit of zero or less.
+	FindLimitDefault = 100
+)
+
+// ErrNotFound is returned by Store.Get when no live record has the key.
+var ErrNotFound = errors.New("idemhttp: record not found")
+
+// State is the state of a record.
+type State string
+
+// The states of a record.
+const (
+	// StateProcessing: a request holds the key and runs its handler, until
+	// its lease ends. Other requests with the key get 409.
+	StateProcessing State = "PROCESSING"
+	// StateCompleted: the stored response is replayed to every request with
+	// the key until the record expires.
+	StateCompleted State = "COMPLETED"
+	// StateFailed: a reconciler decided the operation failed; requests with
+	// the key get 409 operation_failed until the record expires.
+	StateFailed State = "FAILED"
+	// StateUnknown: a reconciler could not decide; requests with the key get
+	// 409 outcome_unknown until someone resolves the record or it expires.
+	StateUnknown State = "UNKNOWN"
+)
+
+// DBTX runs queries: a pgx.Tx, a *pgxpool.Pool and a *pgx.Conn all satisfy it.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+var (
+	_ DBTX = pgx.Tx(nil)
+	_ DBTX = (*pgxpool.Pool)(nil)
+	_ DBTX = (*pgx.Conn)(nil)
+)
+
+// StoreConfig says where records live and which clock measures leases and
+// expiry. The table is created by package migrate (version 3), which must
+// be given the same Schema and table name.
+type StoreConfig struct {
+	// Schema holds the table. Defaults to "public".
+	Schema string
+	// Table names the records table inside Schema. Defaults to
+	// "idempotency_records" (migrate.IdempotencyRecordsDefault).
+	Table string
+	// Now is the clock of leases and expiry: every timestamp in the table is
+	// written from it, and lease ends and expiry are compared with it. All
+	// processes sharing a table need clocks in step (NTP) within a small
+	// fraction of the lease. Tests inject a clock here. Defaults to time.Now.
+	Now func() time.Time
+}
+
+// Store reads and writes idempotency records. It holds no connection and no
+// state besides its SQL and clock: it is safe for concurrent use.
+type Store struct {
+	now func() time.Time
+
+	reserveSQL      string
+	reserveAsyncSQL string
+	takeoverSQL     string
+	completeSQL     string
+	releaseSQL      string
+	getSQL          string
+	stuckSQL        string
+	resolveSQL      string
+	purgeSQL        string
+}
+
+// NewStore returns a Store for the table cfg names. cfg may be nil, meaning
+// every default. An invalid cfg returns an error wrapping
+// migrate.ErrInvalidConfig. NewStore does not touch the database.
+func NewStore(cfg *StoreConfig) (*Store, error) {
+	var c StoreConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	mc := migrate.Config{Schema: c.Schema, Tables: migrate.Tables{IdempotencyRecords: c.Table}}.WithDefaults()
+	if err := mc.Validate(); err != nil {
+		return nil, fmt.Errorf("idemhttp: %w", err)
+	}
+	t := pgx.Identifier{mc.Schema, mc.Tables.IdempotencyRecords}.Sanitize()
+	const key = `account = $1 AND operation = $2 AND idempotency_key = $3`
+	const cols = `account, operation, idempotency_key, state, fingerprint, token, locked_until,
+	response_status, created_at, updated_at, completed_at, expires_at`
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return &Store{
+		now: c.Now,
+
+		// One statement, one round trip: the insert reserves the key, or the
+		// existing record is returned. When the conflicting row was committed
+		// after this statement's snapshot, neither branch returns a row and
+		// the caller runs the statement again.
+		reserveSQL:      reserveSQL(t, false),
+		reserveAsyncSQL: reserveSQL(t, true),
+
+		// An expired record counts as absent: a new request takes it over,
+		// provided nobody changed it since it was read ($9, the token seen).
+		takeoverSQL: `UPDATE ` + t + ` SET fingerprint = $4, state = 'PROCESSING', token = $5,
+	locked_until = $7, created_at = $6, updated_at = $6, expires_at = $8, completed_at = NULL,
+	response_status = NULL, response_headers = NULL, response_body = NULL
+WHERE ` + key + ` AND token = $9 AND expires_at <= $6`,
+
+		completeSQL: `UPDATE ` + t + ` SET state = 'COMPLETED', locked_until = NULL,
+	response_status = $5, response_headers = $6, response_body = $7,
+	updated_at = $8, completed_at = $8, expires_at = $9
+WHERE ` + key + ` AND token = $4 AND state = 'PROCESSING'`,
+
+		releaseSQL: `DELETE FROM ` + t + ` WHERE ` + key + ` AND token = $4 AND state = 'PROCESSING'`,
+
+		getSQL: `SELECT ` + cols + ` FROM ` + t + ` WHERE ` + key + ` AND expires_at > $4`,
+
+		stuckSQL: `SELECT ` + cols + ` FROM ` + t + `
+WHERE state = 'PROCESSING' AND locked_until <= $1
+ORDER BY locked_until
+LIMIT $2`,
+
+		// $5: the new state, or NULL to delete the record.
+		resolveSQL: `WITH del AS (
+	DELETE FROM ` + t + ` WHERE ` + key + ` AND token = $4 AND state IN ('PROCESSING', 'UNKNOWN')
+		AND $5::text IS NULL
+	RETURNING 1
+), upd AS (
+	UPDATE ` + t + ` SET state = $5, locked_until = NULL, updated_at = $6
+	WHERE ` + key + ` AND token = $4 AND state IN ('PROCESSING', 'UNKNOWN') AND $5::text IS NOT NULL
+	RETURNING 1
+)
+SELECT (SELECT count(*) FROM del) + (SELECT count(*) FROM upd)`,
+
+		purgeSQL: `DELETE FROM ` + t + ` WHERE (account, operation, idempotency_key) IN (
+	SELECT account, operation, idempotency_key FROM ` + t + `
+	WHERE expires_at <= $1
+	ORDER BY expires_at
+	LIMIT $2
+	FOR UPDATE SKIP LOCKED
+)`,
+	}, nil
+}
+
+// reserveSQL returns the reserving statement on table t: one statement, one
+// round trip. The insert reserves the key, or the existing record is
+// returned. When the conflicting row was committed after this statement's
+// snapshot, neither branch returns a row and the caller runs it again.
+//
+// With async, the statement's own commit does not wait for the WAL flush
+// (synchronous_commit off for this transaction only). That is safe when the
+// record can only become COMPLETED in a later synchronous commit (the
+// middleware's transaction): flushing that commit flushes the reservation
+// before it, and a reservation lost in a server crash only frees a key whose
+// request never completed.
+func reserveSQL(t string, async bool) string {
+	cfg := ""
+	if async {
+		cfg = ", (SELECT pg_catalog.set_config('synchronous_commit', 'off', true)) AS cfg"
+	}
+	return `WITH ins AS (
+	INSERT INTO ` + t + ` (account, operation, idempotency_key, fingerprint, state, token,
+		locked_until, created_at, updated_at, expires_at)
+	VALUES ($1, $2, $3, $4, 'PROCESSING', $5, $7, $6, $6, $8)
+	ON CONFLICT (account, operation, idempotency_key) DO NOTHING
+	RETURNING 1
+)
+SELECT true, ''::text, ''::bytea, 0::bigint, NULL::timestamptz, NULL::timestamptz,
+	NULL::int, NULL::jsonb, NULL::bytea
+FROM ins` + cfg + `
+UNION ALL
+SELECT false, state, fingerprint, token, locked_until, expires_at,
+	response_status, response_headers, response_body
+FROM ` + t + `
+WHERE account = $1 AND operation = $2 AND idempotency_key = $3 AND NOT EXISTS (SELECT 1 FROM ins)`
+}
+
+// Record is an idempotency record without its stored response body.
+type Record struct {
+	Account   string
+	Operation string
+	Key       string
+	State     State
+	// Fingerprint is the SHA-256 of the request that reserved the key.
+	Fingerprint []byte
+	// Token changes at every reservation and takeover; completing and
+	// resolving a record match it.
+	Token int64
+	// LockedUntil is the end of the holder's lease; zero unless PROCESSING.
+	LockedUntil time.Time
+	// Status is the stored response's status; zero unless COMPLETED.
+	Status      int
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+	CompletedAt time.Time
+	// ExpiresAt is when the record stops counting: from then on the key is
+	// unknown and a request with it runs anew.
+	ExpiresAt time.Time
+}
+
+func scanRecord(row pgx.Row) (Record, error) {
+	var (
+		r                        Record
+		lockedUntil, completedAt *time.Time
+		status                   *int
+	)
+	err := row.Scan(&r.Account, &r.Operation, &r.Key, &r.State, &r.Fingerprint, &r.Token, &lockedUntil,
+		&status, &r.CreatedAt, &r.UpdatedAt, &completedAt, &r.ExpiresAt)
+	if lockedUntil != nil {
+		r.LockedUntil = *lockedUntil
+	}
+	if completedAt != nil {
+		r.CompletedAt = *completedAt
+	}
+	if status != nil {
+		r.Status = *status
+	}
+	return r, err
+}
+
+// Get returns the live (not expired) record of (account, operation, key),
+// or ErrNotFound.
+func (s *Store) Get(ctx context.Context, db DBTX, account, operation, key string) (Record, error) {
+	r, err := scanRecord(db.QueryRow(ctx, s.getSQL, account, operation, key, s.now()))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Record{}, ErrNotFound
+	}
+	if err != nil {
+		return Record{}, fmt.Errorf("idemhttp: get: %w", err)
+	}
+	return r, nil
+}
+
+// FindStuck returns up to limit records still PROCESSING after their lease
+// ended, longest overdue first (limit <= 0 means FindLimitDefault). Their
+// holder crashed, hung, or is slow; see Reconcile.
+func (s *Store) FindStuck(ctx context.Context, db DBTX, limit int) ([]Record, error) {
+	if limit <= 0 {
+		limit = FindLimitDefault
+	}
+	rows, err := db.Query(ctx, s.stuckSQL, s.now(), limit)
+	if err != nil {
+		return nil, fmt.Errorf("idemhttp: find stuck: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Record, error) { return scanRecord(row) })
+	if err != nil {
+		return nil, fmt.Errorf("idemhttp: find stuck: %w", err)
+	}
+	return out, nil
+}
+
+// Decision is what a Reconciler decides for a stuck record.
+type Decision int
+
+// The decisions. The zero Decision is invalid.
+const (
+	// AllowRetry deletes the record: the next request with the key runs the
+	// handler anew. Safe when the operation surely did not happen, and always
+	// safe for effects written in the middleware's transaction: a holder that
+	// is still running can no longer complete (its token is gone), so its
+	// transaction rolls back.
+	AllowRetry Decision = iota + 1
+	// MarkFailed makes the record FAILED: requests with the key get 409
+	// operation_failed until it expires; the client must use a new key.
+	MarkFailed
+	// KeepUnknown makes the record UNKNOWN: requests with the key get 409
+	// outcome_unknown, and FindStuck no longer lists it, until someone
+	// resolves it (Resolve) or it expires.
+	KeepUnknown
+)
+
+func (d Decision) String() string {
+	switch d {
+	case AllowRetry:
+		return "AllowRetry"
+	case MarkFailed:
+		return "MarkFailed"
+	case KeepUnknown:
+		return "KeepUnknown"
+	}
+	return fmt.Sprintf("Decision(%d)", int(d))
+}
+
+// ErrInvalidDecision is returned for a Decision that is not one of the three.
+var ErrInvalidDecision = errors.New("idemhttp: invalid decision")
+
+// Reconciler decides what becomes of a record stuck in PROCESSING past its
+// lease, for example by asking the payment provider whether the charge
+// exists. An error leaves the record as it is, to be found again later.
+type Reconciler interface {
+	Reconcile(ctx context.Context, rec Record) (Decision, error)
+}
+
+// ReconcilerFunc adapts a function to Reconciler.
+type ReconcilerFunc func(ctx context.Context, rec Record) (Decision, error)
+
+// Reconcile calls f(ctx, rec).
+func (f ReconcilerFunc) Reconcile(ctx context.Context, rec Record) (Decision, error) {
+	return f(ctx, rec)
+}
+
+// Resolve applies d to the record rec names (from FindStuck or Get),
+// provided it still has rec's token and is PROCESSING or UNKNOWN: an
+// operator settles an UNKNOWN record with it too. It reports whether the
+// record was changed: false means it moved on meanwhile (completed,
+// released, taken over), which is not an error.
+func (s *Store) Resolve(ctx context.Context, db DBTX, rec Record, d Decision) (bool, error) {
+	var state *string
+	switch d {
+	case AllowRetry:
+	case MarkFailed:
+		v := string(StateFailed)
+		state = &v
+	case KeepUnknown:
+		v := string(StateUnknown)
+		state = &v
+	default:
+		return false, fmt.Errorf("idemhttp: resolve: %w: %v", ErrInvalidDecision, d)
+	}
+	var n int64
+	if err := db.QueryRow(ctx, s.resolveSQL, rec.Account, rec.Operation, rec.Key, rec.Token, state, s.now()).
+		Scan(&n); err != nil {
+		return false, fmt.Errorf("idemhttp: resolve: %w", err)
+	}
+	return n > 0, nil
+}
+
+// ReconcileError reports the records a Reconcile call could not settle.
+type ReconcileError struct {
+	// Errs holds one error per record left as it was, naming its key.
+	Errs []error
+}
+
+func (e *ReconcileError) Error() string {
+	return fmt.Sprintf("idemhttp: reconcile: %d record(s) left stuck: %v", len(e.Errs), errors.Join(e.Errs...))
+}
+
+// Unwrap returns the per-record errors.
+func (e *ReconcileError) Unwrap() []error { return e.Errs }
+
+// Reconcile hands up to limit stuck records (FindStuck) to r one by one and
+// applies each decision with Resolve. It returns how many records it
+// changed. Records r fails on are left stuck and reported in a
+// *ReconcileError after the others are done. Run it on a schedule you own,
+// for example every lease period.
+func (s *Store) Reconcile(ctx context.Context, db DBTX, r Reconciler, limit int) (int, error) {
+	if r == nil {
+		return 0, errors.New("idemhttp: reconcile: nil reconciler")
+	}
+	stuck, err := s.FindStuck(ctx, db, limit)
+	if err != nil {
+		return 0, err
+	}
+	var (
+		changed int
+		errs    []error
+	)
+	for _, rec := range stuck {
+		if err := ctx.Err(); err != nil {
+			return changed, fmt.Errorf("idemhttp: reconcile: %w", err)
+		}
+		d, err := callReconciler(ctx, r, rec)
+		if err == nil {
+			var ok bool
+			ok, err = s.Resolve(ctx, db, rec, d)
+			if ok {
+				changed++
+			}
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%q %q %q: %w", rec.Account, rec.Operation, rec.Key, err))
+		}
+	}
+	if len(errs) > 0 {
+		return changed, &ReconcileError{Errs: errs}
+	}
+	return changed, nil
+}
+
+func callReconciler(ctx context.Context, r Reconciler, rec Record) (d Decision, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = newPanicError(p)
+		}
+	}()
+	return r.Reconcile(ctx, rec)
+}
+
+// Purge deletes records whose expiry has passed (by the store's clock, read
+// when Purge starts), at most batchSize rows per statement, each statement
+// its own short transaction on db, until none is left or ctx ends. It
+// returns how many records it deleted, also with an error. batchSize <= 0
+// means PurgeBatchDefault. Rows locked by a concurrent Purge or request are
+// skipped. Expired records are already ignored by requests (their key runs
+// anew), so Purge only reclaims space.
+func (s *Store) Purge(ctx context.Context, db *pgxpool.Pool, batchSize int) (int64, error) {
+	if db == nil {
+		return 0, errors.New("idemhttp: purge: nil pool")
+	}
+	if batchSize <= 0 {
+		batchSize = PurgeBatchDefault
+	}
+	cutoff := s.now()
+	var deleted int64
+	for {
+		if err := ctx.Err(); err != nil {
+			return deleted, fmt.Errorf("idemhttp: purge: %w", err)
+		}
+		tag, err := db.Exec(ctx, s.purgeSQL, cutoff, batchSize)
+		if err != nil {
+			return deleted, fmt.Errorf("idemhttp: purge: %w", err)
+		}
+		deleted += tag.RowsAffected()
+		if tag.RowsAffected() < int64(batchSize) {
+			return deleted, nil
+		}
+	}
+}
+
+// reservation is the outcome of reserve: either this request holds the key
+// (reserved, with token), or rec describes the existing record.
+type reservation struct {
+	reserved bool
+	token    int64
+
+	state       State
+	fingerprint []byte
+	lockedUntil time.Time
+	response    storedResponse
+}
+
+// storedResponse is what a completed record replays.
+type storedResponse struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+type reserveArgs struct {
+	account, operation, key string
+	fingerprint             []byte
+	lease, ttl              time.Duration
+	async                   bool
+}
+
+// errReserveRace is returned when reserve kept losing to concurrent changes.
+var errReserveRace = errors.New("idemhttp: reserve: the record kept changing")
+
+// reserve reserves the key for a new request, or returns the live record.
+// It runs on db outside any transaction, so the reservation is visible to
+// every other request at once.
+//
+// With a.async the reservation's commit does not wait for the WAL flush; see
+// reserveSQL for when that is safe.
+func (s *Store) reserve(ctx context.Context, db DBTX, a reserveArgs) (reservation, error) {
+	sql := s.reserveSQL
+	if a.async {
+		sql = s.reserveAsyncSQL
+	}
+	for range 8 {
+		now := s.now()
+		token := newToken()
+		var (
+			reserved               bool
+			res                    reservation
+			lockedUntil, expiresAt *time.Time
+			status                 *int
+			headerJSON             []byte
+			body                   []byte
+			state                  string
+			fingerprint            []byte
+			existingToken          int64
+		)
+		err := db.QueryRow(ctx, sql, a.account, a.operation, a.key, a.fingerprint, token,
+			now, now.Add(a.lease), now.Add(a.ttl)).
+			Scan(&reserved, &state, &fingerprint, &existingToken, &lockedUntil, &expiresAt, &status, &headerJSON, &body)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue // the conflicting row committed after this statement's snapshot
+		}
+		if err != nil {
+			return reservation{}, fmt.Errorf("idemhttp: reserve: %w", err)
+		}
+		if reserved {
+			return reservation{reserved: true, token: token}, nil
+		}
+		if expiresAt != nil && !expiresAt.After(now) {
+			tag, err := db.Exec(ctx, s.takeoverSQL, a.account, a.operation, a.key, a.fingerprint, token,
+				now, now.Add(a.lease), now.Add(a.ttl), existingToken)
+			if err != nil {
+				return reservation{}, fmt.Errorf("idemhttp: reserve: take over expired record: %w", err)
+			}
+			if tag.RowsAffected() == 1 {
+				return reservation{reserved: true, token: token}, nil
+			}
+			continue // changed meanwhile: read it again
+		}
+		res.state = State(state)
+		res.fingerprint = fingerprint
+		if lockedUntil != nil {
+			res.lockedUntil = *lockedUntil
+		}
+		if status != nil {
+			res.response.status = *status
+			res.response.body = body
+			if len(headerJSON) > 0 {
+				if err := json.Unmarshal(headerJSON, &res.response.header); err != nil {
+					return reservation{}, fmt.Errorf("idemhttp: reserve: stored headers: %w", err)
+				}
+			}
+		}
+		return res, nil
+	}
+	return reservation{}, errReserveRace
+}
+
+// complete stores resp and marks the record COMPLETED, provided it is still
+// held with token. ok is false when it is not (the lease was taken over).
+func (s *Store) complete(ctx context.Context, db DBTX, a reserveArgs, token int64, resp storedResponse) (ok bool, err error) {
+	headerJSON, err := json.Marshal(resp.header)
+	if err != nil {
+		return false, fmt.Errorf("idemhttp: complete: %w", err)
+	}
+	body := resp.body
+	if body == nil {
+		body = []byte{}
+	}
+	now := s.now()
+	tag, err := db.Exec(ctx, s.completeSQL, a.account, a.operation, a.key, token,
+		resp.status, headerJSON, body, now, now.Add(a.ttl))
+	if err != nil {
+		return false, fmt.Errorf("idemhttp: complete: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// release deletes the record if it is still PROCESSING with token.
+func (s *Store) release(ctx context.Context, db DBTX, a reserveArgs, token int64) error {
+	if _, err := db.Exec(ctx, s.releaseSQL, a.account, a.operation, a.key, token); err != nil {
+		return fmt.Errorf("idemhttp: release: %w", err)
+	}
+	return nil
+}
+
+// newToken returns a random positive token. Tokens need to be unique per
+// reservation of a key, not secret: 63 random bits make a repeat
+// practically impossible.
+func newToken() int64 {
+	for {
+		if t := rand.Int64(); t != 0 {
+			return t
+		}
+	}
+}
