@@ -684,3 +684,75 @@ func TestOtherPartitionsFlow(t *testing.T) {
 		t.Fatalf("x0 should follow all of y: order %v", order)
 	}
 }
+
+// TestDeadlockRerunsTheTransaction: two partitions' handlers lock two rows in
+// opposite orders; PostgreSQL aborts one transaction with a deadlock
+// (40P01), the runner runs that transaction again, and both effects happen
+// once, without counting a handler failure.
+func TestDeadlockRerunsTheTransaction(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 2)
+	ctx := context.Background()
+	rows := e.db.Table("rows")
+	if _, err := e.db.Pool.Exec(ctx, `CREATE TABLE `+rows+` (id text PRIMARY KEY, n int NOT NULL);
+		INSERT INTO `+rows+` VALUES ('a', 0), ('b', 0)`); err != nil {
+		t.Fatal(err)
+	}
+	// Keys k0 and k1 land on different partitions of two (checked below).
+	e.produce(msg("x", "k0", 1), msg("y", "k1", 1))
+
+	var attempts sync.Map
+	firstLocked := make(chan struct{}, 2)
+	oc := newOutcomes(2)
+	cfg := e.config(modes[0], nil)
+	// No handler retries: only the transaction rerun may save the deadlock victim.
+	cfg.Retry = &retry.Policy{MaxAttempts: 1}
+	cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		n, _ := attempts.LoadOrStore(m.ID, new(atomic.Int32))
+		attempt := n.(*atomic.Int32).Add(1)
+		first, second := "a", "b"
+		if m.ID == "y" {
+			first, second = "b", "a"
+		}
+		if _, err := tx.Exec(ctx, `UPDATE `+rows+` SET n = n + 1 WHERE id = $1`, first); err != nil {
+			return fmt.Errorf("lock %s: %w", first, err)
+		}
+		if attempt == 1 { // both hold their first row before either asks for the second
+			firstLocked <- struct{}{}
+			for len(firstLocked) < 2 {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		if _, err := tx.Exec(ctx, `UPDATE `+rows+` SET n = n + 1 WHERE id = $1`, second); err != nil {
+			return fmt.Errorf("lock %s: %w", second, err)
+		}
+		return e.effect(ctx, tx, m)
+	})
+	parts := sync.Map{}
+	cfg.Hooks.Outcome = func(m *consumer.Message, o consumer.Outcome) {
+		parts.Store(m.ID, m.Partition)
+		oc.hook(m, o)
+	}
+	stop := run(t, cfg)
+	wait(t, oc.done, "both messages")
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	px, _ := parts.Load("x")
+	py, _ := parts.Load("y")
+	if px == py {
+		t.Fatalf("test setup: both messages on partition %v", px)
+	}
+	if runs := e.runs(); runs["x"] != 1 || runs["y"] != 1 {
+		t.Fatalf("effects %v, want x and y once", runs)
+	}
+	ax, _ := attempts.Load("x")
+	ay, _ := attempts.Load("y")
+	if total := ax.(*atomic.Int32).Load() + ay.(*atomic.Int32).Load(); total != 3 {
+		t.Fatalf("handler ran %d times, want 3 (one transaction rerun after the deadlock)", total)
+	}
+	var a, b int
+	if err := e.db.Pool.QueryRow(ctx, `SELECT (SELECT n FROM `+rows+` WHERE id='a'), (SELECT n FROM `+rows+` WHERE id='b')`).Scan(&a, &b); err != nil || a != 2 || b != 2 {
+		t.Fatalf("rows a=%d b=%d (%v), want 2 and 2: the aborted attempt left nothing", a, b, err)
+	}
+}
