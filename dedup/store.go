@@ -12,9 +12,9 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idemkit/internal/pgexec"
 	"github.com/idemkit/idemkit/migrate"
 )
 
@@ -53,17 +53,7 @@ type Config struct {
 // DBTX runs queries: a pgx.Tx, a *pgxpool.Pool and a *pgx.Conn all satisfy
 // it. Read-only methods take it so they can run inside or outside a
 // transaction.
-type DBTX interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-var (
-	_ DBTX = pgx.Tx(nil)
-	_ DBTX = (*pgxpool.Pool)(nil)
-	_ DBTX = (*pgx.Conn)(nil)
-)
+type DBTX = pgexec.DB
 
 // Claim identifies one message to claim: the consumer that handles it, its
 // stable ID, and where it was read.
@@ -431,18 +421,9 @@ func (s *Store) Purge(ctx context.Context, db *pgxpool.Pool, olderThan time.Dura
 		olderThan.Microseconds()).Scan(&cutoff); err != nil {
 		return 0, fmt.Errorf("dedup: purge: %w", err)
 	}
-	var deleted int64
-	for {
-		if err := ctx.Err(); err != nil {
-			return deleted, fmt.Errorf("dedup: purge: %w", err)
-		}
-		tag, err := db.Exec(ctx, s.purgeSQL, cutoff, batchSize)
-		if err != nil {
-			return deleted, fmt.Errorf("dedup: purge: %w", err)
-		}
-		deleted += tag.RowsAffected()
-		if tag.RowsAffected() < int64(batchSize) {
-			return deleted, nil
-		}
+	deleted, err := pgexec.DeleteInBatches(ctx, db, s.purgeSQL, batchSize, cutoff)
+	if err != nil {
+		return deleted, fmt.Errorf("dedup: purge: %w", err)
 	}
+	return deleted, nil
 }

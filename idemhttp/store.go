@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idemkit/internal/pgexec"
 	"github.com/idemkit/idemkit/migrate"
 )
 
@@ -49,17 +49,7 @@ const (
 )
 
 // DBTX runs queries: a pgx.Tx, a *pgxpool.Pool and a *pgx.Conn all satisfy it.
-type DBTX interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-var (
-	_ DBTX = pgx.Tx(nil)
-	_ DBTX = (*pgxpool.Pool)(nil)
-	_ DBTX = (*pgx.Conn)(nil)
-)
+type DBTX = pgexec.DB
 
 // StoreConfig says where records live and which clock measures leases and
 // expiry. The table is created by package migrate (version 3), which must
@@ -423,21 +413,11 @@ func (s *Store) Purge(ctx context.Context, db *pgxpool.Pool, batchSize int) (int
 	if batchSize <= 0 {
 		batchSize = PurgeBatchDefault
 	}
-	cutoff := s.now()
-	var deleted int64
-	for {
-		if err := ctx.Err(); err != nil {
-			return deleted, fmt.Errorf("idemhttp: purge: %w", err)
-		}
-		tag, err := db.Exec(ctx, s.purgeSQL, cutoff, batchSize)
-		if err != nil {
-			return deleted, fmt.Errorf("idemhttp: purge: %w", err)
-		}
-		deleted += tag.RowsAffected()
-		if tag.RowsAffected() < int64(batchSize) {
-			return deleted, nil
-		}
+	deleted, err := pgexec.DeleteInBatches(ctx, db, s.purgeSQL, batchSize, s.now())
+	if err != nil {
+		return deleted, fmt.Errorf("idemhttp: purge: %w", err)
 	}
+	return deleted, nil
 }
 
 // reservation is the outcome of reserve: either this request holds the key

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemkit/idemkit/internal/pgexec"
 	"github.com/idemkit/idemkit/migrate"
 )
 
@@ -101,11 +102,7 @@ type Config struct {
 }
 
 // DBTX runs queries: a pgx.Tx, a *pgxpool.Pool and a *pgx.Conn all satisfy it.
-type DBTX interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+type DBTX = pgexec.DB
 
 // TxBeginner starts a transaction: a *pgxpool.Pool, a *pgx.Conn and a pgx.Tx
 // (a savepoint) all satisfy it.
@@ -541,18 +538,9 @@ func (s *Store) Cleanup(ctx context.Context, db DBTX, olderThan time.Duration, b
 		olderThan.Microseconds()).Scan(&cutoff); err != nil {
 		return 0, fmt.Errorf("outbox: cleanup: %w", err)
 	}
-	var deleted int64
-	for {
-		if err := ctx.Err(); err != nil {
-			return deleted, fmt.Errorf("outbox: cleanup: %w", err)
-		}
-		tag, err := db.Exec(ctx, s.sql.cleanup, cutoff, batchSize)
-		if err != nil {
-			return deleted, fmt.Errorf("outbox: cleanup: %w", translate(err))
-		}
-		deleted += tag.RowsAffected()
-		if tag.RowsAffected() < int64(batchSize) {
-			return deleted, nil
-		}
+	deleted, err := pgexec.DeleteInBatches(ctx, db, s.sql.cleanup, batchSize, cutoff)
+	if err != nil {
+		return deleted, fmt.Errorf("outbox: cleanup: %w", translate(err))
 	}
+	return deleted, nil
 }
