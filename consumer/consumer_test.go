@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -754,5 +755,23 @@ func TestDeadlockRerunsTheTransaction(t *testing.T) {
 	var a, b int
 	if err := e.db.Pool.QueryRow(ctx, `SELECT (SELECT n FROM `+rows+` WHERE id='a'), (SELECT n FROM `+rows+` WHERE id='b')`).Scan(&a, &b); err != nil || a != 2 || b != 2 {
 		t.Fatalf("rows a=%d b=%d (%v), want 2 and 2: the aborted attempt left nothing", a, b, err)
+	}
+}
+
+// TestMissingTopicIsAnError: the runner never creates a topic, and a missing
+// one is a clear error rather than a silent wait.
+func TestMissingTopicIsAnError(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	cfg := e.config(modes[0], nil)
+	cfg.Topic = testenv.Name(t, "missing")
+	r, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := r.Run(ctx); !errors.Is(err, consumer.ErrTopicNotFound) || !strings.Contains(err.Error(), cfg.Topic) {
+		t.Fatalf("Run on a missing topic: %v, want ErrTopicNotFound naming it", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -44,6 +45,9 @@ func New(cfg *Config) (*Runner, error) {
 // flight is rolled back (its messages come back later), and what committed
 // stays committed.
 func (r *Runner) Run(ctx context.Context) error {
+	if err := r.requireTopic(ctx); err != nil {
+		return err
+	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 
@@ -101,6 +105,35 @@ func (r *Runner) Run(ctx context.Context) error {
 	<-closed
 	wg.Wait()
 	return fatal
+}
+
+// ErrTopicNotFound means the topic to consume does not exist. The runner
+// never creates topics: create it (with the partition count you need) first.
+var ErrTopicNotFound = errors.New("consumer: topic does not exist")
+
+// requireTopic checks that the topic exists before joining the group, so
+// that a typo or a missing topic is an error, not a silent wait.
+func (r *Runner) requireTopic(ctx context.Context) error {
+	var transport kafka.RoundTripper
+	if d := r.cfg.Dialer; d != nil {
+		dial := d.DialFunc
+		if dial == nil {
+			dial = (&net.Dialer{Timeout: d.Timeout, LocalAddr: d.LocalAddr}).DialContext
+		}
+		transport = &kafka.Transport{Dial: dial, SASL: d.SASLMechanism, TLS: d.TLS, ClientID: d.ClientID}
+	}
+	client := &kafka.Client{Addr: kafka.TCP(r.cfg.Brokers...), Timeout: 30 * time.Second, Transport: transport}
+	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{r.cfg.Topic}})
+	if err != nil {
+		return fmt.Errorf("consumer: metadata for topic %s: %w", r.cfg.Topic, err)
+	}
+	if len(md.Topics) != 1 || errors.Is(md.Topics[0].Error, kafka.UnknownTopicOrPartition) {
+		return fmt.Errorf("%w: %s (create it first; idemkit never creates topics)", ErrTopicNotFound, r.cfg.Topic)
+	}
+	if err := md.Topics[0].Error; err != nil {
+		return fmt.Errorf("consumer: metadata for topic %s: %w", r.cfg.Topic, err)
+	}
+	return nil
 }
 
 // startGeneration starts one worker per assigned partition, each at the later
