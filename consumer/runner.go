@@ -120,7 +120,9 @@ func (r *Runner) requireTopic(ctx context.Context) error {
 		if dial == nil {
 			dial = (&net.Dialer{Timeout: d.Timeout, LocalAddr: d.LocalAddr}).DialContext
 		}
-		transport = &kafka.Transport{Dial: dial, SASL: d.SASLMechanism, TLS: d.TLS, ClientID: d.ClientID}
+		t := &kafka.Transport{Dial: dial, SASL: d.SASLMechanism, TLS: d.TLS, ClientID: d.ClientID}
+		defer t.CloseIdleConnections()
+		transport = t
 	}
 	client := &kafka.Client{Addr: kafka.TCP(r.cfg.Brokers...), Timeout: 30 * time.Second, Transport: transport}
 	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{r.cfg.Topic}})
