@@ -267,6 +267,38 @@ func TestClaimWithPositionKeepsMax(t *testing.T) {
 	}
 }
 
+// TestClaimBatchOnePartition covers the consumer's batches (one consumer,
+// topic and partition), which travel as scalars and two arrays.
+func TestClaimBatchOnePartition(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, s := newStore(t)
+	inTx(t, db.Pool, func(tx pgx.Tx) {
+		claim(t, s, tx, dedup.Claim{Consumer: "billing", MessageID: "a", Topic: "orders", Partition: 3, Offset: 1})
+	})
+	batch := []dedup.Claim{
+		{Consumer: "billing", MessageID: "z", Topic: "orders", Partition: 3, Offset: 7},
+		{Consumer: "billing", MessageID: "a", Topic: "orders", Partition: 3, Offset: 8}, // claimed before
+		{Consumer: "billing", MessageID: "m", Topic: "orders", Partition: 3, Offset: 9},
+		{Consumer: "billing", MessageID: "z", Topic: "orders", Partition: 3, Offset: 10}, // in-batch duplicate
+	}
+	var got []bool
+	inTx(t, db.Pool, func(tx pgx.Tx) {
+		var err error
+		if got, err = s.ClaimBatchTx(ctx, tx, batch); err != nil {
+			t.Fatalf("ClaimBatchTx: %v", err)
+		}
+	})
+	if want := []bool{false, true, false, true}; !slices.Equal(got, want) {
+		t.Fatalf("duplicate = %v, want %v", got, want)
+	}
+	wantRows := map[string]row{"billing/a": {"orders", 3, 1}, "billing/z": {"orders", 3, 7}, "billing/m": {"orders", 3, 9}}
+	if rows := processedRows(t, db); !maps.Equal(rows, wantRows) {
+		t.Fatalf("rows = %v, want %v", rows, wantRows)
+	}
+	wantPositions(t, positions(t, s, db.Pool, "billing", "orders"), map[int]int64{3: 11})
+}
+
 func TestClaimBatch(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -112,6 +112,7 @@ type Store struct {
 	claimSQL             string
 	claimWithPositionSQL string
 	claimBatchSQL        string
+	claimBatchOneSQL     string // all claims of one consumer, topic and partition
 	savePositionSQL      string
 	positionsSQL         string
 	processedSQL         string
@@ -169,6 +170,20 @@ SELECT NOT EXISTS (SELECT 1 FROM claimed)`,
 	` + fmt.Sprintf(upsertPosition, `SELECT * FROM unnest($6::text[], $7::text[], $8::int[], $9::bigint[])`) + `
 )
 SELECT input.ord FROM input JOIN claimed USING (consumer, message_id)`,
+
+		// The consumer's batches: one consumer, topic and partition, so those
+		// travel once, as scalars, instead of once per message.
+		claimBatchOneSQL: `WITH input AS (
+	SELECT * FROM unnest($2::text[], $4::bigint[]) WITH ORDINALITY AS i (message_id, kafka_offset, ord)
+), claimed AS (
+	INSERT INTO ` + processed + ` (consumer, message_id, topic, kafka_partition, kafka_offset)
+	SELECT $1, message_id, $3, $5, kafka_offset FROM input ORDER BY ord
+	ON CONFLICT (consumer, message_id) DO NOTHING
+	RETURNING message_id
+), position AS (
+	` + fmt.Sprintf(upsertPosition, `VALUES ($1, $3, $5::int, $6::bigint)`) + `
+)
+SELECT input.ord FROM input JOIN claimed USING (message_id)`,
 
 		savePositionSQL: fmt.Sprintf(upsertPosition, `VALUES ($1, $2, $3, $4)`),
 
@@ -304,8 +319,14 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, claims []Claim) (du
 		pConsumers[j], pTopics[j], pPartitions[j], pNext[j] = k.consumer, k.topic, int32(k.partition), next[k]
 	}
 
-	rows, err := tx.Query(ctx, s.claimBatchSQL, consumers, ids, topics, partitions, offsets,
-		pConsumers, pTopics, pPartitions, pNext)
+	var rows pgx.Rows
+	if len(keys) == 1 { // one consumer, topic and partition: the consumer's batches
+		rows, err = tx.Query(ctx, s.claimBatchOneSQL, keys[0].consumer, ids, keys[0].topic, offsets,
+			int32(keys[0].partition), pNext[0])
+	} else {
+		rows, err = tx.Query(ctx, s.claimBatchSQL, consumers, ids, topics, partitions, offsets,
+			pConsumers, pTopics, pPartitions, pNext)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("dedup: claim batch: %w", err)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -12,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -41,6 +43,8 @@ type bench struct {
 	runID    string
 	kafkaPID int
 
+	round int // the round running now, from 1
+
 	schemas []string
 	topics  []string
 	groups  []string
@@ -60,6 +64,8 @@ type result struct {
 	Segments   segments      `json:"segments"`
 	CPU        cpuUsage      `json:"cpu"`
 	Steady     *steadyResult `json:"steady,omitempty"`
+	// Rounds holds every round's msgs/s; the other fields are the median round's.
+	Rounds []float64 `json:"rounds"`
 }
 
 // steadyResult is the steady-rate phase.
@@ -131,24 +137,54 @@ func runBench(ctx context.Context, o *options) (err error) {
 			break
 		}
 	}
-	for _, sc := range sel {
-		progress("%s: running", sc.name)
-		var r *result
-		switch sc.kind {
-		case kindConsumer:
-			r, err = b.runConsumer(ctx, sc, backlog)
-		case kindPG:
-			r, err = b.runPG(ctx, sc)
-		case kindSteady:
-			r, err = b.runSteady(ctx, sc)
+	// Rounds interleave the scenarios, so that a slow spell of the shared
+	// machine falls on all of them; each figure is its scenario's median round.
+	rounds := map[string][]*result{}
+	defer func() { // also after a failure: report what was measured
+		rep.results = rep.results[:0]
+		for _, sc := range sel {
+			if len(rounds[sc.name]) > 0 {
+				rep.results = append(rep.results, median(rounds[sc.name]))
+			}
 		}
-		if err != nil {
-			return fmt.Errorf("%s: %w", sc.name, err)
+	}()
+	for round := 1; round <= o.repeat; round++ {
+		b.round = round
+		for _, sc := range sel {
+			if sc.kind == kindSteady && round > 1 {
+				continue // a latency run, not a throughput one: once is enough
+			}
+			progress("%s: round %d of %d", sc.name, round, o.repeat)
+			var r *result
+			switch sc.kind {
+			case kindConsumer:
+				r, err = b.runConsumer(ctx, sc, backlog)
+			case kindPG:
+				r, err = b.runPG(ctx, sc)
+			case kindSteady:
+				r, err = b.runSteady(ctx, sc)
+			}
+			if err != nil {
+				return fmt.Errorf("%s: %w", sc.name, err)
+			}
+			rounds[sc.name] = append(rounds[sc.name], r)
+			progress("%s: %.0f msgs/s, peak RSS %.1f MiB", sc.name, r.Rate, r.PeakRSSMiB)
 		}
-		rep.results = append(rep.results, r)
-		progress("%s: %.0f msgs/s, peak RSS %.1f MiB", sc.name, r.Rate, r.PeakRSSMiB)
 	}
 	return nil
+}
+
+// median returns the round with the median rate, carrying every round's rate
+// and the highest peak RSS of all rounds.
+func median(rs []*result) *result {
+	sorted := slices.Clone(rs)
+	slices.SortFunc(sorted, func(a, b *result) int { return cmp.Compare(a.Rate, b.Rate) })
+	m := *sorted[len(sorted)/2]
+	for _, r := range rs {
+		m.Rounds = append(m.Rounds, r.Rate)
+		m.PeakRSSMiB = max(m.PeakRSSMiB, r.PeakRSSMiB)
+	}
+	return &m
 }
 
 func progress(format string, args ...any) {
@@ -314,12 +350,15 @@ func (b *bench) spec(sc *scenario, schema, topic, group string, messages int) *c
 	return spec
 }
 
+// tag names a scenario's round: its schema and consumer group.
+func (b *bench) tag(sc *scenario) string { return fmt.Sprintf("%s-r%d", sc.name, b.round) }
+
 func (b *bench) runConsumer(ctx context.Context, sc *scenario, topic string) (*result, error) {
-	schema, err := b.newSchema(ctx, sc.name)
+	schema, err := b.newSchema(ctx, b.tag(sc))
 	if err != nil {
 		return nil, err
 	}
-	group := b.name("-", sc.name)
+	group := b.name("-", b.tag(sc))
 	b.groups = append(b.groups, group)
 	b.checkpoint(ctx)
 	run, err := b.runChild(ctx, b.spec(sc, schema, topic, group, b.o.messages), nil)
@@ -333,7 +372,7 @@ func (b *bench) runConsumer(ctx context.Context, sc *scenario, topic string) (*r
 }
 
 func (b *bench) runPG(ctx context.Context, sc *scenario) (*result, error) {
-	schema, err := b.newSchema(ctx, sc.name)
+	schema, err := b.newSchema(ctx, b.tag(sc))
 	if err != nil {
 		return nil, err
 	}

@@ -52,6 +52,7 @@ type options struct {
 	scenarios  []string
 	jsonPath   string
 	profileDir string
+	repeat     int
 }
 
 func parseFlags() (*options, error) {
@@ -67,6 +68,7 @@ func parseFlags() (*options, error) {
 	fs.DurationVar(&o.timeout, "timeout", 20*time.Minute, "longest a single scenario may take")
 	fs.StringVar(&list, "scenarios", "all", "comma-separated scenarios to run: "+strings.Join(scenarioNames(), ", "))
 	fs.StringVar(&o.jsonPath, "json", "", "also write the results as JSON to this file")
+	fs.IntVar(&o.repeat, "repeat", 3, "rounds of every selected scenario (interleaved); figures are each scenario's median round")
 	fs.StringVar(&o.profileDir, "cpuprofile", "", "write each scenario's CPU profile to DIR/SCENARIO.cpu.prof")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: idemkit-bench [flags]\n\n"+
@@ -84,6 +86,8 @@ func parseFlags() (*options, error) {
 		return nil, fmt.Errorf("-partitions %d < 1", o.partitions)
 	case o.messages < o.partitions:
 		return nil, fmt.Errorf("-messages %d < -partitions %d", o.messages, o.partitions)
+	case o.repeat < 1:
+		return nil, fmt.Errorf("-repeat %d < 1", o.repeat)
 	case o.batch < 2:
 		return nil, fmt.Errorf("-batch %d < 2: the batched scenarios need batches", o.batch)
 	case o.accounts < 1:

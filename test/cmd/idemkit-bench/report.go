@@ -112,8 +112,8 @@ func (r *report) print(w io.Writer) {
 	}
 
 	if len(r.results) > 0 {
-		p("\n| scenario | msgs/s | × per-message | %% of PG-alone | peak RSS MiB | msgs/tx | CPU cores: client / PG backends / Kafka / machine |\n")
-		p("| --- | ---: | ---: | ---: | ---: | ---: | --- |\n")
+		p("\n| scenario | msgs/s (median) | rounds | × per-message | %% of PG-alone | peak RSS MiB | msgs/tx | CPU cores: client / PG backends / Kafka / machine |\n")
+		p("| --- | ---: | --- | ---: | ---: | ---: | ---: | --- |\n")
 		for _, x := range r.results {
 			sc := findScenario(x.Scenario)
 			times, pct := "", ""
@@ -123,8 +123,12 @@ func (r *report) print(w io.Writer) {
 			if pg := r.find(sc.pgAlone); pg != nil && pg.Rate > 0 {
 				pct = fmt.Sprintf("%.0f%%", 100*x.Rate/pg.Rate)
 			}
-			p("| %s (`%s`) | %.0f | %s | %s | %.1f | %.1f | %s |\n", sc.title, sc.name, x.Rate, times, pct,
-				x.PeakRSSMiB, float64(x.Messages)/float64(max(x.Txs, 1)), cores(x))
+			rounds := make([]string, len(x.Rounds))
+			for i, v := range x.Rounds {
+				rounds[i] = fmt.Sprintf("%.0f", v)
+			}
+			p("| %s (`%s`) | %.0f | %s | %s | %s | %.1f | %.1f | %s |\n", sc.title, sc.name, x.Rate,
+				strings.Join(rounds, " / "), times, pct, x.PeakRSSMiB, float64(x.Messages)/float64(max(x.Txs, 1)), cores(x))
 		}
 		p("\n× per-message: against `per-message` for consumer rows, against `pg-per-message` for PG-alone rows. " +
 			"%% of PG-alone: against the PostgreSQL-alone run of the same SQL and batching " +
