@@ -1,11 +1,15 @@
 // Command idemkit operates idemkit's tables and topics: it applies the
-// migrations and lists, inspects and replays dead letters.
+// migrations; lists, inspects and replays dead letters; lists stuck HTTP
+// idempotency records; shows and requeues parked outbox messages; and purges
+// processed-message records past their retention.
 //
 //	idemkit migrate up|down VERSION|status   -database URL [-schema S]
 //	idemkit dlq list     -topic T.dlq [filters]        -brokers B [-database URL]
 //	idemkit dlq inspect  -topic T.dlq -id ID | -at P/O -brokers B
 //	idemkit dlq replay   -topic T.dlq [filters] [-dry-run] [-rate N] -brokers B -database URL
 //	idemkit idemhttp stuck -database URL [-schema S] [-table T] [-limit N]
+//	idemkit outbox stats|parked|retry ID... -database URL [-schema S] [-table T]
+//	idemkit dedup purge -older-than D -database URL [-schema S] [-batch N]
 //
 // -database and -brokers default to $IDEMKIT_DATABASE_URL and
 // $IDEMKIT_KAFKA_BROKERS. Exit status: 0 done, 1 failed (one line on stderr
@@ -39,6 +43,9 @@ const usage = `usage:
   idemkit dlq inspect -topic T.dlq     (-id ID | -at PARTITION/OFFSET) [-brokers B]
   idemkit dlq replay  -topic T.dlq     [-brokers B] [-database URL] [filters] [-dry-run] [-rate N] [-replay-limit N]
   idemkit idemhttp stuck               [-database URL] [-schema S] [-table T] [-limit N]
+  idemkit outbox stats|parked          [-database URL] [-schema S] [-table T]
+  idemkit outbox retry ID...           [-database URL] [-schema S] [-table T]
+  idemkit dedup purge -older-than D    [-database URL] [-schema S] [-batch N]
 filters: -message-id ID -origin TOPIC -error TEXT -since RFC3339 -until RFC3339
 -database and -brokers default to $IDEMKIT_DATABASE_URL and $IDEMKIT_KAFKA_BROKERS.
 replay writes each selected dead letter back to its origin topic (the consumer's dedup
@@ -75,6 +82,10 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return dlqCmd(ctx, args[1], args[2:], out)
 	case "idemhttp stuck":
 		return idemhttpCmd(ctx, args[1], args[2:], out)
+	case "outbox stats", "outbox parked", "outbox retry":
+		return outboxCmd(ctx, args[1], args[2:], out)
+	case "dedup purge":
+		return dedupCmd(ctx, args[1], args[2:], out)
 	}
 	return usagef("unknown command %q", strings.Join(args[:2], " "))
 }

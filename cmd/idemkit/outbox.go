@@ -1,0 +1,118 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/outbox"
+)
+
+// outboxCmd runs `idemkit outbox stats|parked|retry ID...`: the backlog, the
+// parked messages with their errors, and requeueing parked messages (with
+// the messages of their key parked behind them).
+func outboxCmd(ctx context.Context, sub string, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("outbox "+sub, flag.ContinueOnError)
+	var c conn
+	c.register(fs)
+	table := fs.String("table", "", "outbox table (default idemkit_outbox)")
+	ids, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	switch {
+	case sub == "retry" && len(ids) == 0:
+		return usagef("outbox retry takes the IDs of parked messages (see idemkit outbox parked)")
+	case sub != "retry" && len(ids) != 0:
+		return usagef("outbox %s takes no arguments", sub)
+	}
+	store, err := outbox.New(&outbox.Config{Schema: c.schema, Table: *table})
+	if err != nil {
+		return usagef("%v", err)
+	}
+	pool, err := connectDB(ctx, c.database)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	switch sub {
+	case "stats":
+		st, err := store.Stats(ctx, pool)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "backlog %d (oldest waiting %s), parked %d\n", st.Backlog, st.OldestAge.Round(time.Millisecond), st.Parked)
+	case "parked":
+		parked, err := store.Parked(ctx, pool)
+		if err != nil {
+			return err
+		}
+		w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "ID\tDESTINATION\tKEY\tATTEMPTS\tPARKED\tERROR")
+		for _, p := range parked {
+			dest := p.Topic
+			if p.Handler != "" {
+				dest = "handler " + p.Handler
+			}
+			why := short(p.Error, 80)
+			if p.BlockedBy != "" {
+				why = "behind " + p.BlockedBy
+			}
+			fmt.Fprintf(w, "%s\t%s\t%q\t%d\t%s\t%s\n", p.ID, dest, p.Key, p.Attempts,
+				p.ParkedAt.UTC().Format(time.RFC3339), why)
+		}
+		fmt.Fprintf(w, "%d parked message(s)\n", len(parked))
+		return w.Flush()
+	default:
+		n, err := store.Retry(ctx, pool, ids...)
+		if errors.Is(err, outbox.ErrNotFound) {
+			return fmt.Errorf("none of %v is parked", ids)
+		}
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "requeued %d message(s)\n", n)
+	}
+	return nil
+}
+
+// dedupCmd runs `idemkit dedup purge -older-than D`: the retention purge of
+// processed-message records, in bounded batches. After it, a redelivered
+// message whose record was purged counts as new.
+func dedupCmd(ctx context.Context, sub string, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("dedup "+sub, flag.ContinueOnError)
+	var c conn
+	c.register(fs)
+	olderThan := fs.Duration("older-than", 0, "purge records processed more than this long ago (required, e.g. 168h)")
+	batch := fs.Int("batch", dedup.PurgeBatchDefault, "rows per delete statement")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 0 {
+		return usagef("dedup purge takes no arguments")
+	}
+	if *olderThan <= 0 {
+		return usagef("dedup purge needs -older-than, the retention (e.g. 168h): records older than that are deleted")
+	}
+	store, err := dedup.New(&dedup.Config{Schema: c.schema})
+	if err != nil {
+		return usagef("%v", err)
+	}
+	pool, err := connectDB(ctx, c.database)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	n, err := store.Purge(ctx, pool, *olderThan, *batch)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "purged %d record(s) processed more than %s ago\n", n, *olderThan)
+	return nil
+}
