@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -146,53 +145,11 @@ func newRelay(t *testing.T, db *testenv.DB, store *outbox.Store, cfg outbox.Rela
 	return r
 }
 
-// readAll returns every message of topic, per partition in offset order,
-// partitions one after the other.
+// readAll returns every message of topic, partition after partition, each
+// in offset order.
 func readAll(t *testing.T, brokers []string, topic string) []kafka.Message {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 30 * time.Second}
-	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
-	if err != nil || len(md.Topics) != 1 || md.Topics[0].Error != nil {
-		t.Fatalf("metadata of %s: %v %+v", topic, err, md)
-	}
-	req := map[string][]kafka.OffsetRequest{}
-	for _, p := range md.Topics[0].Partitions {
-		req[topic] = append(req[topic], kafka.LastOffsetOf(p.ID))
-	}
-	offs, err := client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: req})
-	if err != nil {
-		t.Fatalf("list offsets of %s: %v", topic, err)
-	}
-	parts := offs.Topics[topic]
-	slices.SortFunc(parts, func(a, b kafka.PartitionOffsets) int { return a.Partition - b.Partition })
-	var out []kafka.Message
-	for _, p := range parts {
-		if p.Error != nil {
-			t.Fatalf("offsets of %s/%d: %v", topic, p.Partition, p.Error)
-		}
-		if p.LastOffset == 0 {
-			continue
-		}
-		r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: p.Partition,
-			MinBytes: 1, MaxBytes: 8 << 20, MaxWait: 100 * time.Millisecond})
-		for {
-			m, err := r.ReadMessage(ctx) // no group: nothing is committed
-			if err != nil {
-				r.Close()
-				t.Fatalf("read %s/%d: %v", topic, p.Partition, err)
-			}
-			out = append(out, m)
-			if m.Offset >= p.LastOffset-1 {
-				break
-			}
-		}
-		if err := r.Close(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return out
+	return testenv.ReadAll(t, brokers, topic)
 }
 
 func header(m kafka.Message, key string) string {

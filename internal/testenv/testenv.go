@@ -32,6 +32,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/goleak"
+
+	"github.com/idemkit/idemkit/internal/topicscan"
 )
 
 // Environment variables read by the harness.
@@ -304,6 +306,32 @@ func CreateTopic(tb testing.TB, topic string, partitions int) {
 	if err := WaitTopic(ctx, client, topic, partitions); err != nil {
 		tb.Fatalf("testenv: %v", err)
 	}
+}
+
+// ReadAll returns every message of topic on brokers, partition after
+// partition, each in offset order, without a consumer group. A broker that
+// just restarted may fail for a moment: ReadAll tries for up to 30 seconds.
+func ReadAll(tb testing.TB, brokers []string, topic string) []kafka.Message {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out []kafka.Message
+	var err error
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		out = out[:0]
+		err = topicscan.Scan(ctx, brokers, topic, func(m kafka.Message) error {
+			out = append(out, m)
+			return nil
+		})
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		tb.Fatalf("testenv: read %s: %v", topic, err)
+	}
+	return out
 }
 
 // WaitTopic waits until the topic's metadata lists the given number of

@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"slices"
 	"testing"
 	"time"
 
@@ -50,60 +49,11 @@ func newDB(t *testing.T) (*testenv.DB, *outbox.Store) {
 	return db, store
 }
 
-// readAll returns every message of topic on brokers, partition after
-// partition, each in offset order.
+// readAll returns every message of topic, partition after partition, each
+// in offset order.
 func readAll(t *testing.T, brokers []string, topic string) []kafka.Message {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 30 * time.Second}
-	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
-	if err != nil || len(md.Topics) != 1 || md.Topics[0].Error != nil {
-		t.Fatalf("metadata of %s: %v", topic, err)
-	}
-	req := map[string][]kafka.OffsetRequest{}
-	for _, p := range md.Topics[0].Partitions {
-		req[topic] = append(req[topic], kafka.LastOffsetOf(p.ID))
-	}
-	// A broker that just restarted may answer with errors for a moment.
-	var parts []kafka.PartitionOffsets
-	waitFor(t, 30*time.Second, "list offsets of "+topic, func() (bool, error) {
-		offs, err := client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: req})
-		if err != nil {
-			return false, nil
-		}
-		parts = offs.Topics[topic]
-		for _, p := range parts {
-			if p.Error != nil {
-				return false, nil
-			}
-		}
-		return true, nil
-	})
-	slices.SortFunc(parts, func(a, b kafka.PartitionOffsets) int { return a.Partition - b.Partition })
-	var out []kafka.Message
-	for _, p := range parts {
-		if p.LastOffset == 0 {
-			continue
-		}
-		r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: p.Partition,
-			MinBytes: 1, MaxBytes: 8 << 20, MaxWait: 100 * time.Millisecond})
-		for {
-			m, err := r.ReadMessage(ctx) // no group: nothing is committed
-			if err != nil {
-				r.Close()
-				t.Fatalf("read %s/%d: %v", topic, p.Partition, err)
-			}
-			out = append(out, m)
-			if m.Offset >= p.LastOffset-1 {
-				break
-			}
-		}
-		if err := r.Close(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return out
+	return testenv.ReadAll(t, brokers, topic)
 }
 
 func header(m kafka.Message, key string) string {
