@@ -582,7 +582,8 @@ func TestNonBlockingKeepsPerKeyOrder(t *testing.T) {
 			})
 			cfg.FailureMode = consumer.NonBlocking
 			cfg.Retry = &retry.Policy{MaxAttempts: 1} // park at the first failure
-			cfg.ParkedRetry = &retry.Policy{InitialInterval: 300 * time.Millisecond, MaxInterval: 300 * time.Millisecond, MaxAttempts: 10}
+			// Parked retries wait at least 0.5 s (1 s ± 50%): far longer than A and C need.
+			cfg.ParkedRetry = &retry.Policy{InitialInterval: time.Second, MaxInterval: time.Second, MaxAttempts: 10}
 			cfg.ParkedPoll = 20 * time.Millisecond
 			cfg.Hooks.Outcome = func(m *consumer.Message, o consumer.Outcome) {
 				if m.ID == "B0" && o == consumer.Parked {
