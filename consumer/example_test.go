@@ -10,9 +10,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/dlq"
+	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -69,4 +72,72 @@ func Example() {
 	if err := r.Run(ctx); err != nil { // returns after every goroutine exited
 		log.Fatal(err)
 	}
+}
+
+// A producer retry sends payment pay-1 twice: the handler runs once for it,
+// and the second copy is acknowledged as a duplicate.
+func ExampleRunner_Run() {
+	pool, schema, drop := testenv.ExampleSchema() // a pool and a fresh schema on the test server
+	defer drop()
+	brokers, topic, dropTopic := testenv.ExampleTopic(1)
+	defer dropTopic()
+	ctx := context.Background()
+	m, err := migrate.New(pool, &migrate.Config{Schema: schema})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := m.Up(ctx); err != nil {
+		log.Fatal(err)
+	}
+	store, err := dedup.New(&dedup.Config{Schema: schema})
+	if err != nil {
+		log.Fatal(err)
+	}
+	payments := pgx.Identifier{schema, "payments"}.Sanitize()
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+payments+` (id text PRIMARY KEY, charges int NOT NULL)`); err != nil {
+		log.Fatal(err)
+	}
+
+	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, RequiredAcks: kafka.RequireAll}
+	var msgs []kafka.Message
+	for _, id := range []string{"pay-1", "pay-2", "pay-1"} { // the third is a producer retry
+		msgs = append(msgs, kafka.Message{Value: []byte(id), Headers: []kafka.Header{{Key: "message-id", Value: []byte(id)}}})
+	}
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		log.Fatal(err)
+	}
+	_ = w.Close()
+
+	runCtx, stop := context.WithCancel(ctx)
+	seen := 0
+	r, err := consumer.New(&consumer.Config{
+		Brokers: brokers, Topic: topic, GroupID: topic + "-payments", Pool: pool, Store: store,
+		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+			_, err := tx.Exec(ctx, `INSERT INTO `+payments+` (id, charges) VALUES ($1, 1)
+				ON CONFLICT (id) DO UPDATE SET charges = `+payments+`.charges + 1`, msg.ID)
+			return err
+		}),
+		Hooks: consumer.Hooks{Outcome: func(msg *consumer.Message, o consumer.Outcome) {
+			fmt.Println(o, msg.ID)
+			if seen++; seen == len(msgs) {
+				stop()
+			}
+		}},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := r.Run(runCtx); err != nil {
+		log.Fatal(err)
+	}
+	var charges int
+	if err := pool.QueryRow(ctx, `SELECT charges FROM `+payments+` WHERE id = 'pay-1'`).Scan(&charges); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("pay-1 charged", charges, "time")
+	// Output:
+	// applied pay-1
+	// applied pay-2
+	// duplicate pay-1
+	// pay-1 charged 1 time
 }

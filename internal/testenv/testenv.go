@@ -248,6 +248,42 @@ func ExampleSchema() (pool *pgxpool.Pool, schema string, drop func()) {
 	}
 }
 
+// ExampleTopic is for Example functions: it creates a topic with the given
+// partitions on the test brokers and returns the brokers, the topic, and drop,
+// which deletes it. It panics when no server is available.
+func ExampleTopic(partitions int) (brokers []string, topic string, drop func()) {
+	mu.Lock()
+	s := servers
+	mu.Unlock()
+	if s == nil {
+		panic(Instruction)
+	}
+	var b [5]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	topic = "idemkit_example_" + hex.EncodeToString(b[:])
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	client := &kafka.Client{Addr: kafka.TCP(s.Brokers...), Timeout: 30 * time.Second}
+	resp, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
+		Topic: topic, NumPartitions: partitions, ReplicationFactor: 1}}})
+	if err == nil {
+		err = resp.Errors[topic]
+	}
+	if err == nil {
+		err = WaitTopic(ctx, client, topic, partitions)
+	}
+	if err != nil {
+		panic(err)
+	}
+	return s.Brokers, topic, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, _ = client.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{topic}})
+	}
+}
+
 func dropSchema(tb testing.TB, url, schema string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
