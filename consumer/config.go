@@ -24,6 +24,7 @@ const (
 	MaxPartitionsDefault  = 16
 	SessionTimeoutDefault = 10 * time.Second
 	TxRetriesDefault      = 10
+	PurgeIntervalDefault  = 10 * time.Minute
 )
 
 // Handler applies one message's business effect inside tx. The runner owns tx:
@@ -144,6 +145,18 @@ type Config struct {
 	// serialization failure or a deadlock is run again. Defaults to 10.
 	TxRetries int
 
+	// Retention, when positive, makes Run purge dedup records older than it
+	// every PurgeInterval (dedup.Store.Purge, in bounded batches). After a
+	// record is purged, a redelivered message with its ID counts as new:
+	// keep Retention longer than any redelivery or replay you expect.
+	// Defaults to 0: Run purges nothing (purge on your own schedule, or with
+	// `idemkit dedup purge`). Records of every consumer in the store's table
+	// are purged, not only this runner's.
+	Retention time.Duration
+	// PurgeInterval is how often Run purges when Retention is set. Defaults
+	// to 10m.
+	PurgeInterval time.Duration
+
 	// StartOffset is where a partition with no committed position starts:
 	// kafka.FirstOffset or kafka.LastOffset. Defaults to kafka.FirstOffset.
 	StartOffset int64
@@ -172,6 +185,8 @@ type Hooks struct {
 	OffsetCommitted func(topic string, partition int, next int64)
 	// Outcome runs once per message when its fate is known.
 	Outcome func(msg *Message, outcome Outcome)
+	// Purged runs after each retention purge with the records it deleted.
+	Purged func(deleted int64)
 	// Assigned runs when a partition is assigned, with the offset it starts
 	// at: the later of Kafka's committed offset and the PostgreSQL position,
 	// or kafka.FirstOffset / kafka.LastOffset (Config.StartOffset) when
@@ -227,6 +242,7 @@ func (c Config) withDefaults() (Config, error) {
 		c.ParkedRetry = parkedRetryDefault()
 	}
 	c.ParkedPoll = cmp.Or(c.ParkedPoll, ParkedPollDefault)
+	c.PurgeInterval = cmp.Or(c.PurgeInterval, PurgeIntervalDefault)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -271,6 +287,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, invalid("unknown FailureMode %d", c.FailureMode)
 	case c.ParkedPoll < 0:
 		return c, invalid("ParkedPoll %s < 0", c.ParkedPoll)
+	case c.Retention < 0, c.PurgeInterval < 0:
+		return c, invalid("Retention and PurgeInterval must not be negative")
 	case c.MissingID != MissingIDFail && c.MissingID != MissingIDUseCoordinates:
 		return c, invalid("unknown MissingID policy %d", c.MissingID)
 	}

@@ -776,3 +776,63 @@ func TestMissingTopicIsAnError(t *testing.T) {
 		t.Fatalf("Run on a missing topic: %v, want ErrTopicNotFound naming it", err)
 	}
 }
+
+// TestRetentionPurge: with Config.Retention the runner purges dedup records
+// older than it, and only those; a redelivery of a purged ID counts as new.
+func TestRetentionPurge(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	ctx := context.Background()
+	processed := e.db.Table(migrate.ProcessedMessagesDefault)
+	err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
+		for _, id := range []string{"old-1", "old-2", "recent"} {
+			if _, err := e.store.ClaimTx(ctx, tx, dedup.Claim{Consumer: e.group, MessageID: id, Topic: e.topic}); err != nil {
+				return err
+			}
+		}
+		_, err := tx.Exec(ctx, `UPDATE `+processed+` SET processed_at = now() - interval '2 hours' WHERE message_id LIKE 'old-%'`)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.produce(msg("old-1", "k", 1), msg("recent", "k", 1))
+
+	purged := make(chan int64, 10)
+	oc := newOutcomes(2)
+	cfg := e.config(modes[0], nil)
+	cfg.Retention = time.Hour
+	cfg.PurgeInterval = 20 * time.Millisecond
+	cfg.Hooks.Purged = func(n int64) { purged <- n }
+	first := make(chan struct{})
+	cfg.Hooks.Assigned = func(string, int, int64) {
+		// Let the first purge finish before any message is handled.
+		<-first
+	}
+	cfg.Hooks.Outcome = oc.hook
+	stop := run(t, cfg)
+	var once sync.Once
+	release := func() { once.Do(func() { close(first) }) }
+	t.Cleanup(release) // runs before run's cleanup stops the runner
+	select {
+	case n := <-purged:
+		if n != 2 {
+			t.Fatalf("first purge deleted %d records, want the 2 older than the retention", n)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no purge")
+	}
+	release()
+	wait(t, oc.done, "both messages")
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	oc.mu.Lock()
+	defer oc.mu.Unlock()
+	if got := oc.ids["old-1"]; len(got) != 1 || got[0] != consumer.Applied {
+		t.Fatalf("old-1 after its record was purged: %v, want applied (it counts as new)", got)
+	}
+	if got := oc.ids["recent"]; len(got) != 1 || got[0] != consumer.Duplicate {
+		t.Fatalf("recent: %v, want duplicate (its record is kept)", got)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"sync"
 	"time"
@@ -85,6 +86,9 @@ func (r *Runner) Run(ctx context.Context) error {
 		_ = group.Close()
 		close(closed)
 	}()
+	if r.cfg.Retention > 0 {
+		wg.Go(func() { r.purgeLoop(ctx, log) })
+	}
 
 	for {
 		gen, err := group.Next(ctx)
@@ -105,6 +109,30 @@ func (r *Runner) Run(ctx context.Context) error {
 	<-closed
 	wg.Wait()
 	return fatal
+}
+
+// purgeLoop deletes the dedup records of this consumer's store older than
+// Config.Retention, every PurgeInterval, until ctx ends.
+func (r *Runner) purgeLoop(ctx context.Context, log *slog.Logger) {
+	t := time.NewTicker(r.cfg.PurgeInterval)
+	defer t.Stop()
+	for {
+		n, err := r.cfg.Store.Purge(ctx, r.cfg.Pool, r.cfg.Retention, 0)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			log.Error("dedup retention purge failed; next try at the next interval", "err", err)
+		case n > 0:
+			log.Info("dedup retention purge", "deleted", n, "older_than", r.cfg.Retention)
+		}
+		if h := r.cfg.Hooks.Purged; h != nil && err == nil {
+			h(n)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // ErrTopicNotFound means the topic to consume does not exist. The runner
