@@ -49,8 +49,8 @@
 // message can come back: Kafka redelivery after a rebalance or crash (minutes),
 // dead-letter replays, and any manual re-consumption from an older offset
 // (the topic's own retention, if you may rewind that far). Run Purge on a
-// schedule you own, for example a ticker in a goroutine your program waits
-// for.
+// schedule you own, set consumer.Config.Retention (the runner then purges
+// every PurgeInterval), or run `idemkit dedup purge -older-than D`.
 //
 // # Tables
 //
