@@ -43,8 +43,9 @@ func New(cfg *Config) (*Runner, error) {
 // Run consumes until ctx is cancelled or a message fails for good with no
 // OnFailure to take it. It returns nil after a cancellation, and only after
 // every goroutine it started has exited: fetching stops, a transaction in
-// flight is rolled back (its messages come back later), and what committed
-// stays committed.
+// flight is rolled back (its messages come back later) or, if its handlers
+// had already succeeded, committed; the last positions go to Kafka; what
+// committed stays committed.
 func (r *Runner) Run(ctx context.Context) error {
 	if err := r.requireTopic(ctx); err != nil {
 		return err
