@@ -212,8 +212,23 @@ func (p *parker) releaseDue(ctx context.Context) error {
 		return nil
 	}
 	p.due = time.Now().Add(p.w.r.cfg.ParkedPoll)
-	for key := range p.keys {
-		if err := p.releaseKey(ctx, []byte(key)); err != nil {
+	// One statement finds the keys whose head is due; each of those is then
+	// released as far as it goes.
+	cfg := &p.w.r.cfg
+	rows, err := cfg.Pool.Query(ctx, `SELECT message_key FROM (
+		SELECT DISTINCT ON (message_key) message_key, next_attempt_at FROM `+p.table+`
+		WHERE consumer = $1 AND topic = $2 AND kafka_partition = $3
+		ORDER BY message_key, kafka_offset) heads
+		WHERE next_attempt_at <= $4`, cfg.Name, cfg.Topic, p.w.partition, time.Now())
+	if err != nil {
+		return fmt.Errorf("consumer: find due parked messages: %w", err)
+	}
+	due, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+	if err != nil {
+		return fmt.Errorf("consumer: find due parked messages: %w", err)
+	}
+	for _, key := range due {
+		if err := p.releaseKey(ctx, key); err != nil {
 			return err
 		}
 	}
