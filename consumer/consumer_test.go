@@ -803,7 +803,12 @@ func TestRetentionPurge(t *testing.T) {
 	cfg := e.config(modes[0], nil)
 	cfg.Retention = time.Hour
 	cfg.PurgeInterval = 20 * time.Millisecond
-	cfg.Hooks.Purged = func(n int64) { purged <- n }
+	cfg.Hooks.Purged = func(n int64) {
+		select { // hooks run on the runner's goroutines: never block them
+		case purged <- n:
+		default:
+		}
+	}
 	first := make(chan struct{})
 	cfg.Hooks.Assigned = func(string, int, int64) {
 		// Let the first purge finish before any message is handled.
