@@ -486,7 +486,12 @@ func TestPositionLivesWithEffects(t *testing.T) {
 			cfg.Name = cfg.GroupID
 			cfg.GroupID = testenv.Name(t, "other")
 			starts := make(chan int64, 1)
-			cfg.Hooks.Assigned = func(_ string, _ int, start int64) { starts <- start }
+			cfg.Hooks.Assigned = func(_ string, _ int, start int64) {
+				select { // the first assignment is the one that counts; never block the runner
+				case starts <- start:
+				default:
+				}
+			}
 			cfg.Hooks.Outcome = oc.hook
 			stop = run(t, cfg)
 			wait(t, oc.done, "m-3..m-5")
@@ -665,8 +670,7 @@ func TestOtherPartitionsFlow(t *testing.T) {
 		mu.Lock()
 		parts[string(m.Key)] = m.Partition
 		mu.Unlock()
-		if m.ID == "y9" {
-			sawOthers.Store(true)
+		if m.ID == "y9" && !sawOthers.Swap(true) {
 			close(healed)
 		}
 		oc.hook(m, o)
