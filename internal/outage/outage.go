@@ -1,0 +1,138 @@
+// Package outage waits out a server that cannot be reached: every part of
+// idemkit that talks to PostgreSQL or Kafka in a loop (the consumer runner,
+// the outbox relay, the dead-letter writer and reprocessor) uses one Waiter
+// per loop, so that an outage is logged once when it starts and once when it
+// ends, with its duration, and is bounded by the user's MaxOutage.
+package outage
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+
+	"github.com/idemkit/idemkit/retry"
+)
+
+// Policy is the backoff between two tries during an outage: 100ms doubling
+// to 5s, with jitter, without bound (MaxOutage bounds the outage).
+func Policy() *retry.Policy {
+	return &retry.Policy{InitialInterval: 100 * time.Millisecond, MaxInterval: 5 * time.Second,
+		MaxAttempts: -1, MaxElapsedTime: -1}
+}
+
+// Waiter tracks one loop's outage. It is not safe for concurrent use: give
+// each goroutine its own.
+type Waiter struct {
+	// Op names what waits, for logs and errors: "consumer orders/3".
+	Op string
+	// Log receives one Warn when an outage starts and one Info when it ends.
+	Log *slog.Logger
+	// Max bounds an outage; 0 or less waits for ever.
+	Max time.Duration
+	// Policy paces the tries; nil means Policy().
+	Policy *retry.Policy
+	// OnStart and OnEnd, when set, observe outages (hooks, tests).
+	OnStart func(op string, err error)
+	OnEnd   func(op string, d time.Duration)
+
+	since    time.Time
+	schedule backoff.BackOff
+	last     error
+}
+
+// Wait is called after a try failed with err. When err is not a connection
+// error it returns err unchanged: the caller handles it as before. Otherwise
+// it logs the outage's start (first failure only), sleeps the next backoff
+// and returns nil so that the caller tries again; it returns a
+// *retry.OutageError once the outage lasted longer than Max, and ctx's error
+// when ctx ends.
+func (w *Waiter) Wait(ctx context.Context, err error) error {
+	if err == nil {
+		w.Ok()
+		return nil
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if !retry.IsConnection(err) {
+		return err
+	}
+	now := time.Now()
+	if w.since.IsZero() {
+		w.since = now
+		p := w.Policy
+		if p == nil {
+			p = Policy()
+		}
+		w.schedule = p.Schedule()
+		w.log().Warn("server unreachable; waiting it out", "op", w.Op, "err", err)
+		if w.OnStart != nil {
+			w.OnStart(w.Op, err)
+		}
+	}
+	w.last = err
+	if d := now.Sub(w.since); w.Max > 0 && d > w.Max {
+		w.log().Error("server unreachable for longer than MaxOutage; giving up", "op", w.Op,
+			"outage", d.Round(time.Millisecond), "max_outage", w.Max, "err", err)
+		oerr := &retry.OutageError{Op: w.Op, Since: w.since, Duration: d, Err: err}
+		w.since = time.Time{}
+		return oerr
+	}
+	delay := w.schedule.NextBackOff()
+	if delay == backoff.Stop {
+		delay = 5 * time.Second
+	}
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// Ok is called after a try succeeded: an outage in progress ends, and its
+// end is logged with its duration.
+func (w *Waiter) Ok() {
+	if w.since.IsZero() {
+		return
+	}
+	d := time.Since(w.since)
+	w.log().Info("server reachable again", "op", w.Op, "outage", d.Round(time.Millisecond), "last_err", w.last)
+	if w.OnEnd != nil {
+		w.OnEnd(w.Op, d)
+	}
+	w.since, w.last = time.Time{}, nil
+}
+
+// InOutage reports whether an outage is in progress.
+func (w *Waiter) InOutage() bool { return !w.since.IsZero() }
+
+// Do runs op until it succeeds, fails with an error that is not a connection
+// error (returned as is), the outage outlasts Max (a *retry.OutageError) or
+// ctx ends (ctx's error).
+func (w *Waiter) Do(ctx context.Context, op func(ctx context.Context) error) error {
+	for {
+		err := op(ctx)
+		if err == nil {
+			w.Ok()
+			return nil
+		}
+		if werr := w.Wait(ctx, err); werr != nil {
+			if werr == err && ctx.Err() == nil {
+				w.Ok() // a verdict from a server that answered
+			}
+			return werr
+		}
+	}
+}
+
+func (w *Waiter) log() *slog.Logger {
+	if w.Log == nil {
+		return slog.Default()
+	}
+	return w.Log
+}
