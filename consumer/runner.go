@@ -17,6 +17,13 @@ type Message struct {
 	kafka.Message
 	// ID is the message ID the runner claimed in the dedup store.
 	ID string
+	// Incarnation says which incarnation of the topic the message came from,
+	// as this consumer knows it: 0 until the topic was deleted and created
+	// again under the same name and the consumer was moved onto the new one
+	// (see ErrTopicRecreated), then 1, 2, … Offsets of two incarnations are
+	// unrelated, so coordinates (topic, partition, offset) identify a record
+	// only together with it.
+	Incarnation int64
 
 	idErr error // why no usable ID was found, when ID is empty
 }
