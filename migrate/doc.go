@@ -32,4 +32,7 @@
 //   - 3 (003_idempotency): the HTTP idempotency records. See package idemhttp.
 //   - 4 (004_retry): messages parked by the consumer's non-blocking mode, and
 //     the dead-letter replay records. See packages consumer and dlq.
+//   - 6 (006_topic_identity): consumer positions gain the topic's
+//     incarnation and the timestamp of the last record passed, so that a
+//     deleted and recreated topic is recognised. See package consumer.
 package migrate

@@ -158,6 +158,8 @@ func TestUpDownUp(t *testing.T) {
 		{"kafka_partition", "integer", true, ""},
 		{"next_offset", "bigint", true, ""},
 		{"updated_at", "timestamp with time zone", true, "now()"},
+		{"incarnation", "bigint", true, "0"},
+		{"anchor_time", "timestamp with time zone", false, ""},
 	}
 	if got := columns(t, db.Pool, positions); !slices.Equal(got, wantPositions) {
 		t.Fatalf("consumer_positions columns:\n got  %v\n want %v", got, wantPositions)

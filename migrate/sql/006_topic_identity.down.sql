@@ -1,0 +1,3 @@
+ALTER TABLE {{.ConsumerPositions}}
+    DROP COLUMN anchor_time,
+    DROP COLUMN incarnation;
