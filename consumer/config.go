@@ -23,6 +23,18 @@ const (
 	BatchLingerDefault    = 5 * time.Millisecond
 	MaxPartitionsDefault  = 16
 	SessionTimeoutDefault = 10 * time.Second
+	// RebalanceTimeoutDefault is how long the group waits for its members to
+	// rejoin during a rebalance.
+	RebalanceTimeoutDefault = 30 * time.Second
+	// HeartbeatIntervalDefault is how often a member tells the group it is
+	// alive, and so how soon it hears of a rebalance.
+	HeartbeatIntervalDefault = time.Second
+	// MaxBufferedBytesDefault bounds the messages fetched ahead of the
+	// handler, over all partitions (see Config.MaxBufferedBytes).
+	MaxBufferedBytesDefault = 64 << 20
+	// PartitionWatchIntervalDefault is how often the runner looks for
+	// partitions added to its topic.
+	PartitionWatchIntervalDefault = 5 * time.Second
 	TxRetriesDefault      = 10
 	PurgeIntervalDefault  = 10 * time.Minute
 )
@@ -146,12 +158,12 @@ type Config struct {
 	TxRetries int
 
 	// Retention, when positive, makes Run purge dedup records older than it
-	// every PurgeInterval (dedup.Store.Purge, in bounded batches). After a
-	// record is purged, a redelivered message with its ID counts as new:
-	// keep Retention longer than any redelivery or replay you expect.
-	// Defaults to 0: Run purges nothing (purge on your own schedule, or with
-	// `idemkit dedup purge`). Records of every consumer in the store's table
-	// are purged, not only this runner's.
+	// every PurgeInterval (dedup.Store.PurgeConsumer, in bounded batches).
+	// Only the records of this runner's Name are purged: other consumers
+	// sharing the table keep theirs. After a record is purged, a redelivered
+	// message with its ID counts as new: keep Retention longer than any
+	// redelivery or replay you expect. Defaults to 0: Run purges nothing
+	// (purge on your own schedule, or with `idemkit dedup purge`).
 	Retention time.Duration
 	// PurgeInterval is how often Run purges when Retention is set. Defaults
 	// to 10m.
@@ -160,8 +172,37 @@ type Config struct {
 	// StartOffset is where a partition with no committed position starts:
 	// kafka.FirstOffset or kafka.LastOffset. Defaults to kafka.FirstOffset.
 	StartOffset int64
-	// SessionTimeout is the consumer group session timeout. Defaults to 10s.
+	// OnRecreated says what happens to a partition whose stored position
+	// does not match the topic (deleted and created again, or data lost on
+	// the broker; see ErrTopicRecreated). Defaults to RecreatedStop.
+	OnRecreated RecreatedPolicy
+	// MaxBufferedBytes bounds the bytes of messages (keys, values, headers)
+	// fetched ahead of the handler, over all assigned partitions: each
+	// partition may buffer MaxBufferedBytes divided by the partitions
+	// assigned, and always at least one message. The runner's memory for
+	// messages stays below MaxBufferedBytes + assigned partitions × 3 × the
+	// largest message (one message in kafka-go's queue, one being decoded,
+	// one over the budget). Defaults to 64 MiB.
+	MaxBufferedBytes int64
+	// MaxOutage bounds how long the runner waits out a PostgreSQL or Kafka
+	// server it cannot reach (connection-class errors; see
+	// retry.IsConnection). Past it Run returns a *retry.OutageError. Defaults
+	// to 0: the runner waits for ever, logging each outage when it starts
+	// and when it ends.
+	MaxOutage time.Duration
+	// SessionTimeout is the consumer group session timeout: a member that
+	// sends no heartbeat for that long (a killed process) is removed and its
+	// partitions go to others. Defaults to 10s.
 	SessionTimeout time.Duration
+	// HeartbeatInterval is how often the member sends a heartbeat, and so
+	// how soon it notices a rebalance. Defaults to 1s; it must be less than
+	// SessionTimeout.
+	HeartbeatInterval time.Duration
+	// RebalanceTimeout is how long the group waits, during a rebalance, for
+	// its members to stop their work and rejoin; a member that takes longer
+	// (a batch that does not end when its context is cancelled) is removed.
+	// Defaults to 30s.
+	RebalanceTimeout time.Duration
 	// Dialer connects to Kafka. Defaults to kafka-go's default dialer.
 	Dialer *kafka.Dialer
 
@@ -192,6 +233,16 @@ type Hooks struct {
 	// or kafka.FirstOffset / kafka.LastOffset (Config.StartOffset) when
 	// neither has one.
 	Assigned func(topic string, partition int, start int64)
+	// PositionMoved runs when a partition does not start at its stored
+	// position: err matches ErrMessagesLost (Kafka deleted messages before
+	// they were processed; the partition continues at the log start) or
+	// ErrTopicRecreated (with RecreatedRestart: the partition starts over at
+	// the log start of the new topic).
+	PositionMoved func(err *PositionError)
+	// OutageStarted and OutageEnded observe outages the runner waits out:
+	// op names what could not reach its server.
+	OutageStarted func(op string, err error)
+	OutageEnded   func(op string, d time.Duration)
 }
 
 // Outcome is what became of a message.
@@ -235,6 +286,9 @@ func (c Config) withDefaults() (Config, error) {
 	c.TxRetries = cmp.Or(c.TxRetries, TxRetriesDefault)
 	c.StartOffset = cmp.Or(c.StartOffset, kafka.FirstOffset)
 	c.SessionTimeout = cmp.Or(c.SessionTimeout, SessionTimeoutDefault)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, min(HeartbeatIntervalDefault, c.SessionTimeout/3))
+	c.RebalanceTimeout = cmp.Or(c.RebalanceTimeout, RebalanceTimeoutDefault)
+	c.MaxBufferedBytes = cmp.Or(c.MaxBufferedBytes, MaxBufferedBytesDefault)
 	if c.Retry == nil {
 		c.Retry = &retry.Policy{}
 	}
@@ -289,6 +343,16 @@ func (c Config) withDefaults() (Config, error) {
 		return c, invalid("ParkedPoll %s < 0", c.ParkedPoll)
 	case c.Retention < 0, c.PurgeInterval < 0:
 		return c, invalid("Retention and PurgeInterval must not be negative")
+	case c.SessionTimeout < 0, c.HeartbeatInterval < 0, c.RebalanceTimeout < 0:
+		return c, invalid("SessionTimeout, HeartbeatInterval and RebalanceTimeout must not be negative")
+	case c.HeartbeatInterval >= c.SessionTimeout:
+		return c, invalid("HeartbeatInterval %s must be less than SessionTimeout %s", c.HeartbeatInterval, c.SessionTimeout)
+	case c.MaxBufferedBytes < 0:
+		return c, invalid("MaxBufferedBytes %d < 0", c.MaxBufferedBytes)
+	case c.MaxOutage < 0:
+		return c, invalid("MaxOutage %s < 0", c.MaxOutage)
+	case c.OnRecreated != RecreatedStop && c.OnRecreated != RecreatedRestart:
+		return c, invalid("unknown OnRecreated policy %d", c.OnRecreated)
 	case c.MissingID != MissingIDFail && c.MissingID != MissingIDUseCoordinates:
 		return c, invalid("unknown MissingID policy %d", c.MissingID)
 	}

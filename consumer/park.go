@@ -134,7 +134,7 @@ func (p *parker) park(ctx context.Context, msg *Message, f failure) error {
 		if err := p.insert(ctx, tx, []*Message{msg}, &f, time.Now().Add(delay)); err != nil {
 			return err
 		}
-		return cfg.Store.SavePositionTx(ctx, tx, cfg.Name, msg.Topic, msg.Partition, msg.Offset+1)
+		return cfg.Store.SavePositionTx(ctx, tx, cfg.Name, msg.Topic, msg.Partition, msg.Offset+1, msg.Time)
 	})
 	if err != nil {
 		return err

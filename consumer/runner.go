@@ -10,6 +10,10 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/outage"
+	"github.com/idemkit/idemkit/retry"
 )
 
 // Message is a Kafka message with its dedup ID.
@@ -47,34 +51,48 @@ func New(cfg *Config) (*Runner, error) {
 	return &Runner{cfg: c, sem: make(chan struct{}, c.MaxPartitions)}, nil
 }
 
-// Run consumes until ctx is cancelled or a message fails for good with no
-// OnFailure to take it. It returns nil after a cancellation, and only after
-// every goroutine it started has exited: fetching stops, a transaction in
-// flight is rolled back (its messages come back later) or, if its handlers
-// had already succeeded, committed; the last positions go to Kafka; what
-// committed stays committed.
+// Run consumes until ctx is cancelled, a message fails for good with no
+// OnFailure to take it, a partition's stored position does not match the
+// topic (ErrTopicRecreated, with RecreatedStop) or an outage outlasts
+// Config.MaxOutage. It returns nil after a cancellation, and only after every
+// goroutine it started has exited: fetching stops, a transaction in flight is
+// rolled back (its messages come back later) or, if its handlers had already
+// succeeded, committed; the last positions go to Kafka; what committed stays
+// committed.
+//
+// A PostgreSQL or Kafka server that cannot be reached (at start or later) is
+// waited out with backoff: Run does not return for it; each outage is logged
+// when it starts and when it ends, with its duration.
 func (r *Runner) Run(ctx context.Context) error {
-	if err := r.requireTopic(ctx); err != nil {
-		return err
-	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	log := r.cfg.Logger.With("topic", r.cfg.Topic, "group", r.cfg.GroupID)
+
+	client, closeClient := r.client()
+	defer closeClient()
+	if err := r.waiter("kafka metadata").Do(ctx, func(ctx context.Context) error { return r.requireTopic(ctx, client) }); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
 
 	group, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
-		ID:                r.cfg.GroupID,
-		Brokers:           r.cfg.Brokers,
-		Dialer:            r.cfg.Dialer,
-		Topics:            []string{r.cfg.Topic},
-		StartOffset:       r.cfg.StartOffset,
-		SessionTimeout:    r.cfg.SessionTimeout,
-		HeartbeatInterval: r.cfg.SessionTimeout / 4,
-		RebalanceTimeout:  r.cfg.SessionTimeout,
-		JoinGroupBackoff:  time.Second,
+		ID:                     r.cfg.GroupID,
+		Brokers:                r.cfg.Brokers,
+		Dialer:                 r.cfg.Dialer,
+		Topics:                 []string{r.cfg.Topic},
+		StartOffset:            r.cfg.StartOffset,
+		SessionTimeout:         r.cfg.SessionTimeout,
+		HeartbeatInterval:      r.cfg.HeartbeatInterval,
+		RebalanceTimeout:       r.cfg.RebalanceTimeout,
+		JoinGroupBackoff:       time.Second,
+		WatchPartitionChanges:  true,
+		PartitionWatchInterval: PartitionWatchIntervalDefault,
 	})
 	if err != nil {
 		return fmt.Errorf("consumer: %w", err)
 	}
-	log := r.cfg.Logger.With("topic", r.cfg.Topic, "group", r.cfg.GroupID)
 
 	var (
 		wg    sync.WaitGroup
@@ -98,20 +116,26 @@ func (r *Runner) Run(ctx context.Context) error {
 		wg.Go(func() { r.purgeLoop(ctx, log) })
 	}
 
+	groupWait := r.waiter("kafka consumer group")
 	for {
 		gen, err := group.Next(ctx)
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, kafka.ErrGroupClosed) {
 				break
 			}
-			// kafka-go backs off and joins again; say why we wait.
-			log.Warn("consumer group: waiting for a generation", "err", err)
+			// kafka-go backs off and joins again; say why we wait, once per
+			// outage.
+			if !groupWait.InOutage() {
+				log.Warn("consumer group: waiting for a generation", "err", err)
+			}
+			if werr := groupWait.Wait(ctx, err); werr != nil && ctx.Err() == nil && errors.Is(werr, retry.ErrOutage) {
+				fail(werr)
+				break
+			}
 			continue
 		}
-		if err := r.startGeneration(ctx, gen, fail); err != nil {
-			fail(err)
-			break
-		}
+		groupWait.Ok()
+		r.startGeneration(ctx, gen, client, fail)
 	}
 	cancel(nil)
 	<-closed
@@ -119,13 +143,20 @@ func (r *Runner) Run(ctx context.Context) error {
 	return fatal
 }
 
-// purgeLoop deletes the dedup records of this consumer's store older than
+// waiter returns an outage waiter for one loop of the runner.
+func (r *Runner) waiter(op string) *outage.Waiter {
+	return &outage.Waiter{Op: "consumer " + r.cfg.GroupID + "/" + r.cfg.Topic + ": " + op,
+		Log: r.cfg.Logger.With("topic", r.cfg.Topic, "group", r.cfg.GroupID), Max: r.cfg.MaxOutage,
+		OnStart: r.cfg.Hooks.OutageStarted, OnEnd: r.cfg.Hooks.OutageEnded}
+}
+
+// purgeLoop deletes this consumer's dedup records older than
 // Config.Retention, every PurgeInterval, until ctx ends.
 func (r *Runner) purgeLoop(ctx context.Context, log *slog.Logger) {
 	t := time.NewTicker(r.cfg.PurgeInterval)
 	defer t.Stop()
 	for {
-		n, err := r.cfg.Store.Purge(ctx, r.cfg.Pool, r.cfg.Retention, 0)
+		n, err := r.cfg.Store.PurgeConsumer(ctx, r.cfg.Pool, r.cfg.Name, r.cfg.Retention, 0)
 		switch {
 		case err != nil && ctx.Err() == nil:
 			log.Error("dedup retention purge failed; next try at the next interval", "err", err)
@@ -147,20 +178,28 @@ func (r *Runner) purgeLoop(ctx context.Context, log *slog.Logger) {
 // never creates topics: create it (with the partition count you need) first.
 var ErrTopicNotFound = errors.New("consumer: topic does not exist")
 
-// requireTopic checks that the topic exists before joining the group, so
-// that a typo or a missing topic is an error, not a silent wait.
-func (r *Runner) requireTopic(ctx context.Context) error {
+// client returns a Kafka client that talks to the brokers the way
+// Config.Dialer does, and a function that closes its connections.
+func (r *Runner) client() (*kafka.Client, func()) {
 	var transport kafka.RoundTripper
+	closeFn := func() {}
 	if d := r.cfg.Dialer; d != nil {
 		dial := d.DialFunc
 		if dial == nil {
 			dial = (&net.Dialer{Timeout: d.Timeout, LocalAddr: d.LocalAddr}).DialContext
 		}
 		t := &kafka.Transport{Dial: dial, SASL: d.SASLMechanism, TLS: d.TLS, ClientID: d.ClientID}
-		defer t.CloseIdleConnections()
-		transport = t
+		transport, closeFn = t, t.CloseIdleConnections
+	} else {
+		t := &kafka.Transport{}
+		transport, closeFn = t, t.CloseIdleConnections
 	}
-	client := &kafka.Client{Addr: kafka.TCP(r.cfg.Brokers...), Timeout: 30 * time.Second, Transport: transport}
+	return &kafka.Client{Addr: kafka.TCP(r.cfg.Brokers...), Timeout: 30 * time.Second, Transport: transport}, closeFn
+}
+
+// requireTopic checks that the topic exists before joining the group, so
+// that a typo or a missing topic is an error, not a silent wait.
+func (r *Runner) requireTopic(ctx context.Context, client *kafka.Client) error {
 	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{r.cfg.Topic}})
 	if err != nil {
 		return fmt.Errorf("consumer: metadata for topic %s: %w", r.cfg.Topic, err)
@@ -174,37 +213,94 @@ func (r *Runner) requireTopic(ctx context.Context) error {
 	return nil
 }
 
-// startGeneration starts one worker per assigned partition, each at the later
-// of Kafka's committed offset and the position recorded in PostgreSQL.
-func (r *Runner) startGeneration(ctx context.Context, gen *kafka.Generation, fail func(error)) error {
+// startGeneration starts the generation's work: one goroutine of the
+// generation reads the stored positions and the partitions' log ranges, then
+// starts one worker per assigned partition and the committer. Each partition
+// starts at its PostgreSQL position when it has one (Kafka's committed offset
+// when that is ahead), after checking it against the partition's log (see
+// checkStart); a start ahead of Kafka's committed offset is committed to
+// Kafka at once, so that lag tooling sees the work as done. The lookups wait
+// out outages; the generation ending (a rebalance) stops them.
+func (r *Runner) startGeneration(ctx context.Context, gen *kafka.Generation, client *kafka.Client, fail func(error)) {
 	assigned := gen.Assignments[r.cfg.Topic]
 	if len(assigned) == 0 {
-		return nil
+		return
 	}
-	positions, err := r.cfg.Store.Positions(ctx, r.cfg.Pool, r.cfg.Name, r.cfg.Topic)
+	// A function started on the generation ends the generation when it
+	// returns: this one stays until the generation ends.
+	gen.Start(func(genCtx context.Context) {
+		defer func() { <-genCtx.Done() }()
+		lookup, stop := context.WithCancel(ctx)
+		defer stop()
+		defer context.AfterFunc(genCtx, stop)()
+		starts, err := r.starts(lookup, client, assigned)
+		if err != nil {
+			if lookup.Err() == nil {
+				fail(err)
+			}
+			return
+		}
+		commits := newCommitter(gen, r.cfg.Topic, r.cfg.Logger.With("topic", r.cfg.Topic), r.cfg.Hooks.OffsetCommitted)
+		commits.workers.Add(len(assigned))
+		budget := max(r.cfg.MaxBufferedBytes/int64(len(assigned)), 1)
+		for _, a := range assigned {
+			st := starts[a.ID]
+			w := &worker{r: r, commits: commits, partition: a.ID, start: st.offset, incarnation: st.incarnation,
+				budget: budget, fail: fail, log: r.cfg.Logger.With("topic", r.cfg.Topic, "partition", a.ID)}
+			if h := r.cfg.Hooks.Assigned; h != nil {
+				h(r.cfg.Topic, a.ID, st.offset)
+			}
+			if st.commit {
+				commits.mark(a.ID, st.offset)
+			}
+			gen.Start(func(genCtx context.Context) {
+				defer commits.workers.Done()
+				w.run(ctx, genCtx)
+			})
+		}
+		gen.Start(commits.run)
+	})
+}
+
+// starts reads where each assigned partition starts.
+func (r *Runner) starts(ctx context.Context, client *kafka.Client, assigned []kafka.PartitionAssignment) (map[int]partitionStart, error) {
+	partitions := make([]int, len(assigned))
+	for i, a := range assigned {
+		partitions[i] = a.ID
+	}
+	var (
+		positions map[int]dedup.Position
+		ranges    map[int]logRange
+	)
+	err := r.waiter("read positions").Do(ctx, func(ctx context.Context) error {
+		var err error
+		positions, err = r.cfg.Store.PositionRecords(ctx, r.cfg.Pool, r.cfg.Name, r.cfg.Topic)
+		return err
+	})
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return fmt.Errorf("consumer: read positions: %w", err)
+		return nil, fmt.Errorf("consumer: read positions: %w", err)
 	}
-	commits := newCommitter(gen, r.cfg.Topic, r.cfg.Logger.With("topic", r.cfg.Topic), r.cfg.Hooks.OffsetCommitted)
-	commits.workers.Add(len(assigned))
+	err = r.waiter("list offsets").Do(ctx, func(ctx context.Context) error {
+		var err error
+		ranges, err = logRanges(ctx, client, r.cfg.Topic, partitions)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("consumer: %w", err)
+	}
+	starts := make(map[int]partitionStart, len(assigned))
 	for _, a := range assigned {
-		start := a.Offset
-		if pos, ok := positions[a.ID]; ok && (start < 0 || pos > start) {
-			start = pos
-		}
-		w := &worker{r: r, commits: commits, partition: a.ID, start: start, fail: fail,
-			log: r.cfg.Logger.With("topic", r.cfg.Topic, "partition", a.ID)}
-		if h := r.cfg.Hooks.Assigned; h != nil {
-			h(r.cfg.Topic, a.ID, start)
-		}
-		gen.Start(func(genCtx context.Context) {
-			defer commits.workers.Done()
-			w.run(ctx, genCtx)
+		pos, ok := positions[a.ID]
+		var st partitionStart
+		err := r.waiter("check position").Do(ctx, func(ctx context.Context) error {
+			var err error
+			st, err = r.checkStart(ctx, client, a.ID, pos, ok, a.Offset, ranges[a.ID])
+			return err
 		})
+		if err != nil {
+			return nil, err
+		}
+		starts[a.ID] = st
 	}
-	gen.Start(commits.run)
-	return nil
+	return starts, nil
 }

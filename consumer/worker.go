@@ -5,27 +5,37 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/outage"
 	"github.com/idemkit/idemkit/retry"
 )
 
 // worker processes one partition for one generation, in offset order.
 type worker struct {
-	r         *Runner
-	commits   *committer
-	parked    *parker // NonBlocking mode only
-	partition int
-	start     int64
-	fail      func(error)
-	log       *slog.Logger
+	r           *Runner
+	commits     *committer
+	parked      *parker // when the partition has parked messages, or in NonBlocking mode
+	partition   int
+	start       int64
+	incarnation int64
+	budget      int64 // bytes of messages fetched ahead of the handler
+	fail        func(error)
+	log         *slog.Logger
+	outage      *outage.Waiter
+
+	prefetched chan *Message // filled by prefetch, bounded by budget
+	bytes      *byteBudget
 }
 
 func (w *worker) run(runCtx, genCtx context.Context) {
@@ -36,58 +46,61 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	defer context.AfterFunc(genCtx, stop)()
 
 	cfg := &w.r.cfg
+	w.outage = w.r.waiter(fmt.Sprintf("partition %d", w.partition))
 	reader := kafka.NewReader(kafka.ReaderConfig{
 		Brokers:   cfg.Brokers,
 		Dialer:    cfg.Dialer,
 		Topic:     cfg.Topic,
 		Partition: w.partition,
 		MinBytes:  1,
-		MaxBytes:  8 << 20,
+		MaxBytes:  int(min(w.budget, 8<<20)),
 		MaxWait:   250 * time.Millisecond,
-		// A full batch can wait in the reader's queue while the previous
-		// batch commits, so that BatchLinger is not spent refilling it.
-		QueueCapacity: max(100, cfg.BatchSize),
+		// Messages are taken out of kafka-go's queue at once by prefetch,
+		// which bounds them by bytes: the queue itself holds one.
+		QueueCapacity: 1,
 	})
 	defer reader.Close()
 	if err := reader.SetOffset(w.start); err != nil {
 		w.fail(fmt.Errorf("consumer: partition %d: set offset %d: %w", w.partition, w.start, err))
 		return
 	}
-	w.log.Debug("partition assigned", "start_offset", w.start)
-	if cfg.FailureMode == NonBlocking {
-		w.parked = newParker(w)
-		if err := w.parked.load(ctx); err != nil {
-			if ctx.Err() == nil {
-				w.fail(err)
-			}
-			return
+	w.log.Debug("partition assigned", "start_offset", w.start, "incarnation", w.incarnation)
+	if err := w.loadParked(ctx); err != nil {
+		if ctx.Err() == nil {
+			w.fail(err)
 		}
+		return
 	}
+
+	w.bytes = newByteBudget(w.budget)
+	w.prefetched = make(chan *Message, max(2*cfg.BatchSize, 256))
+	var prefetchDone sync.WaitGroup
+	prefetchDone.Go(func() { w.prefetch(ctx, reader) })
+	defer prefetchDone.Wait()
+	defer stop() // prefetch ends before the reader closes
 
 	for {
 		if w.parked != nil {
-			if err := w.parked.releaseDue(ctx); err != nil {
+			if err := w.outage.Do(ctx, w.parked.releaseDue); err != nil {
 				if ctx.Err() == nil {
 					w.fail(err)
 				}
 				return
 			}
 		}
-		batch, err := w.fetch(ctx, reader)
+		batch, err := w.fetch(ctx)
 		if errors.Is(err, errIdle) {
 			continue // time to look at parked messages
 		}
 		if err != nil {
-			if ctx.Err() == nil {
-				w.log.Error("fetch failed; leaving the generation", "err", err)
-			}
-			return
+			return // the run or the generation ended
 		}
 		if err := w.acquire(ctx); err != nil {
 			return
 		}
-		err = w.process(ctx, batch)
+		err = w.outage.Do(ctx, func(ctx context.Context) error { return w.process(ctx, batch) })
 		<-w.r.sem
+		w.bytes.release(batchBytes(batch))
 		if err != nil {
 			if ctx.Err() == nil {
 				w.fail(err)
@@ -96,6 +109,112 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 		}
 		// The transaction committed: the offset may now go to Kafka.
 		w.commits.mark(w.partition, batch[len(batch)-1].Offset+1)
+	}
+}
+
+// loadParked makes the partition's parker: always in NonBlocking mode, and
+// in Blocking mode when messages parked by an earlier NonBlocking run are
+// still waiting, so that they are released (in order, before later messages
+// of their keys) instead of stranded behind the position.
+func (w *worker) loadParked(ctx context.Context) error {
+	p := newParker(w)
+	if err := w.outage.Do(ctx, p.load); err != nil {
+		return err
+	}
+	if w.r.cfg.FailureMode == NonBlocking || len(p.keys) > 0 {
+		w.parked = p
+	}
+	if w.r.cfg.FailureMode == Blocking && len(p.keys) > 0 {
+		n := 0
+		for _, c := range p.keys {
+			n += c
+		}
+		w.log.Warn("messages parked by an earlier NonBlocking run are waiting; releasing them before later messages of their keys",
+			"parked", n, "keys", len(p.keys))
+	}
+	return nil
+}
+
+// prefetch moves messages from kafka-go's reader into w.prefetched, holding
+// at most w.budget bytes of messages not yet processed (at least one).
+func (w *worker) prefetch(ctx context.Context, reader *kafka.Reader) {
+	defer close(w.prefetched)
+	for {
+		m, err := reader.FetchMessage(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				// The worker returns, which ends the generation: the group
+				// rebalances and the partition starts again from PostgreSQL.
+				w.log.Error("fetch failed; leaving the generation", "err", err)
+			}
+			return
+		}
+		msg := w.message(m)
+		if !w.bytes.acquire(ctx, messageBytes(msg)) {
+			return
+		}
+		select {
+		case w.prefetched <- msg:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// messageBytes is what a message counts against the buffer budget.
+func messageBytes(m *Message) int64 {
+	n := int64(len(m.Key) + len(m.Value))
+	for _, h := range m.Headers {
+		n += int64(len(h.Key) + len(h.Value))
+	}
+	return n
+}
+
+func batchBytes(msgs []*Message) int64 {
+	var n int64
+	for _, m := range msgs {
+		n += messageBytes(m)
+	}
+	return n
+}
+
+// byteBudget bounds the bytes of messages in flight; one message is always
+// let through, whatever its size.
+type byteBudget struct {
+	mu    sync.Mutex
+	limit int64
+	used  int64
+	freed chan struct{} // size 1: bytes were released
+}
+
+func newByteBudget(limit int64) *byteBudget {
+	return &byteBudget{limit: limit, freed: make(chan struct{}, 1)}
+}
+
+func (b *byteBudget) acquire(ctx context.Context, n int64) bool {
+	for {
+		b.mu.Lock()
+		if b.used == 0 || b.used+n <= b.limit {
+			b.used += n
+			b.mu.Unlock()
+			return true
+		}
+		b.mu.Unlock()
+		select {
+		case <-b.freed:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+func (b *byteBudget) release(n int64) {
+	b.mu.Lock()
+	b.used = max(b.used-n, 0)
+	b.mu.Unlock()
+	select {
+	case b.freed <- struct{}{}:
+	default:
 	}
 }
 
@@ -114,36 +233,44 @@ var errIdle = errors.New("idle")
 // fetch waits for one message, then gathers up to BatchSize-1 more for at
 // most BatchLinger. With parked messages it waits at most ParkedPoll and
 // returns errIdle.
-func (w *worker) fetch(ctx context.Context, reader *kafka.Reader) ([]*Message, error) {
+func (w *worker) fetch(ctx context.Context) ([]*Message, error) {
 	cfg := &w.r.cfg
-	wait := ctx
+	var poll <-chan time.Time
 	if w.parked != nil && len(w.parked.keys) > 0 {
-		var cancel context.CancelFunc
-		wait, cancel = context.WithTimeout(ctx, cfg.ParkedPoll)
-		defer cancel()
+		t := time.NewTimer(cfg.ParkedPoll)
+		defer t.Stop()
+		poll = t.C
 	}
-	first, err := reader.FetchMessage(wait)
-	if err != nil {
-		if ctx.Err() == nil && wait.Err() != nil {
-			return nil, errIdle
+	var first *Message
+	select {
+	case m, ok := <-w.prefetched:
+		if !ok {
+			return nil, errors.New("prefetch ended")
 		}
-		return nil, err
+		first = m
+	case <-poll:
+		return nil, errIdle
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
-	batch := []*Message{w.message(first)}
+	batch := []*Message{first}
 	if cfg.BatchSize == 1 {
 		return batch, nil
 	}
-	linger, cancel := context.WithTimeout(ctx, cfg.BatchLinger)
-	defer cancel()
+	linger := time.NewTimer(cfg.BatchLinger)
+	defer linger.Stop()
 	for len(batch) < cfg.BatchSize {
-		m, err := reader.FetchMessage(linger)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
+		select {
+		case m, ok := <-w.prefetched:
+			if !ok {
+				return batch, nil
 			}
-			break // linger elapsed
+			batch = append(batch, m)
+		case <-linger.C:
+			return batch, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
 		}
-		batch = append(batch, w.message(m))
 	}
 	return batch, nil
 }
@@ -152,8 +279,9 @@ func (w *worker) fetch(ctx context.Context, reader *kafka.Reader) ([]*Message, e
 // was usable (process fails such a message with ErrMissingID).
 func (w *worker) message(m kafka.Message) *Message {
 	cfg := &w.r.cfg
-	msg := &Message{Message: m}
+	msg := &Message{Message: m, Incarnation: w.incarnation}
 	var id string
+	found := false
 	if cfg.IDFunc != nil {
 		var err error
 		if id, err = cfg.IDFunc(&m); err != nil {
@@ -163,15 +291,17 @@ func (w *worker) message(m kafka.Message) *Message {
 	} else {
 		for _, h := range m.Headers {
 			if h.Key == cfg.IDHeader {
-				id = string(h.Value)
+				id, found = string(h.Value), true
 				break
 			}
 		}
 	}
 	if id == "" && cfg.MissingID == MissingIDUseCoordinates {
-		id = m.Topic + "/" + strconv.Itoa(m.Partition) + "/" + strconv.FormatInt(m.Offset, 10)
+		id = CoordinateID(m.Topic, m.Partition, m.Offset, w.incarnation)
 	}
 	switch err := dedup.ValidateID("message ID", id); {
+	case id == "" && msg.idErr == nil && found:
+		msg.idErr = fmt.Errorf("%w: the %q header is empty", ErrMissingID, cfg.IDHeader)
 	case id == "" && msg.idErr == nil:
 		msg.idErr = fmt.Errorf("%w: no %q header", ErrMissingID, cfg.IDHeader)
 	case id != "" && err != nil:
@@ -180,6 +310,19 @@ func (w *worker) message(m kafka.Message) *Message {
 		msg.ID = id
 	}
 	return msg
+}
+
+// CoordinateID is the message ID MissingIDUseCoordinates derives for the
+// record at offset of topic's partition: "topic/partition/offset" for the
+// topic's first incarnation, "topic/partition/offset#N" for its N-th
+// recreation (see Message.Incarnation), so that the records of a topic that
+// was deleted and created again never take the IDs of the old ones.
+func CoordinateID(topic string, partition int, offset, incarnation int64) string {
+	id := topic + "/" + strconv.Itoa(partition) + "/" + strconv.FormatInt(offset, 10)
+	if incarnation > 0 {
+		id += "#" + strconv.FormatInt(incarnation, 10)
+	}
+	return id
 }
 
 // process commits the effects of msgs. When a handler fails, the messages
@@ -261,7 +404,7 @@ func (w *worker) retry(ctx context.Context, msg *Message, err error) error {
 		}
 		delay := schedule.NextBackOff()
 		if delay == backoff.Stop {
-			if w.parked != nil {
+			if w.parked != nil && cfg.FailureMode == NonBlocking {
 				return w.parked.park(ctx, msg, f)
 			}
 			return w.giveUp(ctx, msg, f, true)
@@ -314,8 +457,12 @@ func (w *worker) giveUp(ctx context.Context, msg *Message, f failure, savePositi
 		return fmt.Errorf("consumer: OnFailure for %s/%d/%d: %w", msg.Topic, msg.Partition, msg.Offset, ferr)
 	}
 	if savePosition {
-		err := inTx(ctx, cfg.Pool, func(tx pgx.Tx) error {
-			return cfg.Store.SavePositionTx(ctx, tx, cfg.Name, msg.Topic, msg.Partition, msg.Offset+1)
+		// OnFailure took the message: wait out an outage here rather than
+		// hand the message to OnFailure a second time.
+		err := w.outage.Do(ctx, func(ctx context.Context) error {
+			return inTx(ctx, cfg.Pool, func(tx pgx.Tx) error {
+				return cfg.Store.SavePositionTx(ctx, tx, cfg.Name, msg.Topic, msg.Partition, msg.Offset+1, msg.Time)
+			})
 		})
 		if err != nil {
 			return fmt.Errorf("consumer: save position past failed message: %w", err)
@@ -375,7 +522,7 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 	parking := len(live) < len(msgs)
 	err = inTx(ctx, cfg.Pool, func(tx pgx.Tx) error {
 		claim := func(m *Message) dedup.Claim {
-			return dedup.Claim{Consumer: cfg.Name, MessageID: m.ID, Topic: m.Topic, Partition: m.Partition, Offset: m.Offset}
+			return dedup.Claim{Consumer: cfg.Name, MessageID: m.ID, Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Time: m.Time}
 		}
 		var dup []bool
 		switch {
@@ -402,6 +549,9 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 			}
 		}
 		if err := w.handle(ctx, tx, msgs, outcomes); err != nil {
+			if lost := connectionLost(tx, err); lost != nil {
+				return lost // an outage, not the handler's verdict
+			}
 			return err
 		}
 		if parking {
@@ -415,7 +565,7 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 				return err
 			}
 			last := msgs[len(msgs)-1]
-			if err := cfg.Store.SavePositionTx(ctx, tx, cfg.Name, last.Topic, last.Partition, last.Offset+1); err != nil {
+			if err := cfg.Store.SavePositionTx(ctx, tx, cfg.Name, last.Topic, last.Partition, last.Offset+1, last.Time); err != nil {
 				return err
 			}
 		}
@@ -441,6 +591,26 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 	}
 	return -1, outcomes, nil
 }
+
+// connectionLost returns a non-handler error when a handler failed because
+// the transaction's connection to PostgreSQL was lost: that is an outage,
+// waited out without spending the message's retries.
+func connectionLost(tx pgx.Tx, err error) error {
+	var pgErr *pgconn.PgError
+	closed := tx.Conn().IsClosed()
+	if !closed && !(errors.As(err, &pgErr) && retry.IsConnection(err)) {
+		return nil
+	}
+	if !retry.IsConnection(err) {
+		// The connection died under the handler; say so in a way
+		// retry.IsConnection recognises.
+		return fmt.Errorf("consumer: connection to PostgreSQL lost during the handler (%w): %w", err, errConnClosed)
+	}
+	return fmt.Errorf("consumer: connection to PostgreSQL lost during the handler: %w", err)
+}
+
+// errConnClosed is recognised by retry.IsConnection.
+var errConnClosed = &net.OpError{Op: "read", Net: "tcp", Err: errors.New("connection to PostgreSQL closed")}
 
 // handle runs the user's handler for the messages whose claim is new.
 func (w *worker) handle(ctx context.Context, tx pgx.Tx, msgs []*Message, outcomes []Outcome) error {

@@ -69,6 +69,11 @@ type Claim struct {
 	Partition int
 	// Offset is the message's offset, 0 or more.
 	Offset int64
+	// Time is the record's timestamp. When the claim records a position,
+	// the time of the record just before that position is stored with it
+	// (anchor_time), so that a consumer recognises a topic that was deleted
+	// and created again. The zero Time records no anchor.
+	Time time.Time
 }
 
 func (c Claim) validate() error {
@@ -115,8 +120,10 @@ type Store struct {
 	claimBatchOneSQL     string // all claims of one consumer, topic and partition
 	savePositionSQL      string
 	positionsSQL         string
+	resetPositionSQL     string
 	processedSQL         string
 	purgeSQL             string
+	purgeConsumerSQL     string
 }
 
 // New returns a Store for the tables cfg names. cfg may be nil, meaning
@@ -136,10 +143,10 @@ func New(cfg *Config) (*Store, error) {
 
 	// upsertPosition never moves a position back: a redelivered or replayed
 	// message at a lower offset leaves it as it is.
-	upsertPosition := `INSERT INTO ` + positions + ` AS p (consumer, topic, kafka_partition, next_offset)
+	upsertPosition := `INSERT INTO ` + positions + ` AS p (consumer, topic, kafka_partition, next_offset, anchor_time)
 	%s
 	ON CONFLICT (consumer, topic, kafka_partition) DO UPDATE
-	SET next_offset = EXCLUDED.next_offset, updated_at = now()
+	SET next_offset = EXCLUDED.next_offset, anchor_time = EXCLUDED.anchor_time, updated_at = now()
 	WHERE p.next_offset < EXCLUDED.next_offset`
 
 	return &Store{
@@ -154,7 +161,7 @@ func New(cfg *Config) (*Store, error) {
 	ON CONFLICT (consumer, message_id) DO NOTHING
 	RETURNING 1
 ), position AS (
-	` + fmt.Sprintf(upsertPosition, `VALUES ($1, $3, $4, $6)`) + `
+	` + fmt.Sprintf(upsertPosition, `VALUES ($1, $3, $4, $6, $7::timestamptz)`) + `
 )
 SELECT NOT EXISTS (SELECT 1 FROM claimed)`,
 
@@ -167,7 +174,7 @@ SELECT NOT EXISTS (SELECT 1 FROM claimed)`,
 	ON CONFLICT (consumer, message_id) DO NOTHING
 	RETURNING consumer, message_id
 ), position AS (
-	` + fmt.Sprintf(upsertPosition, `SELECT * FROM unnest($6::text[], $7::text[], $8::int[], $9::bigint[])`) + `
+	` + fmt.Sprintf(upsertPosition, `SELECT * FROM unnest($6::text[], $7::text[], $8::int[], $9::bigint[], $10::timestamptz[])`) + `
 )
 SELECT input.ord FROM input JOIN claimed USING (consumer, message_id)`,
 
@@ -181,14 +188,21 @@ SELECT input.ord FROM input JOIN claimed USING (consumer, message_id)`,
 	ON CONFLICT (consumer, message_id) DO NOTHING
 	RETURNING message_id
 ), position AS (
-	` + fmt.Sprintf(upsertPosition, `VALUES ($1, $3, $5::int, $6::bigint)`) + `
+	` + fmt.Sprintf(upsertPosition, `VALUES ($1, $3, $5::int, $6::bigint, $7::timestamptz)`) + `
 )
 SELECT input.ord FROM input JOIN claimed USING (message_id)`,
 
-		savePositionSQL: fmt.Sprintf(upsertPosition, `VALUES ($1, $2, $3, $4)`),
+		savePositionSQL: fmt.Sprintf(upsertPosition, `VALUES ($1, $2, $3, $4, $5::timestamptz)`),
 
-		positionsSQL: `SELECT kafka_partition, next_offset FROM ` + positions + `
+		positionsSQL: `SELECT kafka_partition, next_offset, incarnation, anchor_time FROM ` + positions + `
 	WHERE consumer = $1 AND topic = $2`,
+
+		resetPositionSQL: `INSERT INTO ` + positions + ` AS p (consumer, topic, kafka_partition, next_offset, incarnation)
+	VALUES ($1, $2, $3, $4, CASE WHEN $5 THEN 1 ELSE 0 END)
+	ON CONFLICT (consumer, topic, kafka_partition) DO UPDATE
+	SET next_offset = EXCLUDED.next_offset, anchor_time = NULL, updated_at = now(),
+		incarnation = p.incarnation + CASE WHEN $5 THEN 1 ELSE 0 END
+	RETURNING incarnation`,
 
 		processedSQL: `SELECT EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1 AND message_id = $2)`,
 
@@ -197,6 +211,14 @@ SELECT input.ord FROM input JOIN claimed USING (message_id)`,
 	WHERE processed_at < $1
 	ORDER BY processed_at
 	LIMIT $2
+	FOR UPDATE SKIP LOCKED
+)`,
+
+		purgeConsumerSQL: `DELETE FROM ` + processed + ` WHERE (consumer, message_id) IN (
+	SELECT consumer, message_id FROM ` + processed + `
+	WHERE consumer = $1 AND processed_at < $2
+	ORDER BY processed_at
+	LIMIT $3
 	FOR UPDATE SKIP LOCKED
 )`,
 	}, nil
@@ -238,7 +260,7 @@ func (s *Store) ClaimWithPositionTx(ctx context.Context, tx pgx.Tx, c Claim) (du
 		return false, errors.New("dedup: claim: nil tx")
 	}
 	err = tx.QueryRow(ctx, s.claimWithPositionSQL,
-		c.Consumer, c.MessageID, c.Topic, c.Partition, c.Offset, c.Offset+1).Scan(&duplicate)
+		c.Consumer, c.MessageID, c.Topic, c.Partition, c.Offset, c.Offset+1, anchor(c.Time)).Scan(&duplicate)
 	if err != nil {
 		return false, fmt.Errorf("dedup: claim: %w", err)
 	}
@@ -277,9 +299,12 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, claims []Claim) (du
 	seen := make(map[idKey]struct{}, len(claims))
 	first := make([]int, 0, len(claims)) // indexes into claims
 	next := map[positionKey]int64{}
+	anchors := map[positionKey]*time.Time{}
 	for i, c := range claims {
 		pk := positionKey{c.Consumer, c.Topic, c.Partition}
-		next[pk] = max(next[pk], c.Offset+1)
+		if c.Offset+1 > next[pk] {
+			next[pk], anchors[pk] = c.Offset+1, anchor(c.Time)
+		}
 		k := idKey{c.Consumer, c.MessageID}
 		if _, ok := seen[k]; ok {
 			continue
@@ -315,17 +340,19 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, claims []Claim) (du
 	pTopics := make([]string, len(keys))
 	pPartitions := make([]int32, len(keys))
 	pNext := make([]int64, len(keys))
+	pAnchors := make([]*time.Time, len(keys))
 	for j, k := range keys {
 		pConsumers[j], pTopics[j], pPartitions[j], pNext[j] = k.consumer, k.topic, int32(k.partition), next[k]
+		pAnchors[j] = anchors[k]
 	}
 
 	var rows pgx.Rows
 	if len(keys) == 1 { // one consumer, topic and partition: the consumer's batches
 		rows, err = tx.Query(ctx, s.claimBatchOneSQL, keys[0].consumer, ids, keys[0].topic, offsets,
-			int32(keys[0].partition), pNext[0])
+			int32(keys[0].partition), pNext[0], pAnchors[0])
 	} else {
 		rows, err = tx.Query(ctx, s.claimBatchSQL, consumers, ids, topics, partitions, offsets,
-			pConsumers, pTopics, pPartitions, pNext)
+			pConsumers, pTopics, pPartitions, pNext, pAnchors)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("dedup: claim batch: %w", err)
@@ -347,12 +374,22 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, claims []Claim) (du
 	return duplicate, nil
 }
 
+// anchor is the value stored as anchor_time: NULL for the zero time.
+func anchor(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
 // SavePositionTx records next as consumer's next offset for topic and
 // partition in tx, unless a higher one is recorded already: positions never
 // move back through the store. (ClaimWithPositionTx and ClaimBatchTx already
 // record positions; this is for messages handled without a claim and for
-// tooling. To rewind a consumer, update the table itself.)
-func (s *Store) SavePositionTx(ctx context.Context, tx pgx.Tx, consumer, topic string, partition int, next int64) error {
+// tooling. To rewind a consumer, use ResetPositionTx, or the command
+// `idemkit consumer seek`, which also moves Kafka's committed offsets.)
+// anchorTime is the timestamp of the record at next-1 (zero when unknown).
+func (s *Store) SavePositionTx(ctx context.Context, tx pgx.Tx, consumer, topic string, partition int, next int64, anchorTime time.Time) error {
 	if err := ValidateID("Consumer", consumer); err != nil {
 		return fmt.Errorf("dedup: save position: %w", &inputError{err: err})
 	}
@@ -368,10 +405,83 @@ func (s *Store) SavePositionTx(ctx context.Context, tx pgx.Tx, consumer, topic s
 	if tx == nil {
 		return errors.New("dedup: save position: nil tx")
 	}
-	if _, err := tx.Exec(ctx, s.savePositionSQL, consumer, topic, partition, next); err != nil {
+	if _, err := tx.Exec(ctx, s.savePositionSQL, consumer, topic, partition, next, anchor(anchorTime)); err != nil {
 		return fmt.Errorf("dedup: save position: %w", err)
 	}
 	return nil
+}
+
+// ResetPositionTx sets consumer's next offset for topic and partition to
+// next in tx, also backwards, and forgets its anchor. With newIncarnation it
+// also counts one more incarnation of the topic: the consumer moves onto a
+// topic that was deleted and created again, whose offsets have nothing to do
+// with the old ones. It returns the partition's incarnation.
+func (s *Store) ResetPositionTx(ctx context.Context, tx pgx.Tx, consumer, topic string, partition int, next int64, newIncarnation bool) (incarnation int64, err error) {
+	if err := ValidateID("Consumer", consumer); err != nil {
+		return 0, fmt.Errorf("dedup: reset position: %w", &inputError{err: err})
+	}
+	if err := validateTopic(topic); err != nil {
+		return 0, fmt.Errorf("dedup: reset position: %w", err)
+	}
+	if err := validatePartition(partition); err != nil {
+		return 0, fmt.Errorf("dedup: reset position: %w", err)
+	}
+	if next < 0 {
+		return 0, fmt.Errorf("dedup: reset position: %w", invalid("invalid next offset %d", next))
+	}
+	if tx == nil {
+		return 0, errors.New("dedup: reset position: nil tx")
+	}
+	if err := tx.QueryRow(ctx, s.resetPositionSQL, consumer, topic, partition, next, newIncarnation).Scan(&incarnation); err != nil {
+		return 0, fmt.Errorf("dedup: reset position: %w", err)
+	}
+	return incarnation, nil
+}
+
+// Position is what the store records for one partition of a consumer.
+type Position struct {
+	// Next is the offset of the first message whose effects are not
+	// committed.
+	Next int64
+	// Incarnation counts how often the topic was deleted and created again
+	// and the consumer moved onto the new one (see ResetPositionTx).
+	Incarnation int64
+	// AnchorTime is the timestamp of the record at Next-1, zero when
+	// unknown.
+	AnchorTime time.Time
+}
+
+// PositionRecords returns what the store records for each partition of
+// topic that consumer has a position for.
+func (s *Store) PositionRecords(ctx context.Context, db DBTX, consumer, topic string) (map[int]Position, error) {
+	if err := ValidateID("Consumer", consumer); err != nil {
+		return nil, fmt.Errorf("dedup: positions: %w", &inputError{err: err})
+	}
+	if err := validateTopic(topic); err != nil {
+		return nil, fmt.Errorf("dedup: positions: %w", err)
+	}
+	rows, err := db.Query(ctx, s.positionsSQL, consumer, topic)
+	if err != nil {
+		return nil, fmt.Errorf("dedup: positions: %w", err)
+	}
+	out := map[int]Position{}
+	var (
+		partition int
+		p         Position
+		at        *time.Time
+	)
+	_, err = pgx.ForEachRow(rows, []any{&partition, &p.Next, &p.Incarnation, &at}, func() error {
+		p.AnchorTime = time.Time{}
+		if at != nil {
+			p.AnchorTime = *at
+		}
+		out[partition] = p
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dedup: positions: %w", err)
+	}
+	return out, nil
 }
 
 // Positions returns consumer's next offset per partition of topic: the
@@ -384,21 +494,13 @@ func (s *Store) Positions(ctx context.Context, db DBTX, consumer, topic string) 
 	if err := validateTopic(topic); err != nil {
 		return nil, fmt.Errorf("dedup: positions: %w", err)
 	}
-	rows, err := db.Query(ctx, s.positionsSQL, consumer, topic)
+	records, err := s.PositionRecords(ctx, db, consumer, topic)
 	if err != nil {
-		return nil, fmt.Errorf("dedup: positions: %w", err)
+		return nil, err
 	}
-	out := map[int]int64{}
-	var (
-		partition int
-		next      int64
-	)
-	_, err = pgx.ForEachRow(rows, []any{&partition, &next}, func() error {
-		out[partition] = next
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("dedup: positions: %w", err)
+	out := make(map[int]int64, len(records))
+	for p, r := range records {
+		out[p] = r.Next
 	}
 	return out, nil
 }
@@ -428,6 +530,19 @@ func (s *Store) Processed(ctx context.Context, db DBTX, consumer, messageID stri
 // Rows locked by a concurrent Purge are skipped, not waited for. Positions
 // are never purged.
 func (s *Store) Purge(ctx context.Context, db *pgxpool.Pool, olderThan time.Duration, batchSize int) (int64, error) {
+	return s.purge(ctx, db, "", olderThan, batchSize)
+}
+
+// PurgeConsumer is Purge limited to the records of one consumer (a runner's
+// Config.Name): other consumers sharing the table keep theirs.
+func (s *Store) PurgeConsumer(ctx context.Context, db *pgxpool.Pool, consumer string, olderThan time.Duration, batchSize int) (int64, error) {
+	if err := ValidateID("Consumer", consumer); err != nil {
+		return 0, fmt.Errorf("dedup: purge: %w", &inputError{err: err})
+	}
+	return s.purge(ctx, db, consumer, olderThan, batchSize)
+}
+
+func (s *Store) purge(ctx context.Context, db *pgxpool.Pool, consumer string, olderThan time.Duration, batchSize int) (int64, error) {
 	if olderThan <= 0 {
 		return 0, fmt.Errorf("dedup: purge: %w", invalid("olderThan %v is not positive", olderThan))
 	}
@@ -442,7 +557,13 @@ func (s *Store) Purge(ctx context.Context, db *pgxpool.Pool, olderThan time.Dura
 		olderThan.Microseconds()).Scan(&cutoff); err != nil {
 		return 0, fmt.Errorf("dedup: purge: %w", err)
 	}
-	deleted, err := pgexec.DeleteInBatches(ctx, db, s.purgeSQL, batchSize, cutoff)
+	var deleted int64
+	var err error
+	if consumer == "" {
+		deleted, err = pgexec.DeleteInBatches(ctx, db, s.purgeSQL, batchSize, cutoff)
+	} else {
+		deleted, err = pgexec.DeleteInBatches(ctx, db, s.purgeConsumerSQL, batchSize, consumer, cutoff)
+	}
 	if err != nil {
 		return deleted, fmt.Errorf("dedup: purge: %w", err)
 	}
