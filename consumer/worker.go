@@ -485,12 +485,23 @@ func (w *worker) commit(ctx context.Context, msgs []*Message) (failed int, err e
 		var outcomes []Outcome
 		failed, outcomes, err = w.tx(ctx, msgs)
 		if err == nil {
+			w.outage.Ok()
 			if h := cfg.Hooks.Outcome; h != nil {
 				for i, m := range msgs {
 					h(m, outcomes[i])
 				}
 			}
 			return -1, nil
+		}
+		if failed < 0 && retry.IsConnection(err) && ctx.Err() == nil {
+			// An outage, not a verdict on the messages: wait it out and run
+			// the same transaction again. An ambiguous commit is settled by
+			// the claims: what committed comes back as duplicates.
+			if werr := w.outage.Wait(ctx, err); werr != nil {
+				return -1, werr
+			}
+			try = 0
+			continue
 		}
 		if !retryableTx(err) || try >= cfg.TxRetries || ctx.Err() != nil {
 			return failed, err
