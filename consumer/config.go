@@ -35,8 +35,8 @@ const (
 	// PartitionWatchIntervalDefault is how often the runner looks for
 	// partitions added to its topic.
 	PartitionWatchIntervalDefault = 5 * time.Second
-	TxRetriesDefault      = 10
-	PurgeIntervalDefault  = 10 * time.Minute
+	TxRetriesDefault              = 10
+	PurgeIntervalDefault          = 10 * time.Minute
 )
 
 // Handler applies one message's business effect inside tx. The runner owns tx:
