@@ -30,9 +30,57 @@
 // whose transaction did not commit — so lag tooling keeps working. A failed
 // offset commit is logged and ends the generation.
 //
+// # Checked positions, recreated topics, lost messages
+//
+// With every position the runner stores the timestamp of the record just
+// before it (the anchor). When a partition is assigned it asks Kafka for the
+// partition's log start and end and, when the anchor record is still there,
+// reads it back. A start past the log end, or an anchor record with another
+// timestamp, means the position does not belong to the topic Kafka has now
+// (deleted and created again, or data lost on the broker): by default
+// (RecreatedStop) Run returns a *PositionError matching ErrTopicRecreated
+// that names the partition, the position, the log range and the command that
+// moves the consumer on; nothing is consumed from a topic the position does
+// not describe. With RecreatedRestart the partition starts over at its log
+// start as a new incarnation of the topic (Message.Incarnation), logged at
+// ERROR and reported to Hooks.PositionMoved; IDs derived from coordinates
+// (CoordinateID) and dead-letter replay records include the incarnation, so
+// the new topic's offsets never collide with the old one's. A start below
+// the log start (retention deleted messages before they were processed)
+// is reported as ErrMessagesLost with the lost range (ERROR log and
+// Hooks.PositionMoved), then the partition continues at the log start.
+//
+// To rewind or skip, move both the PostgreSQL position and Kafka's committed
+// offset with `idemkit consumer seek` (or dedup.Store.ResetPositionTx and an
+// offset commit): Kafka's offset alone is overridden by the later position.
+//
+// # Outages
+//
+// Errors that mean a server could not be reached (retry.IsConnection:
+// SQLSTATE classes 08 and 53, 57P01–57P03, network errors, Kafka brokers or
+// coordinators unavailable) are outages, not verdicts on a message. The
+// runner waits them out with backoff and jitter wherever it meets them — the
+// topic check at start, joining the group, reading positions, a transaction
+// (also when the connection dies under the handler), releasing parked
+// messages — and logs each outage once when it starts and once when it ends,
+// with its duration (Hooks.OutageStarted, Hooks.OutageEnded). A transaction
+// cut by an outage runs again without spending the message's retries; a
+// commit whose outcome is unknown is settled by the claims (what committed
+// comes back as duplicates). Config.MaxOutage bounds the wait: past it Run
+// returns a *retry.OutageError.
+//
+// # Memory
+//
+// Each partition fetches ahead of its handler at most its share of
+// Config.MaxBufferedBytes (the budget divided by the partitions assigned),
+// and always at least one message: the messages held stay below
+// MaxBufferedBytes + assigned partitions × 3 × the largest message.
+//
 // # Order, batching, rebalances
 //
-// Messages of one partition are handled in offset order; partitions run in
+// Partitions added to the topic are picked up within
+// PartitionWatchIntervalDefault. Messages of one partition are handled in
+// offset order; partitions run in
 // parallel, at most Config.MaxPartitions at once. With Config.BatchSize > 1,
 // up to that many messages of one partition share one transaction (their
 // claims in one statement) and Config.BatchHandler may apply them with
@@ -59,7 +107,9 @@
 // Config.FailureMode chooses what a failing message does to those behind it:
 // Blocking (the default) retries in place and the partition waits;
 // NonBlocking parks it in PostgreSQL with every later message of its key and
-// lets other keys flow, keeping order per key (see NonBlocking).
+// lets other keys flow, keeping order per key (see NonBlocking). Messages
+// parked by a NonBlocking run are released whatever the mode of the runner
+// that finds them: switching to Blocking strands nothing.
 //
 // # Shutdown
 //
