@@ -1,0 +1,99 @@
+package outage_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/idemkit/idemkit/internal/outage"
+	"github.com/idemkit/idemkit/retry"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type recorder struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (r *recorder) Enabled(context.Context, slog.Level) bool { return true }
+func (r *recorder) Handle(_ context.Context, rec slog.Record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.msgs = append(r.msgs, rec.Level.String()+" "+rec.Message)
+	return nil
+}
+func (r *recorder) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r *recorder) WithGroup(string) slog.Handler      { return r }
+
+func fast() *retry.Policy {
+	return &retry.Policy{InitialInterval: time.Millisecond, MaxInterval: 2 * time.Millisecond, MaxAttempts: -1, MaxElapsedTime: -1}
+}
+
+// An outage of several failed tries is logged once when it starts and once
+// when it ends; the hooks see it once each.
+func TestDoLogsAnOutageOnce(t *testing.T) {
+	rec := &recorder{}
+	var started, ended int
+	w := &outage.Waiter{Op: "test", Log: slog.New(rec), Policy: fast(),
+		OnStart: func(string, error) { started++ }, OnEnd: func(string, time.Duration) { ended++ }}
+	tries := 0
+	err := w.Do(context.Background(), func(context.Context) error {
+		tries++
+		if tries < 5 {
+			return fmt.Errorf("dial: %w", syscall.ECONNREFUSED)
+		}
+		return nil
+	})
+	if err != nil || tries != 5 {
+		t.Fatalf("Do = %v after %d tries, want nil after 5", err, tries)
+	}
+	got := strings.Join(rec.msgs, "|")
+	if got != "WARN server unreachable; waiting it out|INFO server reachable again" || started != 1 || ended != 1 {
+		t.Fatalf("logs %q, hooks %d/%d; want one start and one end", got, started, ended)
+	}
+}
+
+// An error that is not a connection error is returned at once, untouched.
+func TestDoReturnsOtherErrors(t *testing.T) {
+	w := &outage.Waiter{Op: "test", Log: slog.New(slog.DiscardHandler), Policy: fast()}
+	verdict := errors.New("invalid input")
+	tries := 0
+	err := w.Do(context.Background(), func(context.Context) error { tries++; return verdict })
+	if err != verdict || tries != 1 {
+		t.Fatalf("Do = %v after %d tries, want the verdict after 1", err, tries)
+	}
+}
+
+// Past Max, Do returns an *retry.OutageError wrapping the last error.
+func TestDoBoundedByMax(t *testing.T) {
+	w := &outage.Waiter{Op: "test", Log: slog.New(slog.DiscardHandler), Policy: fast(), Max: 30 * time.Millisecond}
+	start := time.Now()
+	err := w.Do(context.Background(), func(context.Context) error { return fmt.Errorf("dial: %w", syscall.ECONNREFUSED) })
+	var oe *retry.OutageError
+	if !errors.As(err, &oe) || !errors.Is(err, retry.ErrOutage) || !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("Do = %v, want an OutageError wrapping the refusal", err)
+	}
+	if oe.Duration < 30*time.Millisecond || time.Since(start) > 5*time.Second {
+		t.Fatalf("outage of %s after %s, want just over the 30ms bound", oe.Duration, time.Since(start))
+	}
+}
+
+// A cancelled context ends the wait with the context's error.
+func TestDoStopsWithContext(t *testing.T) {
+	w := &outage.Waiter{Op: "test", Log: slog.New(slog.DiscardHandler)}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	err := w.Do(ctx, func(context.Context) error { return fmt.Errorf("dial: %w", syscall.ECONNREFUSED) })
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Do = %v, want the context's deadline", err)
+	}
+}
