@@ -35,8 +35,9 @@ type Message struct {
 // Runner consumes one topic with a consumer group and runs the handler once
 // per message ID. Create it with New; Run it once.
 type Runner struct {
-	cfg Config
-	sem chan struct{} // bounds the partitions processed at once
+	cfg     Config
+	sem     chan struct{} // bounds the partitions processed at once
+	outages *outage.Tracker
 }
 
 // New validates cfg, applies its defaults and returns a Runner.
@@ -48,7 +49,9 @@ func New(cfg *Config) (*Runner, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Runner{cfg: c, sem: make(chan struct{}, c.MaxPartitions)}, nil
+	return &Runner{cfg: c, sem: make(chan struct{}, c.MaxPartitions),
+		outages: &outage.Tracker{Log: c.Logger.With("topic", c.Topic, "group", c.GroupID),
+			OnStart: c.Hooks.OutageStarted, OnEnd: c.Hooks.OutageEnded}}, nil
 }
 
 // Run consumes until ctx is cancelled, a message fails for good with no
@@ -144,10 +147,11 @@ func (r *Runner) Run(ctx context.Context) error {
 }
 
 // waiter returns an outage waiter for one loop of the runner.
+// All of them report to the runner's one tracker: an outage that every
+// partition meets is logged once, not once per partition.
 func (r *Runner) waiter(op string) *outage.Waiter {
 	return &outage.Waiter{Op: "consumer " + r.cfg.GroupID + "/" + r.cfg.Topic + ": " + op,
-		Log: r.cfg.Logger.With("topic", r.cfg.Topic, "group", r.cfg.GroupID), Max: r.cfg.MaxOutage,
-		OnStart: r.cfg.Hooks.OutageStarted, OnEnd: r.cfg.Hooks.OutageEnded}
+		Max: r.cfg.MaxOutage, Shared: r.outages}
 }
 
 // purgeLoop deletes this consumer's dedup records older than

@@ -8,6 +8,7 @@ package outage
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -36,6 +37,11 @@ type Waiter struct {
 	// OnStart and OnEnd, when set, observe outages (hooks, tests).
 	OnStart func(op string, err error)
 	OnEnd   func(op string, d time.Duration)
+	// Shared, when set, reports the outages of several waiters (the loops
+	// of one runner) as one: logged and observed when the first waiter
+	// enters it and when the last one leaves it. Log, OnStart and OnEnd are
+	// then not used.
+	Shared *Tracker
 
 	since    time.Time
 	schedule backoff.BackOff
@@ -67,9 +73,13 @@ func (w *Waiter) Wait(ctx context.Context, err error) error {
 			p = Policy()
 		}
 		w.schedule = p.Schedule()
-		w.log().Warn("server unreachable; waiting it out", "op", w.Op, "err", err)
-		if w.OnStart != nil {
-			w.OnStart(w.Op, err)
+		if w.Shared != nil {
+			w.Shared.start(w.Op, err)
+		} else {
+			w.log().Warn("server unreachable; waiting it out", "op", w.Op, "err", err)
+			if w.OnStart != nil {
+				w.OnStart(w.Op, err)
+			}
 		}
 	}
 	w.last = err
@@ -78,6 +88,9 @@ func (w *Waiter) Wait(ctx context.Context, err error) error {
 			"outage", d.Round(time.Millisecond), "max_outage", w.Max, "err", err)
 		oerr := &retry.OutageError{Op: w.Op, Since: w.since, Duration: d, Err: err}
 		w.since = time.Time{}
+		if w.Shared != nil {
+			w.Shared.end(err)
+		}
 		return oerr
 	}
 	delay := w.schedule.NextBackOff()
@@ -101,11 +114,68 @@ func (w *Waiter) Ok() {
 		return
 	}
 	d := time.Since(w.since)
-	w.log().Info("server reachable again", "op", w.Op, "outage", d.Round(time.Millisecond), "last_err", w.last)
-	if w.OnEnd != nil {
-		w.OnEnd(w.Op, d)
+	if w.Shared != nil {
+		w.Shared.end(w.last)
+	} else {
+		w.log().Info("server reachable again", "op", w.Op, "outage", d.Round(time.Millisecond), "last_err", w.last)
+		if w.OnEnd != nil {
+			w.OnEnd(w.Op, d)
+		}
 	}
 	w.since, w.last = time.Time{}, nil
+}
+
+// Tracker merges the outages of several waiters into one: the first waiter
+// to meet an outage starts it, the last one to get through ends it. It is
+// safe for concurrent use.
+type Tracker struct {
+	// Log receives one Warn when an outage starts and one Info when it ends.
+	Log *slog.Logger
+	// OnStart and OnEnd, when set, observe the merged outages.
+	OnStart func(op string, err error)
+	OnEnd   func(op string, d time.Duration)
+
+	mu     sync.Mutex
+	active int
+	since  time.Time
+	op     string
+}
+
+func (t *Tracker) start(op string, err error) {
+	t.mu.Lock()
+	t.active++
+	first := t.active == 1
+	if first {
+		t.since, t.op = time.Now(), op
+	}
+	t.mu.Unlock()
+	if first {
+		t.log().Warn("server unreachable; waiting it out", "op", op, "err", err)
+		if t.OnStart != nil {
+			t.OnStart(op, err)
+		}
+	}
+}
+
+func (t *Tracker) end(last error) {
+	t.mu.Lock()
+	t.active--
+	done := t.active == 0
+	op, d := t.op, time.Since(t.since)
+	t.mu.Unlock()
+	if done {
+		t.log().Info("server reachable again", "op", op, "outage", d.Round(time.Millisecond), "last_err", last)
+		if t.OnEnd != nil {
+			t.OnEnd(op, d)
+		}
+	}
+}
+
+func (t *Tracker) log() *slog.Logger {
+	if t.Log == nil {
+		return slog.Default()
+	}
+	return t.Log
 }
 
 // InOutage reports whether an outage is in progress.
