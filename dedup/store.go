@@ -351,7 +351,7 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, claims []Claim) (du
 // partition in tx, unless a higher one is recorded already: positions never
 // move back through the store. (ClaimWithPositionTx and ClaimBatchTx already
 // record positions; this is for messages handled without a claim and for
-// tooling. To rewind a consumer, update the table itself.)
+// tooling. To move a position back, use SeekTx.)
 func (s *Store) SavePositionTx(ctx context.Context, tx pgx.Tx, consumer, topic string, partition int, next int64) error {
 	if err := ValidateID("Consumer", consumer); err != nil {
 		return fmt.Errorf("dedup: save position: %w", &inputError{err: err})
