@@ -12,8 +12,8 @@
 //	idemkit dedup purge -older-than D -database URL [-schema S] [-batch N]
 //
 // -database and -brokers default to $IDEMKIT_DATABASE_URL and
-// $IDEMKIT_KAFKA_BROKERS. Exit status: 0 done, 1 failed (one line on stderr
-// says why), 2 bad usage.
+// $IDEMKIT_KAFKA_BROKERS. -h after any command shows its flags. Exit status:
+// 0 done, 1 failed (one line on stderr says why), 2 bad usage.
 package main
 
 import (
@@ -34,6 +34,11 @@ type usageError struct{ msg string }
 
 func (e *usageError) Error() string { return e.msg }
 
+// helpRequest makes main print text on stdout and exit 0: -h at every level.
+type helpRequest struct{ text string }
+
+func (h *helpRequest) Error() string { return "help requested" }
+
 func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(format, args...)} }
 
 const usage = `usage:
@@ -51,15 +56,21 @@ filters: -message-id ID -origin TOPIC -error TEXT -since RFC3339 -until RFC3339
 replay writes each selected dead letter back to its origin topic (the consumer's dedup
 makes repeats harmless) and records who replayed what; to re-run a handler in-process,
 use dlq.Reprocessor with Mode Redrive from Go.
+-h after a command shows its flags and what it does.
 `
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	err := run(ctx, os.Args[1:], os.Stdout)
-	var u *usageError
+	var (
+		u *usageError
+		h *helpRequest
+	)
 	switch {
 	case err == nil:
+	case errors.As(err, &h):
+		fmt.Fprint(os.Stdout, h.text)
 	case errors.As(err, &u):
 		fmt.Fprintf(os.Stderr, "idemkit: %s\n%s", u.msg, usage)
 		os.Exit(2)
@@ -72,6 +83,11 @@ func main() {
 func oneLine(err error) string { return strings.Join(strings.Fields(err.Error()), " ") }
 
 func run(ctx context.Context, args []string, out io.Writer) error {
+	for _, a := range args[:min(2, len(args))] {
+		if a == "-h" || a == "-help" || a == "--help" || a == "help" {
+			return &helpRequest{usage}
+		}
+	}
 	if len(args) < 2 {
 		return usagef("name a command")
 	}
@@ -116,12 +132,27 @@ func (c *conn) brokerList() ([]string, error) {
 	return out, nil
 }
 
+// commandHelp is what `idemkit COMMAND -h` says above the flags, by command.
+var commandHelp = map[string]string{}
+
 // parse parses flags that may come after positional arguments too.
 func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	fs.SetOutput(io.Discard)
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
+		err := fs.Parse(args)
+		if errors.Is(err, flag.ErrHelp) {
+			var b strings.Builder
+			fmt.Fprintf(&b, "usage: idemkit %s [flags]\n", fs.Name())
+			if doc := commandHelp[fs.Name()]; doc != "" {
+				fmt.Fprintf(&b, "\n%s\n", doc)
+			}
+			b.WriteString("flags:\n")
+			fs.SetOutput(&b)
+			fs.PrintDefaults()
+			return nil, &helpRequest{b.String()}
+		}
+		if err != nil {
 			return nil, usagef("%v", err)
 		}
 		args = fs.Args()
