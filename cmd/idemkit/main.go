@@ -1,7 +1,8 @@
 // Command idemkit operates idemkit's tables and topics: it applies the
 // migrations; lists, inspects and replays dead letters; lists stuck HTTP
-// idempotency records; shows and requeues parked outbox messages; and purges
-// processed-message records past their retention.
+// idempotency records; shows and requeues parked outbox messages; purges
+// processed-message records past their retention; and shows and moves
+// (rewinds, skips) a consumer's positions.
 //
 //	idemkit migrate up|down VERSION|status   -database URL [-schema S]
 //	idemkit dlq list     -topic T.dlq [filters]        -brokers B [-database URL]
@@ -10,6 +11,12 @@
 //	idemkit idemhttp stuck -database URL [-schema S] [-table T] [-limit N]
 //	idemkit outbox stats|parked|retry ID... -database URL [-schema S] [-table T]
 //	idemkit dedup purge -older-than D -database URL [-schema S] [-batch N]
+//	idemkit consumer positions -group G -topic T [-name N] [-json] -brokers B -database URL
+//	idemkit consumer seek -group G -topic T TARGET [-partitions 0,2] [-recreated] [-force] [-dry-run] ...
+//
+// consumer seek, not kafka-consumer-groups --reset-offsets, rewinds a
+// consumer: it moves the PostgreSQL positions and the group's Kafka offsets
+// together (the consumer starts at the later of the two).
 //
 // -database and -brokers default to $IDEMKIT_DATABASE_URL and
 // $IDEMKIT_KAFKA_BROKERS. -h after any command shows its flags. Exit status:
@@ -51,11 +58,18 @@ const usage = `usage:
   idemkit outbox stats|parked          [-database URL] [-schema S] [-table T]
   idemkit outbox retry ID...           [-database URL] [-schema S] [-table T]
   idemkit dedup purge -older-than D    [-database URL] [-schema S] [-batch N]
+  idemkit consumer positions -group G -topic T [-name N] [-json]         [-brokers B] [-database URL] [-schema S] [-table T]
+  idemkit consumer seek      -group G -topic T [-name N] TARGET [-partitions 0,2]
+                             [-recreated] [-new] [-force] [-dry-run]    [-brokers B] [-database URL] [-schema S] [-table T]
 filters: -message-id ID -origin TOPIC -error TEXT -since RFC3339 -until RFC3339
+TARGET: -to-offset N | -to-time RFC3339 | -to-earliest | -to-latest
 -database and -brokers default to $IDEMKIT_DATABASE_URL and $IDEMKIT_KAFKA_BROKERS.
 replay writes each selected dead letter back to its origin topic (the consumer's dedup
 makes repeats harmless) and records who replayed what; to re-run a handler in-process,
 use dlq.Reprocessor with Mode Redrive from Go.
+consumer seek is how to rewind (or skip) a consumer: it moves its PostgreSQL positions
+and its group's Kafka offsets together. Do not use kafka-consumer-groups --reset-offsets:
+the consumer starts at the later of the two, so a rewind of Kafka's alone is undone.
 -h after a command shows its flags and what it does.
 `
 
@@ -102,6 +116,8 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return outboxCmd(ctx, args[1], args[2:], out)
 	case "dedup purge":
 		return dedupCmd(ctx, args[1], args[2:], out)
+	case "consumer positions", "consumer seek":
+		return consumerCmd(ctx, args[1], args[2:], out)
 	}
 	return usagef("unknown command %q", strings.Join(args[:2], " "))
 }
@@ -133,7 +149,10 @@ func (c *conn) brokerList() ([]string, error) {
 }
 
 // commandHelp is what `idemkit COMMAND -h` says above the flags, by command.
-var commandHelp = map[string]string{}
+var commandHelp = map[string]string{
+	"consumer positions": positionsHelp,
+	"consumer seek":      seekHelp,
+}
 
 // parse parses flags that may come after positional arguments too.
 func parse(fs *flag.FlagSet, args []string) ([]string, error) {
