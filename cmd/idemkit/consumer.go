@@ -26,13 +26,15 @@ import (
 const positionsHelp = `Shows, per partition of the topic, where a consumer stands: its position in
 PostgreSQL (the next offset, written with the effects; its incarnation and
 anchor time), the group's committed offset in Kafka, the offsets the partition
-holds (log start and end), and the lag: records from the later of position
-and committed offset (where the consumer starts) to the log end.
+holds (log start and end), and the lag: the records the consumer has left to
+read, from where it starts (the later of position and committed offset) or
+the log start, whichever is later, to the log end.
 NOTE flags a position past the log end (the topic was deleted and created
 again, or lost records: see idemkit consumer seek -recreated), a position
 below the log start (records deleted by retention before the consumer got to
 them: the range is lost), and positions of partitions the topic does not have.
--json prints the same as one JSON object.
+-json prints the same as one JSON object; null means "none" or "not known",
+and position_lag and committed_lag are the log end minus each, as they are.
 `
 
 const seekHelp = `Moves a consumer, backwards or forwards, in PostgreSQL and in Kafka together:
@@ -329,8 +331,8 @@ func (st *state) rows() []positionRow {
 				r.Flags = append(r.Flags, flagCommittedBelowLog)
 			}
 		}
-		if start != nil {
-			r.Lag = ptr(rg.End - *start)
+		if start != nil { // what it has left to read; records below the log start are gone
+			r.Lag = ptr(rg.End - max(*start, rg.Start))
 		}
 		out = append(out, r)
 	}
@@ -541,8 +543,11 @@ func (f *consumerFlags) commitKafka(ctx context.Context, client *kafka.Client, o
 			return removed, fmt.Errorf("a consumer joined group %s meanwhile: stop it, or pass -force; nothing changed", f.group)
 		case errors.Is(err, kafkaoffsets.ErrGroupNotEmpty) && round < rounds:
 			continue
+		case errors.Is(err, kafkaoffsets.ErrGroupNotEmpty):
+			return removed, fmt.Errorf("removed members of group %s joined again before each of %d commits: "+
+				"stop its consumers; no offset and no position changed", f.group, rounds)
 		}
-		return removed, fmt.Errorf("%w; nothing changed in PostgreSQL (some partitions' Kafka offsets may have moved: "+
+		return removed, fmt.Errorf("%w; no position changed (some of the group's Kafka offsets may have: "+
 			"run the same seek again)", err)
 	}
 }
