@@ -79,7 +79,7 @@ type consumerFlags struct {
 	partitions              string
 	recreated, isNew, force bool
 	dryRun                  bool
-	targets                 int // how many target flags were given
+	target                  string // the target flag given: "to-offset", "to-time", …
 	at                      time.Time
 	only                    []int // -partitions, sorted; nil: all
 }
@@ -156,23 +156,26 @@ func (f *consumerFlags) validate(fs *flag.FlagSet, sub string) error {
 	if sub != "seek" {
 		return nil
 	}
+	var targets []string
 	fs.Visit(func(fl *flag.Flag) {
 		switch fl.Name {
 		case "to-offset", "to-time":
-			f.targets++
+			targets = append(targets, fl.Name)
 		case "to-earliest", "to-latest":
 			if fl.Value.String() == "true" {
-				f.targets++
+				targets = append(targets, fl.Name)
 			}
 		}
 	})
-	if f.targets != 1 {
+	if len(targets) != 1 {
 		return usagef("consumer seek needs one target: -to-offset N, -to-time T, -to-earliest or -to-latest")
 	}
-	if f.toOffset < 0 {
-		return usagef("-to-offset: %d is negative", f.toOffset)
-	}
-	if f.toTime != "" {
+	switch f.target = targets[0]; f.target {
+	case "to-offset":
+		if f.toOffset < 0 {
+			return usagef("-to-offset: %d is negative", f.toOffset)
+		}
+	case "to-time":
 		var err error
 		if f.at, err = time.Parse(time.RFC3339, f.toTime); err != nil {
 			return usagef("-to-time: %q is not an RFC 3339 time (e.g. 2026-11-30T08:00:00Z)", f.toTime)
@@ -487,22 +490,22 @@ func (f *consumerFlags) seek(ctx context.Context, client *kafka.Client, pool *pg
 // targetsFor returns the offset each chosen partition moves to.
 func (f *consumerFlags) targetsFor(ctx context.Context, client *kafka.Client, st *state, chosen []int) (map[int]int64, error) {
 	target := make(map[int]int64, len(chosen))
-	switch {
-	case f.toEarliest:
+	switch f.target {
+	case "to-earliest":
 		for _, p := range chosen {
 			target[p] = st.ranges[p].Start
 		}
-	case f.toLatest:
+	case "to-latest":
 		for _, p := range chosen {
 			target[p] = st.ranges[p].End
 		}
-	case f.toTime != "":
+	case "to-time":
 		at, err := kafkaoffsets.AtTime(ctx, client, f.topic, chosen, f.at)
 		if err != nil {
 			return nil, err
 		}
 		target = at
-	default:
+	default: // to-offset
 		var outside []string
 		for _, p := range chosen {
 			rg := st.ranges[p]

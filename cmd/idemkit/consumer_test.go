@@ -362,6 +362,8 @@ func TestCLIConsumerPositionsAndSeek(t *testing.T) {
 			append(slices.Clone(seek), "-to-offset", "1", "-to-time", e.base.Format(time.RFC3339)),
 			append(slices.Clone(seek), "-to-offset", "-1"),
 			append(slices.Clone(seek), "-to-time", "yesterday"),
+			append(slices.Clone(seek), "-to-time", ""),
+			append(slices.Clone(seek), "-to-earliest=false"),
 			append(slices.Clone(seek), "-to-earliest", "-partitions", "0,x"),
 			append(slices.Clone(seek), "-to-earliest", "extra"),
 			append(slices.Clone(seek), "-to-earliest", "-name", "tab\there"),
