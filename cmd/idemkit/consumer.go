@@ -272,11 +272,11 @@ type positionRow struct {
 
 // Flags of a positions row.
 const (
-	flagPastEnd           = "past_log_end"
-	flagBelowStart        = "below_log_start"
-	flagCommittedPastEnd  = "committed_past_log_end"
-	flagCommittedBelowLog = "committed_below_log_start"
-	flagNotInTopic        = "not_in_topic"
+	flagPastEnd             = "past_log_end"
+	flagBelowStart          = "below_log_start"
+	flagCommittedPastEnd    = "committed_past_log_end"
+	flagCommittedBelowStart = "committed_below_log_start"
+	flagNotInTopic          = "not_in_topic"
 )
 
 func ptr[T any](v T) *T { return &v }
@@ -331,7 +331,7 @@ func (st *state) rows() []positionRow {
 			case *r.Committed > rg.End:
 				r.Flags = append(r.Flags, flagCommittedPastEnd)
 			case *r.Committed < rg.Start:
-				r.Flags = append(r.Flags, flagCommittedBelowLog)
+				r.Flags = append(r.Flags, flagCommittedBelowStart)
 			}
 		}
 		if start != nil { // what it has left to read; records below the log start are gone
@@ -376,7 +376,7 @@ func (f *consumerFlags) printPositions(st *state, out io.Writer) error {
 				notes = append(notes, fmt.Sprintf("offsets %d..%d deleted unread", *r.Position, *r.LogStart-1))
 			case flagCommittedPastEnd:
 				notes = append(notes, "committed offset past the log end")
-			case flagCommittedBelowLog:
+			case flagCommittedBelowStart:
 				notes = append(notes, "committed offset below the log start")
 			case flagNotInTopic:
 				notes = append(notes, "the topic has no such partition")
