@@ -41,7 +41,9 @@ const seekHelp = `Moves a consumer, backwards or forwards, in PostgreSQL and in 
 its positions (one transaction; anchor times cleared) and its group's committed
 offsets. The consumer starts each partition at the later of the two, so this,
 not kafka-consumer-groups --reset-offsets (which moves only Kafka's), is how to
-rewind it: a rewind of Kafka's offsets alone is silently undone.
+rewind it: a rewind of Kafka's offsets alone is silently undone. A rewind
+delivers the records again; those whose message IDs the consumer already
+applied are still skipped as duplicates, so only what never committed runs.
 
 Exactly one target:
   -to-offset N     every chosen partition to offset N, which must lie within
