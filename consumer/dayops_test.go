@@ -130,11 +130,11 @@ func TestRecreatedTopicStops(t *testing.T) {
 	if m := moved.Load(); m == nil || !errors.Is(m, consumer.ErrTopicRecreated) {
 		t.Fatalf("PositionMoved hook got %v, want the ErrTopicRecreated", m)
 	}
-	pos, err := e.store.PositionRecords(context.Background(), e.db.Pool, e.group, e.topic)
+	pos, err := e.store.ListPositions(context.Background(), e.db.Pool, e.group, e.topic)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p := pos[0]; p.Next != 3 || p.Incarnation != 1 {
+	if p := pos[0]; len(pos) != 1 || p.Next != 3 || p.Incarnation != 1 {
 		t.Fatalf("position after the restart = %+v, want next 3 in incarnation 1", p)
 	}
 }

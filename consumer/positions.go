@@ -233,8 +233,10 @@ func (r *Runner) checkStart(ctx context.Context, client *kafka.Client, partition
 func (r *Runner) resetPosition(ctx context.Context, partition int, next int64) (int64, error) {
 	var inc int64
 	err := inTx(ctx, r.cfg.Pool, func(tx pgx.Tx) error {
-		var err error
-		inc, err = r.cfg.Store.ResetPositionTx(ctx, tx, r.cfg.Name, r.cfg.Topic, partition, next, true)
+		_, after, err := r.cfg.Store.SeekTx(ctx, tx, r.cfg.Name, r.cfg.Topic, map[int]int64{partition: next}, true)
+		if err == nil {
+			inc = after[0].Incarnation
+		}
 		return err
 	})
 	if err != nil {

@@ -273,12 +273,14 @@ func (r *Runner) starts(ctx context.Context, client *kafka.Client, assigned []ka
 		partitions[i] = a.ID
 	}
 	var (
-		positions map[int]dedup.Position
+		positions = map[int]dedup.Position{}
 		ranges    map[int]logRange
 	)
 	err := r.waiter("read positions").Do(ctx, func(ctx context.Context) error {
-		var err error
-		positions, err = r.cfg.Store.PositionRecords(ctx, r.cfg.Pool, r.cfg.Name, r.cfg.Topic)
+		list, err := r.cfg.Store.ListPositions(ctx, r.cfg.Pool, r.cfg.Name, r.cfg.Topic)
+		for _, p := range list {
+			positions[p.Partition] = p
+		}
 		return err
 	})
 	if err != nil {

@@ -38,6 +38,15 @@
 // (a redelivery at a lower offset leaves it alone) and it is recorded for
 // duplicates too, since a duplicate is done. Positions are never purged.
 //
+// Store.SeekTx is the one way a position moves back (or jumps ahead): it
+// locks the consumer's positions in a topic, returns what it replaced, and
+// writes the new ones with their anchor time cleared; with newIncarnation it
+// also moves them onto the topic's next incarnation (migration 6), for a topic
+// that was deleted and created again. A consumer starts at the later of its
+// position and its group's Kafka offset, so a rewind must move both:
+// `idemkit consumer seek` does. Store.ListPositions reads positions with their
+// incarnation and anchor time.
+//
 // # Retention
 //
 // Records live until Store.Purge deletes them; nothing expires on its own.

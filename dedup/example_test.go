@@ -126,3 +126,37 @@ func ExampleValidateID() {
 	// invalid MessageID "order-1\n": contains a control character
 	// true
 }
+
+// An operator rewinds partition 0 of consumer billing to offset 100 and
+// starts a new incarnation of the topic, which was deleted and created again.
+// (Its group's Kafka offsets must move too: `idemkit consumer seek` does both.)
+func ExampleStore_SeekTx() {
+	ctx := context.Background()
+	pool, schema, drop := exampleDB()
+	defer drop()
+
+	store, err := dedup.New(&dedup.Config{Schema: schema})
+	if err != nil {
+		panic(err)
+	}
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		return store.SavePositionTx(ctx, tx, "billing", "orders", 0, 250, time.Time{}) // where the consumer got to
+	})
+	if err != nil {
+		panic(err)
+	}
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		before, after, err := store.SeekTx(ctx, tx, "billing", "orders", map[int]int64{0: 100}, true)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("partition %d: next offset %d → %d, incarnation %d → %d\n", after[0].Partition,
+			before[0].Next, after[0].Next, before[0].Incarnation, after[0].Incarnation)
+		return nil
+	})
+	if err != nil {
+		panic(err)
+	}
+	// Output:
+	// partition 0: next offset 250 → 100, incarnation 0 → 1
+}

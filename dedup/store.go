@@ -119,8 +119,6 @@ type Store struct {
 	claimBatchSQL        string
 	claimBatchOneSQL     string // all claims of one consumer, topic and partition
 	savePositionSQL      string
-	positionsSQL         string
-	resetPositionSQL     string
 	processedSQL         string
 	purgeSQL             string
 	purgeConsumerSQL     string
@@ -193,16 +191,6 @@ SELECT input.ord FROM input JOIN claimed USING (consumer, message_id)`,
 SELECT input.ord FROM input JOIN claimed USING (message_id)`,
 
 		savePositionSQL: fmt.Sprintf(upsertPosition, `VALUES ($1, $2, $3, $4, $5::timestamptz)`),
-
-		positionsSQL: `SELECT kafka_partition, next_offset, incarnation, anchor_time FROM ` + positions + `
-	WHERE consumer = $1 AND topic = $2`,
-
-		resetPositionSQL: `INSERT INTO ` + positions + ` AS p (consumer, topic, kafka_partition, next_offset, incarnation)
-	VALUES ($1, $2, $3, $4, CASE WHEN $5 THEN 1 ELSE 0 END)
-	ON CONFLICT (consumer, topic, kafka_partition) DO UPDATE
-	SET next_offset = EXCLUDED.next_offset, anchor_time = NULL, updated_at = now(),
-		incarnation = p.incarnation + CASE WHEN $5 THEN 1 ELSE 0 END
-	RETURNING incarnation`,
 
 		processedSQL: `SELECT EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1 AND message_id = $2)`,
 
@@ -386,7 +374,7 @@ func anchor(t time.Time) *time.Time {
 // partition in tx, unless a higher one is recorded already: positions never
 // move back through the store. (ClaimWithPositionTx and ClaimBatchTx already
 // record positions; this is for messages handled without a claim and for
-// tooling. To rewind a consumer, use ResetPositionTx, or the command
+// tooling. To move a position back, use SeekTx, or the command
 // `idemkit consumer seek`, which also moves Kafka's committed offsets.)
 // anchorTime is the timestamp of the record at next-1 (zero when unknown).
 func (s *Store) SavePositionTx(ctx context.Context, tx pgx.Tx, consumer, topic string, partition int, next int64, anchorTime time.Time) error {
@@ -411,79 +399,6 @@ func (s *Store) SavePositionTx(ctx context.Context, tx pgx.Tx, consumer, topic s
 	return nil
 }
 
-// ResetPositionTx sets consumer's next offset for topic and partition to
-// next in tx, also backwards, and forgets its anchor. With newIncarnation it
-// also counts one more incarnation of the topic: the consumer moves onto a
-// topic that was deleted and created again, whose offsets have nothing to do
-// with the old ones. It returns the partition's incarnation.
-func (s *Store) ResetPositionTx(ctx context.Context, tx pgx.Tx, consumer, topic string, partition int, next int64, newIncarnation bool) (incarnation int64, err error) {
-	if err := ValidateID("Consumer", consumer); err != nil {
-		return 0, fmt.Errorf("dedup: reset position: %w", &inputError{err: err})
-	}
-	if err := validateTopic(topic); err != nil {
-		return 0, fmt.Errorf("dedup: reset position: %w", err)
-	}
-	if err := validatePartition(partition); err != nil {
-		return 0, fmt.Errorf("dedup: reset position: %w", err)
-	}
-	if next < 0 {
-		return 0, fmt.Errorf("dedup: reset position: %w", invalid("invalid next offset %d", next))
-	}
-	if tx == nil {
-		return 0, errors.New("dedup: reset position: nil tx")
-	}
-	if err := tx.QueryRow(ctx, s.resetPositionSQL, consumer, topic, partition, next, newIncarnation).Scan(&incarnation); err != nil {
-		return 0, fmt.Errorf("dedup: reset position: %w", err)
-	}
-	return incarnation, nil
-}
-
-// Position is what the store records for one partition of a consumer.
-type Position struct {
-	// Next is the offset of the first message whose effects are not
-	// committed.
-	Next int64
-	// Incarnation counts how often the topic was deleted and created again
-	// and the consumer moved onto the new one (see ResetPositionTx).
-	Incarnation int64
-	// AnchorTime is the timestamp of the record at Next-1, zero when
-	// unknown.
-	AnchorTime time.Time
-}
-
-// PositionRecords returns what the store records for each partition of
-// topic that consumer has a position for.
-func (s *Store) PositionRecords(ctx context.Context, db DBTX, consumer, topic string) (map[int]Position, error) {
-	if err := ValidateID("Consumer", consumer); err != nil {
-		return nil, fmt.Errorf("dedup: positions: %w", &inputError{err: err})
-	}
-	if err := validateTopic(topic); err != nil {
-		return nil, fmt.Errorf("dedup: positions: %w", err)
-	}
-	rows, err := db.Query(ctx, s.positionsSQL, consumer, topic)
-	if err != nil {
-		return nil, fmt.Errorf("dedup: positions: %w", err)
-	}
-	out := map[int]Position{}
-	var (
-		partition int
-		p         Position
-		at        *time.Time
-	)
-	_, err = pgx.ForEachRow(rows, []any{&partition, &p.Next, &p.Incarnation, &at}, func() error {
-		p.AnchorTime = time.Time{}
-		if at != nil {
-			p.AnchorTime = *at
-		}
-		out[partition] = p
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("dedup: positions: %w", err)
-	}
-	return out, nil
-}
-
 // Positions returns consumer's next offset per partition of topic: the
 // offset of the first message whose effects are not committed, as far as
 // positions were recorded. Partitions without a record are absent.
@@ -494,13 +409,13 @@ func (s *Store) Positions(ctx context.Context, db DBTX, consumer, topic string) 
 	if err := validateTopic(topic); err != nil {
 		return nil, fmt.Errorf("dedup: positions: %w", err)
 	}
-	records, err := s.PositionRecords(ctx, db, consumer, topic)
+	records, err := s.ListPositions(ctx, db, consumer, topic)
 	if err != nil {
 		return nil, err
 	}
 	out := make(map[int]int64, len(records))
-	for p, r := range records {
-		out[p] = r.Next
+	for _, r := range records {
+		out[r.Partition] = r.Next
 	}
 	return out, nil
 }

@@ -1,7 +1,8 @@
 // Command idemkit operates idemkit's tables and topics: it applies the
 // migrations; lists, inspects and replays dead letters; lists stuck HTTP
-// idempotency records; shows and requeues parked outbox messages; and purges
-// processed-message records past their retention.
+// idempotency records; shows and requeues parked outbox messages; purges
+// processed-message records past their retention; and shows and moves
+// (rewinds, skips) a consumer's positions.
 //
 //	idemkit migrate up|down VERSION|status   -database URL [-schema S]
 //	idemkit dlq list     -topic T.dlq [filters]        -brokers B [-database URL]
@@ -10,10 +11,16 @@
 //	idemkit idemhttp stuck -database URL [-schema S] [-table T] [-limit N]
 //	idemkit outbox stats|parked|retry ID... -database URL [-schema S] [-table T]
 //	idemkit dedup purge -older-than D -database URL [-schema S] [-batch N]
+//	idemkit consumer positions -group G -topic T [-name N] [-json] -brokers B -database URL
+//	idemkit consumer seek -group G -topic T TARGET [-partitions 0,2] [-recreated] [-force] [-dry-run] ...
+//
+// consumer seek, not kafka-consumer-groups --reset-offsets, rewinds a
+// consumer: it moves the PostgreSQL positions and the group's Kafka offsets
+// together (the consumer starts at the later of the two).
 //
 // -database and -brokers default to $IDEMKIT_DATABASE_URL and
-// $IDEMKIT_KAFKA_BROKERS. Exit status: 0 done, 1 failed (one line on stderr
-// says why), 2 bad usage.
+// $IDEMKIT_KAFKA_BROKERS. -h after any command shows its flags. Exit status:
+// 0 done, 1 failed (one line on stderr says why), 2 bad usage.
 package main
 
 import (
@@ -34,6 +41,11 @@ type usageError struct{ msg string }
 
 func (e *usageError) Error() string { return e.msg }
 
+// helpRequest makes main print text on stdout and exit 0: -h at every level.
+type helpRequest struct{ text string }
+
+func (h *helpRequest) Error() string { return "help requested" }
+
 func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(format, args...)} }
 
 const usage = `usage:
@@ -46,20 +58,33 @@ const usage = `usage:
   idemkit outbox stats|parked          [-database URL] [-schema S] [-table T]
   idemkit outbox retry ID...           [-database URL] [-schema S] [-table T]
   idemkit dedup purge -older-than D    [-database URL] [-schema S] [-batch N]
+  idemkit consumer positions -group G -topic T [-name N] [-json]         [-brokers B] [-database URL] [-schema S] [-table T]
+  idemkit consumer seek      -group G -topic T [-name N] TARGET [-partitions 0,2]
+                             [-recreated] [-new] [-force] [-dry-run]    [-brokers B] [-database URL] [-schema S] [-table T]
 filters: -message-id ID -origin TOPIC -error TEXT -since RFC3339 -until RFC3339
+TARGET: -to-offset N | -to-time RFC3339 | -to-earliest | -to-latest
 -database and -brokers default to $IDEMKIT_DATABASE_URL and $IDEMKIT_KAFKA_BROKERS.
 replay writes each selected dead letter back to its origin topic (the consumer's dedup
 makes repeats harmless) and records who replayed what; to re-run a handler in-process,
 use dlq.Reprocessor with Mode Redrive from Go.
+consumer seek is how to rewind (or skip) a consumer: it moves its PostgreSQL positions
+and its group's Kafka offsets together. Do not use kafka-consumer-groups --reset-offsets:
+the consumer starts at the later of the two, so a rewind of Kafka's alone is undone.
+-h after a command shows its flags and what it does.
 `
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	err := run(ctx, os.Args[1:], os.Stdout)
-	var u *usageError
+	var (
+		u *usageError
+		h *helpRequest
+	)
 	switch {
 	case err == nil:
+	case errors.As(err, &h):
+		fmt.Fprint(os.Stdout, h.text)
 	case errors.As(err, &u):
 		fmt.Fprintf(os.Stderr, "idemkit: %s\n%s", u.msg, usage)
 		os.Exit(2)
@@ -72,6 +97,11 @@ func main() {
 func oneLine(err error) string { return strings.Join(strings.Fields(err.Error()), " ") }
 
 func run(ctx context.Context, args []string, out io.Writer) error {
+	for _, a := range args[:min(2, len(args))] {
+		if a == "-h" || a == "-help" || a == "--help" || a == "help" {
+			return &helpRequest{usage}
+		}
+	}
 	if len(args) < 2 {
 		return usagef("name a command")
 	}
@@ -86,6 +116,8 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return outboxCmd(ctx, args[1], args[2:], out)
 	case "dedup purge":
 		return dedupCmd(ctx, args[1], args[2:], out)
+	case "consumer positions", "consumer seek":
+		return consumerCmd(ctx, args[1], args[2:], out)
 	}
 	return usagef("unknown command %q", strings.Join(args[:2], " "))
 }
@@ -116,12 +148,30 @@ func (c *conn) brokerList() ([]string, error) {
 	return out, nil
 }
 
+// commandHelp is what `idemkit COMMAND -h` says above the flags, by command.
+var commandHelp = map[string]string{
+	"consumer positions": positionsHelp,
+	"consumer seek":      seekHelp,
+}
+
 // parse parses flags that may come after positional arguments too.
 func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	fs.SetOutput(io.Discard)
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
+		err := fs.Parse(args)
+		if errors.Is(err, flag.ErrHelp) {
+			var b strings.Builder
+			fmt.Fprintf(&b, "usage: idemkit %s [flags]\n", fs.Name())
+			if doc := commandHelp[fs.Name()]; doc != "" {
+				fmt.Fprintf(&b, "\n%s\n", doc)
+			}
+			b.WriteString("flags:\n")
+			fs.SetOutput(&b)
+			fs.PrintDefaults()
+			return nil, &helpRequest{b.String()}
+		}
+		if err != nil {
 			return nil, usagef("%v", err)
 		}
 		args = fs.Args()
