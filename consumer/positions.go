@@ -11,6 +11,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/kafkaoffsets"
 )
 
 // ErrTopicRecreated means a partition's stored position does not belong to
@@ -88,35 +89,6 @@ type partitionStart struct {
 	commit bool
 }
 
-// logRange is a partition's first offset and the offset after its last
-// record.
-type logRange struct{ start, end int64 }
-
-// logRanges asks Kafka for the log start and end of partitions of topic.
-func logRanges(ctx context.Context, client *kafka.Client, topic string, partitions []int) (map[int]logRange, error) {
-	reqs := make([]kafka.OffsetRequest, 0, 2*len(partitions))
-	for _, p := range partitions {
-		reqs = append(reqs, kafka.FirstOffsetOf(p), kafka.LastOffsetOf(p))
-	}
-	res, err := client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}})
-	if err != nil {
-		return nil, fmt.Errorf("list offsets of %s: %w", topic, err)
-	}
-	out := make(map[int]logRange, len(partitions))
-	for _, po := range res.Topics[topic] {
-		if po.Error != nil {
-			return nil, fmt.Errorf("list offsets of %s/%d: %w", topic, po.Partition, po.Error)
-		}
-		out[po.Partition] = logRange{start: po.FirstOffset, end: po.LastOffset}
-	}
-	for _, p := range partitions {
-		if _, ok := out[p]; !ok {
-			return nil, fmt.Errorf("list offsets of %s/%d: no answer for the partition", topic, p)
-		}
-	}
-	return out, nil
-}
-
 // recordTime reads the timestamp of the record at offset. ok is false when
 // no record has that offset (compacted away, or a transaction marker).
 func recordTime(ctx context.Context, client *kafka.Client, topic string, partition int, offset int64) (t time.Time, ok bool, err error) {
@@ -165,11 +137,11 @@ func sameInstant(a, b time.Time) bool { return a.UnixMilli() == b.UnixMilli() }
 // range. It returns a *PositionError matching ErrTopicRecreated when the
 // position does not match the topic and the policy is RecreatedStop.
 func (r *Runner) checkStart(ctx context.Context, client *kafka.Client, partition int, pos dedup.Position, havePos bool,
-	kafkaNext int64, lr logRange) (partitionStart, error) {
+	kafkaNext int64, lr kafkaoffsets.Range) (partitionStart, error) {
 	cfg := &r.cfg
 	log := cfg.Logger.With("topic", cfg.Topic, "group", cfg.GroupID, "partition", partition)
 	perr := func(kind error, reason string) *PositionError {
-		return &PositionError{Topic: cfg.Topic, Partition: partition, Position: pos.Next, LogStart: lr.start, LogEnd: lr.end,
+		return &PositionError{Topic: cfg.Topic, Partition: partition, Position: pos.Next, LogStart: lr.Start, LogEnd: lr.End,
 			Reason: reason, Group: cfg.GroupID, Name: cfg.Name, kind: kind}
 	}
 	start := partitionStart{offset: cfg.StartOffset, incarnation: pos.Incarnation}
@@ -187,10 +159,10 @@ func (r *Runner) checkStart(ctx context.Context, client *kafka.Client, partition
 	}
 	var mismatch *PositionError
 	switch {
-	case start.offset > lr.end:
-		mismatch = perr(ErrTopicRecreated, fmt.Sprintf("%s %d is past the log end %d", source, start.offset, lr.end))
+	case start.offset > lr.End:
+		mismatch = perr(ErrTopicRecreated, fmt.Sprintf("%s %d is past the log end %d", source, start.offset, lr.End))
 		mismatch.Position = start.offset
-	case fromPG && !pos.AnchorTime.IsZero() && pos.Next-1 >= lr.start && pos.Next-1 < lr.end:
+	case fromPG && !pos.AnchorTime.IsZero() && pos.Next-1 >= lr.Start && pos.Next-1 < lr.End:
 		t, ok, err := recordTime(ctx, client, cfg.Topic, partition, pos.Next-1)
 		if err != nil {
 			return start, err
@@ -205,26 +177,26 @@ func (r *Runner) checkStart(ctx context.Context, client *kafka.Client, partition
 			log.Error("stored position does not match the topic; stopping", "err", mismatch)
 			return start, mismatch
 		}
-		inc, err := r.resetPosition(ctx, partition, lr.start)
+		inc, err := r.resetPosition(ctx, partition, lr.Start)
 		if err != nil {
 			return start, err
 		}
 		log.Error("stored position does not match the topic; starting over at the log start as a new incarnation",
-			"position", mismatch.Position, "log_start", lr.start, "log_end", lr.end, "incarnation", inc, "err", mismatch)
+			"position", mismatch.Position, "log_start", lr.Start, "log_end", lr.End, "incarnation", inc, "err", mismatch)
 		if h := cfg.Hooks.PositionMoved; h != nil {
 			h(mismatch)
 		}
-		return partitionStart{offset: lr.start, incarnation: inc, commit: true}, nil
+		return partitionStart{offset: lr.Start, incarnation: inc, commit: true}, nil
 	}
-	if start.offset < lr.start {
+	if start.offset < lr.Start {
 		lost := perr(ErrMessagesLost, "")
 		lost.Position = start.offset
 		log.Error("messages were deleted by Kafka before this consumer processed them; continuing at the log start",
-			"from", start.offset, "to", lr.start, "lost", lr.start-start.offset, "source", source)
+			"from", start.offset, "to", lr.Start, "lost", lr.Start-start.offset, "source", source)
 		if h := cfg.Hooks.PositionMoved; h != nil {
 			h(lost)
 		}
-		start.offset, start.commit = lr.start, true
+		start.offset, start.commit = lr.Start, true
 	}
 	return start, nil
 }

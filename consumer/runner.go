@@ -12,6 +12,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/kafkaoffsets"
 	"github.com/idemkit/idemkit/internal/outage"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -274,7 +275,7 @@ func (r *Runner) starts(ctx context.Context, client *kafka.Client, assigned []ka
 	}
 	var (
 		positions = map[int]dedup.Position{}
-		ranges    map[int]logRange
+		ranges    map[int]kafkaoffsets.Range
 	)
 	err := r.waiter("read positions").Do(ctx, func(ctx context.Context) error {
 		list, err := r.cfg.Store.ListPositions(ctx, r.cfg.Pool, r.cfg.Name, r.cfg.Topic)
@@ -288,7 +289,7 @@ func (r *Runner) starts(ctx context.Context, client *kafka.Client, assigned []ka
 	}
 	err = r.waiter("list offsets").Do(ctx, func(ctx context.Context) error {
 		var err error
-		ranges, err = logRanges(ctx, client, r.cfg.Topic, partitions)
+		ranges, err = kafkaoffsets.LogRange(ctx, client, r.cfg.Topic, partitions...)
 		return err
 	})
 	if err != nil {
