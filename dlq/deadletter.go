@@ -74,6 +74,14 @@ func Parse(m kafka.Message) (*DeadLetter, error) {
 	if d.Origin.Offset, err = strconv.ParseInt(h[HeaderOriginOffset], 10, 64); err != nil {
 		return nil, bad(HeaderOriginOffset, err)
 	}
+	if v, ok := h[HeaderOriginIncarnation]; ok { // absent in dead letters written before it existed
+		if d.Origin.Incarnation, err = strconv.ParseInt(v, 10, 64); err == nil && d.Origin.Incarnation < 0 {
+			err = errors.New("negative")
+		}
+		if err != nil {
+			return nil, bad(HeaderOriginIncarnation, err)
+		}
+	}
 	if err := json.Unmarshal([]byte(h[HeaderHistory]), &d.History); err != nil {
 		return nil, bad(HeaderHistory, err)
 	}

@@ -9,7 +9,8 @@
 // origin (topic, partition, offset, consumer group, dedup name, message ID),
 // the last error's text and class, the attempt count, the first and last
 // failure times, the replay round and the whole failure history as JSON (see
-// the Header… constants). The write waits for all in-sync replicas. Only
+// the Header… constants; the origin includes the topic's incarnation, see
+// consumer.Message). The write waits for all in-sync replicas. Only
 // after it succeeded does the consumer record the partition's position past
 // the message: a message is never lost between the two. While the
 // dead-letter topic is unavailable (down, or not created: the Writer never
@@ -27,8 +28,11 @@
 // when Run starts (no consumer group; reading moves no offset) and, for each
 // dead letter its Filter selects:
 //
-//   - if a replay record for the dead letter (origin coordinates and round)
-//     exists: AlreadyReplayed, nothing done — replaying twice is a no-op;
+//   - if a replay record for the dead letter (origin coordinates, the
+//     topic's incarnation, and round) exists: AlreadyReplayed, nothing done —
+//     replaying twice is a no-op, and dead letters of a topic deleted and
+//     created again (its offsets start over) never pass for those of the
+//     old one;
 //   - if the dedup store already holds the message ID under the original
 //     consumer name: AlreadyApplied, recorded, nothing re-run;
 //   - Redrive: one transaction inserts the replay record, claims the original
@@ -45,5 +49,6 @@
 // DryRun reports what would happen and writes nothing; Rate bounds the pace;
 // Progress reports each decision.
 //
-// The tables (replay records) are created by package migrate, version 4.
+// The tables (replay records) are created by package migrate, versions 4
+// and 7.
 package dlq

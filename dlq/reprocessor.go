@@ -69,8 +69,8 @@ type ReprocessorConfig struct {
 
 	// Pool is where dedup records and replay records live.
 	Pool *pgxpool.Pool
-	// Tables names the schema and tables (see package migrate, version 4).
-	// Defaults to migrate's defaults.
+	// Tables names the schema and tables (see package migrate, versions 4
+	// and 7). Defaults to migrate's defaults.
 	Tables migrate.Config
 
 	// Filter selects which dead letters to replay.
@@ -261,7 +261,7 @@ func republishable(d *DeadLetter) kafka.Message {
 
 func (r *Reprocessor) redrive(ctx context.Context, d *DeadLetter) (Action, error, error) {
 	orig := d.Original()
-	msg := &consumer.Message{Message: orig, ID: d.MessageID}
+	msg := &consumer.Message{Message: orig, ID: d.MessageID, Incarnation: d.Origin.Incarnation}
 	var action Action
 	first := time.Now()
 	attempts := 0
@@ -274,9 +274,10 @@ func (r *Reprocessor) redrive(ctx context.Context, d *DeadLetter) (Action, error
 		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 		// The replay record first: a concurrent or repeated replay of the same
 		// dead letter waits here, then finds it and does nothing.
-		tag, err := tx.Exec(ctx, `INSERT INTO `+r.replays+` (origin_topic, origin_partition, origin_offset, replay_round,
-			dead_letter_topic, message_id, consumer, outcome, replayed_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-			ON CONFLICT DO NOTHING`, d.Origin.Topic, d.Origin.Partition, d.Origin.Offset, d.Round,
+		tag, err := tx.Exec(ctx, `INSERT INTO `+r.replays+` (origin_topic, origin_incarnation, origin_partition,
+			origin_offset, replay_round, dead_letter_topic, message_id, consumer, outcome, replayed_by)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT DO NOTHING`,
+			d.Origin.Topic, d.Origin.Incarnation, d.Origin.Partition, d.Origin.Offset, d.Round,
 			r.cfg.Topic, d.MessageID, d.Consumer, string(Applied), r.cfg.ReplayedBy)
 		if err != nil {
 			return fmt.Errorf("record replay: %w", err)
@@ -293,9 +294,10 @@ func (r *Reprocessor) redrive(ctx context.Context, d *DeadLetter) (Action, error
 		action = Applied
 		if dup {
 			action = AlreadyApplied
-			if _, err := tx.Exec(ctx, `UPDATE `+r.replays+` SET outcome = $5 WHERE origin_topic = $1
-				AND origin_partition = $2 AND origin_offset = $3 AND replay_round = $4`,
-				d.Origin.Topic, d.Origin.Partition, d.Origin.Offset, d.Round, string(AlreadyApplied)); err != nil {
+			if _, err := tx.Exec(ctx, `UPDATE `+r.replays+` SET outcome = $6 WHERE origin_topic = $1
+				AND origin_incarnation = $2 AND origin_partition = $3 AND origin_offset = $4 AND replay_round = $5`,
+				d.Origin.Topic, d.Origin.Incarnation, d.Origin.Partition, d.Origin.Offset, d.Round,
+				string(AlreadyApplied)); err != nil {
 				return err
 			}
 		} else if err := callHandler(ctx, r.cfg.Handler, tx, msg); err != nil {
@@ -349,22 +351,22 @@ func callHandler(ctx context.Context, h consumer.Handler, tx pgx.Tx, m *consumer
 
 // replayed reports whether this dead letter (this round) has a replay record.
 func (r *Reprocessor) replayed(ctx context.Context, d *DeadLetter) (bool, error) {
-	var n int
-	err := r.cfg.Pool.QueryRow(ctx, `SELECT count(*) FROM `+r.replays+` WHERE origin_topic = $1
-		AND origin_partition = $2 AND origin_offset = $3 AND replay_round = $4`,
-		d.Origin.Topic, d.Origin.Partition, d.Origin.Offset, d.Round).Scan(&n)
+	var done bool
+	err := r.cfg.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+r.replays+` WHERE origin_topic = $1
+		AND origin_incarnation = $2 AND origin_partition = $3 AND origin_offset = $4 AND replay_round = $5)`,
+		d.Origin.Topic, d.Origin.Incarnation, d.Origin.Partition, d.Origin.Offset, d.Round).Scan(&done)
 	if err != nil {
 		return false, fmt.Errorf("dlq: read replay records: %w", err)
 	}
-	return n > 0, nil
+	return done, nil
 }
 
 func (r *Reprocessor) record(ctx context.Context, db dedup.DBTX, d *DeadLetter, a Action, detail string) error {
-	_, err := db.Exec(ctx, `INSERT INTO `+r.replays+` (origin_topic, origin_partition, origin_offset, replay_round,
-		dead_letter_topic, message_id, consumer, outcome, detail, replayed_by)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, NULLIF($9, ''), $10) ON CONFLICT DO NOTHING`,
-		d.Origin.Topic, d.Origin.Partition, d.Origin.Offset, d.Round, r.cfg.Topic, d.MessageID, d.Consumer,
-		string(a), detail, r.cfg.ReplayedBy)
+	_, err := db.Exec(ctx, `INSERT INTO `+r.replays+` (origin_topic, origin_incarnation, origin_partition,
+		origin_offset, replay_round, dead_letter_topic, message_id, consumer, outcome, detail, replayed_by)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, NULLIF($10, ''), $11) ON CONFLICT DO NOTHING`,
+		d.Origin.Topic, d.Origin.Incarnation, d.Origin.Partition, d.Origin.Offset, d.Round, r.cfg.Topic,
+		d.MessageID, d.Consumer, string(a), detail, r.cfg.ReplayedBy)
 	if err != nil {
 		return fmt.Errorf("dlq: record replay of %s: %w", d.MessageID, err)
 	}

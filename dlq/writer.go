@@ -19,19 +19,20 @@ import (
 
 // Headers a dead letter carries besides the original message's own.
 const (
-	HeaderOriginTopic     = "idemkit-dlq-origin-topic"
-	HeaderOriginPartition = "idemkit-dlq-origin-partition"
-	HeaderOriginOffset    = "idemkit-dlq-origin-offset"
-	HeaderGroup           = "idemkit-dlq-group"
-	HeaderConsumer        = "idemkit-dlq-consumer" // the dedup name: replays use the same scope
-	HeaderMessageID       = "idemkit-dlq-message-id"
-	HeaderError           = "idemkit-dlq-error"
-	HeaderErrorClass      = "idemkit-dlq-error-class"
-	HeaderAttempts        = "idemkit-dlq-attempts"
-	HeaderFirstFailure    = "idemkit-dlq-first-failure" // RFC 3339, nanoseconds
-	HeaderLastFailure     = "idemkit-dlq-last-failure"
-	HeaderReplayRound     = "idemkit-dlq-replay-round" // 0 for the first dead-lettering
-	HeaderHistory         = "idemkit-dlq-history"      // JSON array of Failure, oldest first
+	HeaderOriginTopic       = "idemkit-dlq-origin-topic"
+	HeaderOriginPartition   = "idemkit-dlq-origin-partition"
+	HeaderOriginOffset      = "idemkit-dlq-origin-offset"
+	HeaderOriginIncarnation = "idemkit-dlq-origin-incarnation" // consumer.Message.Incarnation; absent means 0
+	HeaderGroup             = "idemkit-dlq-group"
+	HeaderConsumer          = "idemkit-dlq-consumer" // the dedup name: replays use the same scope
+	HeaderMessageID         = "idemkit-dlq-message-id"
+	HeaderError             = "idemkit-dlq-error"
+	HeaderErrorClass        = "idemkit-dlq-error-class"
+	HeaderAttempts          = "idemkit-dlq-attempts"
+	HeaderFirstFailure      = "idemkit-dlq-first-failure" // RFC 3339, nanoseconds
+	HeaderLastFailure       = "idemkit-dlq-last-failure"
+	HeaderReplayRound       = "idemkit-dlq-replay-round" // 0 for the first dead-lettering
+	HeaderHistory           = "idemkit-dlq-history"      // JSON array of Failure, oldest first
 )
 
 // TopicSuffixDefault makes the default dead-letter topic name: "<topic>.dlq".
@@ -129,8 +130,8 @@ func (w *Writer) OnFailure(ctx context.Context, msg *consumer.Message, err error
 	}
 	f := Failure{Error: truncate(merr.Err.Error()), Class: merr.Class.String(), Attempts: merr.Attempts,
 		FirstFailure: merr.FirstFailure.UTC(), LastFailure: merr.LastFailure.UTC()}
-	dl := build(msg.Message, Origin{Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset},
-		w.cfg.Group, w.cfg.Consumer, msg.ID, nil, f)
+	dl := build(msg.Message, Origin{Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset,
+		Incarnation: msg.Incarnation}, w.cfg.Group, w.cfg.Consumer, msg.ID, nil, f)
 	dl.Topic = w.TopicFor(msg.Topic)
 	return w.write(ctx, dl)
 }
@@ -160,9 +161,12 @@ func (w *Writer) write(ctx context.Context, m kafka.Message) error {
 
 // Origin is where a dead letter came from.
 type Origin struct {
-	Topic     string
-	Partition int
-	Offset    int64
+	Topic     string `json:"topic"`
+	Partition int    `json:"partition"`
+	Offset    int64  `json:"offset"`
+	// Incarnation is the topic's incarnation (see consumer.Message): offsets
+	// of two incarnations of a topic are unrelated.
+	Incarnation int64 `json:"incarnation"`
 }
 
 // build makes a dead letter of the original message: its key, value and
@@ -172,7 +176,7 @@ func build(orig kafka.Message, o Origin, group, name, id string, history []Failu
 	f.Round = len(history)
 	history = append(history, f)
 	hist, _ := json.Marshal(history)
-	headers := make([]kafka.Header, 0, len(orig.Headers)+13)
+	headers := make([]kafka.Header, 0, len(orig.Headers)+14)
 	for _, h := range orig.Headers {
 		if !strings.HasPrefix(h.Key, "idemkit-dlq-") {
 			headers = append(headers, h)
@@ -182,6 +186,7 @@ func build(orig kafka.Message, o Origin, group, name, id string, history []Failu
 	add(HeaderOriginTopic, o.Topic)
 	add(HeaderOriginPartition, strconv.Itoa(o.Partition))
 	add(HeaderOriginOffset, strconv.FormatInt(o.Offset, 10))
+	add(HeaderOriginIncarnation, strconv.FormatInt(o.Incarnation, 10))
 	add(HeaderGroup, group)
 	add(HeaderConsumer, name)
 	add(HeaderMessageID, id)
