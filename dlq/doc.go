@@ -13,9 +13,12 @@
 // consumer.Message). The write waits for all in-sync replicas. Only
 // after it succeeded does the consumer record the partition's position past
 // the message: a message is never lost between the two. While the
-// dead-letter topic is unavailable (down, or not created: the Writer never
-// creates topics, CreateTopic does), OnFailure keeps retrying with backoff and
-// the partition waits; other partitions keep flowing.
+// dead-letter topic is unavailable (not created: the Writer never creates
+// topics, CreateTopic does), OnFailure keeps retrying with backoff and the
+// partition waits; other partitions keep flowing. While Kafka cannot be
+// reached at all, OnFailure waits the outage out, logging it once when it
+// starts and once with its duration when it ends; past
+// WriterConfig.MaxOutage (default: no bound) it returns a *retry.OutageError.
 //
 // A crash after the dead-letter write and before the position commit makes
 // the consumer fail the message again after restart and dead-letter it a

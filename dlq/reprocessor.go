@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/outage"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -244,7 +245,7 @@ func (r *Reprocessor) replay(ctx context.Context, d *DeadLetter) (Action, error,
 		return AlreadyApplied, nil, r.record(ctx, r.cfg.Pool, d, AlreadyApplied, "")
 	}
 	if r.cfg.Mode == Republish {
-		if err := r.back.write(ctx, republishable(d)); err != nil {
+		if err := r.back.write(ctx, republishable(d), r.outage()); err != nil {
 			return "", nil, err
 		}
 		return Republished, nil, r.record(ctx, r.cfg.Pool, d, Republished, "")
@@ -329,10 +330,15 @@ func (r *Reprocessor) redrive(ctx context.Context, d *DeadLetter) (Action, error
 	}
 	next := build(d.Message, d.Origin, d.Group, d.Consumer, d.MessageID, d.History, f)
 	next.Topic = r.cfg.Topic
-	if err := r.back.write(ctx, next); err != nil {
+	if err := r.back.write(ctx, next, r.outage()); err != nil {
 		return "", nil, err
 	}
 	return FailedAgain, hf.err, r.record(ctx, r.cfg.Pool, d, FailedAgain, f.Error)
+}
+
+// outage is the Kafka outage of one write: none bounds it yet.
+func (r *Reprocessor) outage() *outage.Waiter {
+	return &outage.Waiter{Op: "replay " + r.cfg.Topic + ": kafka", Log: r.cfg.Logger}
 }
 
 type handlerFailure struct{ err error }

@@ -11,9 +11,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/internal/outage"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -63,9 +65,17 @@ type WriterConfig struct {
 	// the dedup name of the consumer that gave up. Consumer defaults to Group.
 	Group, Consumer string
 	// Retry paces attempts to write while the dead-letter topic is
-	// unavailable. The partition waits meanwhile: a message is never dropped.
-	// Defaults to no bound on attempts or time, 100ms to 10s apart.
+	// unavailable for another reason than an outage (for example because it
+	// does not exist). The partition waits meanwhile: a message is never
+	// dropped. Defaults to no bound on attempts or time, 100ms to 10s apart.
 	Retry *retry.Policy
+	// MaxOutage bounds how long OnFailure waits while Kafka cannot be
+	// reached (see retry.IsConnection): it backs off, logs the outage once
+	// when it starts and once with its duration when it ends, and returns a
+	// *retry.OutageError (errors.Is retry.ErrOutage) once the outage lasted
+	// longer, checked between two tries. The consumer then stops with that
+	// error, the message kept. Defaults to 0: wait for ever.
+	MaxOutage time.Duration
 	// Transport connects to Kafka. Defaults to kafka-go's default transport.
 	Transport kafka.RoundTripper
 	// Logger defaults to slog.Default().
@@ -88,6 +98,9 @@ func NewWriter(cfg *WriterConfig) (*Writer, error) {
 	if cfg == nil || len(cfg.Brokers) == 0 {
 		return nil, fmt.Errorf("%w: Brokers is empty", ErrInvalidConfig)
 	}
+	if cfg.MaxOutage < 0 {
+		return nil, fmt.Errorf("%w: MaxOutage must not be negative", ErrInvalidConfig)
+	}
 	c := *cfg
 	c.Consumer = cmp.Or(c.Consumer, c.Group)
 	if c.Retry == nil {
@@ -104,7 +117,10 @@ func NewWriter(cfg *WriterConfig) (*Writer, error) {
 		Balancer:     &kafka.Hash{},
 		RequiredAcks: kafka.RequireAll,
 		BatchTimeout: time.Millisecond,
-		Transport:    c.Transport,
+		// A few quick tries for a leader that moves; longer trouble is
+		// ours to wait out (outages) or retry (Retry), and to log.
+		MaxAttempts: 3,
+		Transport:   c.Transport,
 	}}, nil
 }
 
@@ -117,10 +133,12 @@ func (w *Writer) TopicFor(origin string) string {
 }
 
 // OnFailure writes msg to the dead-letter topic and returns nil once the
-// write is acknowledged; while the topic is unavailable it retries under the
-// writer's policy, so the consumer's partition waits. It returns an error
-// only when ctx ends or the policy gives up: the consumer then keeps the
-// message (its position does not move).
+// write is acknowledged. While Kafka cannot be reached it waits the outage
+// out (see MaxOutage); while the topic is unavailable for another reason it
+// retries under the writer's policy; the consumer's partition waits either
+// way. It returns an error only when ctx ends, the policy gives up or the
+// outage outlasts MaxOutage: the consumer then keeps the message (its
+// position does not move).
 func (w *Writer) OnFailure(ctx context.Context, msg *consumer.Message, err error) error {
 	var merr *consumer.MessageError
 	if !errors.As(err, &merr) {
@@ -133,30 +151,60 @@ func (w *Writer) OnFailure(ctx context.Context, msg *consumer.Message, err error
 	dl := build(msg.Message, Origin{Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset,
 		Incarnation: msg.Incarnation}, w.cfg.Group, w.cfg.Consumer, msg.ID, nil, f)
 	dl.Topic = w.TopicFor(msg.Topic)
-	return w.write(ctx, dl)
+	wait := &outage.Waiter{Op: "write to " + dl.Topic + ": kafka", Log: w.cfg.Logger, Max: w.cfg.MaxOutage}
+	return w.write(ctx, dl, wait)
 }
 
-func (w *Writer) write(ctx context.Context, m kafka.Message) error {
-	err := w.cfg.Retry.Do(ctx, func(ctx context.Context) error {
+// write writes m, waiting out outages with wait and retrying other failures
+// under the writer's policy.
+func (w *Writer) write(ctx context.Context, m kafka.Message, wait *outage.Waiter) error {
+	schedule := w.cfg.Retry.Schedule()
+	for attempt := 1; ; attempt++ {
 		err := w.w.WriteMessages(ctx, m)
 		var werrs kafka.WriteErrors
 		if errors.As(err, &werrs) && len(werrs) == 1 {
 			err = werrs[0]
 		}
+		if err == nil {
+			wait.Ok()
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("dlq: write to %s: %w", m.Topic, ctx.Err())
+		}
+		if retry.IsConnection(err) {
+			if werr := wait.Wait(ctx, err); werr != nil {
+				if ctx.Err() != nil {
+					return fmt.Errorf("dlq: write to %s: %w", m.Topic, werr)
+				}
+				return fmt.Errorf("dlq: %w", werr) // its Op names the topic
+			}
+			continue
+		}
+		wait.Ok() // Kafka answered
 		if errors.Is(err, kafka.UnknownTopicOrPartition) {
 			// Kafka calls this retriable; for us it means the topic was not
 			// created. Keep waiting, but say what to do.
-			return fmt.Errorf("dead-letter topic %q does not exist (create it, e.g. with dlq.CreateTopic): %w", m.Topic, err)
+			err = fmt.Errorf("dead-letter topic %q does not exist (create it, e.g. with dlq.CreateTopic): %w", m.Topic, err)
 		}
-		return err
-	}, func(err error, attempt int, wait time.Duration) {
+		class := w.cfg.Retry.Classify(err)
+		delay := backoff.Stop
+		if class == retry.ClassTransient {
+			delay = schedule.NextBackOff()
+		}
+		if delay == backoff.Stop {
+			return fmt.Errorf("dlq: write to %s: %w", m.Topic, &retry.Error{Err: err, Attempts: attempt, Class: class})
+		}
 		w.cfg.Logger.Error("dead-letter write failed; the partition waits", "dlq_topic", m.Topic,
-			"attempt", attempt, "retry_in", wait, "err", err)
-	})
-	if err != nil {
-		return fmt.Errorf("dlq: write to %s: %w", m.Topic, err)
+			"attempt", attempt, "retry_in", delay, "err", err)
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("dlq: write to %s: %w", m.Topic, ctx.Err())
+		case <-t.C:
+		}
 	}
-	return nil
 }
 
 // Origin is where a dead letter came from.
