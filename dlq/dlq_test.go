@@ -125,6 +125,12 @@ func (e *env) deadLetters() []*dlq.DeadLetter {
 // outcome; fail decides which IDs fail and how.
 func (e *env) consume(n int, fail func(m *consumer.Message, attempt int) error) {
 	e.t.Helper()
+	e.consumeWith(n, fail, nil)
+}
+
+// consumeWith is consume with the consumer's config changed by mutate.
+func (e *env) consumeWith(n int, fail func(m *consumer.Message, attempt int) error, mutate func(*consumer.Config)) {
+	e.t.Helper()
 	w, err := dlq.NewWriter(&dlq.WriterConfig{Brokers: testenv.Brokers(e.t), Group: e.group, Logger: e.logger,
 		Retry: &retry.Policy{InitialInterval: 20 * time.Millisecond, MaxInterval: 200 * time.Millisecond, MaxAttempts: -1, MaxElapsedTime: -1}})
 	if err != nil {
@@ -135,7 +141,7 @@ func (e *env) consume(n int, fail func(m *consumer.Message, attempt int) error) 
 	attempts := map[string]int{}
 	done := make(chan struct{})
 	var outcomes atomic.Int32
-	r, err := consumer.New(&consumer.Config{
+	cfg := &consumer.Config{
 		Brokers: testenv.Brokers(e.t), Topic: e.topic, GroupID: e.group, Pool: e.db.Pool, Store: e.store,
 		Logger: e.logger, OnFailure: w.OnFailure,
 		Retry: &retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 20 * time.Millisecond, MaxAttempts: 3},
@@ -154,7 +160,11 @@ func (e *env) consume(n int, fail func(m *consumer.Message, attempt int) error) 
 				close(done)
 			}
 		}},
-	})
+	}
+	if mutate != nil {
+		mutate(cfg)
+	}
+	r, err := consumer.New(cfg)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -49,6 +49,17 @@
 // A dead letter whose handler fails again goes back to the dead-letter topic
 // with its history extended and its round increased; past ReplayLimit rounds
 // it is parked (recorded as Parked, not written back) instead of looping.
+// A message the consumer found no usable ID in (consumer.ErrMissingID) is
+// dead-lettered with an empty message ID. Such a dead letter is one dead
+// letter's outcome, never an error that stops a run: it cannot be claimed in
+// the consumer's dedup scope, so Redrive reports it as NoMessageID (with
+// ErrNoMessageID) and leaves it alone, unrecorded; Republish writes it back
+// (RepublishedNoID) and the consumer applies its MissingID policy again — with
+// MissingIDUseCoordinates it is then processed under the ID of its new
+// coordinates. Without an ID nothing deduplicates it: a crash between the
+// republish and its record may republish it twice, and each copy gets its
+// own coordinates.
+//
 // DryRun reports what would happen and writes nothing; Rate bounds the pace;
 // Progress reports each decision.
 //

@@ -40,15 +40,17 @@ type Action string
 
 // Actions a reprocessor reports.
 const (
-	Applied         Action = "applied"          // redriven: the handler's effect committed
-	AlreadyApplied  Action = "already-applied"  // the message ID was already processed: nothing re-run
-	AlreadyReplayed Action = "already-replayed" // this dead letter was replayed before: no-op
-	Republished     Action = "republished"      // written back to its origin topic
-	FailedAgain     Action = "failed-again"     // failed again: back to the dead-letter topic, history extended
-	Parked          Action = "parked"           // failed again past the replay limit: kept out of the loop
-	Skipped         Action = "skipped"          // not selected by the filter
-	WouldReplay     Action = "would-replay"     // dry run: would be replayed
-	Unreadable      Action = "unreadable"       // not an idemkit dead letter
+	Applied         Action = "applied"           // redriven: the handler's effect committed
+	AlreadyApplied  Action = "already-applied"   // the message ID was already processed: nothing re-run
+	AlreadyReplayed Action = "already-replayed"  // this dead letter was replayed before: no-op
+	Republished     Action = "republished"       // written back to its origin topic
+	RepublishedNoID Action = "republished-no-id" // written back without a usable message ID (see NoMessageID)
+	FailedAgain     Action = "failed-again"      // failed again: back to the dead-letter topic, history extended
+	Parked          Action = "parked"            // failed again past the replay limit: kept out of the loop
+	NoMessageID     Action = "no-message-id"     // Redrive: no usable message ID, so no dedup: left alone
+	Skipped         Action = "skipped"           // not selected by the filter
+	WouldReplay     Action = "would-replay"      // dry run: would be replayed
+	Unreadable      Action = "unreadable"        // not an idemkit dead letter
 )
 
 // Defaults of ReprocessorConfig.
@@ -100,8 +102,12 @@ type Item struct {
 	// DeadLetter is nil for an unreadable message (see Raw).
 	DeadLetter *DeadLetter
 	Raw        kafka.Message
-	Action     Action
-	Err        error // the error for FailedAgain, Parked and Unreadable
+	// Action is what was done; in a dry run, what would be done.
+	Action Action
+	// Err is the dead letter's own error: the handler's for FailedAgain and
+	// Parked, ErrNoMessageID for NoMessageID and RepublishedNoID,
+	// ErrNotDeadLetter for Unreadable.
+	Err error
 }
 
 // Summary counts actions.
@@ -178,10 +184,12 @@ func whoami() string {
 	return name + "@" + cmp.Or(host, "unknown")
 }
 
-// Run replays every selected dead letter once and returns what it did. It
-// stops at the first error it cannot attribute to one dead letter (Kafka or
-// PostgreSQL unreachable); running it again is safe: dead letters already
-// replayed are recognised and left alone.
+// Run replays every selected dead letter once and returns what it did. A
+// dead letter's own trouble (no message ID, a handler that fails again) is
+// that dead letter's Action, never the end of the run. It stops at the first
+// error it cannot attribute to one dead letter (Kafka or PostgreSQL
+// unreachable); running it again is safe: dead letters already replayed are
+// recognised and left alone.
 func (r *Reprocessor) Run(ctx context.Context) (Summary, error) {
 	sum := Summary{}
 	var pace <-chan time.Time
@@ -222,7 +230,7 @@ func (r *Reprocessor) Run(ctx context.Context) (Summary, error) {
 }
 
 // replay handles one dead letter. It returns the action, the dead letter's
-// own error (if it failed again), and an error that should stop the run.
+// own error, and an error that should stop the run.
 func (r *Reprocessor) replay(ctx context.Context, d *DeadLetter) (Action, error, error) {
 	done, err := r.replayed(ctx, d)
 	if err != nil {
@@ -231,24 +239,35 @@ func (r *Reprocessor) replay(ctx context.Context, d *DeadLetter) (Action, error,
 	if done {
 		return AlreadyReplayed, nil, nil
 	}
-	applied, err := r.store.Processed(ctx, r.cfg.Pool, d.Consumer, d.MessageID)
-	if err != nil {
-		return "", nil, fmt.Errorf("dlq: check dedup for %s: %w", d.MessageID, err)
-	}
-	if r.cfg.DryRun {
-		if applied {
-			return AlreadyApplied, nil, nil
+	idErr := d.CheckID()
+	if idErr == nil {
+		applied, err := r.store.Processed(ctx, r.cfg.Pool, d.Consumer, d.MessageID)
+		if err != nil {
+			return "", nil, fmt.Errorf("dlq: check dedup for %s: %w", d.MessageID, err)
 		}
+		if applied {
+			if r.cfg.DryRun {
+				return AlreadyApplied, nil, nil
+			}
+			return AlreadyApplied, nil, r.record(ctx, r.cfg.Pool, d, AlreadyApplied, "")
+		}
+	}
+	switch {
+	case idErr != nil && r.cfg.Mode == Redrive:
+		// Without an ID nothing can be claimed in the consumer's scope:
+		// left alone (not recorded), for a Republish run to take.
+		return NoMessageID, idErr, nil
+	case r.cfg.DryRun:
 		return WouldReplay, nil, nil
-	}
-	if applied {
-		return AlreadyApplied, nil, r.record(ctx, r.cfg.Pool, d, AlreadyApplied, "")
-	}
-	if r.cfg.Mode == Republish {
+	case r.cfg.Mode == Republish:
 		if err := r.back.write(ctx, republishable(d), r.outage()); err != nil {
 			return "", nil, err
 		}
-		return Republished, nil, r.record(ctx, r.cfg.Pool, d, Republished, "")
+		action := Republished
+		if idErr != nil {
+			action = RepublishedNoID
+		}
+		return action, idErr, r.record(ctx, r.cfg.Pool, d, action, "")
 	}
 	return r.redrive(ctx, d)
 }
@@ -374,7 +393,7 @@ func (r *Reprocessor) record(ctx context.Context, db dedup.DBTX, d *DeadLetter, 
 		d.Origin.Topic, d.Origin.Incarnation, d.Origin.Partition, d.Origin.Offset, d.Round, r.cfg.Topic,
 		d.MessageID, d.Consumer, string(a), detail, r.cfg.ReplayedBy)
 	if err != nil {
-		return fmt.Errorf("dlq: record replay of %s: %w", d.MessageID, err)
+		return fmt.Errorf("dlq: record replay of %s/%d/%d: %w", d.Origin.Topic, d.Origin.Partition, d.Origin.Offset, err)
 	}
 	return nil
 }
