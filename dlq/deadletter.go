@@ -18,7 +18,8 @@ type DeadLetter struct {
 	// Message is the dead letter as read: its Topic, Partition and Offset are
 	// the dead-letter topic's.
 	Message kafka.Message
-	// Origin is where the original message was consumed from.
+	// Origin is where the original message was consumed from when it was
+	// first dead-lettered.
 	Origin Origin
 	// Group and Consumer are the consumer group and the dedup name of the
 	// consumer that gave up on it.

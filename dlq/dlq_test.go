@@ -396,8 +396,9 @@ func TestReplay(t *testing.T) {
 }
 
 // TestReplayFailsAgainThenParks: a dead letter that fails again goes back to
-// the dead-letter topic with its history extended; past the replay limit it
-// is parked instead of looping. Filters select what is replayed.
+// the dead-letter topic with its history extended; when it fails in its last
+// replay round it is parked instead of looping. Filters select what is
+// replayed.
 func TestReplayFailsAgainThenParks(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
@@ -405,7 +406,7 @@ func TestReplayFailsAgainThenParks(t *testing.T) {
 	e.consume(2, func(*consumer.Message, int) error { return retry.Permanent(errors.New("schema v1")) })
 
 	broken := func(context.Context, pgx.Tx, *consumer.Message) error { return errors.New("still broken") }
-	only := func(c *dlq.ReprocessorConfig) { c.Filter = dlq.Filter{MessageID: "x"}; c.ReplayLimit = 1 }
+	only := func(c *dlq.ReprocessorConfig) { c.Filter = dlq.Filter{MessageID: "x"}; c.ReplayLimit = 2 }
 	sum, err := e.reprocessor(dlq.Redrive, broken, only).Run(context.Background())
 	if err != nil || sum[dlq.FailedAgain] != 1 || sum[dlq.Skipped] != 1 {
 		t.Fatalf("round 1: %v %v", sum, err)
@@ -420,7 +421,7 @@ func TestReplayFailsAgainThenParks(t *testing.T) {
 		t.Fatalf("re-failed dead letter: round %d history %+v", again.Round, again.History)
 	}
 
-	// Round 2 is past the limit of 1: parked, not written back.
+	// Round 2 is the last of 2: its failure parks it, not written back.
 	sum, err = e.reprocessor(dlq.Redrive, broken, only).Run(context.Background())
 	if err != nil || sum[dlq.Parked] != 1 || sum[dlq.AlreadyReplayed] != 1 {
 		t.Fatalf("round 2: %v %v", sum, err)

@@ -3,6 +3,7 @@ package dlq
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -31,7 +32,9 @@ const (
 	// handler, and records the replay.
 	Redrive Mode = iota + 1
 	// Republish writes the original message back to its origin topic, where
-	// the consumer handles it again; its dedup makes that harmless.
+	// the consumer handles it again; its dedup makes that harmless. The
+	// message carries its lineage (HeaderLineage), so that a dead letter
+	// written when it fails again continues its history.
 	Republish
 )
 
@@ -46,12 +49,16 @@ const (
 	Republished     Action = "republished"       // written back to its origin topic
 	RepublishedNoID Action = "republished-no-id" // written back without a usable message ID (see NoMessageID)
 	FailedAgain     Action = "failed-again"      // failed again: back to the dead-letter topic, history extended
-	Parked          Action = "parked"            // failed again past the replay limit: kept out of the loop
+	Parked          Action = "parked"            // its replay rounds are used up: recorded, not replayed again
 	NoMessageID     Action = "no-message-id"     // Redrive: no usable message ID, so no dedup: left alone
 	Skipped         Action = "skipped"           // not selected by the filter
 	WouldReplay     Action = "would-replay"      // dry run: would be replayed
 	Unreadable      Action = "unreadable"        // not an idemkit dead letter
 )
+
+// ErrReplayLimit is the Err of an Item parked because its dead letter had
+// used up its replay rounds before this run.
+var ErrReplayLimit = errors.New("dlq: replay limit reached")
 
 // Defaults of ReprocessorConfig.
 const (
@@ -82,9 +89,10 @@ type ReprocessorConfig struct {
 	DryRun bool
 	// Rate bounds replays per second. Defaults to 0: no bound.
 	Rate float64
-	// ReplayLimit is how many replay rounds a dead letter gets: one that
-	// fails again in its last round is parked (recorded, not written back).
-	// Defaults to 3.
+	// ReplayLimit is how many replay rounds a dead letter gets. One that
+	// fails again in its last round is parked (recorded, not written back)
+	// in Redrive mode; in Republish mode the consumer dead-letters it once
+	// more, and the next run parks that dead letter. Defaults to 3.
 	ReplayLimit int
 	// ReplayedBy is recorded as who replayed. Defaults to user@host.
 	ReplayedBy string
@@ -105,8 +113,9 @@ type Item struct {
 	// Action is what was done; in a dry run, what would be done.
 	Action Action
 	// Err is the dead letter's own error: the handler's for FailedAgain and
-	// Parked, ErrNoMessageID for NoMessageID and RepublishedNoID,
-	// ErrNotDeadLetter for Unreadable.
+	// Parked, ErrReplayLimit for a dead letter parked without a new round,
+	// ErrNoMessageID for NoMessageID and RepublishedNoID, ErrNotDeadLetter for
+	// Unreadable.
 	Err error
 }
 
@@ -252,6 +261,14 @@ func (r *Reprocessor) replay(ctx context.Context, d *DeadLetter) (Action, error,
 			return AlreadyApplied, nil, r.record(ctx, r.cfg.Pool, d, AlreadyApplied, "")
 		}
 	}
+	if d.Round >= r.cfg.ReplayLimit {
+		// Its last round failed (in Republish mode, in the consumer).
+		perr := fmt.Errorf("%w after %d round(s): %s", ErrReplayLimit, d.Round, d.Last().Error)
+		if r.cfg.DryRun {
+			return Parked, perr, nil
+		}
+		return Parked, perr, r.record(ctx, r.cfg.Pool, d, Parked, d.Last().Error)
+	}
 	switch {
 	case idErr != nil && r.cfg.Mode == Redrive:
 		// Without an ID nothing can be claimed in the consumer's scope:
@@ -272,10 +289,13 @@ func (r *Reprocessor) replay(ctx context.Context, d *DeadLetter) (Action, error,
 	return r.redrive(ctx, d)
 }
 
-// republishable is the original message, bound for its origin topic.
+// republishable is the original message, bound for its origin topic, with
+// its lineage.
 func republishable(d *DeadLetter) kafka.Message {
 	m := d.Original()
 	m.Topic, m.Partition, m.Offset = d.Origin.Topic, 0, 0
+	lin, _ := json.Marshal(lineage{Origin: d.Origin, Consumer: d.Consumer, History: d.History})
+	m.Headers = append(m.Headers, kafka.Header{Key: HeaderLineage, Value: lin})
 	return m
 }
 
@@ -336,7 +356,7 @@ func (r *Reprocessor) redrive(ctx context.Context, d *DeadLetter) (Action, error
 		return "", nil, fmt.Errorf("dlq: redrive %s: %w", d.MessageID, err)
 	}
 	// The handler failed again: extend the history, and either send the
-	// message around once more or park it.
+	// message around once more or, in its last round, park it.
 	var rerr *retry.Error
 	class := retry.ClassTransient
 	if errors.As(err, &rerr) {
@@ -344,7 +364,7 @@ func (r *Reprocessor) redrive(ctx context.Context, d *DeadLetter) (Action, error
 	}
 	f := Failure{Error: truncate(hf.err.Error()), Class: class.String(), Attempts: attempts,
 		FirstFailure: first.UTC(), LastFailure: time.Now().UTC()}
-	if d.Round+1 > r.cfg.ReplayLimit {
+	if d.Round+1 >= r.cfg.ReplayLimit {
 		return Parked, hf.err, r.record(ctx, r.cfg.Pool, d, Parked, f.Error)
 	}
 	next := build(d.Message, d.Origin, d.Group, d.Consumer, d.MessageID, d.History, f)

@@ -37,6 +37,12 @@ const (
 	HeaderHistory           = "idemkit-dlq-history"      // JSON array of Failure, oldest first
 )
 
+// HeaderLineage is the header a republished message carries (see Republish):
+// its dead letter's origin, consumer and failure history as JSON, so that a
+// Writer that dead-letters it again extends that history instead of starting
+// a new one. Writers of other consumers, and of other topics, ignore it.
+const HeaderLineage = "idemkit-dlq-lineage"
+
 // TopicSuffixDefault makes the default dead-letter topic name: "<topic>.dlq".
 const TopicSuffixDefault = ".dlq"
 
@@ -139,6 +145,10 @@ func (w *Writer) TopicFor(origin string) string {
 // way. It returns an error only when ctx ends, the policy gives up or the
 // outage outlasts MaxOutage: the consumer then keeps the message (its
 // position does not move).
+//
+// A message that a Reprocessor republished carries its lineage (see
+// HeaderLineage): its dead letter keeps the first dead letter's origin and
+// extends its history by one round, so that ReplayLimit bounds the loop.
 func (w *Writer) OnFailure(ctx context.Context, msg *consumer.Message, err error) error {
 	var merr *consumer.MessageError
 	if !errors.As(err, &merr) {
@@ -148,8 +158,15 @@ func (w *Writer) OnFailure(ctx context.Context, msg *consumer.Message, err error
 	}
 	f := Failure{Error: truncate(merr.Err.Error()), Class: merr.Class.String(), Attempts: merr.Attempts,
 		FirstFailure: merr.FirstFailure.UTC(), LastFailure: merr.LastFailure.UTC()}
-	dl := build(msg.Message, Origin{Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset,
-		Incarnation: msg.Incarnation}, w.cfg.Group, w.cfg.Consumer, msg.ID, nil, f)
+	origin := Origin{Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset, Incarnation: msg.Incarnation}
+	var history []Failure
+	if lin, err := readLineage(msg.Headers); err != nil {
+		w.cfg.Logger.Warn("republished message with an unreadable lineage header; dead-lettering it as a first failure",
+			"topic", msg.Topic, "partition", msg.Partition, "offset", msg.Offset, "message_id", msg.ID, "err", err)
+	} else if lin != nil && lin.Origin.Topic == msg.Topic && lin.Consumer == w.cfg.Consumer {
+		origin, history = lin.Origin, lin.History
+	}
+	dl := build(msg.Message, origin, w.cfg.Group, w.cfg.Consumer, msg.ID, history, f)
 	dl.Topic = w.TopicFor(msg.Topic)
 	wait := &outage.Waiter{Op: "write to " + dl.Topic + ": kafka", Log: w.cfg.Logger, Max: w.cfg.MaxOutage}
 	return w.write(ctx, dl, wait)
@@ -207,7 +224,9 @@ func (w *Writer) write(ctx context.Context, m kafka.Message, wait *outage.Waiter
 	}
 }
 
-// Origin is where a dead letter came from.
+// Origin is where a dead letter came from: the coordinates of the message
+// when it was first dead-lettered (a republished message that fails again
+// keeps them).
 type Origin struct {
 	Topic     string `json:"topic"`
 	Partition int    `json:"partition"`
@@ -215,6 +234,32 @@ type Origin struct {
 	// Incarnation is the topic's incarnation (see consumer.Message): offsets
 	// of two incarnations of a topic are unrelated.
 	Incarnation int64 `json:"incarnation"`
+}
+
+// lineage is what a republished message carries in HeaderLineage.
+type lineage struct {
+	Origin   Origin    `json:"origin"`
+	Consumer string    `json:"consumer"`
+	History  []Failure `json:"history"`
+}
+
+// readLineage returns the lineage in headers, nil when there is none.
+func readLineage(headers []kafka.Header) (*lineage, error) {
+	for _, h := range headers {
+		if h.Key != HeaderLineage {
+			continue
+		}
+		var l lineage
+		if err := json.Unmarshal(h.Value, &l); err != nil {
+			return nil, fmt.Errorf("header %s: %w", HeaderLineage, err)
+		}
+		o := l.Origin
+		if o.Topic == "" || o.Partition < 0 || o.Offset < 0 || o.Incarnation < 0 || len(l.History) == 0 {
+			return nil, fmt.Errorf("header %s: incomplete: %s", HeaderLineage, h.Value)
+		}
+		return &l, nil
+	}
+	return nil, nil
 }
 
 // build makes a dead letter of the original message: its key, value and
