@@ -77,6 +77,18 @@
 // republish and its record may republish it twice, and each copy gets its
 // own coordinates.
 //
+// # Outages
+//
+// Run waits out PostgreSQL and Kafka outages (connection-class errors, see
+// retry.IsConnection) wherever they happen: it backs off, logs each outage
+// once when it starts and once with its duration when it ends, and goes on
+// where it was — reading the dead-letter topic from the message after the
+// last one handled, repeating the step (a query, a write, a redrive
+// transaction) that failed. An outage is never a dead letter failing again:
+// a redrive transaction whose connection is lost under the handler is run
+// again without spending an attempt or a round. Past MaxOutage (default: no
+// bound) Run returns a *retry.OutageError.
+//
 // DryRun reports what would happen and writes nothing; Rate bounds the pace;
 // Progress reports each decision.
 //
