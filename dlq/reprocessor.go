@@ -15,6 +15,7 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
@@ -384,6 +385,7 @@ func (rn *run) redrive(ctx context.Context, d *DeadLetter) (Action, error, error
 	attempts := 0
 	var herr error
 	var class retry.Class
+	conflicts := 0
 	for {
 		action, err := rn.redriveTx(ctx, d, msg)
 		if err == nil {
@@ -391,7 +393,12 @@ func (rn *run) redrive(ctx context.Context, d *DeadLetter) (Action, error, error
 			return action, nil, nil
 		}
 		var hf *handlerFailure
-		if !errors.As(err, &hf) {
+		switch {
+		case errors.As(err, &hf):
+		case conflict(err) && conflicts < maxConflicts:
+			conflicts++ // a serialization failure or deadlock: run the transaction again
+			continue
+		default:
 			if werr := rn.pg.Wait(ctx, err); werr != nil {
 				if ctx.Err() != nil {
 					return "", nil, ctx.Err()
@@ -486,6 +493,16 @@ func (rn *run) redriveTx(ctx context.Context, d *DeadLetter, msg *consumer.Messa
 		return "", fmt.Errorf("commit: %w", err)
 	}
 	return action, nil
+}
+
+// maxConflicts bounds how often one redrive transaction runs again after a
+// serialization failure or a deadlock (as consumer.TxRetriesDefault).
+const maxConflicts = 10
+
+// conflict reports a serialization failure or a deadlock.
+func conflict(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
 }
 
 type handlerFailure struct{ err error }
