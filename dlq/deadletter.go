@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/idemkit/dedup"
 )
 
 // DeadLetter is a message read back from a dead-letter topic.
@@ -16,12 +18,15 @@ type DeadLetter struct {
 	// Message is the dead letter as read: its Topic, Partition and Offset are
 	// the dead-letter topic's.
 	Message kafka.Message
-	// Origin is where the original message was consumed from.
+	// Origin is where the original message was consumed from when it was
+	// first dead-lettered.
 	Origin Origin
 	// Group and Consumer are the consumer group and the dedup name of the
 	// consumer that gave up on it.
 	Group, Consumer string
-	// MessageID is the original message ID: a replay keeps it.
+	// MessageID is the original message ID: a replay keeps it. It is empty
+	// for a message the consumer could not find an ID in (ErrMissingID); see
+	// CheckID.
 	MessageID string
 	// Round is 0 for a message dead-lettered by a consumer, n for one that
 	// failed again in its n-th replay.
@@ -32,6 +37,23 @@ type DeadLetter struct {
 
 // Last returns the most recent failure.
 func (d *DeadLetter) Last() Failure { return d.History[len(d.History)-1] }
+
+// ErrNoMessageID means a dead letter carries no usable message ID: the
+// consumer dead-lettered the message for consumer.ErrMissingID. Such a dead
+// letter cannot be deduplicated in the consumer's scope (see NoMessageID).
+var ErrNoMessageID = errors.New("dlq: no message ID")
+
+// CheckID returns nil when MessageID can be claimed in the dedup store, and
+// an error matching ErrNoMessageID otherwise.
+func (d *DeadLetter) CheckID() error {
+	if d.MessageID == "" {
+		return ErrNoMessageID
+	}
+	if err := dedup.ValidateID("message ID", d.MessageID); err != nil {
+		return fmt.Errorf("%w: %w", ErrNoMessageID, err)
+	}
+	return nil
+}
 
 // Original returns the original message: key, value and headers without the
 // dead-letter headers, on the origin topic.
@@ -73,6 +95,14 @@ func Parse(m kafka.Message) (*DeadLetter, error) {
 	}
 	if d.Origin.Offset, err = strconv.ParseInt(h[HeaderOriginOffset], 10, 64); err != nil {
 		return nil, bad(HeaderOriginOffset, err)
+	}
+	if v, ok := h[HeaderOriginIncarnation]; ok { // absent in dead letters written before it existed
+		if d.Origin.Incarnation, err = strconv.ParseInt(v, 10, 64); err == nil && d.Origin.Incarnation < 0 {
+			err = errors.New("negative")
+		}
+		if err != nil {
+			return nil, bad(HeaderOriginIncarnation, err)
+		}
 	}
 	if err := json.Unmarshal([]byte(h[HeaderHistory]), &d.History); err != nil {
 		return nil, bad(HeaderHistory, err)

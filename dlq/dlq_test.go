@@ -125,6 +125,12 @@ func (e *env) deadLetters() []*dlq.DeadLetter {
 // outcome; fail decides which IDs fail and how.
 func (e *env) consume(n int, fail func(m *consumer.Message, attempt int) error) {
 	e.t.Helper()
+	e.consumeWith(n, fail, nil)
+}
+
+// consumeWith is consume with the consumer's config changed by mutate.
+func (e *env) consumeWith(n int, fail func(m *consumer.Message, attempt int) error, mutate func(*consumer.Config)) {
+	e.t.Helper()
 	w, err := dlq.NewWriter(&dlq.WriterConfig{Brokers: testenv.Brokers(e.t), Group: e.group, Logger: e.logger,
 		Retry: &retry.Policy{InitialInterval: 20 * time.Millisecond, MaxInterval: 200 * time.Millisecond, MaxAttempts: -1, MaxElapsedTime: -1}})
 	if err != nil {
@@ -135,7 +141,7 @@ func (e *env) consume(n int, fail func(m *consumer.Message, attempt int) error) 
 	attempts := map[string]int{}
 	done := make(chan struct{})
 	var outcomes atomic.Int32
-	r, err := consumer.New(&consumer.Config{
+	cfg := &consumer.Config{
 		Brokers: testenv.Brokers(e.t), Topic: e.topic, GroupID: e.group, Pool: e.db.Pool, Store: e.store,
 		Logger: e.logger, OnFailure: w.OnFailure,
 		Retry: &retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 20 * time.Millisecond, MaxAttempts: 3},
@@ -154,7 +160,11 @@ func (e *env) consume(n int, fail func(m *consumer.Message, attempt int) error) 
 				close(done)
 			}
 		}},
-	})
+	}
+	if mutate != nil {
+		mutate(cfg)
+	}
+	r, err := consumer.New(cfg)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -386,8 +396,9 @@ func TestReplay(t *testing.T) {
 }
 
 // TestReplayFailsAgainThenParks: a dead letter that fails again goes back to
-// the dead-letter topic with its history extended; past the replay limit it
-// is parked instead of looping. Filters select what is replayed.
+// the dead-letter topic with its history extended; when it fails in its last
+// replay round it is parked instead of looping. Filters select what is
+// replayed.
 func TestReplayFailsAgainThenParks(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
@@ -395,7 +406,7 @@ func TestReplayFailsAgainThenParks(t *testing.T) {
 	e.consume(2, func(*consumer.Message, int) error { return retry.Permanent(errors.New("schema v1")) })
 
 	broken := func(context.Context, pgx.Tx, *consumer.Message) error { return errors.New("still broken") }
-	only := func(c *dlq.ReprocessorConfig) { c.Filter = dlq.Filter{MessageID: "x"}; c.ReplayLimit = 1 }
+	only := func(c *dlq.ReprocessorConfig) { c.Filter = dlq.Filter{MessageID: "x"}; c.ReplayLimit = 2 }
 	sum, err := e.reprocessor(dlq.Redrive, broken, only).Run(context.Background())
 	if err != nil || sum[dlq.FailedAgain] != 1 || sum[dlq.Skipped] != 1 {
 		t.Fatalf("round 1: %v %v", sum, err)
@@ -410,7 +421,7 @@ func TestReplayFailsAgainThenParks(t *testing.T) {
 		t.Fatalf("re-failed dead letter: round %d history %+v", again.Round, again.History)
 	}
 
-	// Round 2 is past the limit of 1: parked, not written back.
+	// Round 2 is the last of 2: its failure parks it, not written back.
 	sum, err = e.reprocessor(dlq.Redrive, broken, only).Run(context.Background())
 	if err != nil || sum[dlq.Parked] != 1 || sum[dlq.AlreadyReplayed] != 1 {
 		t.Fatalf("round 2: %v %v", sum, err)

@@ -4,22 +4,35 @@
 //
 // A Writer's OnFailure is a consumer.FailureFunc. The consumer calls it for a
 // message whose error is permanent (see package retry) or whose retries are
-// used up; it publishes the original key, value and headers to the
-// dead-letter topic (default "<topic>.dlq") with headers that record the
-// origin (topic, partition, offset, consumer group, dedup name, message ID),
-// the last error's text and class, the attempt count, the first and last
-// failure times, the replay round and the whole failure history as JSON (see
-// the Header… constants). The write waits for all in-sync replicas. Only
-// after it succeeded does the consumer record the partition's position past
-// the message: a message is never lost between the two. While the
-// dead-letter topic is unavailable (down, or not created: the Writer never
-// creates topics, CreateTopic does), OnFailure keeps retrying with backoff and
-// the partition waits; other partitions keep flowing.
+// used up, or that has no usable message ID (consumer.ErrMissingID); it
+// publishes the original key, value and headers to the dead-letter topic
+// (default "<topic>.dlq") with headers that record the origin (topic,
+// partition, offset, the topic's incarnation, consumer group, dedup name,
+// message ID — empty for ErrMissingID), the last error's text and class, the
+// attempt count, the first and last failure times, the replay round and the
+// whole failure history as JSON (see the Header… constants). The write waits
+// for all in-sync replicas. Only after it succeeded does the consumer record
+// the partition's position past the message: a message is never lost between
+// the two. While the dead-letter topic is unavailable (not created: the
+// Writer never creates topics, CreateTopic does), OnFailure keeps retrying
+// with backoff and the partition waits; other partitions keep flowing. While
+// Kafka cannot be reached at all, OnFailure waits the outage out, logging it
+// once when it starts and once with its duration when it ends; past
+// WriterConfig.MaxOutage (default: no bound) it returns a *retry.OutageError.
 //
 // A crash after the dead-letter write and before the position commit makes
 // the consumer fail the message again after restart and dead-letter it a
-// second time. Both copies carry the same origin coordinates and replay round,
-// and the reprocessor treats them as one dead letter.
+// second time. Both copies carry the same origin and replay round, and the
+// reprocessor treats them as one dead letter.
+//
+// # Identity of a dead letter
+//
+// A dead letter is identified by its origin — topic, incarnation, partition,
+// offset — and its replay round. The incarnation (consumer.Message's) tells
+// apart two topics of the same name, one deleted and created again, whose
+// offsets both start at 0: their dead letters never collide. A republished
+// message that fails again keeps the origin of its first dead letter (see
+// Replaying).
 //
 // # Replaying
 //
@@ -27,23 +40,58 @@
 // when Run starts (no consumer group; reading moves no offset) and, for each
 // dead letter its Filter selects:
 //
-//   - if a replay record for the dead letter (origin coordinates and round)
-//     exists: AlreadyReplayed, nothing done — replaying twice is a no-op;
+//   - if a replay record for the dead letter (origin and round) exists:
+//     AlreadyReplayed, nothing done — replaying twice is a no-op;
 //   - if the dedup store already holds the message ID under the original
 //     consumer name: AlreadyApplied, recorded, nothing re-run;
+//   - if its replay rounds are used up (its round is ReplayLimit): Parked,
+//     recorded, nothing re-run;
 //   - Redrive: one transaction inserts the replay record, claims the original
 //     message ID under the original consumer name (the consumer's own dedup
 //     scope), runs the Handler and commits — the effect, the claim and the
 //     record of who replayed it and when commit together, so a crash in the
 //     middle of a replay and a rerun still apply each effect once;
 //   - Republish: the original message goes back to its origin topic with its
-//     message ID, and the consumer's dedup absorbs any repeat.
+//     message ID and its lineage (HeaderLineage: origin, consumer, history),
+//     and the consumer's dedup absorbs any repeat.
 //
-// A dead letter whose handler fails again goes back to the dead-letter topic
-// with its history extended and its round increased; past ReplayLimit rounds
-// it is parked (recorded as Parked, not written back) instead of looping.
+// A dead letter whose handler fails again gets its history extended and its
+// round increased, in both modes: in Redrive mode the reprocessor writes it
+// back to the dead-letter topic itself; in Republish mode the consumer fails
+// the republished message and its Writer, reading the lineage, writes the
+// next round. A dead letter gets ReplayLimit rounds: in Redrive mode a
+// failure in the last round parks it at once (recorded as Parked, not written
+// back); in Republish mode the next run parks the dead letter that round
+// produced. Either way the loop ends.
+//
+// # Dead letters without a message ID
+//
+// A message the consumer found no usable ID in (consumer.ErrMissingID) is
+// dead-lettered with an empty message ID. Such a dead letter is one dead
+// letter's outcome, never an error that stops a run: it cannot be claimed in
+// the consumer's dedup scope, so Redrive reports it as NoMessageID (with
+// ErrNoMessageID) and leaves it alone, unrecorded; Republish writes it back
+// (RepublishedNoID) and the consumer applies its MissingID policy again — with
+// MissingIDUseCoordinates it is then processed under the ID of its new
+// coordinates. Without an ID nothing deduplicates it: a crash between the
+// republish and its record may republish it twice, and each copy gets its
+// own coordinates.
+//
+// # Outages
+//
+// Run waits out PostgreSQL and Kafka outages (connection-class errors, see
+// retry.IsConnection) wherever they happen: it backs off, logs each outage
+// once when it starts and once with its duration when it ends, and goes on
+// where it was — reading the dead-letter topic from the message after the
+// last one handled, repeating the step (a query, a write, a redrive
+// transaction) that failed. An outage is never a dead letter failing again:
+// a redrive transaction whose connection is lost under the handler is run
+// again without spending an attempt or a round. Past MaxOutage (default: no
+// bound) Run returns a *retry.OutageError.
+//
 // DryRun reports what would happen and writes nothing; Rate bounds the pace;
 // Progress reports each decision.
 //
-// The tables (replay records) are created by package migrate, version 4.
+// The tables (replay records) are created by package migrate, versions 4
+// and 7.
 package dlq

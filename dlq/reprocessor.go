@@ -3,19 +3,26 @@ package dlq
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/user"
+	"runtime/debug"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/outage"
+	"github.com/idemkit/idemkit/internal/topicscan"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -30,7 +37,9 @@ const (
 	// handler, and records the replay.
 	Redrive Mode = iota + 1
 	// Republish writes the original message back to its origin topic, where
-	// the consumer handles it again; its dedup makes that harmless.
+	// the consumer handles it again; its dedup makes that harmless. The
+	// message carries its lineage (HeaderLineage), so that a dead letter
+	// written when it fails again continues its history.
 	Republish
 )
 
@@ -39,16 +48,22 @@ type Action string
 
 // Actions a reprocessor reports.
 const (
-	Applied         Action = "applied"          // redriven: the handler's effect committed
-	AlreadyApplied  Action = "already-applied"  // the message ID was already processed: nothing re-run
-	AlreadyReplayed Action = "already-replayed" // this dead letter was replayed before: no-op
-	Republished     Action = "republished"      // written back to its origin topic
-	FailedAgain     Action = "failed-again"     // failed again: back to the dead-letter topic, history extended
-	Parked          Action = "parked"           // failed again past the replay limit: kept out of the loop
-	Skipped         Action = "skipped"          // not selected by the filter
-	WouldReplay     Action = "would-replay"     // dry run: would be replayed
-	Unreadable      Action = "unreadable"       // not an idemkit dead letter
+	Applied         Action = "applied"           // redriven: the handler's effect committed
+	AlreadyApplied  Action = "already-applied"   // the message ID was already processed: nothing re-run
+	AlreadyReplayed Action = "already-replayed"  // this dead letter was replayed before: no-op
+	Republished     Action = "republished"       // written back to its origin topic
+	RepublishedNoID Action = "republished-no-id" // written back without a usable message ID (see NoMessageID)
+	FailedAgain     Action = "failed-again"      // failed again: back to the dead-letter topic, history extended
+	Parked          Action = "parked"            // its replay rounds are used up: recorded, not replayed again
+	NoMessageID     Action = "no-message-id"     // Redrive: no usable message ID, so no dedup: left alone
+	Skipped         Action = "skipped"           // not selected by the filter
+	WouldReplay     Action = "would-replay"      // dry run: would be replayed
+	Unreadable      Action = "unreadable"        // not an idemkit dead letter
 )
+
+// ErrReplayLimit is the Err of an Item parked because its dead letter had
+// used up its replay rounds before this run.
+var ErrReplayLimit = errors.New("dlq: replay limit reached")
 
 // Defaults of ReprocessorConfig.
 const (
@@ -69,8 +84,8 @@ type ReprocessorConfig struct {
 
 	// Pool is where dedup records and replay records live.
 	Pool *pgxpool.Pool
-	// Tables names the schema and tables (see package migrate, version 4).
-	// Defaults to migrate's defaults.
+	// Tables names the schema and tables (see package migrate, versions 4
+	// and 7). Defaults to migrate's defaults.
 	Tables migrate.Config
 
 	// Filter selects which dead letters to replay.
@@ -79,15 +94,25 @@ type ReprocessorConfig struct {
 	DryRun bool
 	// Rate bounds replays per second. Defaults to 0: no bound.
 	Rate float64
-	// ReplayLimit is how many replay rounds a dead letter gets: one that
-	// fails again in its last round is parked (recorded, not written back).
-	// Defaults to 3.
+	// ReplayLimit is how many replay rounds a dead letter gets. One that
+	// fails again in its last round is parked (recorded, not written back)
+	// in Redrive mode; in Republish mode the consumer dead-letters it once
+	// more, and the next run parks that dead letter. Defaults to 3.
 	ReplayLimit int
 	// ReplayedBy is recorded as who replayed. Defaults to user@host.
 	ReplayedBy string
-	// Retry paces the handler's attempts within one replay and the writes
-	// to Kafka. Defaults to the zero retry.Policy.
+	// Retry paces the handler's attempts within one replay and writes to
+	// Kafka that fail for another reason than an outage. Defaults to the
+	// zero retry.Policy.
 	Retry *retry.Policy
+	// MaxOutage bounds how long Run waits while PostgreSQL or Kafka cannot be
+	// reached (see retry.IsConnection): it backs off, logs the outage once
+	// when it starts and once with its duration when it ends, goes on where
+	// it was, and returns a *retry.OutageError (errors.Is retry.ErrOutage)
+	// once an outage lasted longer, checked between two tries. An outage
+	// never counts as a dead letter failing again. Defaults to 0: wait for
+	// ever.
+	MaxOutage time.Duration
 	// Progress, when set, is called once per dead letter with what was done.
 	Progress func(Item)
 	// Logger defaults to slog.Default().
@@ -99,8 +124,13 @@ type Item struct {
 	// DeadLetter is nil for an unreadable message (see Raw).
 	DeadLetter *DeadLetter
 	Raw        kafka.Message
-	Action     Action
-	Err        error // the error for FailedAgain, Parked and Unreadable
+	// Action is what was done; in a dry run, what would be done.
+	Action Action
+	// Err is the dead letter's own error: the handler's for FailedAgain and
+	// Parked, ErrReplayLimit for a dead letter parked without a new round,
+	// ErrNoMessageID for NoMessageID and RepublishedNoID, ErrNotDeadLetter for
+	// Unreadable.
+	Err error
 }
 
 // Summary counts actions.
@@ -112,7 +142,6 @@ type Reprocessor struct {
 	cfg     ReprocessorConfig
 	store   *dedup.Store
 	replays string // quoted table
-	pub     *kafka.Writer
 	back    *Writer
 }
 
@@ -138,6 +167,8 @@ func NewReprocessor(cfg *ReprocessorConfig) (*Reprocessor, error) {
 		return nil, invalid("Rate must not be negative")
 	case c.ReplayLimit < 0:
 		return nil, invalid("ReplayLimit must not be negative")
+	case c.MaxOutage < 0:
+		return nil, invalid("MaxOutage must not be negative")
 	}
 	c.ReplayLimit = cmp.Or(c.ReplayLimit, ReplayLimitDefault)
 	c.ReplayedBy = cmp.Or(c.ReplayedBy, whoami())
@@ -155,18 +186,17 @@ func NewReprocessor(cfg *ReprocessorConfig) (*Reprocessor, error) {
 	if err != nil {
 		return nil, err
 	}
-	back, err := NewWriter(&WriterConfig{Brokers: c.Brokers, Topic: c.Topic, Retry: c.Retry, Logger: c.Logger})
+	back, err := NewWriter(&WriterConfig{Brokers: c.Brokers, Topic: c.Topic, Retry: c.Retry, Logger: c.Logger,
+		MaxOutage: c.MaxOutage})
 	if err != nil {
 		return nil, err
 	}
 	return &Reprocessor{cfg: c, store: store, back: back,
-		replays: pgx.Identifier{tables.Schema, tables.Tables.DLQReplays}.Sanitize(),
-		pub: &kafka.Writer{Addr: kafka.TCP(c.Brokers...), Balancer: &kafka.Hash{},
-			RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}}, nil
+		replays: pgx.Identifier{tables.Schema, tables.Tables.DLQReplays}.Sanitize()}, nil
 }
 
-// Close releases the Kafka writers.
-func (r *Reprocessor) Close() error { return errors.Join(r.pub.Close(), r.back.Close()) }
+// Close releases the Kafka writer.
+func (r *Reprocessor) Close() error { return r.back.Close() }
 
 func whoami() string {
 	name := "unknown"
@@ -177,10 +207,19 @@ func whoami() string {
 	return name + "@" + cmp.Or(host, "unknown")
 }
 
-// Run replays every selected dead letter once and returns what it did. It
-// stops at the first error it cannot attribute to one dead letter (Kafka or
-// PostgreSQL unreachable); running it again is safe: dead letters already
-// replayed are recognised and left alone.
+// run is one Run: the reprocessor and the outages of its two servers.
+type run struct {
+	*Reprocessor
+	pg, kafka *outage.Waiter
+}
+
+// Run replays every selected dead letter once and returns what it did. A
+// dead letter's own trouble (no message ID, a handler that fails again) is
+// that dead letter's Action, never the end of the run. Run waits out
+// outages of PostgreSQL and Kafka (see MaxOutage) and goes on where it was;
+// it stops at the first other error it cannot attribute to one dead letter.
+// Running it again is safe: dead letters already replayed are recognised
+// and left alone.
 func (r *Reprocessor) Run(ctx context.Context) (Summary, error) {
 	sum := Summary{}
 	var pace <-chan time.Time
@@ -189,7 +228,10 @@ func (r *Reprocessor) Run(ctx context.Context) (Summary, error) {
 		defer t.Stop()
 		pace = t.C
 	}
-	err := Scan(ctx, r.cfg.Brokers, r.cfg.Topic, func(m kafka.Message) error {
+	rn := &run{Reprocessor: r,
+		pg:    &outage.Waiter{Op: "replay " + r.cfg.Topic + ": postgres", Log: r.cfg.Logger, Max: r.cfg.MaxOutage},
+		kafka: &outage.Waiter{Op: "replay " + r.cfg.Topic + ": kafka", Log: r.cfg.Logger, Max: r.cfg.MaxOutage}}
+	err := rn.scan(ctx, func(m kafka.Message) error {
 		item := Item{Raw: m}
 		d, err := Parse(m)
 		switch {
@@ -206,7 +248,7 @@ func (r *Reprocessor) Run(ctx context.Context) (Summary, error) {
 				case <-pace:
 				}
 			}
-			item.Action, item.Err, err = r.replay(ctx, d)
+			item.Action, item.Err, err = rn.replay(ctx, d)
 			if err != nil {
 				return err
 			}
@@ -220,117 +262,247 @@ func (r *Reprocessor) Run(ctx context.Context) (Summary, error) {
 	return sum, err
 }
 
+// scan is Scan that waits out Kafka outages and then reads on from the
+// message after the last one handled, up to the end the topic had at the
+// start.
+func (rn *run) scan(ctx context.Context, fn func(kafka.Message) error) error {
+	brokers, topic := rn.cfg.Brokers, rn.cfg.Topic
+	var ranges []topicscan.Range
+	err := rn.kafka.Do(ctx, func(ctx context.Context) error {
+		var err error
+		ranges, err = topicscan.Ranges(ctx, brokers, topic)
+		return err
+	})
+	if err != nil {
+		return scanError(err, nil, topic)
+	}
+	for _, rg := range ranges {
+		for {
+			var fnErr error
+			err := topicscan.Read(ctx, brokers, topic, rg, func(m kafka.Message) error {
+				rn.kafka.Ok()
+				if fnErr = fn(m); fnErr != nil {
+					return fnErr
+				}
+				rg.First = m.Offset + 1
+				return nil
+			})
+			if err == nil {
+				break
+			}
+			if fnErr != nil {
+				return fnErr
+			}
+			if werr := rn.kafka.Wait(ctx, err); werr != nil {
+				return scanError(werr, nil, topic)
+			}
+		}
+	}
+	return nil
+}
+
 // replay handles one dead letter. It returns the action, the dead letter's
-// own error (if it failed again), and an error that should stop the run.
-func (r *Reprocessor) replay(ctx context.Context, d *DeadLetter) (Action, error, error) {
-	done, err := r.replayed(ctx, d)
+// own error, and an error that should stop the run.
+func (rn *run) replay(ctx context.Context, d *DeadLetter) (Action, error, error) {
+	done, err := rn.replayed(ctx, d)
 	if err != nil {
 		return "", nil, err
 	}
 	if done {
 		return AlreadyReplayed, nil, nil
 	}
-	applied, err := r.store.Processed(ctx, r.cfg.Pool, d.Consumer, d.MessageID)
-	if err != nil {
-		return "", nil, fmt.Errorf("dlq: check dedup for %s: %w", d.MessageID, err)
-	}
-	if r.cfg.DryRun {
-		if applied {
-			return AlreadyApplied, nil, nil
+	idErr := d.CheckID()
+	if idErr == nil {
+		var applied bool
+		err := rn.pg.Do(ctx, func(ctx context.Context) error {
+			var err error
+			applied, err = rn.store.Processed(ctx, rn.cfg.Pool, d.Consumer, d.MessageID)
+			return err
+		})
+		if err != nil {
+			return "", nil, fmt.Errorf("dlq: check dedup for %s: %w", d.MessageID, err)
 		}
+		if applied {
+			if rn.cfg.DryRun {
+				return AlreadyApplied, nil, nil
+			}
+			return AlreadyApplied, nil, rn.record(ctx, d, AlreadyApplied, "")
+		}
+	}
+	if d.Round >= rn.cfg.ReplayLimit {
+		// Its last round failed (in Republish mode, in the consumer).
+		perr := fmt.Errorf("%w after %d round(s): %s", ErrReplayLimit, d.Round, d.Last().Error)
+		if rn.cfg.DryRun {
+			return Parked, perr, nil
+		}
+		return Parked, perr, rn.record(ctx, d, Parked, d.Last().Error)
+	}
+	switch {
+	case idErr != nil && rn.cfg.Mode == Redrive:
+		// Without an ID nothing can be claimed in the consumer's scope:
+		// left alone (not recorded), for a Republish run to take.
+		return NoMessageID, idErr, nil
+	case rn.cfg.DryRun:
 		return WouldReplay, nil, nil
-	}
-	if applied {
-		return AlreadyApplied, nil, r.record(ctx, r.cfg.Pool, d, AlreadyApplied, "")
-	}
-	if r.cfg.Mode == Republish {
-		if err := r.back.write(ctx, republishable(d)); err != nil {
+	case rn.cfg.Mode == Republish:
+		if err := rn.back.write(ctx, republishable(d), rn.kafka); err != nil {
 			return "", nil, err
 		}
-		return Republished, nil, r.record(ctx, r.cfg.Pool, d, Republished, "")
+		action := Republished
+		if idErr != nil {
+			action = RepublishedNoID
+		}
+		return action, idErr, rn.record(ctx, d, action, "")
 	}
-	return r.redrive(ctx, d)
+	return rn.redrive(ctx, d)
 }
 
-// republishable is the original message, bound for its origin topic.
+// republishable is the original message, bound for its origin topic, with
+// its lineage.
 func republishable(d *DeadLetter) kafka.Message {
 	m := d.Original()
 	m.Topic, m.Partition, m.Offset = d.Origin.Topic, 0, 0
+	lin, _ := json.Marshal(lineage{Origin: d.Origin, Consumer: d.Consumer, History: d.History})
+	m.Headers = append(m.Headers, kafka.Header{Key: HeaderLineage, Value: lin})
 	return m
 }
 
-func (r *Reprocessor) redrive(ctx context.Context, d *DeadLetter) (Action, error, error) {
-	orig := d.Original()
-	msg := &consumer.Message{Message: orig, ID: d.MessageID}
-	var action Action
+// connLostError is a redrive transaction whose connection died under the
+// handler: an outage (it matches net.ErrClosed), whatever the handler made
+// of it.
+type connLostError struct{ handlerErr error }
+
+func (e *connLostError) Error() string {
+	return "connection lost under the handler: " + e.handlerErr.Error()
+}
+
+func (e *connLostError) Unwrap() []error { return []error{net.ErrClosed, e.handlerErr} }
+
+func (rn *run) redrive(ctx context.Context, d *DeadLetter) (Action, error, error) {
+	msg := &consumer.Message{Message: d.Original(), ID: d.MessageID, Incarnation: d.Origin.Incarnation}
+	schedule := rn.cfg.Retry.Schedule()
 	first := time.Now()
 	attempts := 0
-	err := r.cfg.Retry.Do(ctx, func(ctx context.Context) error {
-		attempts++
-		tx, err := r.cfg.Pool.Begin(ctx)
-		if err != nil {
-			return err
+	var herr error
+	var class retry.Class
+	conflicts := 0
+	for {
+		action, err := rn.redriveTx(ctx, d, msg)
+		if err == nil {
+			rn.pg.Ok()
+			return action, nil, nil
 		}
-		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		// The replay record first: a concurrent or repeated replay of the same
-		// dead letter waits here, then finds it and does nothing.
-		tag, err := tx.Exec(ctx, `INSERT INTO `+r.replays+` (origin_topic, origin_partition, origin_offset, replay_round,
-			dead_letter_topic, message_id, consumer, outcome, replayed_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-			ON CONFLICT DO NOTHING`, d.Origin.Topic, d.Origin.Partition, d.Origin.Offset, d.Round,
-			r.cfg.Topic, d.MessageID, d.Consumer, string(Applied), r.cfg.ReplayedBy)
-		if err != nil {
-			return fmt.Errorf("record replay: %w", err)
-		}
-		if tag.RowsAffected() == 0 {
-			action = AlreadyReplayed
-			return nil
-		}
-		dup, err := r.store.ClaimTx(ctx, tx, dedup.Claim{Consumer: d.Consumer, MessageID: d.MessageID,
-			Topic: d.Origin.Topic, Partition: d.Origin.Partition, Offset: d.Origin.Offset})
-		if err != nil {
-			return retry.Permanent(err) // invalid IDs cannot heal
-		}
-		action = Applied
-		if dup {
-			action = AlreadyApplied
-			if _, err := tx.Exec(ctx, `UPDATE `+r.replays+` SET outcome = $5 WHERE origin_topic = $1
-				AND origin_partition = $2 AND origin_offset = $3 AND replay_round = $4`,
-				d.Origin.Topic, d.Origin.Partition, d.Origin.Offset, d.Round, string(AlreadyApplied)); err != nil {
-				return err
+		var hf *handlerFailure
+		switch {
+		case errors.As(err, &hf):
+		case conflict(err) && conflicts < maxConflicts:
+			conflicts++ // a serialization failure or deadlock: run the transaction again
+			continue
+		default:
+			if werr := rn.pg.Wait(ctx, err); werr != nil {
+				if ctx.Err() != nil {
+					return "", nil, ctx.Err()
+				}
+				return "", nil, fmt.Errorf("dlq: redrive %s: %w", d.MessageID, werr)
 			}
-		} else if err := callHandler(ctx, r.cfg.Handler, tx, msg); err != nil {
-			return &handlerFailure{err}
+			continue // an outage: the same attempt again
 		}
-		return tx.Commit(ctx)
-	}, nil)
-	if err == nil {
-		return action, nil, nil
-	}
-	var hf *handlerFailure
-	if !errors.As(err, &hf) {
-		if ctx.Err() != nil {
+		rn.pg.Ok()
+		attempts++
+		herr = hf.err
+		class = rn.cfg.Retry.Classify(herr)
+		if class == retry.ClassStop {
+			if ctx.Err() != nil {
+				return "", nil, ctx.Err()
+			}
+			class = retry.ClassTransient // the handler's own timeout
+		}
+		delay := backoff.Stop
+		if class == retry.ClassTransient {
+			delay = schedule.NextBackOff()
+		}
+		if delay == backoff.Stop {
+			break
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
 			return "", nil, ctx.Err()
+		case <-t.C:
 		}
-		return "", nil, fmt.Errorf("dlq: redrive %s: %w", d.MessageID, err)
 	}
 	// The handler failed again: extend the history, and either send the
-	// message around once more or park it.
-	var rerr *retry.Error
-	class := retry.ClassTransient
-	if errors.As(err, &rerr) {
-		class = rerr.Class
-	}
-	f := Failure{Error: truncate(hf.err.Error()), Class: class.String(), Attempts: attempts,
+	// message around once more or, in its last round, park it.
+	f := Failure{Error: truncate(herr.Error()), Class: class.String(), Attempts: attempts,
 		FirstFailure: first.UTC(), LastFailure: time.Now().UTC()}
-	if d.Round+1 > r.cfg.ReplayLimit {
-		return Parked, hf.err, r.record(ctx, r.cfg.Pool, d, Parked, f.Error)
+	if d.Round+1 >= rn.cfg.ReplayLimit {
+		return Parked, herr, rn.record(ctx, d, Parked, f.Error)
 	}
 	next := build(d.Message, d.Origin, d.Group, d.Consumer, d.MessageID, d.History, f)
-	next.Topic = r.cfg.Topic
-	if err := r.back.write(ctx, next); err != nil {
+	next.Topic = rn.cfg.Topic
+	if err := rn.back.write(ctx, next, rn.kafka); err != nil {
 		return "", nil, err
 	}
-	return FailedAgain, hf.err, r.record(ctx, r.cfg.Pool, d, FailedAgain, f.Error)
+	return FailedAgain, herr, rn.record(ctx, d, FailedAgain, f.Error)
+}
+
+// redriveTx is one attempt: a transaction that records the replay, claims
+// the message ID, runs the handler and commits. A handler error comes back
+// as a *handlerFailure; any other error is the database's.
+func (rn *run) redriveTx(ctx context.Context, d *DeadLetter, msg *consumer.Message) (Action, error) {
+	tx, err := rn.cfg.Pool.Begin(ctx)
+	if err != nil {
+		return "", fmt.Errorf("begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	// The replay record first: a concurrent or repeated replay of the same
+	// dead letter waits here, then finds it and does nothing.
+	tag, err := tx.Exec(ctx, `INSERT INTO `+rn.replays+` (origin_topic, origin_incarnation, origin_partition,
+		origin_offset, replay_round, dead_letter_topic, message_id, consumer, outcome, replayed_by)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT DO NOTHING`,
+		d.Origin.Topic, d.Origin.Incarnation, d.Origin.Partition, d.Origin.Offset, d.Round,
+		rn.cfg.Topic, d.MessageID, d.Consumer, string(Applied), rn.cfg.ReplayedBy)
+	if err != nil {
+		return "", fmt.Errorf("record replay: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return AlreadyReplayed, nil
+	}
+	dup, err := rn.store.ClaimTx(ctx, tx, dedup.Claim{Consumer: d.Consumer, MessageID: d.MessageID,
+		Topic: d.Origin.Topic, Partition: d.Origin.Partition, Offset: d.Origin.Offset})
+	if err != nil {
+		return "", err
+	}
+	action := Applied
+	if dup {
+		action = AlreadyApplied
+		if _, err := tx.Exec(ctx, `UPDATE `+rn.replays+` SET outcome = $6 WHERE origin_topic = $1
+			AND origin_incarnation = $2 AND origin_partition = $3 AND origin_offset = $4 AND replay_round = $5`,
+			d.Origin.Topic, d.Origin.Incarnation, d.Origin.Partition, d.Origin.Offset, d.Round,
+			string(AlreadyApplied)); err != nil {
+			return "", err
+		}
+	} else if err := callHandler(ctx, rn.cfg.Handler, tx, msg); err != nil {
+		if tx.Conn().IsClosed() {
+			return "", &connLostError{err}
+		}
+		return "", &handlerFailure{err}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return "", fmt.Errorf("commit: %w", err)
+	}
+	return action, nil
+}
+
+// maxConflicts bounds how often one redrive transaction runs again after a
+// serialization failure or a deadlock (as consumer.TxRetriesDefault).
+const maxConflicts = 10
+
+// conflict reports a serialization failure or a deadlock.
+func conflict(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
 }
 
 type handlerFailure struct{ err error }
@@ -341,32 +513,37 @@ func (h *handlerFailure) Unwrap() error { return h.err }
 func callHandler(ctx context.Context, h consumer.Handler, tx pgx.Tx, m *consumer.Message) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			err = fmt.Errorf("handler panicked: %v", v)
+			err = &consumer.PanicError{Value: v, Stack: debug.Stack()}
 		}
 	}()
 	return h.Handle(ctx, tx, m)
 }
 
 // replayed reports whether this dead letter (this round) has a replay record.
-func (r *Reprocessor) replayed(ctx context.Context, d *DeadLetter) (bool, error) {
-	var n int
-	err := r.cfg.Pool.QueryRow(ctx, `SELECT count(*) FROM `+r.replays+` WHERE origin_topic = $1
-		AND origin_partition = $2 AND origin_offset = $3 AND replay_round = $4`,
-		d.Origin.Topic, d.Origin.Partition, d.Origin.Offset, d.Round).Scan(&n)
+func (rn *run) replayed(ctx context.Context, d *DeadLetter) (bool, error) {
+	var done bool
+	err := rn.pg.Do(ctx, func(ctx context.Context) error {
+		return rn.cfg.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+rn.replays+` WHERE origin_topic = $1
+			AND origin_incarnation = $2 AND origin_partition = $3 AND origin_offset = $4 AND replay_round = $5)`,
+			d.Origin.Topic, d.Origin.Incarnation, d.Origin.Partition, d.Origin.Offset, d.Round).Scan(&done)
+	})
 	if err != nil {
 		return false, fmt.Errorf("dlq: read replay records: %w", err)
 	}
-	return n > 0, nil
+	return done, nil
 }
 
-func (r *Reprocessor) record(ctx context.Context, db dedup.DBTX, d *DeadLetter, a Action, detail string) error {
-	_, err := db.Exec(ctx, `INSERT INTO `+r.replays+` (origin_topic, origin_partition, origin_offset, replay_round,
-		dead_letter_topic, message_id, consumer, outcome, detail, replayed_by)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, NULLIF($9, ''), $10) ON CONFLICT DO NOTHING`,
-		d.Origin.Topic, d.Origin.Partition, d.Origin.Offset, d.Round, r.cfg.Topic, d.MessageID, d.Consumer,
-		string(a), detail, r.cfg.ReplayedBy)
+func (rn *run) record(ctx context.Context, d *DeadLetter, a Action, detail string) error {
+	err := rn.pg.Do(ctx, func(ctx context.Context) error {
+		_, err := rn.cfg.Pool.Exec(ctx, `INSERT INTO `+rn.replays+` (origin_topic, origin_incarnation,
+			origin_partition, origin_offset, replay_round, dead_letter_topic, message_id, consumer, outcome, detail,
+			replayed_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, NULLIF($10, ''), $11) ON CONFLICT DO NOTHING`,
+			d.Origin.Topic, d.Origin.Incarnation, d.Origin.Partition, d.Origin.Offset, d.Round, rn.cfg.Topic,
+			d.MessageID, d.Consumer, string(a), detail, rn.cfg.ReplayedBy)
+		return err
+	})
 	if err != nil {
-		return fmt.Errorf("dlq: record replay of %s: %w", d.MessageID, err)
+		return fmt.Errorf("dlq: record replay of %s/%d/%d: %w", d.Origin.Topic, d.Origin.Partition, d.Origin.Offset, err)
 	}
 	return nil
 }

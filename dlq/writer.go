@@ -11,28 +11,37 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/internal/outage"
 	"github.com/idemkit/idemkit/retry"
 )
 
 // Headers a dead letter carries besides the original message's own.
 const (
-	HeaderOriginTopic     = "idemkit-dlq-origin-topic"
-	HeaderOriginPartition = "idemkit-dlq-origin-partition"
-	HeaderOriginOffset    = "idemkit-dlq-origin-offset"
-	HeaderGroup           = "idemkit-dlq-group"
-	HeaderConsumer        = "idemkit-dlq-consumer" // the dedup name: replays use the same scope
-	HeaderMessageID       = "idemkit-dlq-message-id"
-	HeaderError           = "idemkit-dlq-error"
-	HeaderErrorClass      = "idemkit-dlq-error-class"
-	HeaderAttempts        = "idemkit-dlq-attempts"
-	HeaderFirstFailure    = "idemkit-dlq-first-failure" // RFC 3339, nanoseconds
-	HeaderLastFailure     = "idemkit-dlq-last-failure"
-	HeaderReplayRound     = "idemkit-dlq-replay-round" // 0 for the first dead-lettering
-	HeaderHistory         = "idemkit-dlq-history"      // JSON array of Failure, oldest first
+	HeaderOriginTopic       = "idemkit-dlq-origin-topic"
+	HeaderOriginPartition   = "idemkit-dlq-origin-partition"
+	HeaderOriginOffset      = "idemkit-dlq-origin-offset"
+	HeaderOriginIncarnation = "idemkit-dlq-origin-incarnation" // consumer.Message.Incarnation; absent means 0
+	HeaderGroup             = "idemkit-dlq-group"
+	HeaderConsumer          = "idemkit-dlq-consumer" // the dedup name: replays use the same scope
+	HeaderMessageID         = "idemkit-dlq-message-id"
+	HeaderError             = "idemkit-dlq-error"
+	HeaderErrorClass        = "idemkit-dlq-error-class"
+	HeaderAttempts          = "idemkit-dlq-attempts"
+	HeaderFirstFailure      = "idemkit-dlq-first-failure" // RFC 3339, nanoseconds
+	HeaderLastFailure       = "idemkit-dlq-last-failure"
+	HeaderReplayRound       = "idemkit-dlq-replay-round" // 0 for the first dead-lettering
+	HeaderHistory           = "idemkit-dlq-history"      // JSON array of Failure, oldest first
 )
+
+// HeaderLineage is the header a republished message carries (see Republish):
+// its dead letter's origin, consumer and failure history as JSON, so that a
+// Writer that dead-letters it again extends that history instead of starting
+// a new one. Writers of other consumers, and of other topics, ignore it.
+const HeaderLineage = "idemkit-dlq-lineage"
 
 // TopicSuffixDefault makes the default dead-letter topic name: "<topic>.dlq".
 const TopicSuffixDefault = ".dlq"
@@ -62,9 +71,17 @@ type WriterConfig struct {
 	// the dedup name of the consumer that gave up. Consumer defaults to Group.
 	Group, Consumer string
 	// Retry paces attempts to write while the dead-letter topic is
-	// unavailable. The partition waits meanwhile: a message is never dropped.
-	// Defaults to no bound on attempts or time, 100ms to 10s apart.
+	// unavailable for another reason than an outage (for example because it
+	// does not exist). The partition waits meanwhile: a message is never
+	// dropped. Defaults to no bound on attempts or time, 100ms to 10s apart.
 	Retry *retry.Policy
+	// MaxOutage bounds how long OnFailure waits while Kafka cannot be
+	// reached (see retry.IsConnection): it backs off, logs the outage once
+	// when it starts and once with its duration when it ends, and returns a
+	// *retry.OutageError (errors.Is retry.ErrOutage) once the outage lasted
+	// longer, checked between two tries. The consumer then stops with that
+	// error, the message kept. Defaults to 0: wait for ever.
+	MaxOutage time.Duration
 	// Transport connects to Kafka. Defaults to kafka-go's default transport.
 	Transport kafka.RoundTripper
 	// Logger defaults to slog.Default().
@@ -87,6 +104,9 @@ func NewWriter(cfg *WriterConfig) (*Writer, error) {
 	if cfg == nil || len(cfg.Brokers) == 0 {
 		return nil, fmt.Errorf("%w: Brokers is empty", ErrInvalidConfig)
 	}
+	if cfg.MaxOutage < 0 {
+		return nil, fmt.Errorf("%w: MaxOutage must not be negative", ErrInvalidConfig)
+	}
 	c := *cfg
 	c.Consumer = cmp.Or(c.Consumer, c.Group)
 	if c.Retry == nil {
@@ -103,7 +123,10 @@ func NewWriter(cfg *WriterConfig) (*Writer, error) {
 		Balancer:     &kafka.Hash{},
 		RequiredAcks: kafka.RequireAll,
 		BatchTimeout: time.Millisecond,
-		Transport:    c.Transport,
+		// A few quick tries for a leader that moves; longer trouble is
+		// ours to wait out (outages) or retry (Retry), and to log.
+		MaxAttempts: 3,
+		Transport:   c.Transport,
 	}}, nil
 }
 
@@ -116,10 +139,16 @@ func (w *Writer) TopicFor(origin string) string {
 }
 
 // OnFailure writes msg to the dead-letter topic and returns nil once the
-// write is acknowledged; while the topic is unavailable it retries under the
-// writer's policy, so the consumer's partition waits. It returns an error
-// only when ctx ends or the policy gives up: the consumer then keeps the
-// message (its position does not move).
+// write is acknowledged. While Kafka cannot be reached it waits the outage
+// out (see MaxOutage); while the topic is unavailable for another reason it
+// retries under the writer's policy; the consumer's partition waits either
+// way. It returns an error only when ctx ends, the policy gives up or the
+// outage outlasts MaxOutage: the consumer then keeps the message (its
+// position does not move).
+//
+// A message that a Reprocessor republished carries its lineage (see
+// HeaderLineage): its dead letter keeps the first dead letter's origin and
+// extends its history by one round, so that ReplayLimit bounds the loop.
 func (w *Writer) OnFailure(ctx context.Context, msg *consumer.Message, err error) error {
 	var merr *consumer.MessageError
 	if !errors.As(err, &merr) {
@@ -129,40 +158,108 @@ func (w *Writer) OnFailure(ctx context.Context, msg *consumer.Message, err error
 	}
 	f := Failure{Error: truncate(merr.Err.Error()), Class: merr.Class.String(), Attempts: merr.Attempts,
 		FirstFailure: merr.FirstFailure.UTC(), LastFailure: merr.LastFailure.UTC()}
-	dl := build(msg.Message, Origin{Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset},
-		w.cfg.Group, w.cfg.Consumer, msg.ID, nil, f)
+	origin := Origin{Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset, Incarnation: msg.Incarnation}
+	var history []Failure
+	if lin, err := readLineage(msg.Headers); err != nil {
+		w.cfg.Logger.Warn("republished message with an unreadable lineage header; dead-lettering it as a first failure",
+			"topic", msg.Topic, "partition", msg.Partition, "offset", msg.Offset, "message_id", msg.ID, "err", err)
+	} else if lin != nil && lin.Origin.Topic == msg.Topic && lin.Consumer == w.cfg.Consumer {
+		origin, history = lin.Origin, lin.History
+	}
+	dl := build(msg.Message, origin, w.cfg.Group, w.cfg.Consumer, msg.ID, history, f)
 	dl.Topic = w.TopicFor(msg.Topic)
-	return w.write(ctx, dl)
+	wait := &outage.Waiter{Op: "write to " + dl.Topic + ": kafka", Log: w.cfg.Logger, Max: w.cfg.MaxOutage}
+	return w.write(ctx, dl, wait)
 }
 
-func (w *Writer) write(ctx context.Context, m kafka.Message) error {
-	err := w.cfg.Retry.Do(ctx, func(ctx context.Context) error {
+// write writes m, waiting out outages with wait and retrying other failures
+// under the writer's policy.
+func (w *Writer) write(ctx context.Context, m kafka.Message, wait *outage.Waiter) error {
+	schedule := w.cfg.Retry.Schedule()
+	for attempt := 1; ; attempt++ {
 		err := w.w.WriteMessages(ctx, m)
 		var werrs kafka.WriteErrors
 		if errors.As(err, &werrs) && len(werrs) == 1 {
 			err = werrs[0]
 		}
+		if err == nil {
+			wait.Ok()
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("dlq: write to %s: %w", m.Topic, ctx.Err())
+		}
+		if retry.IsConnection(err) {
+			if werr := wait.Wait(ctx, err); werr != nil {
+				if ctx.Err() != nil {
+					return fmt.Errorf("dlq: write to %s: %w", m.Topic, werr)
+				}
+				return fmt.Errorf("dlq: %w", werr) // its Op names the topic
+			}
+			continue
+		}
+		wait.Ok() // Kafka answered
 		if errors.Is(err, kafka.UnknownTopicOrPartition) {
 			// Kafka calls this retriable; for us it means the topic was not
 			// created. Keep waiting, but say what to do.
-			return fmt.Errorf("dead-letter topic %q does not exist (create it, e.g. with dlq.CreateTopic): %w", m.Topic, err)
+			err = fmt.Errorf("dead-letter topic %q does not exist (create it, e.g. with dlq.CreateTopic): %w", m.Topic, err)
 		}
-		return err
-	}, func(err error, attempt int, wait time.Duration) {
+		class := w.cfg.Retry.Classify(err)
+		delay := backoff.Stop
+		if class == retry.ClassTransient {
+			delay = schedule.NextBackOff()
+		}
+		if delay == backoff.Stop {
+			return fmt.Errorf("dlq: write to %s: %w", m.Topic, &retry.Error{Err: err, Attempts: attempt, Class: class})
+		}
 		w.cfg.Logger.Error("dead-letter write failed; the partition waits", "dlq_topic", m.Topic,
-			"attempt", attempt, "retry_in", wait, "err", err)
-	})
-	if err != nil {
-		return fmt.Errorf("dlq: write to %s: %w", m.Topic, err)
+			"attempt", attempt, "retry_in", delay, "err", err)
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("dlq: write to %s: %w", m.Topic, ctx.Err())
+		case <-t.C:
+		}
 	}
-	return nil
 }
 
-// Origin is where a dead letter came from.
+// Origin is where a dead letter came from: the coordinates of the message
+// when it was first dead-lettered (a republished message that fails again
+// keeps them).
 type Origin struct {
-	Topic     string
-	Partition int
-	Offset    int64
+	Topic     string `json:"topic"`
+	Partition int    `json:"partition"`
+	Offset    int64  `json:"offset"`
+	// Incarnation is the topic's incarnation (see consumer.Message): offsets
+	// of two incarnations of a topic are unrelated.
+	Incarnation int64 `json:"incarnation"`
+}
+
+// lineage is what a republished message carries in HeaderLineage.
+type lineage struct {
+	Origin   Origin    `json:"origin"`
+	Consumer string    `json:"consumer"`
+	History  []Failure `json:"history"`
+}
+
+// readLineage returns the lineage in headers, nil when there is none.
+func readLineage(headers []kafka.Header) (*lineage, error) {
+	for _, h := range headers {
+		if h.Key != HeaderLineage {
+			continue
+		}
+		var l lineage
+		if err := json.Unmarshal(h.Value, &l); err != nil {
+			return nil, fmt.Errorf("header %s: %w", HeaderLineage, err)
+		}
+		o := l.Origin
+		if o.Topic == "" || o.Partition < 0 || o.Offset < 0 || o.Incarnation < 0 || len(l.History) == 0 {
+			return nil, fmt.Errorf("header %s: incomplete: %s", HeaderLineage, h.Value)
+		}
+		return &l, nil
+	}
+	return nil, nil
 }
 
 // build makes a dead letter of the original message: its key, value and
@@ -172,7 +269,7 @@ func build(orig kafka.Message, o Origin, group, name, id string, history []Failu
 	f.Round = len(history)
 	history = append(history, f)
 	hist, _ := json.Marshal(history)
-	headers := make([]kafka.Header, 0, len(orig.Headers)+13)
+	headers := make([]kafka.Header, 0, len(orig.Headers)+14)
 	for _, h := range orig.Headers {
 		if !strings.HasPrefix(h.Key, "idemkit-dlq-") {
 			headers = append(headers, h)
@@ -182,6 +279,7 @@ func build(orig kafka.Message, o Origin, group, name, id string, history []Failu
 	add(HeaderOriginTopic, o.Topic)
 	add(HeaderOriginPartition, strconv.Itoa(o.Partition))
 	add(HeaderOriginOffset, strconv.FormatInt(o.Offset, 10))
+	add(HeaderOriginIncarnation, strconv.FormatInt(o.Incarnation, 10))
 	add(HeaderGroup, group)
 	add(HeaderConsumer, name)
 	add(HeaderMessageID, id)

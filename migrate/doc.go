@@ -35,4 +35,9 @@
 //   - 6 (006_topic_identity): consumer positions gain the topic's
 //     incarnation and the timestamp of the last record passed, so that a
 //     deleted and recreated topic is recognised. See package consumer.
+//   - 7 (007_dlq_incarnation): dead-letter replay records gain the origin
+//     topic's incarnation, part of their primary key, so that dead letters
+//     of two incarnations with equal coordinates never collide. The table is
+//     rebuilt; reverting fails (changing nothing) while two incarnations'
+//     records share coordinates. See package dlq.
 package migrate

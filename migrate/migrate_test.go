@@ -175,6 +175,29 @@ func TestUpDownUp(t *testing.T) {
 	if def := idx["consumer_positions_pkey"]; !strings.HasSuffix(def, "(consumer, topic, kafka_partition)") {
 		t.Fatalf("consumer_positions primary key = %q; all indexes %v", def, idx)
 	}
+	replays := db.Table(migrate.DLQReplaysDefault)
+	wantReplays := []column{
+		{"origin_topic", "text", true, ""},
+		{"origin_incarnation", "bigint", true, "0"},
+		{"origin_partition", "integer", true, ""},
+		{"origin_offset", "bigint", true, ""},
+		{"replay_round", "integer", true, ""},
+		{"dead_letter_topic", "text", true, ""},
+		{"message_id", "text", true, ""},
+		{"consumer", "text", true, ""},
+		{"outcome", "text", true, ""},
+		{"detail", "text", false, ""},
+		{"replayed_by", "text", true, ""},
+		{"replayed_at", "timestamp with time zone", true, "now()"},
+	}
+	if got := columns(t, db.Pool, replays); !slices.Equal(got, wantReplays) {
+		t.Fatalf("dlq_replays columns:\n got  %v\n want %v", got, wantReplays)
+	}
+	idx = indexes(t, db.Pool, replays)
+	if def := idx["idemkit_dlq_replays_pkey"]; !strings.HasSuffix(def,
+		"(origin_topic, origin_incarnation, origin_partition, origin_offset, replay_round)") {
+		t.Fatalf("dlq_replays primary key = %q; all indexes %v", def, idx)
+	}
 
 	// Up again: nothing to do.
 	applied, err = m.Up(ctx)
@@ -232,6 +255,7 @@ func TestCustomSchemaAndOddNames(t *testing.T) {
 		ProcessedMessages: `Odd "Name"`,
 		ConsumerPositions: `pos; DROP TABLE x; --`,
 		Migrations:        `Mig.ratioñs`,
+		DLQReplays:        `dlq "replays"; $$ --`,
 	}}
 	m := newMigrator(t, db.Pool, cfg)
 	applied, err := m.Up(ctx)
@@ -298,6 +322,7 @@ func TestLongTableNamesGetDistinctIndexNames(t *testing.T) {
 			ProcessedMessages: name,
 			ConsumerPositions: "positions_" + string(rune('a'+i)),
 			Migrations:        "migrations_" + string(rune('a'+i)),
+			DLQReplays:        strings.Replace(name, "_", "-", 1), // rebuilt by version 7
 		}})
 		applied, err := m.Up(ctx)
 		if err != nil {
@@ -317,6 +342,57 @@ func TestLongTableNamesGetDistinctIndexNames(t *testing.T) {
 		if len(n) > 63 || !utf8.ValidString(n) || !strings.HasPrefix(n, strings.Repeat("é", 18)) {
 			t.Fatalf("index name %q (%d bytes): want <= 63 valid UTF-8 bytes derived from the table name", n, len(n))
 		}
+	}
+}
+
+// TestDLQReplaysAcrossVersion7: version 7 keeps the replay records (as
+// incarnation 0) and reverting it keeps them too, but refuses, changing
+// nothing, while records of two incarnations share coordinates.
+func TestDLQReplaysAcrossVersion7(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.NewDB(t)
+	m := newMigrator(t, db.Pool, &migrate.Config{Schema: db.Schema})
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatalf("Up: %v", err)
+	}
+	if _, err := m.Down(ctx, 6); err != nil {
+		t.Fatalf("Down(6): %v", err)
+	}
+	replays := db.Table(migrate.DLQReplaysDefault)
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO `+replays+` (origin_topic, origin_partition, origin_offset,
+		replay_round, dead_letter_topic, message_id, consumer, outcome, replayed_by)
+		VALUES ('orders', 0, 7, 0, 'orders.dlq', 'm1', 'billing', 'applied', 'me')`); err != nil {
+		t.Fatalf("insert a version 6 record: %v", err)
+	}
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatalf("Up to 7: %v", err)
+	}
+	var id string
+	if err := db.Pool.QueryRow(ctx, `SELECT message_id FROM `+replays+` WHERE origin_topic = 'orders'
+		AND origin_incarnation = 0 AND origin_offset = 7`).Scan(&id); err != nil || id != "m1" {
+		t.Fatalf("record after Up: %q, %v; want m1 as incarnation 0", id, err)
+	}
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO `+replays+` (origin_topic, origin_incarnation, origin_partition,
+		origin_offset, replay_round, dead_letter_topic, message_id, consumer, outcome, replayed_by)
+		VALUES ('orders', 1, 0, 7, 0, 'orders.dlq', 'm2', 'billing', 'applied', 'me')`); err != nil {
+		t.Fatalf("a record of incarnation 1 with the same coordinates: %v", err)
+	}
+	if reverted, err := m.Down(ctx, 6); err == nil || len(reverted) != 0 {
+		t.Fatalf("Down(6) with two incarnations' records: reverted %v, err %v; want an error and nothing reverted", reverted, err)
+	}
+	var n int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+replays+` WHERE origin_incarnation IN (0, 1)`).Scan(&n); err != nil || n != 2 {
+		t.Fatalf("after the refused Down: %d records (%v), want 2 at version 7", n, err)
+	}
+	if _, err := db.Pool.Exec(ctx, `DELETE FROM `+replays+` WHERE origin_incarnation = 1`); err != nil {
+		t.Fatal(err)
+	}
+	if reverted, err := m.Down(ctx, 6); err != nil || !slices.Equal(reverted, []int{7}) {
+		t.Fatalf("Down(6): reverted %v, %v; want 7", reverted, err)
+	}
+	if err := db.Pool.QueryRow(ctx, `SELECT message_id FROM `+replays+` WHERE origin_offset = 7`).Scan(&id); err != nil || id != "m1" {
+		t.Fatalf("record after Down: %q, %v; want m1", id, err)
 	}
 }
 

@@ -25,6 +25,7 @@ type dlqFlags struct {
 	dryRun          bool
 	rate            float64
 	replayLimit     int
+	maxOutage       time.Duration
 	filter          dlq.Filter
 	partition       int
 	offset          int64
@@ -44,7 +45,9 @@ func dlqCmd(ctx context.Context, sub string, args []string, out io.Writer) error
 	fs.StringVar(&f.until, "until", "", "select dead letters that last failed before this time (RFC 3339)")
 	fs.BoolVar(&f.dryRun, "dry-run", false, "replay: say what would be done, change nothing")
 	fs.Float64Var(&f.rate, "rate", 0, "replay: at most this many dead letters per second (0: no limit)")
-	fs.IntVar(&f.replayLimit, "replay-limit", dlq.ReplayLimitDefault, "replay: rounds before a dead letter is parked")
+	fs.IntVar(&f.replayLimit, "replay-limit", dlq.ReplayLimitDefault, "replay: rounds a dead letter gets before it is parked")
+	fs.DurationVar(&f.maxOutage, "max-outage", 0,
+		"replay: give up when PostgreSQL or Kafka stays unreachable this long (0: wait for ever, logging the outage)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -135,7 +138,7 @@ func (f *dlqFlags) list(ctx context.Context, brokers []string, out io.Writer) er
 		}
 		shown++
 		last := d.Last()
-		fmt.Fprintf(tw, "%d/%d\t%s\t%s/%d/%d\t%d\t%s\t%d\t%s\t%s\n", m.Partition, m.Offset, d.MessageID,
+		fmt.Fprintf(tw, "%d/%d\t%s\t%s/%d/%d\t%d\t%s\t%d\t%s\t%s\n", m.Partition, m.Offset, idOf(d),
 			d.Origin.Topic, d.Origin.Partition, d.Origin.Offset, d.Round, last.Class, last.Attempts,
 			last.LastFailure.Format(time.RFC3339), short(last.Error, 60))
 		return nil
@@ -148,6 +151,14 @@ func (f *dlqFlags) list(ctx context.Context, brokers []string, out io.Writer) er
 	}
 	fmt.Fprintf(out, "%d dead letter(s) shown of %d in %s\n", shown, n, f.topic)
 	return nil
+}
+
+// idOf shows a dead letter's message ID, or that it has none.
+func idOf(d *dlq.DeadLetter) string {
+	if d.MessageID == "" {
+		return "(no id)"
+	}
+	return d.MessageID
 }
 
 func short(s string, n int) string {
@@ -179,8 +190,8 @@ func (f *dlqFlags) inspect(ctx context.Context, brokers []string, out io.Writer)
 		}
 		found++
 		fmt.Fprintf(out, "dead letter %s/%d/%d\n", m.Topic, m.Partition, m.Offset)
-		fmt.Fprintf(out, "  message id  %s\n  origin      %s partition %d offset %d\n  consumer    %s (group %s)\n  round       %d\n",
-			d.MessageID, d.Origin.Topic, d.Origin.Partition, d.Origin.Offset, d.Consumer, d.Group, d.Round)
+		fmt.Fprintf(out, "  message id  %s\n  origin      %s partition %d offset %d incarnation %d\n  consumer    %s (group %s)\n  round       %d\n",
+			idOf(d), d.Origin.Topic, d.Origin.Partition, d.Origin.Offset, d.Origin.Incarnation, d.Consumer, d.Group, d.Round)
 		fmt.Fprintf(out, "  key         %q\n  value       %s\n", m.Key, short(string(m.Value), 200))
 		for _, h := range d.Original().Headers {
 			fmt.Fprintf(out, "  header      %s: %s\n", h.Key, short(string(h.Value), 120))
@@ -209,14 +220,14 @@ func (f *dlqFlags) replay(ctx context.Context, brokers []string, out io.Writer) 
 	r, err := dlq.NewReprocessor(&dlq.ReprocessorConfig{
 		Brokers: brokers, Topic: f.topic, Mode: dlq.Republish, Pool: pool,
 		Tables: migrate.Config{Schema: f.schema}, Filter: f.filter, DryRun: f.dryRun, Rate: f.rate,
-		ReplayLimit: f.replayLimit,
+		ReplayLimit: f.replayLimit, MaxOutage: f.maxOutage,
 		Progress: func(it dlq.Item) {
 			if it.Action == dlq.Skipped {
 				return
 			}
 			id, origin := "-", "-"
 			if d := it.DeadLetter; d != nil {
-				id, origin = d.MessageID, fmt.Sprintf("%s/%d/%d", d.Origin.Topic, d.Origin.Partition, d.Origin.Offset)
+				id, origin = idOf(d), fmt.Sprintf("%s/%d/%d", d.Origin.Topic, d.Origin.Partition, d.Origin.Offset)
 			}
 			fmt.Fprintf(out, "%-17s %d/%d  %s  from %s\n", it.Action, it.Raw.Partition, it.Raw.Offset, id, origin)
 		},
@@ -227,8 +238,8 @@ func (f *dlqFlags) replay(ctx context.Context, brokers []string, out io.Writer) 
 	defer r.Close()
 	sum, err := r.Run(ctx)
 	parts := []string{}
-	for _, a := range []dlq.Action{dlq.Republished, dlq.WouldReplay, dlq.AlreadyApplied, dlq.AlreadyReplayed,
-		dlq.Skipped, dlq.Unreadable} {
+	for _, a := range []dlq.Action{dlq.Republished, dlq.RepublishedNoID, dlq.WouldReplay, dlq.AlreadyApplied,
+		dlq.AlreadyReplayed, dlq.Parked, dlq.Skipped, dlq.Unreadable} {
 		if sum[a] > 0 {
 			parts = append(parts, fmt.Sprintf("%d %s", sum[a], a))
 		}

@@ -7,7 +7,7 @@
 //	idemkit migrate up|down VERSION|status   -database URL [-schema S]
 //	idemkit dlq list     -topic T.dlq [filters]        -brokers B [-database URL]
 //	idemkit dlq inspect  -topic T.dlq -id ID | -at P/O -brokers B
-//	idemkit dlq replay   -topic T.dlq [filters] [-dry-run] [-rate N] -brokers B -database URL
+//	idemkit dlq replay   -topic T.dlq [filters] [-dry-run] [-rate N] [-replay-limit N] [-max-outage D] -brokers B -database URL
 //	idemkit idemhttp stuck -database URL [-schema S] [-table T] [-limit N]
 //	idemkit outbox stats|parked|retry ID... -database URL [-schema S] [-table T]
 //	idemkit dedup purge -older-than D -database URL [-schema S] [-batch N]
@@ -53,7 +53,7 @@ const usage = `usage:
   idemkit migrate down VERSION         [-database URL] [-schema S]
   idemkit dlq list    -topic T.dlq     [-brokers B] [-database URL] [filters]
   idemkit dlq inspect -topic T.dlq     (-id ID | -at PARTITION/OFFSET) [-brokers B]
-  idemkit dlq replay  -topic T.dlq     [-brokers B] [-database URL] [filters] [-dry-run] [-rate N] [-replay-limit N]
+  idemkit dlq replay  -topic T.dlq     [-brokers B] [-database URL] [filters] [-dry-run] [-rate N] [-replay-limit N] [-max-outage D]
   idemkit idemhttp stuck               [-database URL] [-schema S] [-table T] [-limit N]
   idemkit outbox stats|parked          [-database URL] [-schema S] [-table T]
   idemkit outbox retry ID...           [-database URL] [-schema S] [-table T]
@@ -65,8 +65,10 @@ filters: -message-id ID -origin TOPIC -error TEXT -since RFC3339 -until RFC3339
 TARGET: -to-offset N | -to-time RFC3339 | -to-earliest | -to-latest
 -database and -brokers default to $IDEMKIT_DATABASE_URL and $IDEMKIT_KAFKA_BROKERS.
 replay writes each selected dead letter back to its origin topic (the consumer's dedup
-makes repeats harmless) and records who replayed what; to re-run a handler in-process,
-use dlq.Reprocessor with Mode Redrive from Go.
+makes repeats harmless; one without message ID goes back too, and the consumer applies
+its MissingID policy again) and records who replayed what; one whose replay rounds are
+used up is parked instead. To re-run a handler in-process, use dlq.Reprocessor with
+Mode Redrive from Go.
 consumer seek is how to rewind (or skip) a consumer: it moves its PostgreSQL positions
 and its group's Kafka offsets together. Do not use kafka-consumer-groups --reset-offsets:
 the consumer starts at the later of the two, so a rewind of Kafka's alone is undone.

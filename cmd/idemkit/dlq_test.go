@@ -1,0 +1,74 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/dlq"
+	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/migrate"
+	"github.com/idemkit/idemkit/retry"
+)
+
+// TestCLIReplayLetterWithoutID: a dead letter without message ID (written
+// by the consumer for ErrMissingID) neither stops a dry run nor a replay:
+// it is listed as such and republished, and the letters after it too.
+func TestCLIReplayLetterWithoutID(t *testing.T) {
+	t.Parallel()
+	bin := binary(t)
+	db := testenv.NewDB(t, func(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+		m, err := migrate.New(pool, &migrate.Config{Schema: schema})
+		if err != nil {
+			return err
+		}
+		_, err = m.Up(ctx)
+		return err
+	})
+	origin := testenv.NewTopic(t, 1)
+	dead := origin + dlq.TopicSuffixDefault
+	testenv.CreateTopic(t, dead, 1)
+	env := []string{
+		"IDEMKIT_DATABASE_URL=" + testenv.DatabaseURL(t),
+		"IDEMKIT_KAFKA_BROKERS=" + strings.Join(testenv.Brokers(t), ","),
+	}
+	w, err := dlq.NewWriter(&dlq.WriterConfig{Brokers: testenv.Brokers(t), Group: "billing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	for i, id := range []string{"", "inv-9"} {
+		m := &consumer.Message{ID: id, Message: kafka.Message{Topic: origin, Offset: int64(i), Key: []byte("k"), Value: []byte("v")}}
+		cause := errors.New("tax service timeout")
+		if id == "" {
+			cause = consumer.ErrMissingID
+		}
+		merr := &consumer.MessageError{Topic: origin, Offset: int64(i), ID: id, Attempts: 1, Class: retry.ClassPermanent,
+			FirstFailure: now, LastFailure: now, Err: cause}
+		if err := w.OnFailure(context.Background(), m, merr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	schema := []string{"-schema", db.Schema}
+	out, errOut, code := cli(t, bin, env, append([]string{"dlq", "replay", "-topic", dead, "-dry-run"}, schema...)...)
+	if code != 0 || !strings.Contains(out, "dry run, nothing changed: 2 would-replay") || !strings.Contains(out, "0/0  (no id)") {
+		t.Fatalf("dry run: code %d\n%s%s", code, out, errOut)
+	}
+	out, errOut, code = cli(t, bin, env, append([]string{"dlq", "replay", "-topic", dead}, schema...)...)
+	if code != 0 || !strings.Contains(out, "replayed: 1 republished, 1 republished-no-id") {
+		t.Fatalf("replay: code %d\n%s%s", code, out, errOut)
+	}
+	if n := countMessages(t, origin); n != 2 {
+		t.Fatalf("replay published %d messages to %s, want 2", n, origin)
+	}
+}
