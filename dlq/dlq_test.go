@@ -482,4 +482,8 @@ func TestNewReprocessorRejectsBadConfig(t *testing.T) {
 	if _, err := dlq.NewWriter(&dlq.WriterConfig{}); !errors.Is(err, dlq.ErrInvalidConfig) {
 		t.Errorf("writer without brokers: %v", err)
 	}
+	// Letters written without a consumer name could never be replayed.
+	if _, err := dlq.NewWriter(&dlq.WriterConfig{Brokers: []string{"b"}}); !errors.Is(err, dlq.ErrInvalidConfig) {
+		t.Errorf("writer without Group or Consumer: %v", err)
+	}
 }

@@ -186,7 +186,7 @@ func NewReprocessor(cfg *ReprocessorConfig) (*Reprocessor, error) {
 	if err != nil {
 		return nil, err
 	}
-	back, err := NewWriter(&WriterConfig{Brokers: c.Brokers, Topic: c.Topic, Retry: c.Retry, Logger: c.Logger,
+	back, err := newWriter(&WriterConfig{Brokers: c.Brokers, Topic: c.Topic, Retry: c.Retry, Logger: c.Logger,
 		MaxOutage: c.MaxOutage})
 	if err != nil {
 		return nil, err

@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/internal/outage"
+	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -101,6 +102,19 @@ var ErrInvalidConfig = errors.New("dlq: invalid config")
 
 // NewWriter validates cfg and returns a Writer. Close it when done.
 func NewWriter(cfg *WriterConfig) (*Writer, error) {
+	if cfg != nil {
+		if err := dedup.ValidateID("Group or Consumer", cmp.Or(cfg.Consumer, cfg.Group)); err != nil {
+			// The reprocessor replays a letter under this name: without one
+			// it could not look up or claim anything.
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+	}
+	return newWriter(cfg)
+}
+
+// newWriter is NewWriter for the reprocessor's own writer, which writes
+// letters back under the names they carry.
+func newWriter(cfg *WriterConfig) (*Writer, error) {
 	if cfg == nil || len(cfg.Brokers) == 0 {
 		return nil, fmt.Errorf("%w: Brokers is empty", ErrInvalidConfig)
 	}
