@@ -15,8 +15,8 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/consumer"
-	"github.com/idemkit/idemkit/internal/outage"
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/outage"
 	"github.com/idemkit/idemkit/retry"
 )
 
