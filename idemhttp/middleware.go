@@ -139,7 +139,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
-	m.execute(w, r, next, a, res.token, log)
+	m.execute(w, r, next, a, res, log)
 }
 
 func readBody(r *http.Request, limit int64) ([]byte, error) {
@@ -206,7 +206,9 @@ func (m *Middleware) answerExisting(w http.ResponseWriter, r *http.Request, a re
 }
 
 // execute runs the handler for a reserved key and settles the record.
-func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, a reserveArgs, token int64, log *slog.Logger) {
+func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, a reserveArgs, res reservation,
+	log *slog.Logger) {
+	token := res.token
 	finish := func() (context.Context, context.CancelFunc) {
 		return context.WithTimeout(context.WithoutCancel(r.Context()), finishTimeout)
 	}
@@ -220,7 +222,10 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		}
 	}
 
-	hctx, cancel := context.WithTimeout(r.Context(), m.cfg.Lease)
+	// The handler's context ends when the record's lease does (it started
+	// no earlier than leaseStart): from then on another request may take
+	// the record over.
+	hctx, cancel := context.WithDeadline(r.Context(), res.leaseStart.Add(m.cfg.Lease))
 	defer cancel()
 	var tx pgx.Tx
 	if !m.cfg.NoTx {

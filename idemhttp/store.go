@@ -421,10 +421,14 @@ func (s *Store) Purge(ctx context.Context, db *pgxpool.Pool, batchSize int) (int
 }
 
 // reservation is the outcome of reserve: either this request holds the key
-// (reserved, with token), or rec describes the existing record.
+// (reserved, with token, from leaseStart on), or the other fields describe
+// the existing record.
 type reservation struct {
 	reserved bool
 	token    int64
+	// leaseStart is the real time just before the reserving statement: the
+	// record's lease ends Lease after it, or later.
+	leaseStart time.Time
 
 	state       State
 	fingerprint []byte
@@ -461,6 +465,7 @@ func (s *Store) reserve(ctx context.Context, db DBTX, a reserveArgs) (reservatio
 		sql = s.reserveAsyncSQL
 	}
 	for range 8 {
+		start := time.Now()
 		now := s.now()
 		token := newToken()
 		var (
@@ -484,7 +489,7 @@ func (s *Store) reserve(ctx context.Context, db DBTX, a reserveArgs) (reservatio
 			return reservation{}, fmt.Errorf("idemhttp: reserve: %w", err)
 		}
 		if reserved {
-			return reservation{reserved: true, token: token}, nil
+			return reservation{reserved: true, token: token, leaseStart: start}, nil
 		}
 		if expiresAt != nil && !expiresAt.After(now) {
 			tag, err := db.Exec(ctx, s.takeoverSQL, a.account, a.operation, a.key, a.fingerprint, token,
@@ -493,7 +498,7 @@ func (s *Store) reserve(ctx context.Context, db DBTX, a reserveArgs) (reservatio
 				return reservation{}, fmt.Errorf("idemhttp: reserve: take over expired record: %w", err)
 			}
 			if tag.RowsAffected() == 1 {
-				return reservation{reserved: true, token: token}, nil
+				return reservation{reserved: true, token: token, leaseStart: start}, nil
 			}
 			continue // changed meanwhile: read it again
 		}
