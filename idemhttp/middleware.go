@@ -102,7 +102,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	a := reserveArgs{account: account, operation: m.cfg.Operation(r), key: key, lease: m.cfg.Lease, ttl: m.cfg.TTL,
-		async: !m.cfg.NoTx}
+		async: !m.cfg.NoTx, takeover: !m.cfg.NoTx && !m.cfg.NoLeaseTakeover}
 	log := m.cfg.Logger.With(slog.String("idempotency_key", key), slog.String("account", account),
 		slog.String("operation", a.operation))
 
@@ -137,6 +137,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if !res.reserved {
 		m.answerExisting(w, r, a, res)
 		return
+	}
+	if res.tookOver {
+		log.WarnContext(r.Context(), "idemhttp: lease ended; record taken over, its holder fenced out",
+			slog.Int64("previous_token", res.prevToken), slog.Time("lease_ended", res.prevLockedUntil))
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	m.execute(w, r, next, a, res, log)

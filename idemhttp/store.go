@@ -1,6 +1,7 @@
 package idemhttp
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -75,6 +76,7 @@ type Store struct {
 	reserveSQL      string
 	reserveAsyncSQL string
 	takeoverSQL     string
+	leaseSQL        string
 	completeSQL     string
 	releaseSQL      string
 	getSQL          string
@@ -118,6 +120,18 @@ func NewStore(cfg *StoreConfig) (*Store, error) {
 	locked_until = $7, created_at = $6, updated_at = $6, expires_at = $8, completed_at = NULL,
 	response_status = NULL, response_headers = NULL, response_body = NULL
 WHERE ` + key + ` AND token = $9 AND expires_at <= $6`,
+
+		// A record whose holder's lease ended is taken over by a request
+		// with the same fingerprint: a new token fences the old holder out,
+		// a new lease and expiry start now; created_at keeps the first
+		// reservation. It matches the token seen ($9) and still PROCESSING
+		// past its lease: of several requests racing for it, the first
+		// UPDATE wins and the others, re-checking the row once the winner
+		// committed, change nothing. An old holder that completed first
+		// (COMPLETED, same token) is not taken over either; one completing
+		// holds the row until its transaction ends, and the UPDATE waits.
+		leaseSQL: `UPDATE ` + t + ` SET token = $5, locked_until = $7, updated_at = $6, expires_at = $8
+WHERE ` + key + ` AND token = $9 AND state = 'PROCESSING' AND locked_until <= $6 AND fingerprint = $4`,
 
 		completeSQL: `UPDATE ` + t + ` SET state = 'COMPLETED', locked_until = NULL,
 	response_status = $5, response_headers = $6, response_body = $7,
@@ -246,7 +260,8 @@ func (s *Store) Get(ctx context.Context, db DBTX, account, operation, key string
 
 // FindStuck returns up to limit records still PROCESSING after their lease
 // ended, longest overdue first (limit <= 0 means FindLimitDefault). Their
-// holder crashed, hung, or is slow; see Reconcile.
+// holder crashed, hung, or is slow; see Reconcile. In transaction mode the
+// next request with such a record's key takes it over (Config.NoLeaseTakeover).
 func (s *Store) FindStuck(ctx context.Context, db DBTX, limit int) ([]Record, error) {
 	if limit <= 0 {
 		limit = FindLimitDefault
@@ -429,6 +444,11 @@ type reservation struct {
 	// leaseStart is the real time just before the reserving statement: the
 	// record's lease ends Lease after it, or later.
 	leaseStart time.Time
+	// tookOver is true when the key was reserved by taking over a record
+	// whose lease ended, held with prevToken until prevLockedUntil.
+	tookOver        bool
+	prevToken       int64
+	prevLockedUntil time.Time
 
 	state       State
 	fingerprint []byte
@@ -448,6 +468,9 @@ type reserveArgs struct {
 	fingerprint             []byte
 	lease, ttl              time.Duration
 	async                   bool
+	// takeover lets reserve take over a PROCESSING record with the same
+	// fingerprint whose lease ended.
+	takeover bool
 }
 
 // errReserveRace is returned when reserve kept losing to concurrent changes.
@@ -455,7 +478,9 @@ var errReserveRace = errors.New("idemhttp: reserve: the record kept changing")
 
 // reserve reserves the key for a new request, or returns the live record.
 // It runs on db outside any transaction, so the reservation is visible to
-// every other request at once.
+// every other request at once. An expired record counts as absent; with
+// a.takeover, a PROCESSING record with a.fingerprint whose lease ended is
+// taken over.
 //
 // With a.async the reservation's commit does not wait for the WAL flush; see
 // reserveSQL for when that is safe.
@@ -491,16 +516,27 @@ func (s *Store) reserve(ctx context.Context, db DBTX, a reserveArgs) (reservatio
 		if reserved {
 			return reservation{reserved: true, token: token, leaseStart: start}, nil
 		}
-		if expiresAt != nil && !expiresAt.After(now) {
-			tag, err := db.Exec(ctx, s.takeoverSQL, a.account, a.operation, a.key, a.fingerprint, token,
+		expired := expiresAt != nil && !expiresAt.After(now)
+		leaseEnded := a.takeover && State(state) == StateProcessing && lockedUntil != nil &&
+			!lockedUntil.After(now) && bytes.Equal(fingerprint, a.fingerprint)
+		if expired || leaseEnded {
+			stmt, what := s.takeoverSQL, "expired record"
+			if !expired {
+				stmt, what = s.leaseSQL, "record whose lease ended"
+			}
+			tag, err := db.Exec(ctx, stmt, a.account, a.operation, a.key, a.fingerprint, token,
 				now, now.Add(a.lease), now.Add(a.ttl), existingToken)
 			if err != nil {
-				return reservation{}, fmt.Errorf("idemhttp: reserve: take over expired record: %w", err)
+				return reservation{}, fmt.Errorf("idemhttp: reserve: take over %s: %w", what, err)
 			}
-			if tag.RowsAffected() == 1 {
-				return reservation{reserved: true, token: token, leaseStart: start}, nil
+			if tag.RowsAffected() != 1 {
+				continue // changed meanwhile: read it again
 			}
-			continue // changed meanwhile: read it again
+			taken := reservation{reserved: true, token: token, leaseStart: start}
+			if !expired {
+				taken.tookOver, taken.prevToken, taken.prevLockedUntil = true, existingToken, *lockedUntil
+			}
+			return taken, nil
 		}
 		res.state = State(state)
 		res.fingerprint = fingerprint
