@@ -156,5 +156,7 @@
 //
 // The table is created by package migrate (version 3); StoreConfig and
 // migrate.Config must name the same schema and table. Nothing in this
-// package runs DDL.
+// package runs DDL: without the table, Store methods return errors matching
+// ErrNotMigrated, and the middleware answers 503 store_unavailable and logs
+// that error.
 package idemhttp

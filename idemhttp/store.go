@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idemkit/internal/pgexec"
@@ -29,6 +30,21 @@ const (
 
 // ErrNotFound is returned by Store.Get when no live record has the key.
 var ErrNotFound = errors.New("idemhttp: record not found")
+
+// ErrNotMigrated means the records table does not exist: run package
+// migrate (version 3 or later; `idemkit migrate up`) with the same Schema
+// and table name. Every Store method wraps it then, and the middleware
+// answers 503 store_unavailable and logs it.
+var ErrNotMigrated = errors.New("idemhttp: table missing: run migrate.Up")
+
+// translate maps a missing table to ErrNotMigrated.
+func translate(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+		return fmt.Errorf("%w: %w", ErrNotMigrated, err)
+	}
+	return err
+}
 
 // State is the state of a record.
 type State string
@@ -253,7 +269,7 @@ func (s *Store) Get(ctx context.Context, db DBTX, account, operation, key string
 		return Record{}, ErrNotFound
 	}
 	if err != nil {
-		return Record{}, fmt.Errorf("idemhttp: get: %w", err)
+		return Record{}, fmt.Errorf("idemhttp: get: %w", translate(err))
 	}
 	return r, nil
 }
@@ -268,11 +284,11 @@ func (s *Store) FindStuck(ctx context.Context, db DBTX, limit int) ([]Record, er
 	}
 	rows, err := db.Query(ctx, s.stuckSQL, s.now(), limit)
 	if err != nil {
-		return nil, fmt.Errorf("idemhttp: find stuck: %w", err)
+		return nil, fmt.Errorf("idemhttp: find stuck: %w", translate(err))
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Record, error) { return scanRecord(row) })
 	if err != nil {
-		return nil, fmt.Errorf("idemhttp: find stuck: %w", err)
+		return nil, fmt.Errorf("idemhttp: find stuck: %w", translate(err))
 	}
 	return out, nil
 }
@@ -348,7 +364,7 @@ func (s *Store) Resolve(ctx context.Context, db DBTX, rec Record, d Decision) (b
 	var n int64
 	if err := db.QueryRow(ctx, s.resolveSQL, rec.Account, rec.Operation, rec.Key, rec.Token, state, s.now()).
 		Scan(&n); err != nil {
-		return false, fmt.Errorf("idemhttp: resolve: %w", err)
+		return false, fmt.Errorf("idemhttp: resolve: %w", translate(err))
 	}
 	return n > 0, nil
 }
@@ -430,7 +446,7 @@ func (s *Store) Purge(ctx context.Context, db *pgxpool.Pool, batchSize int) (int
 	}
 	deleted, err := pgexec.DeleteInBatches(ctx, db, s.purgeSQL, batchSize, s.now())
 	if err != nil {
-		return deleted, fmt.Errorf("idemhttp: purge: %w", err)
+		return deleted, fmt.Errorf("idemhttp: purge: %w", translate(err))
 	}
 	return deleted, nil
 }
@@ -511,7 +527,7 @@ func (s *Store) reserve(ctx context.Context, db DBTX, a reserveArgs) (reservatio
 			continue // the conflicting row committed after this statement's snapshot
 		}
 		if err != nil {
-			return reservation{}, fmt.Errorf("idemhttp: reserve: %w", err)
+			return reservation{}, fmt.Errorf("idemhttp: reserve: %w", translate(err))
 		}
 		if reserved {
 			return reservation{reserved: true, token: token, leaseStart: start}, nil
@@ -527,7 +543,7 @@ func (s *Store) reserve(ctx context.Context, db DBTX, a reserveArgs) (reservatio
 			tag, err := db.Exec(ctx, stmt, a.account, a.operation, a.key, a.fingerprint, token,
 				now, now.Add(a.lease), now.Add(a.ttl), existingToken)
 			if err != nil {
-				return reservation{}, fmt.Errorf("idemhttp: reserve: take over %s: %w", what, err)
+				return reservation{}, fmt.Errorf("idemhttp: reserve: take over %s: %w", what, translate(err))
 			}
 			if tag.RowsAffected() != 1 {
 				continue // changed meanwhile: read it again
@@ -572,7 +588,7 @@ func (s *Store) complete(ctx context.Context, db DBTX, a reserveArgs, token int6
 	tag, err := db.Exec(ctx, s.completeSQL, a.account, a.operation, a.key, token,
 		resp.status, headerJSON, body, now, now.Add(a.ttl))
 	if err != nil {
-		return false, fmt.Errorf("idemhttp: complete: %w", err)
+		return false, fmt.Errorf("idemhttp: complete: %w", translate(err))
 	}
 	return tag.RowsAffected() == 1, nil
 }
@@ -580,7 +596,7 @@ func (s *Store) complete(ctx context.Context, db DBTX, a reserveArgs, token int6
 // release deletes the record if it is still PROCESSING with token.
 func (s *Store) release(ctx context.Context, db DBTX, a reserveArgs, token int64) error {
 	if _, err := db.Exec(ctx, s.releaseSQL, a.account, a.operation, a.key, token); err != nil {
-		return fmt.Errorf("idemhttp: release: %w", err)
+		return fmt.Errorf("idemhttp: release: %w", translate(err))
 	}
 	return nil
 }
