@@ -111,9 +111,9 @@ type Config struct {
 	// it over (NoLeaseTakeover). Defaults to LeaseDefault (1 minute).
 	Lease time.Duration
 
-	// TTL is how long a record lives after it was reserved and again after
-	// it completed. After it, the key is unknown and a request with it runs
-	// anew. Defaults to TTLDefault (24 hours).
+	// TTL is how long a record lives after it was reserved (or taken over)
+	// and again after it completed. After it, the key is unknown and a
+	// request with it runs anew. Defaults to TTLDefault (24 hours).
 	TTL time.Duration
 
 	// Wait is how long a request whose key is in flight waits for the first

@@ -126,14 +126,14 @@
 // alongside takeover, for keys no client retries.
 //
 // A record expires Config.TTL (default 24 hours) after it was reserved or
-// taken over, and again TTL after it completed. From then on its key is unknown: a request
-// with it runs the handler anew, whatever the record's state. This is the
-// contract, not a cache detail: choose a TTL longer than any retry you
-// expect, and back critical effects with a business constraint that does
-// not expire (for example a unique order reference). Store.Purge deletes
-// expired records in batches; it only reclaims space. Leases and expiry are
-// measured on StoreConfig.Now (default time.Now): keep the clocks of the
-// processes sharing a table in step.
+// taken over, and again TTL after it completed. From then on its key is
+// unknown: a request with it runs the handler anew, whatever the record's
+// state. This is the contract, not a cache detail: choose a TTL longer than
+// any retry you expect, and back critical effects with a business
+// constraint that does not expire (for example a unique order reference).
+// Store.Purge deletes expired records in batches; it only reclaims space.
+// Leases and expiry are measured on StoreConfig.Now (default time.Now): keep
+// the clocks of the processes sharing a table in step.
 //
 // # The IETF draft
 //
