@@ -87,18 +87,33 @@ type Config struct {
 	// record is completed by its own statement after the handler returns.
 	// For handlers whose effects are outside this database (then a crash
 	// between the effect and the completion leaves the record PROCESSING for
-	// the reconciler). Defaults to false: every handler runs in a
-	// transaction the middleware commits together with the record.
+	// the reconciler; it is never taken over). Defaults to false: every
+	// handler runs in a transaction the middleware commits together with the
+	// record.
 	NoTx bool
+
+	// NoLeaseTakeover leaves records whose lease ended to the reconciler:
+	// requests with their key get 409 request_in_flight until a Reconciler
+	// settles them (Store.Reconcile, Store.Resolve) or they expire (TTL).
+	// Set it when a handler's effects do not all go through the middleware's
+	// transaction (it calls a payment provider itself), so that a request
+	// whose holder crashed is not run again before someone checked. With
+	// NoTx records are never taken over, whatever this says. Defaults to
+	// false: in transaction mode, the first request with the key and the same
+	// fingerprint after the lease ended takes the record over (a new token
+	// and lease) and runs the handler, and the old holder can no longer
+	// complete (409 lease_lost, its transaction rolled back).
+	NoLeaseTakeover bool
 
 	// Lease is how long a request holds its key: its handler's context ends
 	// then, and from then on the record counts as stuck (FindStuck) until it
-	// completes. Defaults to LeaseDefault (1 minute).
+	// completes or, in transaction mode, the next request with the key takes
+	// it over (NoLeaseTakeover). Defaults to LeaseDefault (1 minute).
 	Lease time.Duration
 
-	// TTL is how long a record lives after it was reserved and again after
-	// it completed. After it, the key is unknown and a request with it runs
-	// anew. Defaults to TTLDefault (24 hours).
+	// TTL is how long a record lives after it was reserved (or taken over)
+	// and again after it completed. After it, the key is unknown and a
+	// request with it runs anew. Defaults to TTLDefault (24 hours).
 	TTL time.Duration
 
 	// Wait is how long a request whose key is in flight waits for the first

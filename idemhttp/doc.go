@@ -30,9 +30,10 @@
 // response and marks the record COMPLETED with an UPDATE that matches the
 // token, in that same transaction, and commits: the business writes, the
 // outbox messages and the COMPLETED record commit together or not at all.
-// If the token no longer matches (the record was handed to the reconciler or
-// taken over after it expired), the transaction is rolled back and the
-// client gets 409 lease_lost: a holder that lost its lease cannot complete.
+// If the token no longer matches (after its lease ended, the record was
+// taken over by another request or handed to the reconciler), the
+// transaction is rolled back and the client gets 409 lease_lost: a holder
+// that lost its lease cannot complete.
 // The response is buffered and sent only after the commit, so a client never
 // sees a success that was not committed. With Config.NoTx the handler runs
 // without a transaction and the record is completed by its own statement.
@@ -49,7 +50,9 @@
 //   - other fingerprint: 422 idempotency_key_reused, nothing executed (this
 //     check comes first, whatever the record's state);
 //   - PROCESSING: 409 request_in_flight with Retry-After, or, with
-//     Config.Wait, the replay once the first request finishes;
+//     Config.Wait, the replay once the first request finishes; once its
+//     lease ended, in transaction mode, the request takes it over and runs
+//     (see Leases);
 //   - COMPLETED: the stored status, allow-listed headers and body, with
 //     Idempotent-Replayed: true;
 //   - FAILED or UNKNOWN (set by a reconciler): 409 operation_failed or
@@ -73,28 +76,64 @@
 // ASCII) or an invalid JSON body, 401 when Config.Account fails, 413 past
 // Config.MaxRequestBytes, 503 store_unavailable when PostgreSQL fails.
 //
-// # Leases, reconciliation and expiry
+// # Leases, takeover, reconciliation and expiry
 //
-// The handler's context ends when its lease ends. A record still PROCESSING
-// after its lease is stuck: its holder crashed, hung or is slow.
-// Store.FindStuck lists such records and Store.Reconcile hands them to your
+// A request holds its key for Config.Lease (default 1 minute) from its
+// reservation, and its handler's context ends then. A record still
+// PROCESSING after its lease is stuck: its holder crashed, hung or is slow.
+// A holder past its lease that nobody took over still completes normally.
+//
+// Takeover, in transaction mode (the default). The first request with the
+// key and the same fingerprint that finds the lease ended takes the record
+// over: one UPDATE, matching the token it read and the record still
+// PROCESSING past its lease, gives the record a new token, a new lease and
+// a new expiry (TTL from now), and the request runs the handler. The
+// takeover is a compare-and-set on the row, so of several requests racing
+// for one record exactly one takes it over; the others find a live lease
+// again (409 request_in_flight, or with Config.Wait the replay). A request
+// with another fingerprint still gets 422 and changes nothing. The old
+// holder is fenced out: if it is still running, its completion matches its
+// own token, which is gone, so it gets 409 lease_lost and its transaction,
+// with every business write and outbox message in it, is rolled back (its
+// release, after a failure, matches its token too and frees nothing). If it
+// completed before the takeover, the taker finds the record COMPLETED and
+// replays it. This is safe because every effect of the handler is in the
+// middleware's transaction: a crashed holder's transaction never commits
+// (PostgreSQL rolls it back when its connection ends), a live one can no
+// longer commit. Safety does not depend on clocks: a clock that runs ahead
+// only takes over early, and the early holder's work is lost, not doubled. A
+// holder whose host vanished without closing its connection keeps its
+// transaction, and the row locks of its writes, open until PostgreSQL ends
+// that session (TCP keepalives, idle_in_transaction_session_timeout): the
+// taker may wait on those locks, it never doubles the writes.
+// A takeover is logged (warning "lease ended", with the previous token).
+//
+// Reconciliation, with Config.NoTx or Config.NoLeaseTakeover. Without the
+// transaction, a stuck request's effects may have happened outside the
+// database (the card was charged, then the process died), and a live holder
+// may still be causing them: running the handler again could double them,
+// and only the outside system knows. So such records are never taken over:
+// requests with the key get 409 request_in_flight until a Reconciler settles
+// the record, or it expires. Set NoLeaseTakeover in transaction mode too when
+// a handler's effects do not all go through the transaction.
+// Store.FindStuck lists stuck records and Store.Reconcile hands them to your
 // Reconciler, which decides: AllowRetry (delete the record; the next request
 // runs anew), MarkFailed (409 operation_failed until expiry), KeepUnknown
 // (409 outcome_unknown until an operator calls Store.Resolve). For effects
-// written in the middleware's transaction AllowRetry is always safe: a
-// crashed holder's transaction is gone, a live one can no longer complete.
-// For effects outside it (a payment provider called by a NoTx handler), ask
-// the outside system first. `idemkit idemhttp stuck` lists stuck records.
+// written in the middleware's transaction AllowRetry is always safe, for the
+// reasons above. For effects outside it, ask the outside system first.
+// `idemkit idemhttp stuck` lists stuck records. A reconciler also works
+// alongside takeover, for keys no client retries.
 //
-// A record expires Config.TTL (default 24 hours) after it was reserved, and
-// again TTL after it completed. From then on its key is unknown: a request
-// with it runs the handler anew, whatever the record's state. This is the
-// contract, not a cache detail: choose a TTL longer than any retry you
-// expect, and back critical effects with a business constraint that does
-// not expire (for example a unique order reference). Store.Purge deletes
-// expired records in batches; it only reclaims space. Leases and expiry are
-// measured on StoreConfig.Now (default time.Now): keep the clocks of the
-// processes sharing a table in step.
+// A record expires Config.TTL (default 24 hours) after it was reserved or
+// taken over, and again TTL after it completed. From then on its key is
+// unknown: a request with it runs the handler anew, whatever the record's
+// state. This is the contract, not a cache detail: choose a TTL longer than
+// any retry you expect, and back critical effects with a business
+// constraint that does not expire (for example a unique order reference).
+// Store.Purge deletes expired records in batches; it only reclaims space.
+// Leases and expiry are measured on StoreConfig.Now (default time.Now): keep
+// the clocks of the processes sharing a table in step.
 //
 // # The IETF draft
 //
@@ -117,5 +156,7 @@
 //
 // The table is created by package migrate (version 3); StoreConfig and
 // migrate.Config must name the same schema and table. Nothing in this
-// package runs DDL.
+// package runs DDL: without the table, Store methods return errors matching
+// ErrNotMigrated, and the middleware answers 503 store_unavailable and logs
+// that error.
 package idemhttp

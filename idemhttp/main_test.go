@@ -276,6 +276,11 @@ func postTo(ctx context.Context, client *http.Client, url, key, account, body st
 	if account != "" {
 		req.Header.Set("X-Account", account)
 	}
+	return do(client, req)
+}
+
+// do sends req and reads the whole response.
+func do(client *http.Client, req *http.Request) (response, error) {
 	resp, err := client.Do(req)
 	if err != nil {
 		return response{}, err

@@ -102,7 +102,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	a := reserveArgs{account: account, operation: m.cfg.Operation(r), key: key, lease: m.cfg.Lease, ttl: m.cfg.TTL,
-		async: !m.cfg.NoTx}
+		async: !m.cfg.NoTx, takeover: !m.cfg.NoTx && !m.cfg.NoLeaseTakeover}
 	log := m.cfg.Logger.With(slog.String("idempotency_key", key), slog.String("account", account),
 		slog.String("operation", a.operation))
 
@@ -138,8 +138,12 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.answerExisting(w, r, a, res)
 		return
 	}
+	if res.tookOver {
+		log.WarnContext(r.Context(), "idemhttp: lease ended; record taken over, its holder fenced out",
+			slog.Int64("previous_token", res.prevToken), slog.Time("lease_ended", res.prevLockedUntil))
+	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
-	m.execute(w, r, next, a, res.token, log)
+	m.execute(w, r, next, a, res, log)
 }
 
 func readBody(r *http.Request, limit int64) ([]byte, error) {
@@ -206,7 +210,9 @@ func (m *Middleware) answerExisting(w http.ResponseWriter, r *http.Request, a re
 }
 
 // execute runs the handler for a reserved key and settles the record.
-func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, a reserveArgs, token int64, log *slog.Logger) {
+func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, a reserveArgs, res reservation,
+	log *slog.Logger) {
+	token := res.token
 	finish := func() (context.Context, context.CancelFunc) {
 		return context.WithTimeout(context.WithoutCancel(r.Context()), finishTimeout)
 	}
@@ -220,7 +226,10 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		}
 	}
 
-	hctx, cancel := context.WithTimeout(r.Context(), m.cfg.Lease)
+	// The handler's context ends when the record's lease does (it started
+	// no earlier than leaseStart): from then on another request may take
+	// the record over.
+	hctx, cancel := context.WithDeadline(r.Context(), res.leaseStart.Add(m.cfg.Lease))
 	defer cancel()
 	var tx pgx.Tx
 	if !m.cfg.NoTx {

@@ -21,7 +21,12 @@ import (
 	"github.com/idemkit/idemkit/internal/testenv"
 )
 
-const helperSchemaEnv = "IDEMHTTP_HELPER_SCHEMA"
+const (
+	helperSchemaEnv = "IDEMHTTP_HELPER_SCHEMA"
+	// helperClockEnv, when set, is a duration the helper server's store
+	// clock runs ahead of real time.
+	helperClockEnv = "IDEMHTTP_HELPER_CLOCK_AHEAD"
+)
 
 // TestHelperServer is the server process of TestRestart: it runs only when
 // that test starts this binary with helperSchemaEnv set. It prints "ADDR
@@ -43,7 +48,15 @@ func TestHelperServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: schema})
+	now := time.Now
+	if v := os.Getenv(helperClockEnv); v != "" {
+		ahead, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		now = func() time.Time { return time.Now().Add(ahead) }
+	}
+	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: schema, Now: now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,10 +108,12 @@ type serverProcess struct {
 	lines chan string // stdout lines after ADDR; closed at EOF
 }
 
-func startServerProcess(t *testing.T, schema string) *serverProcess {
+// startServerProcess starts a TestHelperServer on schema; env adds
+// variables (helperClockEnv).
+func startServerProcess(t *testing.T, schema string, env ...string) *serverProcess {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperServer$", "-test.count=1")
-	cmd.Env = append(os.Environ(), helperSchemaEnv+"="+schema)
+	cmd.Env = append(append(os.Environ(), helperSchemaEnv+"="+schema), env...)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -156,6 +171,31 @@ func (p *serverProcess) kill() {
 	_ = p.cmd.Wait()
 }
 
+// crashDuring sends a request with key to p that hangs in the handler after
+// its insert, and kills p (SIGKILL) while it hangs.
+func crashDuring(t *testing.T, p *serverProcess, client *http.Client, key string) {
+	t.Helper()
+	failed := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, p.url+"/payments", strings.NewReader(payment))
+		req.Header.Set(idemhttp.HeaderKey, key)
+		req.Header.Set("X-Account", "acct-1")
+		req.Header.Set("X-Hang", "1")
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := client.Do(req)
+		if err == nil {
+			_ = resp.Body.Close()
+			err = fmt.Errorf("got status %d", resp.StatusCode)
+		}
+		failed <- err
+	}()
+	if line, _ := p.next(t); line != "HANG" {
+		t.Fatalf("server printed %q, want HANG", line)
+	}
+	p.kill()
+	<-failed // the connection died with the process
+}
+
 // Issue test 4 (restart): a stored response survives a crash and restart of
 // the server process; a request in flight when the process died leaves its
 // record PROCESSING, the reconciler allows a retry once the lease ended, and
@@ -194,25 +234,7 @@ func TestRestart(t *testing.T) {
 
 	// A request in flight when the process crashes.
 	hangKey := newKey()
-	failed := make(chan error, 1)
-	go func() {
-		req, _ := http.NewRequest(http.MethodPost, p2.url+"/payments", strings.NewReader(payment))
-		req.Header.Set(idemhttp.HeaderKey, hangKey)
-		req.Header.Set("X-Account", "acct-1")
-		req.Header.Set("X-Hang", "1")
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := client.Do(req)
-		if err == nil {
-			_ = resp.Body.Close()
-			err = fmt.Errorf("got status %d", resp.StatusCode)
-		}
-		failed <- err
-	}()
-	if line, _ := p2.next(t); line != "HANG" {
-		t.Fatalf("server printed %q, want HANG", line)
-	}
-	p2.kill()
-	<-failed // the connection died with the process
+	crashDuring(t, p2, client, hangKey)
 	if n := count(); n != 1 {
 		t.Fatalf("payments = %d after the crash, want 1 (the crashed insert was never committed)", n)
 	}
@@ -246,5 +268,56 @@ func TestRestart(t *testing.T) {
 	want(t, r, http.StatusCreated, false)
 	if n := count(); n != 2 {
 		t.Fatalf("payments = %d, want 2", n)
+	}
+}
+
+// Issue 9, finding 8, with a real crash: a server process killed while its
+// handler runs leaves the record PROCESSING. Until the lease ends the key is
+// in flight; after it, the next request with the key takes the record over
+// and runs once, with no reconciler, and later requests get the replay.
+func TestCrashedHolderTakenOver(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.NewDB(t, migrated)
+	count := func() int {
+		var n int
+		if err := db.Pool.QueryRow(ctx, "SELECT count(*) FROM "+db.Table("payments")).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	key := newKey()
+	client := newClient(t)
+	crashDuring(t, startServerProcess(t, db.Schema), client, key)
+	if n := count(); n != 0 {
+		t.Fatalf("payments = %d after the crash, want 0", n)
+	}
+
+	p2 := startServerProcess(t, db.Schema)
+	r, err := postTo(ctx, client, p2.url+"/payments", key, "acct-1", payment)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantError(t, r, http.StatusConflict, idemhttp.CodeInFlight) // its lease (30 s) has not ended
+
+	// A server whose clock is 31 s ahead: the lease has ended for it.
+	p3 := startServerProcess(t, db.Schema, helperClockEnv+"=31s")
+	first, err := postTo(ctx, client, p3.url+"/payments", key, "acct-1", payment)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want(t, first, http.StatusCreated, false)
+	for _, p := range []*serverProcess{p2, p3} {
+		r, err := postTo(ctx, client, p.url+"/payments", key, "acct-1", payment)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want(t, r, http.StatusCreated, true)
+		if r.body != first.body {
+			t.Fatalf("replay %v, want %v", r, first)
+		}
+	}
+	if n := count(); n != 1 {
+		t.Fatalf("payments = %d, want 1", n)
 	}
 }

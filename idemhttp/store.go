@@ -1,6 +1,7 @@
 package idemhttp
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idemkit/internal/pgexec"
@@ -28,6 +30,21 @@ const (
 
 // ErrNotFound is returned by Store.Get when no live record has the key.
 var ErrNotFound = errors.New("idemhttp: record not found")
+
+// ErrNotMigrated means the records table does not exist: run package
+// migrate (version 3 or later; `idemkit migrate up`) with the same Schema
+// and table name. Every Store method wraps it then, and the middleware
+// answers 503 store_unavailable and logs it.
+var ErrNotMigrated = errors.New("idemhttp: table missing: run migrate.Up")
+
+// translate maps a missing table to ErrNotMigrated.
+func translate(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+		return fmt.Errorf("%w: %w", ErrNotMigrated, err)
+	}
+	return err
+}
 
 // State is the state of a record.
 type State string
@@ -75,6 +92,7 @@ type Store struct {
 	reserveSQL      string
 	reserveAsyncSQL string
 	takeoverSQL     string
+	leaseSQL        string
 	completeSQL     string
 	releaseSQL      string
 	getSQL          string
@@ -118,6 +136,18 @@ func NewStore(cfg *StoreConfig) (*Store, error) {
 	locked_until = $7, created_at = $6, updated_at = $6, expires_at = $8, completed_at = NULL,
 	response_status = NULL, response_headers = NULL, response_body = NULL
 WHERE ` + key + ` AND token = $9 AND expires_at <= $6`,
+
+		// A record whose holder's lease ended is taken over by a request
+		// with the same fingerprint: a new token fences the old holder out,
+		// a new lease and expiry start now; created_at keeps the first
+		// reservation. It matches the token seen ($9) and still PROCESSING
+		// past its lease: of several requests racing for it, the first
+		// UPDATE wins and the others, re-checking the row once the winner
+		// committed, change nothing. An old holder that completed first
+		// (COMPLETED, same token) is not taken over either; one completing
+		// holds the row until its transaction ends, and the UPDATE waits.
+		leaseSQL: `UPDATE ` + t + ` SET token = $5, locked_until = $7, updated_at = $6, expires_at = $8
+WHERE ` + key + ` AND token = $9 AND state = 'PROCESSING' AND locked_until <= $6 AND fingerprint = $4`,
 
 		completeSQL: `UPDATE ` + t + ` SET state = 'COMPLETED', locked_until = NULL,
 	response_status = $5, response_headers = $6, response_body = $7,
@@ -239,25 +269,26 @@ func (s *Store) Get(ctx context.Context, db DBTX, account, operation, key string
 		return Record{}, ErrNotFound
 	}
 	if err != nil {
-		return Record{}, fmt.Errorf("idemhttp: get: %w", err)
+		return Record{}, fmt.Errorf("idemhttp: get: %w", translate(err))
 	}
 	return r, nil
 }
 
 // FindStuck returns up to limit records still PROCESSING after their lease
 // ended, longest overdue first (limit <= 0 means FindLimitDefault). Their
-// holder crashed, hung, or is slow; see Reconcile.
+// holder crashed, hung, or is slow; see Reconcile. In transaction mode the
+// next request with such a record's key takes it over (Config.NoLeaseTakeover).
 func (s *Store) FindStuck(ctx context.Context, db DBTX, limit int) ([]Record, error) {
 	if limit <= 0 {
 		limit = FindLimitDefault
 	}
 	rows, err := db.Query(ctx, s.stuckSQL, s.now(), limit)
 	if err != nil {
-		return nil, fmt.Errorf("idemhttp: find stuck: %w", err)
+		return nil, fmt.Errorf("idemhttp: find stuck: %w", translate(err))
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Record, error) { return scanRecord(row) })
 	if err != nil {
-		return nil, fmt.Errorf("idemhttp: find stuck: %w", err)
+		return nil, fmt.Errorf("idemhttp: find stuck: %w", translate(err))
 	}
 	return out, nil
 }
@@ -333,7 +364,7 @@ func (s *Store) Resolve(ctx context.Context, db DBTX, rec Record, d Decision) (b
 	var n int64
 	if err := db.QueryRow(ctx, s.resolveSQL, rec.Account, rec.Operation, rec.Key, rec.Token, state, s.now()).
 		Scan(&n); err != nil {
-		return false, fmt.Errorf("idemhttp: resolve: %w", err)
+		return false, fmt.Errorf("idemhttp: resolve: %w", translate(err))
 	}
 	return n > 0, nil
 }
@@ -415,16 +446,25 @@ func (s *Store) Purge(ctx context.Context, db *pgxpool.Pool, batchSize int) (int
 	}
 	deleted, err := pgexec.DeleteInBatches(ctx, db, s.purgeSQL, batchSize, s.now())
 	if err != nil {
-		return deleted, fmt.Errorf("idemhttp: purge: %w", err)
+		return deleted, fmt.Errorf("idemhttp: purge: %w", translate(err))
 	}
 	return deleted, nil
 }
 
 // reservation is the outcome of reserve: either this request holds the key
-// (reserved, with token), or rec describes the existing record.
+// (reserved, with token, from leaseStart on), or the other fields describe
+// the existing record.
 type reservation struct {
 	reserved bool
 	token    int64
+	// leaseStart is the real time just before the reserving statement: the
+	// record's lease ends Lease after it, or later.
+	leaseStart time.Time
+	// tookOver is true when the key was reserved by taking over a record
+	// whose lease ended, held with prevToken until prevLockedUntil.
+	tookOver        bool
+	prevToken       int64
+	prevLockedUntil time.Time
 
 	state       State
 	fingerprint []byte
@@ -444,6 +484,9 @@ type reserveArgs struct {
 	fingerprint             []byte
 	lease, ttl              time.Duration
 	async                   bool
+	// takeover lets reserve take over a PROCESSING record with the same
+	// fingerprint whose lease ended.
+	takeover bool
 }
 
 // errReserveRace is returned when reserve kept losing to concurrent changes.
@@ -451,7 +494,9 @@ var errReserveRace = errors.New("idemhttp: reserve: the record kept changing")
 
 // reserve reserves the key for a new request, or returns the live record.
 // It runs on db outside any transaction, so the reservation is visible to
-// every other request at once.
+// every other request at once. An expired record counts as absent; with
+// a.takeover, a PROCESSING record with a.fingerprint whose lease ended is
+// taken over.
 //
 // With a.async the reservation's commit does not wait for the WAL flush; see
 // reserveSQL for when that is safe.
@@ -461,6 +506,7 @@ func (s *Store) reserve(ctx context.Context, db DBTX, a reserveArgs) (reservatio
 		sql = s.reserveAsyncSQL
 	}
 	for range 8 {
+		start := time.Now()
 		now := s.now()
 		token := newToken()
 		var (
@@ -481,21 +527,32 @@ func (s *Store) reserve(ctx context.Context, db DBTX, a reserveArgs) (reservatio
 			continue // the conflicting row committed after this statement's snapshot
 		}
 		if err != nil {
-			return reservation{}, fmt.Errorf("idemhttp: reserve: %w", err)
+			return reservation{}, fmt.Errorf("idemhttp: reserve: %w", translate(err))
 		}
 		if reserved {
-			return reservation{reserved: true, token: token}, nil
+			return reservation{reserved: true, token: token, leaseStart: start}, nil
 		}
-		if expiresAt != nil && !expiresAt.After(now) {
-			tag, err := db.Exec(ctx, s.takeoverSQL, a.account, a.operation, a.key, a.fingerprint, token,
+		expired := expiresAt != nil && !expiresAt.After(now)
+		leaseEnded := a.takeover && State(state) == StateProcessing && lockedUntil != nil &&
+			!lockedUntil.After(now) && bytes.Equal(fingerprint, a.fingerprint)
+		if expired || leaseEnded {
+			stmt, what := s.takeoverSQL, "expired record"
+			if !expired {
+				stmt, what = s.leaseSQL, "record whose lease ended"
+			}
+			tag, err := db.Exec(ctx, stmt, a.account, a.operation, a.key, a.fingerprint, token,
 				now, now.Add(a.lease), now.Add(a.ttl), existingToken)
 			if err != nil {
-				return reservation{}, fmt.Errorf("idemhttp: reserve: take over expired record: %w", err)
+				return reservation{}, fmt.Errorf("idemhttp: reserve: take over %s: %w", what, translate(err))
 			}
-			if tag.RowsAffected() == 1 {
-				return reservation{reserved: true, token: token}, nil
+			if tag.RowsAffected() != 1 {
+				continue // changed meanwhile: read it again
 			}
-			continue // changed meanwhile: read it again
+			taken := reservation{reserved: true, token: token, leaseStart: start}
+			if !expired {
+				taken.tookOver, taken.prevToken, taken.prevLockedUntil = true, existingToken, *lockedUntil
+			}
+			return taken, nil
 		}
 		res.state = State(state)
 		res.fingerprint = fingerprint
@@ -531,7 +588,7 @@ func (s *Store) complete(ctx context.Context, db DBTX, a reserveArgs, token int6
 	tag, err := db.Exec(ctx, s.completeSQL, a.account, a.operation, a.key, token,
 		resp.status, headerJSON, body, now, now.Add(a.ttl))
 	if err != nil {
-		return false, fmt.Errorf("idemhttp: complete: %w", err)
+		return false, fmt.Errorf("idemhttp: complete: %w", translate(err))
 	}
 	return tag.RowsAffected() == 1, nil
 }
@@ -539,7 +596,7 @@ func (s *Store) complete(ctx context.Context, db DBTX, a reserveArgs, token int6
 // release deletes the record if it is still PROCESSING with token.
 func (s *Store) release(ctx context.Context, db DBTX, a reserveArgs, token int64) error {
 	if _, err := db.Exec(ctx, s.releaseSQL, a.account, a.operation, a.key, token); err != nil {
-		return fmt.Errorf("idemhttp: release: %w", err)
+		return fmt.Errorf("idemhttp: release: %w", translate(err))
 	}
 	return nil
 }

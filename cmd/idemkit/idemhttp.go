@@ -15,7 +15,9 @@ import (
 // idemhttpCmd runs `idemkit idemhttp stuck`: it lists HTTP idempotency
 // records still PROCESSING after their lease ended (idemhttp.Store.FindStuck),
 // longest overdue first: account, operation, key, token, lease end, overdue
-// by, created. It only reads; settling them is the job of your Reconciler
+// by, created. It only reads. In transaction mode the next request with a
+// listed key takes its record over; with idemhttp.Config.NoTx or
+// NoLeaseTakeover, settling them is the job of your Reconciler
 // (idemhttp.Store.Reconcile).
 func idemhttpCmd(ctx context.Context, sub string, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("idemhttp "+sub, flag.ContinueOnError)

@@ -3,12 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idemkit/idemhttp"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/migrate"
 )
@@ -42,5 +44,10 @@ func TestIdemhttpStuck(t *testing.T) {
 	}
 	if err := run(ctx, []string{"idemhttp", "stuck", "extra"}, &out); err == nil {
 		t.Fatal("a positional argument was accepted")
+	}
+	bare := testenv.NewDB(t) // not migrated
+	err := run(ctx, []string{"idemhttp", "stuck", "-database", testenv.DatabaseURL(t), "-schema", bare.Schema}, &out)
+	if !errors.Is(err, idemhttp.ErrNotMigrated) {
+		t.Fatalf("idemhttp stuck on an unmigrated schema: %v, want ErrNotMigrated", err)
 	}
 }
