@@ -55,9 +55,15 @@
 // # Errors
 //
 // Errors of the connection to Kafka (dial, network, a closed connection, a
-// request timeout, the transport's own routing errors) are returned
-// unchanged, so that callers can classify and wait them out. Errors Kafka
-// answers are kafka.Error values wrapped with %w; an offset outside the
+// request timeout) are returned unchanged, so that callers can classify
+// them (retry.IsConnection) and wait them out. kafka-go's transport reports
+// a cluster it never reached as "topic not found" when asked to route a
+// Fetch; kread returns the connection error behind it instead, and turns
+// the transport's other routing refusals into kafka.UnknownTopicOrPartition
+// (the metadata has no such partition) or kafka.LeaderNotAvailable (no
+// leader yet, or metadata older than the partition), wrapped with %w.
+// Errors Kafka answers are kafka.Error values wrapped with %w; an offset
+// outside the
 // partition's log is an *OffsetOutOfRangeError (errors.Is
 // kafka.OffsetOutOfRange), after which callers list the partition's offsets
 // and call SetOffset.

@@ -247,7 +247,11 @@ func (r *Reader) fetch(ctx context.Context, offset int64, minBytes, maxBytes int
 		}},
 	})
 	if err != nil {
-		return nil, err // connection and routing errors, unchanged
+		var route *fetchapi.Error
+		if errors.As(err, &route) {
+			return nil, r.routeError(ctx, offset, err)
+		}
+		return nil, err // connection errors, unchanged
 	}
 	res, ok := m.(*fetchapi.Response)
 	if !ok {
@@ -277,6 +281,33 @@ func (r *Reader) fetch(ctx context.Context, offset int64, minBytes, maxBytes int
 		}
 	}
 	return nil, fmt.Errorf("kread: fetch %s/%d at %d: the answer does not name the partition", r.cfg.Topic, r.cfg.Partition, offset)
+}
+
+// routeError explains err, the transport's refusal to route a Fetch: its
+// cached metadata has no leader for the partition. When the cluster could
+// not be reached since the transport started, the transport says "topic not
+// found" and keeps the real cause for metadata requests: kread asks for
+// metadata and returns that connection error unchanged. Otherwise a topic or
+// partition the metadata does not have is kafka.UnknownTopicOrPartition, and
+// a partition without a leader (or metadata older than the partition's
+// leader) is kafka.LeaderNotAvailable, which callers wait out.
+func (r *Reader) routeError(ctx context.Context, offset int64, err error) error {
+	md, merr := r.cfg.Client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{r.cfg.Topic}})
+	if merr != nil {
+		return merr
+	}
+	code := kafka.UnknownTopicOrPartition
+	for _, t := range md.Topics {
+		if t.Name != r.cfg.Topic || t.Error != nil {
+			continue
+		}
+		for _, p := range t.Partitions {
+			if p.ID == r.cfg.Partition {
+				code = kafka.LeaderNotAvailable
+			}
+		}
+	}
+	return fmt.Errorf("kread: fetch %s/%d at %d: %w (%v)", r.cfg.Topic, r.cfg.Partition, offset, code, err)
 }
 
 // batchEnd returns the offset after the batch that holds offset, when a
