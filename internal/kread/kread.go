@@ -316,16 +316,36 @@ func (r *Reader) routeError(ctx context.Context, offset int64, err error) error 
 // kept its last offset in the batch header, which kafka-go does not decode.
 // A fetch at o returns first the batch whose last offset is the first at or
 // after o, so the batch ends at the smallest o (up to limit, which it does
-// not pass) whose one-batch fetch starts after offset: a binary search.
+// not pass) whose one-batch fetch starts after offset: a galloping search
+// from offset, then a binary one, a few fetches of one batch each.
 func (r *Reader) batchEnd(ctx context.Context, offset, limit int64) (int64, error) {
-	lo, hi := offset, limit // fetching at lo returns the batch; it ends at or before hi
-	for hi-lo > 1 {
-		mid := lo + (hi-lo)/2
-		p, err := r.fetch(ctx, mid, 0, 1, 0)
+	inside := func(o int64) (bool, error) {
+		p, err := r.fetch(ctx, o, 0, 1, 0)
+		if err != nil {
+			return false, err
+		}
+		base, ok := firstBase(p.RecordSet.Records)
+		return ok && base <= offset, nil
+	}
+	lo, hi := offset, limit // the batch holds lo and ends at or before hi
+	for step := int64(1); lo+step < hi; step *= 2 {
+		in, err := inside(lo + step)
 		if err != nil {
 			return 0, err
 		}
-		if base, ok := firstBase(p.RecordSet.Records); ok && base <= offset {
+		if !in {
+			hi = lo + step
+			break
+		}
+		lo += step
+	}
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		in, err := inside(mid)
+		if err != nil {
+			return 0, err
+		}
+		if in {
 			lo = mid
 		} else {
 			hi = mid

@@ -2,6 +2,8 @@ package txn
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -46,19 +48,27 @@ func TestCompactedBatchTail(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// One batch with keys k1, k2, k3 (offsets 0-2), then k2 and k3 again
-	// (3-4): compaction leaves the first batch with k1 alone, and its
-	// offsets 1 and 2 empty. A later record rolls the segment so that the
-	// cleaner may compact it.
-	produceKeyed(t, topic, "k1:b1", "k2:b2", "k3:b3")
-	produceKeyed(t, topic, "k2:b4", "k3:b5")
+	// One batch with keys k1 to k8 (offsets 0-7), then k2 to k8 again
+	// (8-14): compaction leaves the first batch with k1 alone, and its
+	// offsets 1 to 7 empty. A later record (15) rolls the segment so that
+	// the cleaner may compact it.
+	var first, second []string
+	want := []rec{{0, 0, "b0"}}
+	for i := 1; i < 8; i++ {
+		first = append(first, fmt.Sprintf("k%d:b%d", i+1, i))
+		second = append(second, fmt.Sprintf("k%d:b%d", i+1, i+7))
+		want = append(want, rec{0, int64(i + 7), fmt.Sprintf("b%d", i+7)})
+	}
+	produceKeyed(t, topic, append([]string{"k1:b0"}, first...)...)
+	produceKeyed(t, topic, second...)
 	time.Sleep(300 * time.Millisecond)
-	produceKeyed(t, topic, "k9:b6")
-	want := []rec{{0, 0, "b1"}, {0, 3, "b4"}, {0, 4, "b5"}, {0, 5, "b6"}}
+	produceKeyed(t, topic, "k9:b15")
+	want = append(want, rec{0, 15, "b15"})
+	const end = 16
 
 	for {
 		r := newReader(t, topic, 0, 0, nil)
-		msgs, _ := readTo(t, r, 6)
+		msgs, _ := readTo(t, r, end)
 		got := recsOf(t, msgs)
 		if len(got) == len(want) {
 			equalRecs(t, "after compaction", got, want)
@@ -71,22 +81,26 @@ func TestCompactedBatchTail(t *testing.T) {
 	}
 
 	// One batch per fetch, from inside the removed tail: the fetch returns
-	// the first batch (k1 at 0) only, and the reader must end up after it.
-	r := newReader(t, topic, 0, 1, func(c *kread.Config) { c.MaxBytes = 1 })
-	f, err := r.Fetch(ctx)
-	if err != nil {
-		t.Fatal(err)
+	// the first batch (k1 at 0) only, and the reader must end up after it,
+	// at 8, in that one fetch.
+	for start := int64(1); start < 8; start++ {
+		r := newReader(t, topic, 0, start, func(c *kread.Config) { c.MaxBytes = 1 })
+		f, err := r.Fetch(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(f.Records) != 0 || f.Next != 8 {
+			t.Fatalf("fetch at %d: %v, Next %d; want no record and Next 8 (the end of the compacted batch)",
+				start, recsOf(t, f.Records), f.Next)
+		}
+		msgs, last := readTo(t, r, end)
+		equalRecs(t, fmt.Sprintf("from %d, one batch per fetch", start), recsOf(t, msgs), want[1:])
+		if last.Next != end {
+			t.Fatalf("Next %d, want %d", last.Next, end)
+		}
 	}
-	if len(f.Records) != 0 || f.Next != 3 {
-		t.Fatalf("fetch at 1: %v, Next %d; want no record and Next 3 (the end of the compacted batch)", recsOf(t, f.Records), f.Next)
-	}
-	msgs, last := readTo(t, r, 6)
-	equalRecs(t, "from 1, one batch per fetch", recsOf(t, msgs), want[1:])
-	if last.Next != 6 {
-		t.Fatalf("Next %d, want 6", last.Next)
-	}
-	r = newReader(t, topic, 0, 0, func(c *kread.Config) { c.MaxBytes = 1 })
-	msgs, _ = readTo(t, r, 6)
+	r := newReader(t, topic, 0, 0, func(c *kread.Config) { c.MaxBytes = 1 })
+	msgs, _ := readTo(t, r, end)
 	equalRecs(t, "from 0, one batch per fetch", recsOf(t, msgs), want)
 }
 
@@ -97,8 +111,9 @@ func produceKeyed(t *testing.T, topic string, kv ...string) {
 	defer cancel()
 	recs := make([]kafka.Record, len(kv))
 	for i, s := range kv {
-		recs[i] = kafka.Record{Key: kafka.NewBytes([]byte(s[:2])), Value: kafka.NewBytes([]byte(s)),
-			Headers: []kafka.Header{{Key: "message-id", Value: []byte(s[3:])}}}
+		key, id, _ := strings.Cut(s, ":")
+		recs[i] = kafka.Record{Key: kafka.NewBytes([]byte(key)), Value: kafka.NewBytes([]byte(s)),
+			Headers: []kafka.Header{{Key: "message-id", Value: []byte(id)}}}
 	}
 	res, err := testenv.Client(t).Produce(ctx, &kafka.ProduceRequest{Topic: topic, Partition: 0,
 		RequiredAcks: kafka.RequireAll, Records: kafka.NewRecordReader(recs...)})
