@@ -74,7 +74,7 @@ func Start(tb testing.TB, bootstrap string) *Process {
 	}
 	java, err := exec.LookPath("java")
 	if err != nil {
-		tb.Fatal("txproducer: java is not installed: run `apt-get install -y openjdk-17-jdk-headless` (or scripts/dev start)")
+		tb.Fatal("txproducer: java is not installed: run `apt-get install -y openjdk-17-jdk-headless` (Java 17 with javac)")
 	}
 	classes, err := compile(libs)
 	if err != nil {
