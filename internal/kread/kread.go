@@ -187,7 +187,7 @@ func (r *Reader) resolve(ctx context.Context) error {
 	res, err := r.cfg.Client.ListOffsets(ctx, &kafka.ListOffsetsRequest{IsolationLevel: level,
 		Topics: map[string][]kafka.OffsetRequest{r.cfg.Topic: {{Partition: r.cfg.Partition, Timestamp: r.offset}}}})
 	if err != nil {
-		return err
+		return err // connection errors, unchanged
 	}
 	for _, po := range res.Topics[r.cfg.Topic] {
 		if po.Partition != r.cfg.Partition {
@@ -247,9 +247,8 @@ func (r *Reader) fetch(ctx context.Context, offset int64, minBytes, maxBytes int
 		}},
 	})
 	if err != nil {
-		var route *fetchapi.Error
-		if errors.As(err, &route) {
-			return nil, r.routeError(ctx, offset, err)
+		if isRouteError(err) {
+			return nil, r.routeError(ctx, fmt.Sprintf("fetch %s/%d at %d", r.cfg.Topic, r.cfg.Partition, offset), err)
 		}
 		return nil, err // connection errors, unchanged
 	}
@@ -283,15 +282,22 @@ func (r *Reader) fetch(ctx context.Context, offset int64, minBytes, maxBytes int
 	return nil, fmt.Errorf("kread: fetch %s/%d at %d: the answer does not name the partition", r.cfg.Topic, r.cfg.Partition, offset)
 }
 
-// routeError explains err, the transport's refusal to route a Fetch: its
-// cached metadata has no leader for the partition. When the cluster could
-// not be reached since the transport started, the transport says "topic not
-// found" and keeps the real cause for metadata requests: kread asks for
-// metadata and returns that connection error unchanged. Otherwise a topic or
-// partition the metadata does not have is kafka.UnknownTopicOrPartition, and
-// a partition without a leader (or metadata older than the partition's
-// leader) is kafka.LeaderNotAvailable, which callers wait out.
-func (r *Reader) routeError(ctx context.Context, offset int64, err error) error {
+// isRouteError reports whether err is kafka-go's transport refusing to
+// route a request: its cached metadata has no leader for the partition.
+func isRouteError(err error) bool {
+	return errors.Is(err, protocol.ErrNoTopic) || errors.Is(err, protocol.ErrNoPartition) ||
+		errors.Is(err, protocol.ErrNoLeader)
+}
+
+// routeError explains a routing refusal of the transport. When the cluster
+// could not be reached since the transport started, the transport says
+// "topic not found" and keeps the real cause for metadata requests: kread
+// asks for metadata and returns that connection error unchanged. Otherwise
+// a topic or partition the metadata does not have is
+// kafka.UnknownTopicOrPartition, and a partition without a leader (or
+// metadata older than the partition) is kafka.LeaderNotAvailable, which
+// callers wait out.
+func (r *Reader) routeError(ctx context.Context, op string, err error) error {
 	md, merr := r.cfg.Client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{r.cfg.Topic}})
 	if merr != nil {
 		return merr
@@ -307,7 +313,7 @@ func (r *Reader) routeError(ctx context.Context, offset int64, err error) error 
 			}
 		}
 	}
-	return fmt.Errorf("kread: fetch %s/%d at %d: %w (%v)", r.cfg.Topic, r.cfg.Partition, offset, code, err)
+	return fmt.Errorf("kread: %s: %w (%v)", op, code, err)
 }
 
 // batchEnd returns the offset after the batch that holds offset, when a

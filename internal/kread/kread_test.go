@@ -148,19 +148,41 @@ func TestConnectionErrorUnchanged(t *testing.T) {
 	l.Close() // nothing listens there now
 	transport := &kafka.Transport{DialTimeout: time.Second}
 	defer transport.CloseIdleConnections()
-	r, err := kread.New(&kread.Config{Client: &kafka.Client{Addr: kafka.TCP(addr), Transport: transport}, Topic: "t"}, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	client := &kafka.Client{Addr: kafka.TCP(addr), Transport: transport}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, err = r.Fetch(ctx)
-	var opErr *net.OpError
-	if !errors.As(err, &opErr) || !retry.IsConnection(err) {
-		t.Fatalf("fetch from a closed port: %T %v; want the dial error", err, err)
+	// At an offset (a Fetch) and at kafka.FirstOffset (a ListOffsets first).
+	for _, start := range []int64{0, kafka.FirstOffset} {
+		r, err := kread.New(&kread.Config{Client: client, Topic: "t"}, start)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = r.Fetch(ctx)
+		var opErr *net.OpError
+		if !errors.As(err, &opErr) || !retry.IsConnection(err) {
+			t.Fatalf("fetch at %d from a closed port: %T %v; want the dial error", start, err, err)
+		}
+		if r.Offset() != start {
+			t.Fatalf("reader moved to %d", r.Offset())
+		}
 	}
-	if r.Offset() != 0 {
-		t.Fatalf("reader moved to %d", r.Offset())
+}
+
+// TestUnknownTopic: a topic that does not exist is
+// kafka.UnknownTopicOrPartition, not a connection error.
+func TestUnknownTopic(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, start := range []int64{0, kafka.LastOffset} {
+		r, err := kread.New(&kread.Config{Client: testenv.Client(t), Topic: testenv.Name(t, "missing")}, start)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = r.Fetch(ctx)
+		if !errors.Is(err, kafka.UnknownTopicOrPartition) || retry.IsConnection(err) {
+			t.Fatalf("fetch at %d of a missing topic: %v; want kafka.UnknownTopicOrPartition", start, err)
+		}
 	}
 }
 
