@@ -189,9 +189,17 @@ func TestOpenTransaction(t *testing.T) {
 			held.add(0, produce(t, topic, 0, 0, "n2"), "n2")
 			other.Begin()
 			sendAll(other, topic, 0, "o1")
-			held.add(0, other.Commit(), "o1")
+			oOff := other.Commit()
+			held.add(0, oOff, "o1")
 
+			// The commit marker follows o1, written after Commit returned.
 			b := partitionBounds(t, topic, 0)
+			for deadline := time.Now().Add(time.Minute); b.hw != oOff[0]+2; b = partitionBounds(t, topic, 0) {
+				if time.Now().After(deadline) {
+					t.Fatalf("high watermark %d, want %d after the commit marker", b.hw, oOff[0]+2)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
 			if b.lso != hOff[0] {
 				t.Fatalf("last stable offset %d, want the open transaction's first offset %d", b.lso, hOff[0])
 			}
