@@ -231,7 +231,10 @@ type Producer struct {
 	ID string
 }
 
-// Begin begins a transaction.
+// Begin begins a transaction. It stays open (hangs, holding every
+// read_committed reader of its partitions at its first offset) until Commit
+// or Abort, or until the broker aborts it after transaction.timeout.ms (set
+// to five minutes).
 func (pr *Producer) Begin() {
 	pr.p.tb.Helper()
 	pr.p.do("begin", pr.name)
