@@ -1,17 +1,34 @@
 // Package topicscan reads a Kafka topic from its start to the end it has
 // when the scan starts, without a consumer group: reading moves no offset.
-// The dead-letter tools and the tests use it.
+// The dead-letter tools (dlq.Scan, the reprocessor, the CLI) and the tests
+// use it.
+//
+// It reads committed data only, as Kafka's Java consumer with
+// isolation.level=read_committed does (internal/kread): transaction markers
+// and records of aborted transactions are never passed on, and a
+// partition's end is its last stable offset when the scan starts, so a
+// transaction still open then neither blocks the scan nor shows its
+// records; they, and what was written after them, are left for a later
+// scan.
 package topicscan
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/idemkit/internal/kread"
+	"github.com/idemkit/idemkit/internal/outage"
 )
+
+// MaxOutage bounds how long a scan waits for an unreachable broker before
+// it returns the *retry.OutageError.
+const MaxOutage = time.Minute
 
 // ErrNoTopic means the topic does not exist.
 var ErrNoTopic = errors.New("topic does not exist")
@@ -22,11 +39,15 @@ type Range struct {
 	First, End int64
 }
 
-// Ranges returns the range of every partition of topic that holds messages
-// now, by partition: from its first offset to its end. Messages written
-// later are past End.
+func client(brokers []string) *kafka.Client {
+	return &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
+}
+
+// Ranges returns the range of every partition of topic that holds committed
+// messages now, by partition: from its first offset to its last stable
+// offset. Messages written or committed later are past End.
 func Ranges(ctx context.Context, brokers []string, topic string) ([]Range, error) {
-	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
+	client := client(brokers)
 	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
 	if err != nil {
 		return nil, fmt.Errorf("metadata for %s: %w", topic, err)
@@ -42,7 +63,8 @@ func Ranges(ctx context.Context, brokers []string, topic string) ([]Range, error
 		parts = append(parts, p.ID)
 	}
 	slices.Sort(parts)
-	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
+	// Read committed: LastOffset is the last stable offset.
+	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}, IsolationLevel: kafka.ReadCommitted}
 	for _, p := range parts {
 		req.Topics[topic] = append(req.Topics[topic], kafka.FirstOffsetOf(p), kafka.LastOffsetOf(p))
 	}
@@ -66,47 +88,67 @@ func Ranges(ctx context.Context, brokers []string, topic string) ([]Range, error
 	return out, nil
 }
 
-// Scan calls fn for every message of topic that exists when Scan starts,
-// partition by partition in offset order, and returns at the end of the
-// topic (messages written meanwhile are left for the next scan). It reads
-// without a consumer group: scanning moves no offset. An error of fn is
-// returned as is.
+// Scan calls fn for every committed message of topic that exists when Scan
+// starts, partition by partition in offset order, and returns at the end of
+// the topic (messages written or committed meanwhile are left for the next
+// scan). It reads without a consumer group: scanning moves no offset. A
+// broker that cannot be reached during the scan is waited for, up to
+// MaxOutage. An error of fn is returned as is.
 func Scan(ctx context.Context, brokers []string, topic string, fn func(kafka.Message) error) error {
-	ranges, err := Ranges(ctx, brokers, topic)
-	if err != nil {
+	w := &outage.Waiter{Op: "scan " + topic, Max: MaxOutage, Log: slog.New(slog.DiscardHandler)}
+	var ranges []Range
+	if err := w.Do(ctx, func(ctx context.Context) error {
+		var err error
+		ranges, err = Ranges(ctx, brokers, topic)
+		return err
+	}); err != nil {
 		return err
 	}
 	for _, r := range ranges {
-		if err := Read(ctx, brokers, topic, r, fn); err != nil {
-			return err
+		for {
+			next := r.First
+			err := Read(ctx, brokers, topic, r, func(m kafka.Message) error {
+				next = m.Offset + 1
+				return fn(m)
+			})
+			if err == nil {
+				break
+			}
+			if werr := w.Wait(ctx, err); werr != nil {
+				return werr
+			}
+			r.First = max(r.First, next) // go on after the last message passed on
 		}
 	}
 	return nil
 }
 
-// Read calls fn for every message of r in offset order and returns after
-// the one at r.End-1; an empty range reads nothing. An error of fn is
-// returned as is; errors reading are wrapped with the partition.
+// Read calls fn for every committed message of r in offset order and
+// returns once the reader passed r.End-1; an empty range reads nothing. An
+// error of fn is returned as is; errors reading are wrapped with the
+// partition, connection errors unchanged underneath (retry.IsConnection).
 func Read(ctx context.Context, brokers []string, topic string, r Range, fn func(kafka.Message) error) error {
 	if r.First >= r.End {
 		return nil
 	}
-	reader := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: r.Partition,
-		MinBytes: 1, MaxBytes: 8 << 20, MaxWait: 250 * time.Millisecond})
-	defer reader.Close()
-	if err := reader.SetOffset(r.First); err != nil {
-		return fmt.Errorf("%s/%d: %w", topic, r.Partition, err)
+	reader, err := kread.New(&kread.Config{Client: client(brokers), Topic: topic, Partition: r.Partition,
+		MaxBytes: 8 << 20, MaxWait: 250 * time.Millisecond}, r.First)
+	if err != nil {
+		return err
 	}
-	for {
-		m, err := reader.FetchMessage(ctx)
+	for reader.Offset() < r.End {
+		f, err := reader.Fetch(ctx)
 		if err != nil {
 			return fmt.Errorf("read %s/%d: %w", topic, r.Partition, err)
 		}
-		if err := fn(m); err != nil {
-			return err
-		}
-		if m.Offset >= r.End-1 {
-			return nil
+		for _, m := range f.Records {
+			if m.Offset >= r.End {
+				return nil
+			}
+			if err := fn(m); err != nil {
+				return err
+			}
 		}
 	}
+	return nil
 }
