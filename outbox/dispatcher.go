@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -78,6 +79,7 @@ type Dispatcher struct {
 	names    []string
 	timeout  time.Duration
 	loop     loopConfig
+	turn     atomic.Uint64 // which handler a round scans first
 }
 
 // NewDispatcher validates cfg, applies its defaults and returns a Dispatcher.
@@ -127,12 +129,22 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	return e.run(ctx)
 }
 
-func (d *Dispatcher) scan(ctx context.Context, tx pgx.Tx, limit int) ([]int64, error) {
-	rows, err := tx.Query(ctx, d.store.sql.scanHandlers, limit, d.names)
-	if err != nil {
-		return nil, err
+// scan scans handler after handler until limit rows are found, starting
+// each round with the next handler, so that a busy handler cannot keep the
+// others waiting for more than a round.
+func (d *Dispatcher) scan(ctx context.Context, tx pgx.Tx, limit int) ([]scanned, error) {
+	start := int(d.turn.Add(1) % uint64(len(d.names)))
+	var out []scanned
+	for i := range d.names {
+		found, err := scanRows(ctx, tx, d.store.sql.scanHandler, limit-len(out), d.names[(start+i)%len(d.names)])
+		if err != nil {
+			return nil, err
+		}
+		if out = append(out, found...); len(out) >= limit {
+			break
+		}
 	}
-	return pgx.CollectRows(rows, pgx.RowTo[int64])
+	return out, nil
 }
 
 func (d *Dispatcher) cut(rows []*row) int { return len(rows) }

@@ -61,6 +61,26 @@ type Hooks struct {
 // because an earlier record of the same key failed in the same round.
 var errHeld = errors.New("outbox: held behind an earlier message of the same key")
 
+// scanned is a due row whose key the scan locked.
+type scanned struct {
+	lockKey, seq int64
+}
+
+// scanRows runs a scan statement and collects its (lock_key, seq) rows.
+func scanRows(ctx context.Context, tx pgx.Tx, sql string, args ...any) ([]scanned, error) {
+	rows, err := tx.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	var s scanned
+	var out []scanned
+	_, err = pgx.ForEachRow(rows, []any{&s.lockKey, &s.seq}, func() error {
+		out = append(out, s)
+		return nil
+	})
+	return out, err
+}
+
 // row is one claimed row.
 type row struct {
 	seq         int64
@@ -69,6 +89,9 @@ type row struct {
 	due         bool
 	availableAt time.Time
 	parked      bool
+	// inWindow: among the first rows of its key (see keyRows), not only a
+	// due row the scan found further on.
+	inWindow bool
 }
 
 // verdict classifies a delivery error.
@@ -87,7 +110,9 @@ const (
 type deliverer interface {
 	deliver(ctx context.Context, rows []*row) []error
 	classify(err error) verdict
-	scan(ctx context.Context, tx pgx.Tx, limit int) ([]int64, error)
+	// scan takes, without waiting, the locks of the keys of at most limit
+	// due rows, the longest-waiting first, and returns those rows.
+	scan(ctx context.Context, tx pgx.Tx, limit int) ([]scanned, error)
 	// cut returns how many of the deliverable rows (in order) fit one round.
 	cut(rows []*row) int
 }
@@ -230,14 +255,14 @@ func (e *engine) round(ctx context.Context) (roundResult, error) {
 		_ = tx.Rollback(rctx) // no-op after Commit
 	}()
 
-	keys, err := e.d.scan(ctx, tx, e.cfg.batchSize)
+	found, err := e.d.scan(ctx, tx, e.cfg.batchSize)
 	if err != nil {
 		return res, translate(err)
 	}
-	if len(keys) == 0 {
+	if len(found) == 0 {
 		return res, tx.Commit(ctx)
 	}
-	rows, err := e.keyRows(ctx, tx, keys)
+	rows, err := e.keyRows(ctx, tx, found)
 	if err != nil {
 		return res, translate(err)
 	}
@@ -246,7 +271,9 @@ func (e *engine) round(ctx context.Context) (roundResult, error) {
 	// parked or not yet due. Rows behind such a row wait for it: behind a
 	// parked row they are parked as blocked by it; behind a row that is not
 	// due they are deferred to its time, so the scan does not meet them
-	// again in the meantime.
+	// again in the meantime. A row past its key's window with no such row
+	// in the window is left for a later round: an unread row may lie
+	// between.
 	var (
 		deliverable []*row
 		updates     []update
@@ -265,12 +292,17 @@ func (e *engine) round(ctx context.Context) (roundResult, error) {
 			}
 			continue
 		}
+		if !r.inWindow {
+			continue
+		}
 		if r.parked || !r.due {
 			blocker[r.lockKey] = r
 			continue
 		}
 		deliverable = append(deliverable, r)
 	}
+	// Rows are in enqueue order: any cut keeps a prefix of every key.
+	deliverable = deliverable[:min(len(deliverable), e.cfg.batchSize)]
 	deliverable = deliverable[:e.d.cut(deliverable)]
 
 	var errs []error
@@ -382,8 +414,23 @@ func truncate(s string, n int) string {
 	return s[:n]
 }
 
-func (e *engine) keyRows(ctx context.Context, tx pgx.Tx, keys []int64) ([]*row, error) {
-	rs, err := tx.Query(ctx, e.store.sql.keyRows, keys, e.cfg.batchSize)
+// keyRows reads the rows of the scanned rows' keys that a round needs (see
+// storeSQL.keyRows): per key a window of about BatchSize / keys rows (at
+// least one), so that the round reads about BatchSize rows in all and one
+// busy key cannot crowd out the others, and the scanned rows themselves.
+func (e *engine) keyRows(ctx context.Context, tx pgx.Tx, found []scanned) ([]*row, error) {
+	seqs := make([]int64, len(found))
+	var keys []int64
+	seen := map[int64]bool{}
+	for i, f := range found {
+		seqs[i] = f.seq
+		if !seen[f.lockKey] {
+			seen[f.lockKey] = true
+			keys = append(keys, f.lockKey)
+		}
+	}
+	window := max(1, (e.cfg.batchSize+len(keys)-1)/len(keys))
+	rs, err := tx.Query(ctx, e.store.sql.keyRows, keys, window, seqs)
 	if err != nil {
 		return nil, err
 	}
@@ -396,10 +443,14 @@ func (e *engine) keyRows(ctx context.Context, tx pgx.Tx, keys []int64) ([]*row, 
 		attempts         int
 		due, parked      bool
 		availableAt, at  time.Time
+		perKey           = map[int64]int{}
 	)
 	_, err = pgx.ForEachRow(rs, []any{&seq, &id, &lockKey, &handler, &topic, &key, &value, &hdrs, &attempts,
 		&due, &availableAt, &parked, &at}, func() error {
-		r := &row{seq: seq, lockKey: lockKey, due: due, availableAt: availableAt, parked: parked, rec: Record{
+		// A key's window is its first rows: those come first, in seq order.
+		perKey[lockKey]++
+		inWindow := perKey[lockKey] <= window
+		r := &row{seq: seq, lockKey: lockKey, due: due, availableAt: availableAt, parked: parked, inWindow: inWindow, rec: Record{
 			ID: id, Topic: topic, Handler: handler.String, Attempt: attempts + 1, EnqueuedAt: at,
 			Key: cloneOrNil(key), Value: cloneOrNil(value),
 		}}

@@ -216,12 +216,8 @@ type kafkaDeliverer struct {
 	timeout  time.Duration
 }
 
-func (k *kafkaDeliverer) scan(ctx context.Context, tx pgx.Tx, limit int) ([]int64, error) {
-	rows, err := tx.Query(ctx, k.store.sql.scanKafka, limit)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, pgx.RowTo[int64])
+func (k *kafkaDeliverer) scan(ctx context.Context, tx pgx.Tx, limit int) ([]scanned, error) {
+	return scanRows(ctx, tx, k.store.sql.scanKafka, limit)
 }
 
 // size over-estimates the bytes kafka-go counts for a message.
