@@ -64,13 +64,14 @@
 //     retry backoff) are never read, nor are the dispatcher's rows (the
 //     relay's index holds Kafka rows only; the dispatcher's is ordered by
 //     handler, and it scans its handlers one after the other).
-//  2. Read. With the locks held, a new statement (a new snapshot, in READ
-//     COMMITTED) reads the unpublished rows of the locked keys in seq
-//     order: each key's first BatchSize/keys rows (at least one), and the
-//     due rows the scan found. A relay that held a key
-//     before has committed its marks before its lock was released, so this
-//     snapshot sees them: a row is never published twice by relays in turn,
-//     and never published while another relay publishes its key.
+//  2. Read. With the locks held, a new statement reads the unpublished rows
+//     of the locked keys in seq order, in a new snapshot (rounds begin as
+//     READ COMMITTED, whatever default_transaction_isolation says): each
+//     key's first BatchSize/keys rows (at least one), and the due rows the
+//     scan found. A relay that held a key before has committed its marks
+//     before its lock was released, so this snapshot sees them: a row is
+//     never published twice by relays in turn, and never published while
+//     another relay publishes its key.
 //  3. Prefix. For each key, only the rows up to the first row that is
 //     parked or not due (not-before, backoff) are deliverable; the rest wait
 //     for it: rows behind a parked row are parked as blocked by it, due rows

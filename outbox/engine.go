@@ -245,7 +245,11 @@ type update struct {
 // other relays off these keys until the marks are committed.
 func (e *engine) round(ctx context.Context) (roundResult, error) {
 	var res roundResult
-	tx, err := e.pool.Begin(ctx)
+	// READ COMMITTED whatever default_transaction_isolation says: keyRows
+	// must see, in a snapshot taken after the scan locked the keys, the marks
+	// of the keys' previous holders. Under REPEATABLE READ it would read the
+	// scan's snapshot and publish their rows again.
+	tx, err := e.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return res, err
 	}

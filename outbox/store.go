@@ -491,7 +491,8 @@ func (s *Store) Parked(ctx context.Context, db DBTX) ([]ParkedMessage, error) {
 // Retry requeues the named parked messages, and the messages parked behind
 // them (BlockedBy one of ids), with their attempts reset: they are delivered
 // again in their original order, before any later message of their key. It
-// runs in its own transaction on db (a savepoint when db is a pgx.Tx) and
+// runs in its own READ COMMITTED transaction on db (a savepoint when db is a
+// pgx.Tx: then the caller's transaction must be READ COMMITTED too) and
 // waits for a relay that is publishing one of their keys. It returns how
 // many messages it requeued; ErrNotFound when none of ids is parked.
 func (s *Store) Retry(ctx context.Context, db TxBeginner, ids ...string) (int64, error) {
@@ -504,14 +505,26 @@ func (s *Store) Retry(ctx context.Context, db TxBeginner, ids ...string) (int64,
 		return 0, nil
 	}
 	var n int64
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	retry := func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, s.sql.retryLock, ids); err != nil {
 			return err
 		}
 		tag, err := tx.Exec(ctx, s.sql.retry, ids)
 		n = tag.RowsAffected()
 		return err
-	})
+	}
+	// READ COMMITTED whatever default_transaction_isolation says: the
+	// update must see what a relay that held a key committed while Retry
+	// waited for its lock (the messages it parked behind ours). A pgx.Tx
+	// gives a savepoint in the caller's transaction, at the caller's level.
+	var err error
+	if b, ok := db.(interface {
+		BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
+	}); ok {
+		err = pgx.BeginTxFunc(ctx, b, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, retry)
+	} else {
+		err = pgx.BeginFunc(ctx, db, retry)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("outbox: retry: %w", translate(err))
 	}
