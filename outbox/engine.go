@@ -440,17 +440,20 @@ func (e *engine) keyRows(ctx context.Context, tx pgx.Tx, found []scanned) ([]*ro
 	}
 	var out []*row
 	var (
-		seq, lockKey     int64
-		id, topic        string
-		handler          pgtype.Text
-		key, value, hdrs []byte
-		attempts         int
-		due, parked      bool
-		availableAt, at  time.Time
-		perKey           = map[int64]int{}
+		seq, lockKey      int64
+		id, topic         string
+		handler           pgtype.Text
+		key, value, hdrs  []byte
+		attempts          int
+		due, parked, live bool
+		availableAt, at   time.Time
+		perKey            = map[int64]int{}
 	)
 	_, err = pgx.ForEachRow(rs, []any{&seq, &id, &lockKey, &handler, &topic, &key, &value, &hdrs, &attempts,
-		&due, &availableAt, &parked, &at}, func() error {
+		&due, &availableAt, &parked, &at, &live}, func() error {
+		if !live {
+			return nil // published meanwhile, or parked behind its blocker
+		}
 		// A key's window is its first rows: those come first, in seq order.
 		perKey[lockKey]++
 		inWindow := perKey[lockKey] <= window

@@ -199,13 +199,17 @@ SELECT count(*), pg_notify($9, '') FROM ins`,
 		// which every earlier holder's marks are committed), the rows a round
 		// needs, in enqueue order: each key's window, its first $2 rows, and
 		// the due rows the scan found ($3), which may lie beyond the window,
-		// behind a row that is not due. Rows parked because a row before them
-		// is parked are left out: their blocker decides. A key costs at most
-		// $2 rows however many of its rows wait. The seqs are gathered first
-		// (an InitPlan), so the rows are fetched by primary key in one pass
-		// whatever the planner believes about the table's size.
+		// behind a row that is not due. A key costs at most $2 rows however
+		// many of its rows wait. The seqs are gathered first (an InitPlan) and
+		// the rows fetched by primary key; the last column says whether a row
+		// is still to deliver (not published, not parked behind another row,
+		// whose blocker decides), and the caller drops the others. Testing
+		// that in WHERE would match the partial indexes' predicate, and on a
+		// table not analyzed yet the planner would rather scan one of them
+		// whole, testing every entry against the seqs.
 		keyRows: `SELECT seq, id::text, lock_key, handler, topic, msg_key, value, headers, attempts,
-	available_at <= now(), available_at, parked_at IS NOT NULL, created_at
+	available_at <= now(), available_at, parked_at IS NOT NULL, created_at,
+	published_at IS NULL AND blocked_by IS NULL
 FROM ` + t + `
 WHERE seq = ANY(ARRAY(
 	SELECT w.seq FROM unnest($1::bigint[]) AS k (lock_key)
@@ -216,7 +220,6 @@ WHERE seq = ANY(ARRAY(
 		LIMIT $2
 	) w
 ) || $3::bigint[])
-  AND published_at IS NULL AND blocked_by IS NULL
 ORDER BY seq`,
 
 		markDone: `UPDATE ` + t + ` SET published_at = now(), last_error = NULL
