@@ -49,9 +49,10 @@ type DispatcherConfig struct {
 	// HandlerTimeout bounds one handler call. Defaults to 30s.
 	HandlerTimeout time.Duration
 	// PollInterval, RetryInitial, RetryMax, ParkAfter, Retention,
-	// CleanupInterval, CleanupBatch, StatsInterval and DisableListen mean
-	// what they mean in RelayConfig, with the same defaults. Every failure
-	// counts towards ParkAfter.
+	// CleanupInterval, CleanupBatch, StatsInterval, DisableListen and
+	// MaxOutage mean what they mean in RelayConfig, with the same defaults
+	// (MaxOutage concerns PostgreSQL only). Every handler failure counts
+	// towards ParkAfter.
 	PollInterval    time.Duration
 	RetryInitial    time.Duration
 	RetryMax        time.Duration
@@ -61,6 +62,7 @@ type DispatcherConfig struct {
 	CleanupBatch    int
 	StatsInterval   time.Duration
 	DisableListen   bool
+	MaxOutage       time.Duration
 
 	// Logger receives structured logs. Defaults to slog.Default().
 	Logger *slog.Logger
@@ -110,7 +112,7 @@ func NewDispatcher(pool *pgxpool.Pool, store *Store, cfg *DispatcherConfig) (*Di
 	rc := RelayConfig{BatchSize: cfg.BatchSize, PollInterval: cfg.PollInterval, RetryInitial: cfg.RetryInitial,
 		RetryMax: cfg.RetryMax, ParkAfter: cfg.ParkAfter, Retention: cfg.Retention,
 		CleanupInterval: cfg.CleanupInterval, CleanupBatch: cfg.CleanupBatch, StatsInterval: cfg.StatsInterval,
-		DisableListen: cfg.DisableListen, Logger: cfg.Logger, Hooks: cfg.Hooks}
+		DisableListen: cfg.DisableListen, MaxOutage: cfg.MaxOutage, Logger: cfg.Logger, Hooks: cfg.Hooks}
 	l, err := rc.loop()
 	if err != nil {
 		return nil, err
@@ -122,7 +124,9 @@ func NewDispatcher(pool *pgxpool.Pool, store *Store, cfg *DispatcherConfig) (*Di
 
 // Run dispatches until ctx ends, then returns nil, only after every goroutine
 // it started has exited. It returns an error wrapping ErrNotMigrated when the
-// table is missing.
+// table is missing, and a *retry.OutageError when PostgreSQL stayed
+// unreachable for longer than MaxOutage (never, by default); outages are
+// waited out with backoff and logged once, as the relay does.
 func (d *Dispatcher) Run(ctx context.Context) error {
 	e := &engine{pool: d.pool, store: d.store, cfg: d.loop, d: d,
 		log: d.loop.logger.With("component", "outbox.dispatcher")}

@@ -42,6 +42,13 @@
 //     message holds back the later messages of its key (they are parked
 //     "blocked by" it) and nothing else. Store.Parked lists them with their
 //     errors; Store.Retry requeues a message and the ones blocked behind it.
+//   - Outages: when PostgreSQL or Kafka cannot be reached (at start or
+//     later: refused or lost connections, unavailable brokers, timeouts;
+//     retry.IsConnection), the relay and the dispatcher wait with jittered
+//     backoff and carry on where they were once it is back; an outage is
+//     logged once when it starts (Warn) and once when it ends (Info, with
+//     its duration), not at every try. Run returns only when MaxOutage is
+//     set and an outage lasts longer: a *retry.OutageError.
 //   - Published rows are deleted by each relay after Retention (default 24h),
 //     in batches of CleanupBatch; parked and pending rows are never deleted.
 //     The table and its indexes are created by package migrate (versions 2

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemkit/idemkit/internal/outage"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -130,6 +131,7 @@ type loopConfig struct {
 	cleanupBatch    int
 	statsInterval   time.Duration
 	disableListen   bool
+	maxOutage       time.Duration
 	logger          *slog.Logger
 	hooks           Hooks
 }
@@ -195,38 +197,83 @@ func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) {
 	}
 }
 
+// waiter returns the outage waiter of one of the engine's servers.
+func (e *engine) waiter(server string) *outage.Waiter {
+	return &outage.Waiter{Op: "outbox " + e.cfg.name + ": " + server, Log: e.log, Max: e.cfg.maxOutage}
+}
+
+// deliverLoop runs rounds until ctx ends. An outage of PostgreSQL (a round
+// fails with a connection error) or of Kafka (every delivery of a round
+// failed with one) is waited out with backoff, logged once when it starts
+// and once when it ends; past MaxOutage the loop returns the
+// *retry.OutageError. Other failures are logged and retried with backoff.
 func (e *engine) deliverLoop(ctx context.Context, wake chan struct{}) error {
 	bo := e.newBackOff()
+	pgOutage, kafkaOutage := e.waiter("postgres"), e.waiter("kafka")
 	for {
 		if ctx.Err() != nil {
 			return nil
 		}
 		res, err := e.round(ctx)
-		switch {
-		case ctx.Err() != nil:
+		if ctx.Err() != nil {
 			return nil
-		case errors.Is(err, ErrNotMigrated):
+		}
+		if errors.Is(err, ErrNotMigrated) {
 			return fmt.Errorf("outbox: %s: %w", e.cfg.name, err)
-		case err != nil:
-			d := bo.NextBackOff()
-			e.log.Warn("round failed; backing off", "err", err, "wait", d)
-			sleep(ctx, d, nil)
-		case res.stalled:
+		}
+		if err != nil {
+			werr := pgOutage.Wait(ctx, err)
+			var oerr *retry.OutageError
+			switch {
+			case werr == nil: // an outage: waited, try again
+			case ctx.Err() != nil:
+				return nil
+			case errors.As(werr, &oerr):
+				return oerr
+			default: // PostgreSQL answered: not an outage
+				pgOutage.Ok()
+				d := bo.NextBackOff()
+				e.log.Warn("round failed; backing off", "err", err, "wait", d)
+				sleep(ctx, d, nil)
+			}
+			continue
+		}
+		pgOutage.Ok()
+		if res.stalled {
 			// Every attempt failed for a reason outside the rows (the
 			// broker is unreachable): back off the whole loop too.
-			sleep(ctx, bo.NextBackOff(), nil)
-		case res.delivered > 0:
-			bo.Reset() // there may be more: go again at once
-		default:
-			bo.Reset()
-			sleep(ctx, e.cfg.pollInterval, wake)
+			werr := kafkaOutage.Wait(ctx, res.err)
+			var oerr *retry.OutageError
+			switch {
+			case werr == nil:
+			case ctx.Err() != nil:
+				return nil
+			case errors.As(werr, &oerr):
+				return oerr
+			default: // transient, but not a connection error
+				d := bo.NextBackOff()
+				e.log.Warn("every delivery failed; backing off", "err", res.err, "wait", d)
+				sleep(ctx, d, nil)
+			}
+			continue
 		}
+		if res.attempted && !res.transient {
+			kafkaOutage.Ok()
+		}
+		bo.Reset()
+		if res.delivered == 0 {
+			sleep(ctx, e.cfg.pollInterval, wake)
+		} // else there may be more: go again at once
 	}
 }
 
 type roundResult struct {
 	delivered int
-	stalled   bool
+	// attempted: the round tried to deliver; transient: some attempt
+	// failed for a reason outside its row; stalled: every attempt did, err
+	// being the first such error.
+	attempted, transient, stalled bool
+	err                           error
 }
 
 // update is one row's entry in markFailed.
@@ -356,6 +403,11 @@ func (e *engine) round(ctx context.Context) (roundResult, error) {
 		v := e.d.classify(err)
 		if v != transientFailure {
 			allTransient = false
+		} else {
+			res.transient = true
+			if res.err == nil {
+				res.err = err
+			}
 		}
 		park := v == permanentFailure || v == countedFailure && r.rec.Attempt >= e.cfg.parkAfter
 		u := update{seq: r.seq, add: 1, err: pgtype.Text{String: truncate(err.Error(), 2000), Valid: true}, park: park}
@@ -388,11 +440,12 @@ func (e *engine) round(ctx context.Context) (roundResult, error) {
 	}
 
 	res.delivered = len(done)
-	res.stalled = allTransient
+	res.attempted = len(deliverable) > 0 && !cancelled
+	res.stalled = allTransient && !cancelled
 	if h := e.cfg.hooks.Published; h != nil && len(done) > 0 {
 		h(done)
 	}
-	if len(failures) > 0 {
+	if len(failures) > 0 && !res.stalled { // a stalled round is an outage: deliverLoop logs it once
 		e.log.Warn("delivery failed", "failed", len(failures), "delivered", len(done),
 			"message_id", failures[0].rec.ID, "topic", failures[0].rec.Topic, "attempt", failures[0].rec.Attempt,
 			"err", failures[0].err)
@@ -513,7 +566,8 @@ func (e *engine) listen(ctx context.Context, wake chan<- struct{}) {
 			return
 		}
 		d := bo.NextBackOff()
-		e.log.Warn("LISTEN connection lost; polling until it is back", "err", err, "wait", d)
+		// An outage is logged once, by the delivery loop.
+		e.logUnlessOutage(err, "LISTEN connection lost; polling until it is back", "err", err, "wait", d)
 		sleep(ctx, d, nil)
 	}
 }
@@ -560,7 +614,7 @@ func (e *engine) cleanupLoop(ctx context.Context) {
 		}
 		n, err := e.store.Cleanup(ctx, e.pool, e.cfg.retention, e.cfg.cleanupBatch)
 		if err != nil && ctx.Err() == nil {
-			e.log.Warn("cleanup failed", "deleted", n, "err", err)
+			e.logUnlessOutage(err, "cleanup failed", "deleted", n, "err", err)
 		} else if n > 0 {
 			e.log.Debug("cleanup", "deleted", n)
 		}
@@ -575,7 +629,7 @@ func (e *engine) statsLoop(ctx context.Context) {
 		if err == nil {
 			e.cfg.hooks.Stats(st)
 		} else if ctx.Err() == nil {
-			e.log.Warn("stats failed", "err", err)
+			e.logUnlessOutage(err, "stats failed", "err", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -583,6 +637,17 @@ func (e *engine) statsLoop(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// logUnlessOutage logs a failure of a side loop (LISTEN, cleanup, stats) as
+// a warning, or at debug level when it is a connection error: the delivery
+// loop meets the same outage and logs it once, with its duration.
+func (e *engine) logUnlessOutage(err error, msg string, args ...any) {
+	if retry.IsConnection(err) {
+		e.log.Debug(msg, args...)
+		return
+	}
+	e.log.Warn(msg, args...)
 }
 
 // isPermanent reports an error marked with retry.Permanent (or
