@@ -80,9 +80,10 @@ func (p *explainPlan) walk(f func(*explainPlan)) {
 }
 
 // explain runs sql under EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) in a
-// transaction it rolls back (the scan takes advisory locks), and returns the
-// plan's root and the execution time.
-func explain(t *testing.T, db *testenv.DB, setup, sql string, args ...any) (explainPlan, float64) {
+// transaction it rolls back (the scan takes advisory locks), after setup and
+// before teardown (either may be empty), and returns the plan's root and the
+// execution time.
+func explain(t *testing.T, db *testenv.DB, setup, teardown, sql string, args ...any) (explainPlan, float64) {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := db.Pool.Begin(ctx)
@@ -105,6 +106,11 @@ func explain(t *testing.T, db *testenv.DB, setup, sql string, args ...any) (expl
 	}
 	if err := json.Unmarshal(raw, &out); err != nil || len(out) != 1 {
 		t.Fatalf("explain output %s: %v", raw, err)
+	}
+	if teardown != "" {
+		if _, err := tx.Exec(ctx, teardown); err != nil {
+			t.Fatalf("%s: %v", teardown, err)
+		}
 	}
 	return out[0].Plan, out[0].ExecutionTime
 }
@@ -150,6 +156,10 @@ FROM generate_series(1, $1::int + $2::int + $3::int) AS i`, published, notDue, d
 	if err != nil {
 		t.Fatal(err)
 	}
+	// As autovacuum would soon after such a load. (Before it, the planner
+	// knows the table's size but not how many rows are pending, and may
+	// read the due range by bitmap and sort it: still no row that is not
+	// due, but every due one.)
 	if _, err := db.Pool.Exec(ctx, `ANALYZE `+store.Table()); err != nil {
 		t.Fatal(err)
 	}
@@ -157,24 +167,26 @@ FROM generate_series(1, $1::int + $2::int + $3::int) AS i`, published, notDue, d
 
 	index := func(suffix string) string { return migrate.OutboxDefault + suffix }
 	for _, tc := range []struct {
-		name, sql, prepare, index string
-		args                      []any
+		name, sql, index string
+		args             []any
+		prepare, execute string // parameter types and values of the generic plan's PREPARE and EXECUTE
 	}{
-		{"relay", outbox.ScanSQL(store), "bigint", index("_kafka_due_idx"), []any{batch}},
-		{"dispatcher", outbox.HandlerScanSQL(store), "bigint, text", index("_handler_due_idx"), []any{batch, "mail"}},
+		{"relay", outbox.ScanSQL(store), index("_kafka_due_idx"), []any{batch}, "bigint", "500"},
+		{"dispatcher", outbox.HandlerScanSQL(store), index("_handler_due_idx"), []any{batch, "mail"}, "bigint, text", "500, 'mail'"},
 	} {
 		for _, generic := range []bool{false, true} {
-			sql, setup, args := tc.sql, "", tc.args
+			sql, setup, teardown, args := tc.sql, "", "", tc.args
 			name := tc.name + " custom plan"
 			if generic {
+				// A prepared statement outlives the transaction: deallocate it.
 				name = tc.name + " generic plan"
 				stmt := "scan_" + tc.name
 				setup = "SET LOCAL plan_cache_mode = force_generic_plan; PREPARE " + stmt + " (" + tc.prepare + ") AS " + sql
-				sql = "EXECUTE " + stmt + " (" + map[bool]string{true: "500, 'mail'", false: "500"}[len(args) == 2] + ")"
+				teardown = "DEALLOCATE " + stmt
+				sql = "EXECUTE " + stmt + " (" + tc.execute + ")"
 				args = nil
-				t.Cleanup(func() { _, _ = db.Pool.Exec(context.Background(), "DEALLOCATE ALL") })
 			}
-			plan, ms := explain(t, db, setup, sql, args...)
+			plan, ms := explain(t, db, setup, teardown, sql, args...)
 			var indexes, nodes []string
 			plan.walk(func(p *explainPlan) {
 				nodes = append(nodes, p.NodeType)
