@@ -121,7 +121,9 @@
 // A Message with Handler set is not for Kafka: a Dispatcher that registered
 // that handler name claims it with the same rounds, locks and order, and
 // calls the handler after the enqueuing transaction committed, while its
-// round's transaction holds the key. The handler may run more than once for
+// round's transaction holds the key. A round scans the dispatcher's handlers
+// one after the other, starting with the next one each round, so that a
+// handler's backlog delays another handler's messages by a round at most. The handler may run more than once for
 // one message (a crash after it returned, a lost commit): it must pass
 // Record.ID to the provider as the idempotency key, which makes the
 // external effect happen once.
