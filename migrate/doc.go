@@ -32,6 +32,12 @@
 //   - 3 (003_idempotency): the HTTP idempotency records. See package idemhttp.
 //   - 4 (004_retry): messages parked by the consumer's non-blocking mode, and
 //     the dead-letter replay records. See packages consumer and dlq.
+//   - 5 (005_outbox_scan): the outbox's scans read an index range that ends
+//     at now(), one for Kafka rows and one per handler for dispatcher rows,
+//     so rows not yet due are never read; the key index leaves out rows
+//     parked behind another. It replaces version 2's scan index; building
+//     the indexes scans the outbox table and blocks writes to it meanwhile.
+//     See package outbox.
 //   - 6 (006_topic_identity): consumer positions gain the topic's
 //     incarnation and the timestamp of the last record passed, so that a
 //     deleted and recreated topic is recognised. See package consumer.

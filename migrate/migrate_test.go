@@ -244,6 +244,64 @@ func TestUpDownUp(t *testing.T) {
 	wantInts(t, "Down(latest) reverted", reverted)
 }
 
+// Version 5 replaces the outbox's scan index (every pending row in seq
+// order) by one range per kind of row ordered by available_at, and keeps the
+// rows parked behind another out of the key index; Down(4) restores version
+// 2's indexes.
+func TestOutboxScanIndexes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.NewDB(t)
+	m := newMigrator(t, db.Pool, &migrate.Config{Schema: db.Schema})
+	outbox := db.Table(migrate.OutboxDefault)
+	const pending = "WHERE ((published_at IS NULL) AND (parked_at IS NULL)"
+	want5 := map[string]string{
+		"_kafka_due_idx":   "USING btree (available_at, seq) INCLUDE (lock_key) " + pending + " AND (handler IS NULL))",
+		"_handler_due_idx": "USING btree (handler, available_at, seq) INCLUDE (lock_key) " + pending + " AND (handler IS NOT NULL))",
+		"_key_idx":         "USING btree (lock_key, seq) WHERE ((published_at IS NULL) AND (blocked_by IS NULL))",
+		"_published_idx":   "USING btree (published_at) WHERE (published_at IS NOT NULL)",
+		"_parked_idx":      "USING btree (seq) WHERE (parked_at IS NOT NULL)",
+		"_pkey":            "USING btree (seq)",
+		"_id_key":          "USING btree (id)",
+	}
+	want2 := map[string]string{
+		"_pending_idx":   "USING btree (seq) " + pending + ")",
+		"_key_idx":       "USING btree (lock_key, seq) WHERE (published_at IS NULL)",
+		"_published_idx": want5["_published_idx"],
+		"_parked_idx":    want5["_parked_idx"],
+		"_pkey":          want5["_pkey"],
+		"_id_key":        want5["_id_key"],
+	}
+	check := func(when string, want map[string]string) {
+		t.Helper()
+		got := indexes(t, db.Pool, outbox)
+		if len(got) != len(want) {
+			t.Fatalf("%s: outbox indexes %v, want %d", when, got, len(want))
+		}
+		for suffix, def := range want {
+			if d := got[migrate.OutboxDefault+suffix]; !strings.HasSuffix(d, def) {
+				t.Fatalf("%s: index %s%s = %q, want ...%q", when, migrate.OutboxDefault, suffix, d, def)
+			}
+		}
+	}
+	if _, err := m.Up(ctx); err != nil {
+		t.Fatalf("Up: %v", err)
+	}
+	check("after Up", want5)
+	reverted, err := m.Down(ctx, 4)
+	if err != nil {
+		t.Fatalf("Down(4): %v", err)
+	}
+	wantInts(t, "Down(4) reverted", reverted, 6, 5)
+	check("after Down(4)", want2)
+	applied, err := m.Up(ctx)
+	if err != nil {
+		t.Fatalf("Up again: %v", err)
+	}
+	wantInts(t, "Up again applied", applied, 5, 6)
+	check("after Up again", want5)
+}
+
 func TestCustomSchemaAndOddNames(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

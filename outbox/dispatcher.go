@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -48,9 +49,10 @@ type DispatcherConfig struct {
 	// HandlerTimeout bounds one handler call. Defaults to 30s.
 	HandlerTimeout time.Duration
 	// PollInterval, RetryInitial, RetryMax, ParkAfter, Retention,
-	// CleanupInterval, CleanupBatch, StatsInterval and DisableListen mean
-	// what they mean in RelayConfig, with the same defaults. Every failure
-	// counts towards ParkAfter.
+	// CleanupInterval, CleanupBatch, StatsInterval, DisableListen and
+	// MaxOutage mean what they mean in RelayConfig, with the same defaults
+	// (MaxOutage concerns PostgreSQL only). Every handler failure counts
+	// towards ParkAfter.
 	PollInterval    time.Duration
 	RetryInitial    time.Duration
 	RetryMax        time.Duration
@@ -60,6 +62,7 @@ type DispatcherConfig struct {
 	CleanupBatch    int
 	StatsInterval   time.Duration
 	DisableListen   bool
+	MaxOutage       time.Duration
 
 	// Logger receives structured logs. Defaults to slog.Default().
 	Logger *slog.Logger
@@ -78,6 +81,7 @@ type Dispatcher struct {
 	names    []string
 	timeout  time.Duration
 	loop     loopConfig
+	turn     atomic.Uint64 // which handler a round scans first
 }
 
 // NewDispatcher validates cfg, applies its defaults and returns a Dispatcher.
@@ -108,7 +112,7 @@ func NewDispatcher(pool *pgxpool.Pool, store *Store, cfg *DispatcherConfig) (*Di
 	rc := RelayConfig{BatchSize: cfg.BatchSize, PollInterval: cfg.PollInterval, RetryInitial: cfg.RetryInitial,
 		RetryMax: cfg.RetryMax, ParkAfter: cfg.ParkAfter, Retention: cfg.Retention,
 		CleanupInterval: cfg.CleanupInterval, CleanupBatch: cfg.CleanupBatch, StatsInterval: cfg.StatsInterval,
-		DisableListen: cfg.DisableListen, Logger: cfg.Logger, Hooks: cfg.Hooks}
+		DisableListen: cfg.DisableListen, MaxOutage: cfg.MaxOutage, Logger: cfg.Logger, Hooks: cfg.Hooks}
 	l, err := rc.loop()
 	if err != nil {
 		return nil, err
@@ -120,19 +124,31 @@ func NewDispatcher(pool *pgxpool.Pool, store *Store, cfg *DispatcherConfig) (*Di
 
 // Run dispatches until ctx ends, then returns nil, only after every goroutine
 // it started has exited. It returns an error wrapping ErrNotMigrated when the
-// table is missing.
+// table is missing, and a *retry.OutageError when PostgreSQL stayed
+// unreachable for longer than MaxOutage (never, by default); outages are
+// waited out with backoff and logged once, as the relay does.
 func (d *Dispatcher) Run(ctx context.Context) error {
 	e := &engine{pool: d.pool, store: d.store, cfg: d.loop, d: d,
 		log: d.loop.logger.With("component", "outbox.dispatcher")}
 	return e.run(ctx)
 }
 
-func (d *Dispatcher) scan(ctx context.Context, tx pgx.Tx, limit int) ([]int64, error) {
-	rows, err := tx.Query(ctx, d.store.sql.scanHandlers, limit, d.names)
-	if err != nil {
-		return nil, err
+// scan scans handler after handler until limit rows are found, starting
+// each round with the next handler, so that a busy handler cannot keep the
+// others waiting for more than a round.
+func (d *Dispatcher) scan(ctx context.Context, tx pgx.Tx, limit int) ([]scanned, error) {
+	start := int(d.turn.Add(1) % uint64(len(d.names)))
+	var out []scanned
+	for i := range d.names {
+		found, err := scanRows(ctx, tx, d.store.sql.scanHandler, limit-len(out), d.names[(start+i)%len(d.names)])
+		if err != nil {
+			return nil, err
+		}
+		if out = append(out, found...); len(out) >= limit {
+			break
+		}
 	}
-	return pgx.CollectRows(rows, pgx.RowTo[int64])
+	return out, nil
 }
 
 func (d *Dispatcher) cut(rows []*row) int { return len(rows) }

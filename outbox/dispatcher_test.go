@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -96,5 +97,47 @@ func TestDispatcher(t *testing.T) {
 	}
 	if _, err := outbox.NewDispatcher(db.Pool, store, &outbox.DispatcherConfig{}); !errors.Is(err, outbox.ErrInvalidConfig) {
 		t.Fatalf("NewDispatcher without handlers: %v", err)
+	}
+}
+
+// A dispatcher scans its handlers one after the other, starting with the
+// next one each round: a handler's backlog delays another handler's message
+// by a round at most, however much older the backlog is.
+func TestDispatcherHandlersTakeTurns(t *testing.T) {
+	t.Parallel()
+	db, store := newDB(t)
+	const batch = 10
+	var bulk atomic.Int64
+	urgentAfter := make(chan int64, 1)
+	d, err := outbox.NewDispatcher(db.Pool, store, &outbox.DispatcherConfig{
+		Handlers: map[string]outbox.Handler{
+			"bulk": outbox.HandlerFunc(func(context.Context, *outbox.Record) error { bulk.Add(1); return nil }),
+			"urgent": outbox.HandlerFunc(func(context.Context, *outbox.Record) error {
+				select {
+				case urgentAfter <- bulk.Load():
+				default:
+				}
+				return nil
+			}),
+		},
+		BatchSize: batch, PollInterval: 50 * time.Millisecond, Logger: testLogger(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []outbox.Message
+	for i := range 1000 {
+		msgs = append(msgs, outbox.Message{Handler: "bulk", Key: fmt.Appendf(nil, "b%d", i)})
+	}
+	enqueue(t, db.Pool, store, msgs...)
+	enqueue(t, db.Pool, store, outbox.Message{Handler: "urgent", Key: []byte("u")})
+	run(t, d)
+	select {
+	case n := <-urgentAfter:
+		if n > 2*batch {
+			t.Fatalf("urgent message handled after %d bulk messages, want at most %d (two rounds)", n, 2*batch)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("urgent message not handled")
 	}
 }

@@ -31,7 +31,8 @@
 //     messages: a duplicate may appear after later messages, but the first
 //     delivery of each message is in order.
 //   - A message with NotBefore is not delivered before that time (database
-//     clock), and neither are the later messages of its key.
+//     clock), and neither are the later messages of its key; other keys do
+//     not wait for it, however many messages its key holds.
 //   - Failures are retried with jittered exponential backoff (RetryInitial
 //     up to RetryMax, per message). A message that keeps failing is parked
 //     after ParkAfter attempts, at once for errors that cannot succeed
@@ -41,10 +42,17 @@
 //     message holds back the later messages of its key (they are parked
 //     "blocked by" it) and nothing else. Store.Parked lists them with their
 //     errors; Store.Retry requeues a message and the ones blocked behind it.
+//   - Outages: when PostgreSQL or Kafka cannot be reached (at start or
+//     later: refused or lost connections, unavailable brokers, timeouts;
+//     retry.IsConnection), the relay and the dispatcher wait with jittered
+//     backoff and carry on where they were once it is back; an outage is
+//     logged once when it starts (Warn) and once when it ends (Info, with
+//     its duration), not at every try. Run returns only when MaxOutage is
+//     set and an outage lasts longer: a *retry.OutageError.
 //   - Published rows are deleted by each relay after Retention (default 24h),
 //     in batches of CleanupBatch; parked and pending rows are never deleted.
-//     The table is created by package migrate (version 2): no DDL at run
-//     time.
+//     The table and its indexes are created by package migrate (versions 2
+//     and 5): no DDL at run time.
 //
 // # Design: per-key order, late commits and several relays
 //
@@ -53,19 +61,31 @@
 // destination and the key (of the ID when there is no key). A relay works in
 // rounds; each round is one transaction:
 //
-//  1. Scan. Walk the pending rows in seq order (a partial index) and, for
-//     each due row, try pg_try_advisory_xact_lock(lock_key), stopping after
-//     BatchSize rows whose lock this transaction holds. A key another relay
-//     holds is passed over at once, like SKIP LOCKED at the granularity of a
-//     key: relays never wait for each other and take disjoint keys.
-//  2. Read. With the locks held, a new statement (a new snapshot, in READ
-//     COMMITTED) reads the unpublished rows of the locked keys in seq order.
-//     A relay that held a key before has committed its marks before its lock
-//     was released, so this snapshot sees them: a row is never published
-//     twice by relays in turn, and never published while another relay
-//     publishes its key.
-//  3. Prefix. For each key, only the rows up to the first row that is parked
-//     or not due (not-before, backoff) are deliverable; the rest wait for it.
+//  1. Scan. Walk the due rows, the longest-waiting first (available_at,
+//     then seq), and try pg_try_advisory_xact_lock(lock_key) for each,
+//     stopping after BatchSize rows whose lock this transaction holds. A key
+//     another relay holds is passed over at once, like SKIP LOCKED at the
+//     granularity of a key: relays never wait for each other and take
+//     disjoint keys. The walk is a range that ends at now() of a partial
+//     index (migrate version 5): rows that are not due yet (not-before,
+//     retry backoff) are never read, nor are the dispatcher's rows (the
+//     relay's index holds Kafka rows only; the dispatcher's is ordered by
+//     handler, and it scans its handlers one after the other).
+//  2. Read. With the locks held, a new statement reads the unpublished rows
+//     of the locked keys in seq order, in a new snapshot (rounds begin as
+//     READ COMMITTED, whatever default_transaction_isolation says): each
+//     key's first BatchSize/keys rows (at least one), and the due rows the
+//     scan found. A relay that held a key before has committed its marks
+//     before its lock was released, so this snapshot sees them: a row is
+//     never published twice by relays in turn, and never published while
+//     another relay publishes its key.
+//  3. Prefix. For each key, only the rows up to the first row that is
+//     parked or not due (not-before, backoff) are deliverable; the rest wait
+//     for it: rows behind a parked row are parked as blocked by it, due rows
+//     behind a row that is not due are deferred to its time (so the scan
+//     does not meet them again meanwhile). A due row the scan found past its
+//     key's first rows, with no such row among them, waits for a later
+//     round: a key that waits never holds back the others.
 //  4. Deliver the prefixes — one Kafka write per topic, rows in seq order,
 //     at most BatchSize messages and MaxBatchBytes bytes, so kafka-go sends
 //     each partition's share as one produce request: all or nothing. A key
@@ -79,8 +99,9 @@
 //
 // Late commits: nothing ever reads the table with a "last seen seq" cursor.
 // A row of a transaction that has not committed is invisible, not skipped:
-// every round scans all pending rows from the lowest seq, so the row is
-// found as soon as its transaction commits, whatever was published
+// every round scans all due rows from the lowest available_at (a row's
+// enqueue time, the start of its transaction, unless it was delayed), so the
+// row is found as soon as its transaction commits, whatever was published
 // meanwhile. Commit order equals seq order for transactions that do not
 // overlap (the later one took its seq after the earlier one committed), and
 // a key's rows are published in seq order by one relay at a time, which
@@ -100,7 +121,9 @@
 // A Message with Handler set is not for Kafka: a Dispatcher that registered
 // that handler name claims it with the same rounds, locks and order, and
 // calls the handler after the enqueuing transaction committed, while its
-// round's transaction holds the key. The handler may run more than once for
+// round's transaction holds the key. A round scans the dispatcher's handlers
+// one after the other, starting with the next one each round, so that a
+// handler's backlog delays another handler's messages by a round at most. The handler may run more than once for
 // one message (a crash after it returned, a lost commit): it must pass
 // Record.ID to the provider as the idempotency key, which makes the
 // external effect happen once.

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemkit/idemkit/internal/outage"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -61,6 +62,26 @@ type Hooks struct {
 // because an earlier record of the same key failed in the same round.
 var errHeld = errors.New("outbox: held behind an earlier message of the same key")
 
+// scanned is a due row whose key the scan locked.
+type scanned struct {
+	lockKey, seq int64
+}
+
+// scanRows runs a scan statement and collects its (lock_key, seq) rows.
+func scanRows(ctx context.Context, tx pgx.Tx, sql string, args ...any) ([]scanned, error) {
+	rows, err := tx.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	var s scanned
+	var out []scanned
+	_, err = pgx.ForEachRow(rows, []any{&s.lockKey, &s.seq}, func() error {
+		out = append(out, s)
+		return nil
+	})
+	return out, err
+}
+
 // row is one claimed row.
 type row struct {
 	seq         int64
@@ -69,6 +90,9 @@ type row struct {
 	due         bool
 	availableAt time.Time
 	parked      bool
+	// inWindow: among the first rows of its key (see keyRows), not only a
+	// due row the scan found further on.
+	inWindow bool
 }
 
 // verdict classifies a delivery error.
@@ -87,7 +111,9 @@ const (
 type deliverer interface {
 	deliver(ctx context.Context, rows []*row) []error
 	classify(err error) verdict
-	scan(ctx context.Context, tx pgx.Tx, limit int) ([]int64, error)
+	// scan takes, without waiting, the locks of the keys of at most limit
+	// due rows, the longest-waiting first, and returns those rows.
+	scan(ctx context.Context, tx pgx.Tx, limit int) ([]scanned, error)
 	// cut returns how many of the deliverable rows (in order) fit one round.
 	cut(rows []*row) int
 }
@@ -105,6 +131,7 @@ type loopConfig struct {
 	cleanupBatch    int
 	statsInterval   time.Duration
 	disableListen   bool
+	maxOutage       time.Duration
 	logger          *slog.Logger
 	hooks           Hooks
 }
@@ -170,38 +197,83 @@ func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) {
 	}
 }
 
+// waiter returns the outage waiter of one of the engine's servers.
+func (e *engine) waiter(server string) *outage.Waiter {
+	return &outage.Waiter{Op: "outbox " + e.cfg.name + ": " + server, Log: e.log, Max: e.cfg.maxOutage}
+}
+
+// deliverLoop runs rounds until ctx ends. An outage of PostgreSQL (a round
+// fails with a connection error) or of Kafka (every delivery of a round
+// failed with one) is waited out with backoff, logged once when it starts
+// and once when it ends; past MaxOutage the loop returns the
+// *retry.OutageError. Other failures are logged and retried with backoff.
 func (e *engine) deliverLoop(ctx context.Context, wake chan struct{}) error {
 	bo := e.newBackOff()
+	pgOutage, kafkaOutage := e.waiter("postgres"), e.waiter("kafka")
 	for {
 		if ctx.Err() != nil {
 			return nil
 		}
 		res, err := e.round(ctx)
-		switch {
-		case ctx.Err() != nil:
+		if ctx.Err() != nil {
 			return nil
-		case errors.Is(err, ErrNotMigrated):
+		}
+		if errors.Is(err, ErrNotMigrated) {
 			return fmt.Errorf("outbox: %s: %w", e.cfg.name, err)
-		case err != nil:
-			d := bo.NextBackOff()
-			e.log.Warn("round failed; backing off", "err", err, "wait", d)
-			sleep(ctx, d, nil)
-		case res.stalled:
+		}
+		if err != nil {
+			werr := pgOutage.Wait(ctx, err)
+			var oerr *retry.OutageError
+			switch {
+			case werr == nil: // an outage: waited, try again
+			case ctx.Err() != nil:
+				return nil
+			case errors.As(werr, &oerr):
+				return oerr
+			default: // PostgreSQL answered: not an outage
+				pgOutage.Ok()
+				d := bo.NextBackOff()
+				e.log.Warn("round failed; backing off", "err", err, "wait", d)
+				sleep(ctx, d, nil)
+			}
+			continue
+		}
+		pgOutage.Ok()
+		if res.stalled {
 			// Every attempt failed for a reason outside the rows (the
 			// broker is unreachable): back off the whole loop too.
-			sleep(ctx, bo.NextBackOff(), nil)
-		case res.delivered > 0:
-			bo.Reset() // there may be more: go again at once
-		default:
-			bo.Reset()
-			sleep(ctx, e.cfg.pollInterval, wake)
+			werr := kafkaOutage.Wait(ctx, res.err)
+			var oerr *retry.OutageError
+			switch {
+			case werr == nil:
+			case ctx.Err() != nil:
+				return nil
+			case errors.As(werr, &oerr):
+				return oerr
+			default: // transient, but not a connection error
+				d := bo.NextBackOff()
+				e.log.Warn("every delivery failed; backing off", "err", res.err, "wait", d)
+				sleep(ctx, d, nil)
+			}
+			continue
 		}
+		if res.attempted && !res.transient {
+			kafkaOutage.Ok()
+		}
+		bo.Reset()
+		if res.delivered == 0 {
+			sleep(ctx, e.cfg.pollInterval, wake)
+		} // else there may be more: go again at once
 	}
 }
 
 type roundResult struct {
 	delivered int
-	stalled   bool
+	// attempted: the round tried to deliver; transient: some attempt
+	// failed for a reason outside its row; stalled: every attempt did, err
+	// being the first such error.
+	attempted, transient, stalled bool
+	err                           error
 }
 
 // update is one row's entry in markFailed.
@@ -220,7 +292,11 @@ type update struct {
 // other relays off these keys until the marks are committed.
 func (e *engine) round(ctx context.Context) (roundResult, error) {
 	var res roundResult
-	tx, err := e.pool.Begin(ctx)
+	// READ COMMITTED whatever default_transaction_isolation says: keyRows
+	// must see, in a snapshot taken after the scan locked the keys, the marks
+	// of the keys' previous holders. Under REPEATABLE READ it would read the
+	// scan's snapshot and publish their rows again.
+	tx, err := e.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return res, err
 	}
@@ -230,14 +306,14 @@ func (e *engine) round(ctx context.Context) (roundResult, error) {
 		_ = tx.Rollback(rctx) // no-op after Commit
 	}()
 
-	keys, err := e.d.scan(ctx, tx, e.cfg.batchSize)
+	found, err := e.d.scan(ctx, tx, e.cfg.batchSize)
 	if err != nil {
 		return res, translate(err)
 	}
-	if len(keys) == 0 {
+	if len(found) == 0 {
 		return res, tx.Commit(ctx)
 	}
-	rows, err := e.keyRows(ctx, tx, keys)
+	rows, err := e.keyRows(ctx, tx, found)
 	if err != nil {
 		return res, translate(err)
 	}
@@ -246,7 +322,9 @@ func (e *engine) round(ctx context.Context) (roundResult, error) {
 	// parked or not yet due. Rows behind such a row wait for it: behind a
 	// parked row they are parked as blocked by it; behind a row that is not
 	// due they are deferred to its time, so the scan does not meet them
-	// again in the meantime.
+	// again in the meantime. A row past its key's window with no such row
+	// in the window is left for a later round: an unread row may lie
+	// between.
 	var (
 		deliverable []*row
 		updates     []update
@@ -265,12 +343,17 @@ func (e *engine) round(ctx context.Context) (roundResult, error) {
 			}
 			continue
 		}
+		if !r.inWindow {
+			continue
+		}
 		if r.parked || !r.due {
 			blocker[r.lockKey] = r
 			continue
 		}
 		deliverable = append(deliverable, r)
 	}
+	// Rows are in enqueue order: any cut keeps a prefix of every key.
+	deliverable = deliverable[:min(len(deliverable), e.cfg.batchSize)]
 	deliverable = deliverable[:e.d.cut(deliverable)]
 
 	var errs []error
@@ -320,6 +403,11 @@ func (e *engine) round(ctx context.Context) (roundResult, error) {
 		v := e.d.classify(err)
 		if v != transientFailure {
 			allTransient = false
+		} else {
+			res.transient = true
+			if res.err == nil {
+				res.err = err
+			}
 		}
 		park := v == permanentFailure || v == countedFailure && r.rec.Attempt >= e.cfg.parkAfter
 		u := update{seq: r.seq, add: 1, err: pgtype.Text{String: truncate(err.Error(), 2000), Valid: true}, park: park}
@@ -352,11 +440,12 @@ func (e *engine) round(ctx context.Context) (roundResult, error) {
 	}
 
 	res.delivered = len(done)
-	res.stalled = allTransient
+	res.attempted = len(deliverable) > 0 && !cancelled
+	res.stalled = allTransient && !cancelled
 	if h := e.cfg.hooks.Published; h != nil && len(done) > 0 {
 		h(done)
 	}
-	if len(failures) > 0 {
+	if len(failures) > 0 && !res.stalled { // a stalled round is an outage: deliverLoop logs it once
 		e.log.Warn("delivery failed", "failed", len(failures), "delivered", len(done),
 			"message_id", failures[0].rec.ID, "topic", failures[0].rec.Topic, "attempt", failures[0].rec.Attempt,
 			"err", failures[0].err)
@@ -382,24 +471,46 @@ func truncate(s string, n int) string {
 	return s[:n]
 }
 
-func (e *engine) keyRows(ctx context.Context, tx pgx.Tx, keys []int64) ([]*row, error) {
-	rs, err := tx.Query(ctx, e.store.sql.keyRows, keys, e.cfg.batchSize)
+// keyRows reads the rows of the scanned rows' keys that a round needs (see
+// storeSQL.keyRows): per key a window of about BatchSize / keys rows (at
+// least one), so that the round reads about BatchSize rows in all and one
+// busy key cannot crowd out the others, and the scanned rows themselves.
+func (e *engine) keyRows(ctx context.Context, tx pgx.Tx, found []scanned) ([]*row, error) {
+	seqs := make([]int64, len(found))
+	var keys []int64
+	seen := map[int64]bool{}
+	for i, f := range found {
+		seqs[i] = f.seq
+		if !seen[f.lockKey] {
+			seen[f.lockKey] = true
+			keys = append(keys, f.lockKey)
+		}
+	}
+	window := max(1, (e.cfg.batchSize+len(keys)-1)/len(keys))
+	rs, err := tx.Query(ctx, e.store.sql.keyRows, keys, window, seqs)
 	if err != nil {
 		return nil, err
 	}
 	var out []*row
 	var (
-		seq, lockKey     int64
-		id, topic        string
-		handler          pgtype.Text
-		key, value, hdrs []byte
-		attempts         int
-		due, parked      bool
-		availableAt, at  time.Time
+		seq, lockKey      int64
+		id, topic         string
+		handler           pgtype.Text
+		key, value, hdrs  []byte
+		attempts          int
+		due, parked, live bool
+		availableAt, at   time.Time
+		perKey            = map[int64]int{}
 	)
 	_, err = pgx.ForEachRow(rs, []any{&seq, &id, &lockKey, &handler, &topic, &key, &value, &hdrs, &attempts,
-		&due, &availableAt, &parked, &at}, func() error {
-		r := &row{seq: seq, lockKey: lockKey, due: due, availableAt: availableAt, parked: parked, rec: Record{
+		&due, &availableAt, &parked, &at, &live}, func() error {
+		if !live {
+			return nil // published meanwhile, or parked behind its blocker
+		}
+		// A key's window is its first rows: those come first, in seq order.
+		perKey[lockKey]++
+		inWindow := perKey[lockKey] <= window
+		r := &row{seq: seq, lockKey: lockKey, due: due, availableAt: availableAt, parked: parked, inWindow: inWindow, rec: Record{
 			ID: id, Topic: topic, Handler: handler.String, Attempt: attempts + 1, EnqueuedAt: at,
 			Key: cloneOrNil(key), Value: cloneOrNil(value),
 		}}
@@ -455,7 +566,8 @@ func (e *engine) listen(ctx context.Context, wake chan<- struct{}) {
 			return
 		}
 		d := bo.NextBackOff()
-		e.log.Warn("LISTEN connection lost; polling until it is back", "err", err, "wait", d)
+		// An outage is logged once, by the delivery loop.
+		e.logUnlessOutage(err, "LISTEN connection lost; polling until it is back", "err", err, "wait", d)
 		sleep(ctx, d, nil)
 	}
 }
@@ -502,7 +614,7 @@ func (e *engine) cleanupLoop(ctx context.Context) {
 		}
 		n, err := e.store.Cleanup(ctx, e.pool, e.cfg.retention, e.cfg.cleanupBatch)
 		if err != nil && ctx.Err() == nil {
-			e.log.Warn("cleanup failed", "deleted", n, "err", err)
+			e.logUnlessOutage(err, "cleanup failed", "deleted", n, "err", err)
 		} else if n > 0 {
 			e.log.Debug("cleanup", "deleted", n)
 		}
@@ -517,7 +629,7 @@ func (e *engine) statsLoop(ctx context.Context) {
 		if err == nil {
 			e.cfg.hooks.Stats(st)
 		} else if ctx.Err() == nil {
-			e.log.Warn("stats failed", "err", err)
+			e.logUnlessOutage(err, "stats failed", "err", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -525,6 +637,17 @@ func (e *engine) statsLoop(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// logUnlessOutage logs a failure of a side loop (LISTEN, cleanup, stats) as
+// a warning, or at debug level when it is a connection error: the delivery
+// loop meets the same outage and logs it once, with its duration.
+func (e *engine) logUnlessOutage(err error, msg string, args ...any) {
+	if retry.IsConnection(err) {
+		e.log.Debug(msg, args...)
+		return
+	}
+	e.log.Warn(msg, args...)
 }
 
 // isPermanent reports an error marked with retry.Permanent (or

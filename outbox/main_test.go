@@ -214,6 +214,41 @@ func waitBacklog(t *testing.T, db *testenv.DB, store *outbox.Store, d time.Durat
 	}
 }
 
+// newPool returns a pool of its own on the test server with an empty
+// search_path and the given run-time parameters (application_name, ...),
+// closed at cleanup: register it before the relays that use it, so that it
+// outlives them.
+func newPool(t *testing.T, params map[string]string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = ""
+	for k, v := range params {
+		cfg.ConnConfig.RuntimeParams[k] = v
+	}
+	cfg.MaxConns = 8
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// repeatableReadPool is a pool whose transactions default to REPEATABLE
+// READ, as a database configured so would give.
+func repeatableReadPool(t *testing.T, appName string) *pgxpool.Pool {
+	t.Helper()
+	pool := newPool(t, map[string]string{"default_transaction_isolation": "repeatable read", "application_name": appName})
+	var level string
+	if err := pool.QueryRow(context.Background(), `SHOW default_transaction_isolation`).Scan(&level); err != nil || level != "repeatable read" {
+		t.Fatalf("default_transaction_isolation = %q, %v", level, err)
+	}
+	return pool
+}
+
 // testLogger sends the relay's logs to t.Log: shown with -v or on failure.
 func testLogger(t *testing.T) *slog.Logger {
 	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))

@@ -89,6 +89,13 @@ type RelayConfig struct {
 	// DisableListen turns off LISTEN/NOTIFY wake-ups: the relay only polls.
 	// Defaults to false.
 	DisableListen bool
+	// MaxOutage bounds how long the relay waits for PostgreSQL or Kafka
+	// when it cannot reach them (connection refused or lost, broker not
+	// available, timeouts: retry.IsConnection). Meanwhile it backs off with
+	// jitter and logs the outage once when it starts and once when it ends;
+	// past MaxOutage, Run returns a *retry.OutageError (errors.Is(err,
+	// retry.ErrOutage)). Defaults to 0: wait for ever.
+	MaxOutage time.Duration
 
 	// Logger receives structured logs. Defaults to slog.Default().
 	Logger *slog.Logger
@@ -109,6 +116,7 @@ func (c *RelayConfig) loop() (loopConfig, error) {
 		cleanupBatch:    cmp.Or(c.CleanupBatch, CleanupBatchDefault),
 		statsInterval:   cmp.Or(c.StatsInterval, StatsIntervalDefault),
 		disableListen:   c.DisableListen,
+		maxOutage:       c.MaxOutage,
 		logger:          cmp.Or(c.Logger, slog.Default()),
 		hooks:           c.Hooks,
 	}
@@ -134,6 +142,8 @@ func (l loopConfig) validate() error {
 		return invalid("CleanupBatch %d < 1", l.cleanupBatch)
 	case l.statsInterval <= 0:
 		return invalid("StatsInterval %v <= 0", l.statsInterval)
+	case l.maxOutage < 0:
+		return invalid("MaxOutage %v < 0", l.maxOutage)
 	}
 	return nil
 }
@@ -179,8 +189,12 @@ func NewRelay(pool *pgxpool.Pool, store *Store, cfg *RelayConfig) (*Relay, error
 
 // Run publishes until ctx ends, then returns nil, only after every goroutine
 // it started has exited. It returns an error wrapping ErrNotMigrated when the
-// table is missing. Failures of Kafka or PostgreSQL are logged and retried
-// with backoff: the relay recovers by itself once they are back.
+// table is missing, and a *retry.OutageError when PostgreSQL or Kafka stayed
+// unreachable for longer than MaxOutage (never, by default). Outages are
+// waited out with backoff, each logged once when it starts and once when it
+// ends, an unreachable server at start included; other failures are logged
+// and retried with backoff: the relay recovers by itself once they are
+// resolved.
 func (r *Relay) Run(ctx context.Context) error {
 	transport := r.cfg.Transport
 	if transport == nil {
@@ -216,12 +230,8 @@ type kafkaDeliverer struct {
 	timeout  time.Duration
 }
 
-func (k *kafkaDeliverer) scan(ctx context.Context, tx pgx.Tx, limit int) ([]int64, error) {
-	rows, err := tx.Query(ctx, k.store.sql.scanKafka, limit)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, pgx.RowTo[int64])
+func (k *kafkaDeliverer) scan(ctx context.Context, tx pgx.Tx, limit int) ([]scanned, error) {
+	return scanRows(ctx, tx, k.store.sql.scanKafka, limit)
 }
 
 // size over-estimates the bytes kafka-go counts for a message.

@@ -470,42 +470,136 @@ func TestCleanupAndStats(t *testing.T) {
 	}
 }
 
-// The scan must walk the pending index in order: a plan that filtered every
-// pending row before sorting would take every key's lock at once.
-func TestScanPlanUsesPendingIndex(t *testing.T) {
+// The relay re-reads a key's rows after taking its lock and relies on that
+// statement seeing what the key's previous holder committed: READ
+// COMMITTED. Relays whose database defaults to REPEATABLE READ would read
+// the rows in the snapshot of the scan, taken before the lock, and publish
+// again what another relay had just published. Three relays on such a pool,
+// 20,000 messages over 500 keys: no duplicate, per-key order kept.
+func TestRelayIgnoresRepeatableReadDefault(t *testing.T) {
+	t.Parallel()
+	const total, keys, writers, perTx = 20000, 500, 4, 200
+	db, store := newDB(t)
+	topic := testenv.NewTopic(t, 6)
+	rrPool := repeatableReadPool(t, db.Schema)
+	var published atomic.Int64
+	for range 3 {
+		r, err := outbox.NewRelay(rrPool, store, &outbox.RelayConfig{
+			Brokers: testenv.Brokers(t), BatchSize: 100, PollInterval: 20 * time.Millisecond,
+			Logger: testLogger(t),
+			Hooks:  outbox.Hooks{Published: func(recs []outbox.Record) { published.Add(int64(len(recs))) }},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		run(t, r)
+	}
+	want := map[string]int{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			next := map[int]int{}
+			var batch []outbox.Message
+			for i := range total {
+				k := i % keys
+				if k%writers != w {
+					continue
+				}
+				key := fmt.Sprintf("key-%03d", k)
+				batch = append(batch, outbox.Message{Topic: topic, Key: []byte(key),
+					Value: fmt.Appendf(nil, "%s/%d", key, next[k])})
+				next[k]++
+				if len(batch) == perTx {
+					enqueue(t, db.Pool, store, batch...)
+					batch = batch[:0]
+				}
+			}
+			if len(batch) > 0 {
+				enqueue(t, db.Pool, store, batch...)
+			}
+			mu.Lock()
+			for k, n := range next {
+				want[fmt.Sprintf("key-%03d", k)] += n
+			}
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	waitBacklog(t, db, store, 90*time.Second)
+	msgs := readAll(t, testenv.Brokers(t), topic)
+	if dups := checkKeyOrder(t, msgs, want); dups != 0 || published.Load() != total {
+		t.Fatalf("%d messages in Kafka for %d enqueued: %d duplicates; relays report %d published",
+			len(msgs), total, dups, published.Load())
+	}
+}
+
+// Store.Retry waits for a relay that holds one of the keys, then requeues
+// the messages and those parked behind them, including the ones that relay
+// parked while Retry waited: it must read them in a snapshot taken after
+// the wait, so it runs in READ COMMITTED whatever the database's default.
+func TestRetryIgnoresRepeatableReadDefault(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db, store := newDB(t)
-	for range 5 {
-		var msgs []outbox.Message
-		for i := range 1000 {
-			msgs = append(msgs, outbox.Message{Topic: "t", Key: fmt.Appendf(nil, "%d", i)})
-		}
-		enqueue(t, db.Pool, store, msgs...)
-	}
-	if _, err := db.Pool.Exec(ctx, `ANALYZE `+store.Table()); err != nil {
+	rrPool := repeatableReadPool(t, db.Schema)
+	ids := enqueue(t, db.Pool, store,
+		outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("poison")},
+		outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("behind")})
+	if _, err := db.Pool.Exec(ctx, `UPDATE `+store.Table()+` SET parked_at = now(), attempts = 3,
+		last_error = 'rejected' WHERE id = $1`, ids[0]); err != nil {
 		t.Fatal(err)
 	}
-	err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-		var locks int
-		rows, err := tx.Query(ctx, outbox.ScanSQL(store), 10)
-		if err != nil {
-			return err
-		}
-		keys, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-		if err != nil {
-			return err
-		}
-		if err := tx.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()`).
-			Scan(&locks); err != nil {
-			return err
-		}
-		if len(keys) != 10 || locks != 10 {
-			t.Errorf("scan with LIMIT 10 returned %d keys and holds %d advisory locks, want 10 and 10", len(keys), locks)
-		}
-		return nil
-	})
+
+	// A relay holds the key and parks the second message behind the first.
+	relay, err := db.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
+	}
+	defer relay.Rollback(ctx)
+	if _, err := relay.Exec(ctx, `SELECT pg_advisory_xact_lock(lock_key) FROM `+store.Table()+` WHERE id = $1`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := relay.Exec(ctx, `UPDATE `+store.Table()+` SET parked_at = now(), blocked_by = $1,
+		last_error = 'blocked' WHERE id = $2`, ids[0], ids[1]); err != nil {
+		t.Fatal(err)
+	}
+
+	type result struct {
+		n   int64
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		n, err := store.Retry(ctx, rrPool, ids[0])
+		done <- result{n, err}
+	}()
+	// Wait until Retry waits for the key's lock, then let the relay commit.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var waiting int
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_locks l
+			JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+			WHERE l.locktype = 'advisory' AND NOT l.granted AND a.application_name = $1`, db.Schema).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("Retry never waited for the relay's lock")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := relay.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res := <-done
+	if res.err != nil || res.n != 2 {
+		t.Fatalf("Retry = %d, %v; want 2 (the message and the one the relay parked behind it)", res.n, res.err)
+	}
+	parked, err := store.Parked(ctx, db.Pool)
+	if err != nil || len(parked) != 0 {
+		t.Fatalf("still parked after Retry: %+v, %v", parked, err)
 	}
 }

@@ -129,7 +129,7 @@ type Store struct {
 type storeSQL struct {
 	enqueue, parked, retryLock, retry, stats, cleanup string
 	// The relay's and the dispatcher's statements.
-	scanKafka, scanHandlers, keyRows, markDone, markFailed string
+	scanKafka, scanHandler, keyRows, markDone, markFailed string
 }
 
 // New returns a Store for the table cfg names. cfg may be nil, meaning every
@@ -163,20 +163,21 @@ func (s *Store) Channel() string { return s.channel }
 func (s *Store) Table() string { return s.table }
 
 func buildSQL(t string) storeSQL {
-	const pending = `published_at IS NULL AND parked_at IS NULL`
-	// scan walks pending rows in enqueue order and takes, without waiting,
-	// the advisory lock of each due row's key; rows whose key another relay
-	// holds are passed over, like SKIP LOCKED at key granularity. The CASE
-	// keeps the lock call behind the due test. The lock is re-entrant, so
-	// every due row of a key this transaction holds passes.
+	// The scans choose which keys a round locks. Each walks an index range
+	// (migrate version 5) that holds the pending rows of its kind ordered by
+	// available_at and ends at now(), so rows that are not due yet are never
+	// read, and takes, without waiting, the advisory lock of each row's key;
+	// a row whose key another relay holds is passed over, like SKIP LOCKED at
+	// key granularity. The lock is re-entrant: every due row of a key this
+	// transaction holds passes, and is returned with its seq. The CASE keeps
+	// the lock call behind the due test whatever plan is chosen. Every round
+	// starts from the lowest available_at: no cursor.
 	scan := func(dest string) string {
-		return `SELECT DISTINCT lock_key FROM (
-	SELECT lock_key FROM ` + t + `
-	WHERE ` + pending + ` AND ` + dest + `
-	  AND CASE WHEN available_at <= now() THEN pg_try_advisory_xact_lock(lock_key) ELSE false END
-	ORDER BY seq
-	LIMIT $1
-) s`
+		return `SELECT lock_key, seq FROM ` + t + `
+WHERE published_at IS NULL AND parked_at IS NULL AND ` + dest + ` AND available_at <= now()
+  AND CASE WHEN available_at <= now() THEN pg_try_advisory_xact_lock(lock_key) ELSE false END
+ORDER BY available_at, seq
+LIMIT $1`
 	}
 	return storeSQL{
 		enqueue: `WITH ins AS (
@@ -189,19 +190,37 @@ func buildSQL(t string) storeSQL {
 )
 SELECT count(*), pg_notify($9, '') FROM ins`,
 
-		scanKafka:    scan(`handler IS NULL`),
-		scanHandlers: scan(`handler = ANY($2::text[])`),
+		scanKafka: scan(`handler IS NULL`),
+		// One handler at a time: the dispatcher calls it for each of its
+		// handlers, so it never reads the rows of a handler it does not run.
+		scanHandler: scan(`handler = $2`),
 
 		// keyRows reads, after the keys' locks are held (a fresh snapshot in
-		// which every earlier holder's marks are committed), the unpublished
-		// rows of those keys in enqueue order. Rows parked because a row
-		// before them is parked are left out: their blocker decides.
+		// which every earlier holder's marks are committed), the rows a round
+		// needs, in enqueue order: each key's window, its first $2 rows, and
+		// the due rows the scan found ($3), which may lie beyond the window,
+		// behind a row that is not due. A key costs at most $2 rows however
+		// many of its rows wait. The seqs are gathered first (an InitPlan) and
+		// the rows fetched by primary key; the last column says whether a row
+		// is still to deliver (not published, not parked behind another row,
+		// whose blocker decides), and the caller drops the others. Testing
+		// that in WHERE would match the partial indexes' predicate, and on a
+		// table not analyzed yet the planner would rather scan one of them
+		// whole, testing every entry against the seqs.
 		keyRows: `SELECT seq, id::text, lock_key, handler, topic, msg_key, value, headers, attempts,
-	available_at <= now(), available_at, parked_at IS NOT NULL, created_at
+	available_at <= now(), available_at, parked_at IS NOT NULL, created_at,
+	published_at IS NULL AND blocked_by IS NULL
 FROM ` + t + `
-WHERE lock_key = ANY($1::bigint[]) AND published_at IS NULL AND blocked_by IS NULL
-ORDER BY seq
-LIMIT $2`,
+WHERE seq = ANY(ARRAY(
+	SELECT w.seq FROM unnest($1::bigint[]) AS k (lock_key)
+	CROSS JOIN LATERAL (
+		SELECT seq FROM ` + t + `
+		WHERE lock_key = k.lock_key AND published_at IS NULL AND blocked_by IS NULL
+		ORDER BY seq
+		LIMIT $2
+	) w
+) || $3::bigint[])
+ORDER BY seq`,
 
 		markDone: `UPDATE ` + t + ` SET published_at = now(), last_error = NULL
 WHERE seq = ANY($1::bigint[])`,
@@ -238,11 +257,18 @@ LIMIT $1`,
 WHERE parked_at IS NOT NULL AND published_at IS NULL
   AND (id = ANY($1::uuid[]) OR blocked_by = ANY($1::uuid[]))`,
 
-		stats: `SELECT
-	count(*) FILTER (WHERE parked_at IS NULL),
-	COALESCE(EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE parked_at IS NULL)), 0),
-	count(*) FILTER (WHERE parked_at IS NOT NULL)
-FROM ` + t + ` WHERE published_at IS NULL`,
+		// stats counts the pending rows through the scans' partial indexes
+		// (Kafka rows, handler rows) and the parked rows through theirs.
+		stats: `WITH k AS (
+	SELECT count(*) AS n, min(created_at) AS oldest FROM ` + t + `
+	WHERE published_at IS NULL AND parked_at IS NULL AND handler IS NULL
+), h AS (
+	SELECT count(*) AS n, min(created_at) AS oldest FROM ` + t + `
+	WHERE published_at IS NULL AND parked_at IS NULL AND handler IS NOT NULL
+)
+SELECT k.n + h.n, COALESCE(EXTRACT(EPOCH FROM now() - LEAST(k.oldest, h.oldest)), 0),
+	(SELECT count(*) FROM ` + t + ` WHERE parked_at IS NOT NULL AND published_at IS NULL)
+FROM k, h`,
 
 		cleanup: `DELETE FROM ` + t + ` WHERE seq IN (
 	SELECT seq FROM ` + t + `
@@ -468,7 +494,8 @@ func (s *Store) Parked(ctx context.Context, db DBTX) ([]ParkedMessage, error) {
 // Retry requeues the named parked messages, and the messages parked behind
 // them (BlockedBy one of ids), with their attempts reset: they are delivered
 // again in their original order, before any later message of their key. It
-// runs in its own transaction on db (a savepoint when db is a pgx.Tx) and
+// runs in its own READ COMMITTED transaction on db (a savepoint when db is a
+// pgx.Tx: then the caller's transaction must be READ COMMITTED too) and
 // waits for a relay that is publishing one of their keys. It returns how
 // many messages it requeued; ErrNotFound when none of ids is parked.
 func (s *Store) Retry(ctx context.Context, db TxBeginner, ids ...string) (int64, error) {
@@ -481,14 +508,26 @@ func (s *Store) Retry(ctx context.Context, db TxBeginner, ids ...string) (int64,
 		return 0, nil
 	}
 	var n int64
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	retry := func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, s.sql.retryLock, ids); err != nil {
 			return err
 		}
 		tag, err := tx.Exec(ctx, s.sql.retry, ids)
 		n = tag.RowsAffected()
 		return err
-	})
+	}
+	// READ COMMITTED whatever default_transaction_isolation says: the
+	// update must see what a relay that held a key committed while Retry
+	// waited for its lock (the messages it parked behind ours). A pgx.Tx
+	// gives a savepoint in the caller's transaction, at the caller's level.
+	var err error
+	if b, ok := db.(interface {
+		BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
+	}); ok {
+		err = pgx.BeginTxFunc(ctx, b, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, retry)
+	} else {
+		err = pgx.BeginFunc(ctx, db, retry)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("outbox: retry: %w", translate(err))
 	}

@@ -2,8 +2,11 @@ package outbox
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -15,13 +18,16 @@ import (
 
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/outbox"
+	"github.com/idemkit/idemkit/retry"
 	"github.com/idemkit/idemkit/test/internal/kafkaproc"
 )
 
 // Test 4: the relay's broker is killed for about 10 seconds in the middle of
 // a steady stream; the relay recovers by itself, nothing is lost or parked,
-// and per-key order holds. The broker is a private one: the shared broker of
-// the other tests is never stopped.
+// per-key order holds, and the outage is logged once when it starts and once
+// when it ends, not at every failed round. A second relay, with a MaxOutage
+// of 2s, returns a *retry.OutageError during the outage. The broker is a
+// private one: the shared broker of the other tests is never stopped.
 func TestBrokerStoppedRelayRecovers(t *testing.T) {
 	t.Parallel()
 	const keys = 20
@@ -45,13 +51,14 @@ func TestBrokerStoppedRelayRecovers(t *testing.T) {
 	}
 
 	db, store := newDB(t)
+	logs, logger := newLogRecorder(t)
 	var published, failedAttempts atomic.Int64
 	tr := &kafka.Transport{MetadataTTL: time.Second, DialTimeout: 2 * time.Second}
 	t.Cleanup(tr.CloseIdleConnections)
 	relay, err := outbox.NewRelay(db.Pool, store, &outbox.RelayConfig{
 		Brokers: brokers, Transport: tr, PollInterval: 100 * time.Millisecond,
 		PublishTimeout: 3 * time.Second, RetryMax: 2 * time.Second,
-		Logger: slog.New(slog.DiscardHandler),
+		Logger: logger,
 		Hooks: outbox.Hooks{
 			Published: func(recs []outbox.Record) { published.Add(int64(len(recs))) },
 			Failed:    func(outbox.Record, error) { failedAttempts.Add(1) },
@@ -117,7 +124,34 @@ func TestBrokerStoppedRelayRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	atStop := published.Load()
-	time.Sleep(10 * time.Second) // the outage itself
+	stopped := time.Now()
+
+	// Meanwhile, a relay that may wait 2s at most gives up.
+	db2, store2 := newDB(t)
+	bounded, err := outbox.NewRelay(db2.Pool, store2, &outbox.RelayConfig{
+		Brokers: brokers, Transport: tr, PollInterval: 100 * time.Millisecond, MaxOutage: 2 * time.Second,
+		PublishTimeout: time.Second, RetryMax: 300 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(ctx, db2.Pool, func(tx pgx.Tx) error {
+		_, err := store2.EnqueueTx(ctx, tx, outbox.Message{Topic: topic, Key: []byte("bounded"), Value: []byte("x")})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	boundedCtx, stopBounded := context.WithTimeout(ctx, 8*time.Second)
+	err = bounded.Run(boundedCtx)
+	stopBounded()
+	var oerr *retry.OutageError
+	if !errors.Is(err, retry.ErrOutage) || !errors.As(err, &oerr) || oerr.Op != "outbox relay: kafka" {
+		t.Fatalf("relay with MaxOutage 2s: Run returned %v after %v, want a *retry.OutageError for kafka",
+			err, time.Since(stopped).Round(time.Millisecond))
+	}
+	t.Logf("relay with MaxOutage 2s returned after %v: %v", time.Since(stopped).Round(time.Millisecond), err)
+
+	time.Sleep(10*time.Second - time.Since(stopped)) // the rest of the outage
 	producedDuringOutage := produced.Load()
 	if err := broker.Start(wctx); err != nil {
 		t.Fatal(err)
@@ -162,4 +196,57 @@ func TestBrokerStoppedRelayRecovers(t *testing.T) {
 			total, produced.Load(), failedAttempts.Load())
 	}
 	t.Logf("%d messages, %d duplicates, none lost, order kept", total, dups)
+
+	const op = "outbox relay: kafka"
+	waitFor(t, 10*time.Second, "outage end logged", func() (bool, error) { return logs.count(outageEnd, op) > 0, nil })
+	// A round that straddles the kill (or the restart) may fail only in
+	// part, and is logged as such; every round in between is the outage.
+	if s, e, f := logs.count(outageStart, op), logs.count(outageEnd, op), logs.count("delivery failed", ""); s != 1 || e != 1 || f > 2 {
+		t.Fatalf("outage logged %d times, its end %d times, %d failed deliveries logged; want 1, 1, at most 2", s, e, f)
+	}
+}
+
+// The messages internal/outage logs when an outage starts and ends.
+const (
+	outageStart = "server unreachable; waiting it out"
+	outageEnd   = "server reachable again"
+)
+
+// logRecorder is a slog destination that keeps every record (JSON) for the
+// test to count, and passes it on to t.Log.
+type logRecorder struct {
+	t    *testing.T
+	mu   sync.Mutex
+	recs []map[string]any
+}
+
+func newLogRecorder(t *testing.T) (*logRecorder, *slog.Logger) {
+	r := &logRecorder{t: t}
+	return r, slog.New(slog.NewJSONHandler(r, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+func (r *logRecorder) Write(b []byte) (int, error) {
+	var rec map[string]any
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return 0, err
+	}
+	r.mu.Lock()
+	r.recs = append(r.recs, rec)
+	r.mu.Unlock()
+	r.t.Log(strings.TrimSuffix(string(b), "\n"))
+	return len(b), nil
+}
+
+// count returns how many records have this message and, when op is not
+// empty, this op.
+func (r *logRecorder) count(msg, op string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, rec := range r.recs {
+		if rec["msg"] == msg && (op == "" || rec["op"] == op) {
+			n++
+		}
+	}
+	return n
 }
