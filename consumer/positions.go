@@ -162,14 +162,14 @@ func (r *Runner) checkStart(ctx context.Context, client *kafka.Client, partition
 	case start.offset > lr.End:
 		mismatch = perr(ErrTopicRecreated, fmt.Sprintf("%s %d is past the log end %d", source, start.offset, lr.End))
 		mismatch.Position = start.offset
-	case fromPG && !pos.AnchorTime.IsZero() && pos.Next-1 >= lr.Start && pos.Next-1 < lr.End:
-		t, ok, err := recordTime(ctx, client, cfg.Topic, partition, pos.Next-1)
+	case fromPG && !pos.AnchorTime.IsZero() && pos.AnchorOffset >= lr.Start && pos.AnchorOffset < lr.End:
+		t, ok, err := recordTime(ctx, client, cfg.Topic, partition, pos.AnchorOffset)
 		if err != nil {
 			return start, err
 		}
 		if ok && !sameInstant(t, pos.AnchorTime) {
 			mismatch = perr(ErrTopicRecreated, fmt.Sprintf("the record at offset %d has timestamp %s, the one this consumer passed had %s",
-				pos.Next-1, t.UTC().Format(time.RFC3339Nano), pos.AnchorTime.UTC().Format(time.RFC3339Nano)))
+				pos.AnchorOffset, t.UTC().Format(time.RFC3339Nano), pos.AnchorTime.UTC().Format(time.RFC3339Nano)))
 		}
 	}
 	if mismatch != nil {

@@ -20,10 +20,13 @@ type Position struct {
 	// Incarnation counts the recreations of the topic that this consumer was
 	// moved onto (SeekTx with newIncarnation): 0 for the topic it first read.
 	Incarnation int64
-	// AnchorTime is the timestamp of the record at Next-1; the zero time when
-	// it is not known (after a seek, or for a position written before
-	// migration 6).
-	AnchorTime time.Time
+	// AnchorTime is the timestamp of the record at AnchorOffset, the last
+	// data record the consumer passed (Next-1, or before it when the
+	// position moved on over transaction markers); the zero time, with
+	// AnchorOffset -1, when it is not known (after a seek, or for a position
+	// written before migration 6).
+	AnchorTime   time.Time
+	AnchorOffset int64
 	// UpdatedAt is when the position was last written.
 	UpdatedAt time.Time
 }
@@ -32,7 +35,7 @@ func (s *Store) positionsTable() string {
 	return pgx.Identifier{s.tables.Schema, s.tables.Tables.ConsumerPositions}.Sanitize()
 }
 
-const positionColumns = `kafka_partition, next_offset, incarnation, anchor_time, updated_at`
+const positionColumns = `kafka_partition, next_offset, incarnation, anchor_time, coalesce(anchor_offset, next_offset - 1), updated_at`
 
 func scanPositions(rows pgx.Rows) ([]Position, error) {
 	var (
@@ -40,10 +43,12 @@ func scanPositions(rows pgx.Rows) ([]Position, error) {
 		p      Position
 		anchor *time.Time
 	)
-	_, err := pgx.ForEachRow(rows, []any{&p.Partition, &p.Next, &p.Incarnation, &anchor, &p.UpdatedAt}, func() error {
+	_, err := pgx.ForEachRow(rows, []any{&p.Partition, &p.Next, &p.Incarnation, &anchor, &p.AnchorOffset, &p.UpdatedAt}, func() error {
 		p.AnchorTime = time.Time{}
 		if anchor != nil {
 			p.AnchorTime = *anchor
+		} else {
+			p.AnchorOffset = -1
 		}
 		out = append(out, p)
 		return nil
@@ -154,7 +159,8 @@ SELECT $1, $2, t.kafka_partition, t.next_offset, t.incarnation, NULL, now()
 FROM unnest($3::int[], $4::bigint[], $5::bigint[]) AS t (kafka_partition, next_offset, incarnation)
 ORDER BY t.kafka_partition
 ON CONFLICT (consumer, topic, kafka_partition) DO UPDATE
-SET next_offset = EXCLUDED.next_offset, incarnation = EXCLUDED.incarnation, anchor_time = NULL, updated_at = now()
+SET next_offset = EXCLUDED.next_offset, incarnation = EXCLUDED.incarnation, anchor_time = NULL, anchor_offset = NULL,
+	updated_at = now()
 RETURNING `+positionColumns, consumer, topic, ids, next, incarnations)
 	if err != nil {
 		return nil, nil, fmt.Errorf("dedup: seek: %w", err)

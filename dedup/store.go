@@ -141,10 +141,15 @@ func New(cfg *Config) (*Store, error) {
 
 	// upsertPosition never moves a position back: a redelivered or replayed
 	// message at a lower offset leaves it as it is.
-	upsertPosition := `INSERT INTO ` + positions + ` AS p (consumer, topic, kafka_partition, next_offset, anchor_time)
-	%s
+	// The anchor (the record at next_offset - 1 and its timestamp) moves
+	// with the position when the time is known; a position that moves on
+	// without one (over transaction markers) keeps the last anchor.
+	upsertPosition := `INSERT INTO ` + positions + ` AS p (consumer, topic, kafka_partition, next_offset, anchor_time, anchor_offset)
+	SELECT c, t, k, n, a, CASE WHEN a IS NULL THEN NULL ELSE n - 1 END FROM (%s) AS v (c, t, k, n, a)
 	ON CONFLICT (consumer, topic, kafka_partition) DO UPDATE
-	SET next_offset = EXCLUDED.next_offset, anchor_time = EXCLUDED.anchor_time, updated_at = now()
+	SET next_offset = EXCLUDED.next_offset,
+		anchor_offset = CASE WHEN EXCLUDED.anchor_time IS NULL THEN p.anchor_offset ELSE EXCLUDED.anchor_offset END,
+		anchor_time = coalesce(EXCLUDED.anchor_time, p.anchor_time), updated_at = now()
 	WHERE p.next_offset < EXCLUDED.next_offset`
 
 	return &Store{
@@ -159,7 +164,7 @@ func New(cfg *Config) (*Store, error) {
 	ON CONFLICT (consumer, message_id) DO NOTHING
 	RETURNING 1
 ), position AS (
-	` + fmt.Sprintf(upsertPosition, `VALUES ($1, $3, $4, $6, $7::timestamptz)`) + `
+	` + fmt.Sprintf(upsertPosition, `VALUES ($1::text, $3::text, $4::int, $6::bigint, $7::timestamptz)`) + `
 )
 SELECT NOT EXISTS (SELECT 1 FROM claimed)`,
 
@@ -186,11 +191,11 @@ SELECT input.ord FROM input JOIN claimed USING (consumer, message_id)`,
 	ON CONFLICT (consumer, message_id) DO NOTHING
 	RETURNING message_id
 ), position AS (
-	` + fmt.Sprintf(upsertPosition, `VALUES ($1, $3, $5::int, $6::bigint, $7::timestamptz)`) + `
+	` + fmt.Sprintf(upsertPosition, `VALUES ($1::text, $3::text, $5::int, $6::bigint, $7::timestamptz)`) + `
 )
 SELECT input.ord FROM input JOIN claimed USING (message_id)`,
 
-		savePositionSQL: fmt.Sprintf(upsertPosition, `VALUES ($1, $2, $3, $4, $5::timestamptz)`),
+		savePositionSQL: fmt.Sprintf(upsertPosition, `VALUES ($1::text, $2::text, $3::int, $4::bigint, $5::timestamptz)`),
 
 		processedSQL: `SELECT EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1 AND message_id = $2)`,
 
@@ -376,7 +381,9 @@ func anchor(t time.Time) *time.Time {
 // record positions; this is for messages handled without a claim and for
 // tooling. To move a position back, use SeekTx, or the command
 // `idemkit consumer seek`, which also moves Kafka's committed offsets.)
-// anchorTime is the timestamp of the record at next-1 (zero when unknown).
+// anchorTime is the timestamp of the record at next-1; when it is zero (the
+// position moves on over records without a time of their own, such as
+// transaction markers) the last anchor is kept.
 func (s *Store) SavePositionTx(ctx context.Context, tx pgx.Tx, consumer, topic string, partition int, next int64, anchorTime time.Time) error {
 	if err := ValidateID("Consumer", consumer); err != nil {
 		return fmt.Errorf("dedup: save position: %w", &inputError{err: err})

@@ -46,4 +46,7 @@
 //     of two incarnations with equal coordinates never collide. The table is
 //     rebuilt; reverting fails (changing nothing) while two incarnations'
 //     records share coordinates. See package dlq.
+//   - 8 (008_anchor_offset): consumer positions name the record of their
+//     anchor, so that a position moved on over transaction markers keeps a
+//     record to compare. See package consumer.
 package migrate

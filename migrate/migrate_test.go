@@ -160,6 +160,7 @@ func TestUpDownUp(t *testing.T) {
 		{"updated_at", "timestamp with time zone", true, "now()"},
 		{"incarnation", "bigint", true, "0"},
 		{"anchor_time", "timestamp with time zone", false, ""},
+		{"anchor_offset", "bigint", false, ""},
 	}
 	if got := columns(t, db.Pool, positions); !slices.Equal(got, wantPositions) {
 		t.Fatalf("consumer_positions columns:\n got  %v\n want %v", got, wantPositions)
@@ -292,13 +293,13 @@ func TestOutboxScanIndexes(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Down(4): %v", err)
 	}
-	wantInts(t, "Down(4) reverted", reverted, 7, 6, 5)
+	wantInts(t, "Down(4) reverted", reverted, 8, 7, 6, 5)
 	check("after Down(4)", want2)
 	applied, err := m.Up(ctx)
 	if err != nil {
 		t.Fatalf("Up again: %v", err)
 	}
-	wantInts(t, "Up again applied", applied, 5, 6, 7)
+	wantInts(t, "Up again applied", applied, 5, 6, 7, 8)
 	check("after Up again", want5)
 }
 
@@ -435,6 +436,9 @@ func TestDLQReplaysAcrossVersion7(t *testing.T) {
 		origin_offset, replay_round, dead_letter_topic, message_id, consumer, outcome, replayed_by)
 		VALUES ('orders', 1, 0, 7, 0, 'orders.dlq', 'm2', 'billing', 'applied', 'me')`); err != nil {
 		t.Fatalf("a record of incarnation 1 with the same coordinates: %v", err)
+	}
+	if _, err := m.Down(ctx, 7); err != nil { // the versions after 7
+		t.Fatalf("Down(7): %v", err)
 	}
 	if reverted, err := m.Down(ctx, 6); err == nil || len(reverted) != 0 {
 		t.Fatalf("Down(6) with two incarnations' records: reverted %v, err %v; want an error and nothing reverted", reverted, err)
