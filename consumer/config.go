@@ -35,8 +35,11 @@ const (
 	// PartitionWatchIntervalDefault is how often the runner looks for
 	// partitions added to its topic.
 	PartitionWatchIntervalDefault = 5 * time.Second
-	TxRetriesDefault              = 10
-	PurgeIntervalDefault          = 10 * time.Minute
+	// HeldWarnAfterDefault is how long a partition waits behind an open
+	// transaction before the runner reports it.
+	HeldWarnAfterDefault = 30 * time.Second
+	TxRetriesDefault     = 10
+	PurgeIntervalDefault = 10 * time.Minute
 )
 
 // Handler applies one message's business effect inside tx. The runner owns tx:
@@ -184,6 +187,10 @@ type Config struct {
 	// largest message (one message in kafka-go's queue, one being decoded,
 	// one over the budget). Defaults to 64 MiB.
 	MaxBufferedBytes int64
+	// HeldWarnAfter is how long a partition may wait behind an open
+	// transaction of a transactional producer before the runner logs it
+	// (WARN) and calls Hooks.HeldByTransaction. Defaults to 30s.
+	HeldWarnAfter time.Duration
 	// MaxOutage bounds how long the runner waits out a PostgreSQL or Kafka
 	// server it cannot reach (connection-class errors; see
 	// retry.IsConnection). Past it Run returns a *retry.OutageError. Defaults
@@ -239,6 +246,10 @@ type Hooks struct {
 	// ErrTopicRecreated (with RecreatedRestart: the partition starts over at
 	// the log start of the new topic).
 	PositionMoved func(err *PositionError)
+	// HeldByTransaction runs when a partition has been held for
+	// Config.HeldWarnAfter at the last stable offset by a transaction left
+	// open on the topic (records after it wait until it commits or aborts).
+	HeldByTransaction func(topic string, partition int, lastStable, highWatermark int64, held time.Duration)
 	// OutageStarted and OutageEnded observe outages the runner waits out:
 	// op names what could not reach its server.
 	OutageStarted func(op string, err error)
@@ -289,6 +300,7 @@ func (c Config) withDefaults() (Config, error) {
 	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, min(HeartbeatIntervalDefault, c.SessionTimeout/3))
 	c.RebalanceTimeout = cmp.Or(c.RebalanceTimeout, RebalanceTimeoutDefault)
 	c.MaxBufferedBytes = cmp.Or(c.MaxBufferedBytes, MaxBufferedBytesDefault)
+	c.HeldWarnAfter = cmp.Or(c.HeldWarnAfter, HeldWarnAfterDefault)
 	if c.Retry == nil {
 		c.Retry = &retry.Policy{}
 	}
@@ -349,6 +361,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, invalid("HeartbeatInterval %s must be less than SessionTimeout %s", c.HeartbeatInterval, c.SessionTimeout)
 	case c.MaxBufferedBytes < 0:
 		return c, invalid("MaxBufferedBytes %d < 0", c.MaxBufferedBytes)
+	case c.HeldWarnAfter < 0:
+		return c, invalid("HeldWarnAfter %s < 0", c.HeldWarnAfter)
 	case c.MaxOutage < 0:
 		return c, invalid("MaxOutage %s < 0", c.MaxOutage)
 	case c.OnRecreated != RecreatedStop && c.OnRecreated != RecreatedRestart:

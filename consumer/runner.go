@@ -30,7 +30,8 @@ type Message struct {
 	// only together with it.
 	Incarnation int64
 
-	idErr error // why no usable ID was found, when ID is empty
+	idErr  error // why no usable ID was found, when ID is empty
+	skipTo int64 // > 0: not a message; the position may move to skipTo
 }
 
 // Runner consumes one topic with a consumer group and runs the handler once

@@ -17,6 +17,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/kread"
 	"github.com/idemkit/idemkit/internal/outage"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -35,6 +36,7 @@ type worker struct {
 	outage      *outage.Waiter
 
 	prefetched chan *Message // filled by prefetch, bounded by budget
+	held       *Message      // an item taken from prefetched for the next batch
 	bytes      *byteBudget
 }
 
@@ -47,21 +49,15 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 
 	cfg := &w.r.cfg
 	w.outage = w.r.waiter(fmt.Sprintf("partition %d", w.partition))
-	reader := kafka.NewReader(kafka.ReaderConfig{
-		Brokers:   cfg.Brokers,
-		Dialer:    cfg.Dialer,
-		Topic:     cfg.Topic,
-		Partition: w.partition,
-		MinBytes:  1,
-		MaxBytes:  int(min(w.budget, 8<<20)),
-		MaxWait:   250 * time.Millisecond,
-		// Messages are taken out of kafka-go's queue at once by prefetch,
-		// which bounds them by bytes: the queue itself holds one.
-		QueueCapacity: 1,
-	})
-	defer reader.Close()
-	if err := reader.SetOffset(w.start); err != nil {
-		w.fail(fmt.Errorf("consumer: partition %d: set offset %d: %w", w.partition, w.start, err))
+	// Each partition has its own connections: a broker answers the
+	// requests of one connection in turn, and a fetch waiting for records
+	// must not hold up another partition's.
+	client, closeClient := w.r.client()
+	defer closeClient()
+	reader, err := kread.New(&kread.Config{Client: client, Topic: cfg.Topic, Partition: w.partition,
+		MinBytes: 1, MaxBytes: int(min(max(w.budget, 1<<20), 8<<20)), MaxWait: 250 * time.Millisecond}, w.start)
+	if err != nil {
+		w.fail(fmt.Errorf("consumer: partition %d: %w", w.partition, err))
 		return
 	}
 	w.log.Debug("partition assigned", "start_offset", w.start, "incarnation", w.incarnation)
@@ -77,7 +73,7 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	var prefetchDone sync.WaitGroup
 	prefetchDone.Go(func() { w.prefetch(ctx, reader) })
 	defer prefetchDone.Wait()
-	defer stop() // prefetch ends before the reader closes
+	defer stop() // prefetch ends before the client closes
 
 	for {
 		if w.parked != nil {
@@ -94,6 +90,17 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 		}
 		if err != nil {
 			return // the run or the generation ended
+		}
+		if skip := batch[0].skipTo; skip > 0 {
+			// Only transaction markers or records of aborted transactions
+			// lie before skip: the position moves past them.
+			if err := w.advance(ctx, skip); err != nil {
+				if ctx.Err() == nil {
+					w.fail(err)
+				}
+				return
+			}
+			continue
 		}
 		if err := w.acquire(ctx); err != nil {
 			return
@@ -135,30 +142,101 @@ func (w *worker) loadParked(ctx context.Context) error {
 	return nil
 }
 
-// prefetch moves messages from kafka-go's reader into w.prefetched, holding
-// at most w.budget bytes of messages not yet processed (at least one).
-func (w *worker) prefetch(ctx context.Context, reader *kafka.Reader) {
+// prefetch moves the partition's committed messages into w.prefetched,
+// holding at most w.budget bytes of messages not yet processed (at least
+// one). When a fetch ends with records no handler sees (transaction markers,
+// records of aborted transactions), it sends an item that moves the
+// position past them, so that the position and Kafka's offset reach the log
+// end. A partition held back by an open transaction is reported.
+func (w *worker) prefetch(ctx context.Context, reader *kread.Reader) {
 	defer close(w.prefetched)
+	cfg := &w.r.cfg
+	fetches := w.r.waiter(fmt.Sprintf("fetch partition %d", w.partition))
+	sent := w.start // the offset after the last item sent
+	var heldSince time.Time
+	heldReported := false
 	for {
-		m, err := reader.FetchMessage(ctx)
+		var f kread.Fetch
+		err := fetches.Do(ctx, func(ctx context.Context) error {
+			var err error
+			f, err = reader.Fetch(ctx)
+			return err
+		})
 		if err != nil {
-			if ctx.Err() == nil {
-				// The worker returns, which ends the generation: the group
-				// rebalances and the partition starts again from PostgreSQL.
+			var oor *kread.OffsetOutOfRangeError
+			switch {
+			case ctx.Err() != nil:
+			case errors.Is(err, retry.ErrOutage):
+				w.fail(err)
+			case errors.As(err, &oor):
+				// Records were deleted under the consumer (retention), or the
+				// topic changed: leaving the generation makes the partition
+				// start again from its checked position, which reports it.
+				w.log.Error("fetch offset out of range; leaving the generation to check the position again", "err", err)
+			default:
 				w.log.Error("fetch failed; leaving the generation", "err", err)
 			}
 			return
 		}
-		msg := w.message(m)
-		if !w.bytes.acquire(ctx, messageBytes(msg)) {
-			return
+		for _, m := range f.Records {
+			msg := w.message(m)
+			if !w.bytes.acquire(ctx, messageBytes(msg)) || !w.send(ctx, msg) {
+				return
+			}
+			sent = m.Offset + 1
 		}
-		select {
-		case w.prefetched <- msg:
-		case <-ctx.Done():
-			return
+		if f.Next > sent && f.Next > 0 {
+			if !w.send(ctx, &Message{skipTo: f.Next}) {
+				return
+			}
+			sent = f.Next
+		}
+		// An open transaction holds the partition at its first offset:
+		// nothing after it can be read until it ends.
+		held := len(f.Records) == 0 && f.LastStable < f.HighWatermark && f.Next >= f.LastStable
+		switch {
+		case held && heldSince.IsZero():
+			heldSince = time.Now()
+		case held && !heldReported && time.Since(heldSince) >= cfg.HeldWarnAfter:
+			heldReported = true
+			w.log.Warn("partition held at the last stable offset by an open transaction; records after it wait until it commits or aborts",
+				"last_stable", f.LastStable, "high_watermark", f.HighWatermark, "held", time.Since(heldSince).Round(time.Second))
+			if h := cfg.Hooks.HeldByTransaction; h != nil {
+				h(cfg.Topic, w.partition, f.LastStable, f.HighWatermark, time.Since(heldSince))
+			}
+		case !held && !heldSince.IsZero():
+			if heldReported {
+				w.log.Info("partition released by the open transaction", "held", time.Since(heldSince).Round(time.Second))
+			}
+			heldSince, heldReported = time.Time{}, false
 		}
 	}
+}
+
+func (w *worker) send(ctx context.Context, msg *Message) bool {
+	select {
+	case w.prefetched <- msg:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// advance moves the partition's position to next (past records no handler
+// sees) in its own transaction, keeping the last anchor, and lets the
+// offset go to Kafka.
+func (w *worker) advance(ctx context.Context, next int64) error {
+	cfg := &w.r.cfg
+	err := w.outage.Do(ctx, func(ctx context.Context) error {
+		return inTx(ctx, cfg.Pool, func(tx pgx.Tx) error {
+			return cfg.Store.SavePositionTx(ctx, tx, cfg.Name, cfg.Topic, w.partition, next, time.Time{})
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("consumer: partition %d: move the position past transaction markers: %w", w.partition, err)
+	}
+	w.commits.mark(w.partition, next)
+	return nil
 }
 
 // messageBytes is what a message counts against the buffer budget.
@@ -242,19 +320,23 @@ func (w *worker) fetch(ctx context.Context) ([]*Message, error) {
 		poll = t.C
 	}
 	var first *Message
-	select {
-	case m, ok := <-w.prefetched:
-		if !ok {
-			return nil, errors.New("prefetch ended")
+	if w.held != nil {
+		first, w.held = w.held, nil
+	} else {
+		select {
+		case m, ok := <-w.prefetched:
+			if !ok {
+				return nil, errors.New("prefetch ended")
+			}
+			first = m
+		case <-poll:
+			return nil, errIdle
+		case <-ctx.Done():
+			return nil, ctx.Err()
 		}
-		first = m
-	case <-poll:
-		return nil, errIdle
-	case <-ctx.Done():
-		return nil, ctx.Err()
 	}
 	batch := []*Message{first}
-	if cfg.BatchSize == 1 {
+	if cfg.BatchSize == 1 || first.skipTo > 0 {
 		return batch, nil
 	}
 	linger := time.NewTimer(cfg.BatchLinger)
@@ -263,6 +345,10 @@ func (w *worker) fetch(ctx context.Context) ([]*Message, error) {
 		select {
 		case m, ok := <-w.prefetched:
 			if !ok {
+				return batch, nil
+			}
+			if m.skipTo > 0 {
+				w.held = m // after this batch
 				return batch, nil
 			}
 			batch = append(batch, m)
