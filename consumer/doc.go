@@ -54,7 +54,19 @@
 // offset with `idemkit consumer seek` (or dedup.Store.ResetPositionTx and an
 // offset commit): Kafka's offset alone is overridden by the later position.
 //
-// # Outages
+// # Transactional producers
+//
+// The runner reads committed data only, as Kafka's Java consumer does with
+// isolation.level=read_committed: records of aborted transactions and
+// transaction markers never reach a handler, and nothing at or past a
+// partition's last stable offset is read. When a fetch ends with records no
+// handler sees, the position (and then Kafka's offset) moves past them in a
+// transaction of its own, so that lag reaches zero; the anchor stays on the
+// last data record. A transaction left open holds its partition at its
+// first offset until it commits or aborts; after Config.HeldWarnAfter the
+// runner logs it and calls Hooks.HeldByTransaction.
+//
+// # Outages// # Outages
 //
 // Errors that mean a server could not be reached (retry.IsConnection:
 // SQLSTATE classes 08 and 53, 57P01–57P03, network errors, Kafka brokers or
