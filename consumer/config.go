@@ -182,10 +182,10 @@ type Config struct {
 	// MaxBufferedBytes bounds the bytes of messages (keys, values, headers)
 	// fetched ahead of the handler, over all assigned partitions: each
 	// partition may buffer MaxBufferedBytes divided by the partitions
-	// assigned, and always at least one message. The runner's memory for
-	// messages stays below MaxBufferedBytes + assigned partitions × 3 × the
-	// largest message (one message in kafka-go's queue, one being decoded,
-	// one over the budget). Defaults to 64 MiB.
+	// assigned, and always at least one message; a fetch asks for half a
+	// partition's share (64 KiB to 4 MiB). The runner's memory for messages
+	// stays below 1.5 × MaxBufferedBytes + assigned partitions × (64 KiB +
+	// 3 × the largest record batch). Defaults to 64 MiB.
 	MaxBufferedBytes int64
 	// HeldWarnAfter is how long a partition may wait behind an open
 	// transaction of a transactional producer before the runner logs it

@@ -599,9 +599,10 @@ func TestPrefetchBoundedByBytes(t *testing.T) {
 	close(release)
 	_ = stop()
 	grown := int64(peak) - int64(base)
-	// Documented bound: MaxBufferedBytes + partitions × 3 × largest message;
-	// 8 MiB more for kafka-go's and pgx's own buffers and the runtime.
-	bound := int64(budget + 2*3*size + 8<<20)
+	// Documented bound: 1.5 × MaxBufferedBytes + partitions × (64 KiB + 3 ×
+	// largest batch); 8 MiB more for kafka-go's and pgx's own buffers and
+	// the runtime.
+	bound := int64(budget*3/2 + 2*(64<<10+3*size) + 8<<20)
 	t.Logf("heap grew by %.1f MiB (bound %.1f MiB)", float64(grown)/(1<<20), float64(bound)/(1<<20))
 	if grown > bound {
 		t.Fatalf("heap grew by %d bytes with a stuck handler, over the bound %d", grown, bound)

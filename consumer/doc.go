@@ -85,8 +85,10 @@
 //
 // Each partition fetches ahead of its handler at most its share of
 // Config.MaxBufferedBytes (the budget divided by the partitions assigned),
-// and always at least one message: the messages held stay below
-// MaxBufferedBytes + assigned partitions × 3 × the largest message.
+// and always at least one message, with fetches of half its share (64 KiB
+// to 4 MiB; Kafka returns a larger record batch whole): the messages held
+// stay below 1.5 × MaxBufferedBytes + assigned partitions × (64 KiB + 3 ×
+// the largest record batch).
 //
 // # Order, batching, rebalances
 //

@@ -55,7 +55,7 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	client, closeClient := w.r.client()
 	defer closeClient()
 	reader, err := kread.New(&kread.Config{Client: client, Topic: cfg.Topic, Partition: w.partition,
-		MinBytes: 1, MaxBytes: int(min(max(w.budget, 1<<20), 8<<20)), MaxWait: 250 * time.Millisecond}, w.start)
+		MinBytes: 1, MaxBytes: fetchBytes(w.budget), MaxWait: 250 * time.Millisecond}, w.start)
 	if err != nil {
 		w.fail(fmt.Errorf("consumer: partition %d: %w", w.partition, err))
 		return
@@ -117,6 +117,14 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 		// The transaction committed: the offset may now go to Kafka.
 		w.commits.mark(w.partition, batch[len(batch)-1].Offset+1)
 	}
+}
+
+// fetchBytes is the size of one fetch for a partition whose share of
+// MaxBufferedBytes is budget: half of it, between 64 KiB and 4 MiB. Kafka
+// returns a record batch larger than that whole, so a large message still
+// comes.
+func fetchBytes(budget int64) int {
+	return int(min(max(budget/2, 64<<10), 4<<20))
 }
 
 // loadParked makes the partition's parker: always in NonBlocking mode, and
