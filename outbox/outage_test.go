@@ -2,14 +2,11 @@ package outbox_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idemkit/internal/outage"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/outbox"
 	"github.com/idemkit/idemkit/retry"
@@ -25,48 +23,9 @@ import (
 
 // The messages internal/outage logs when an outage starts and ends.
 const (
-	outageStart = "server unreachable; waiting it out"
-	outageEnd   = "server reachable again"
+	outageStart = outage.StartMsg
+	outageEnd   = outage.EndMsg
 )
-
-// logRecorder is a slog destination that keeps every record (JSON) for the
-// test to count, and passes it on to t.Log.
-type logRecorder struct {
-	t    *testing.T
-	mu   sync.Mutex
-	recs []map[string]any
-}
-
-func newLogRecorder(t *testing.T) (*logRecorder, *slog.Logger) {
-	r := &logRecorder{t: t}
-	return r, slog.New(slog.NewJSONHandler(r, &slog.HandlerOptions{Level: slog.LevelInfo}))
-}
-
-func (r *logRecorder) Write(b []byte) (int, error) {
-	var rec map[string]any
-	if err := json.Unmarshal(b, &rec); err != nil {
-		return 0, err
-	}
-	r.mu.Lock()
-	r.recs = append(r.recs, rec)
-	r.mu.Unlock()
-	r.t.Log(strings.TrimSuffix(string(b), "\n"))
-	return len(b), nil
-}
-
-// count returns how many records have this message and, when op is not
-// empty, this op.
-func (r *logRecorder) count(msg, op string) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	n := 0
-	for _, rec := range r.recs {
-		if rec["msg"] == msg && (op == "" || rec["op"] == op) {
-			n++
-		}
-	}
-	return n
-}
 
 // waitFor polls cond every 20ms until it holds, or fails after d.
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
@@ -215,7 +174,7 @@ func TestRelayRidesOutKilledConnections(t *testing.T) {
 	topic := testenv.NewTopic(t, 3)
 	appName := db.Schema + "_relay"
 	pool := newPool(t, map[string]string{"application_name": appName})
-	logs, logger := newLogRecorder(t)
+	logs, logger := testenv.NewLogs(t)
 	var published atomic.Int64
 	relay, err := outbox.NewRelay(pool, store, &outbox.RelayConfig{
 		Brokers: testenv.Brokers(t), BatchSize: 25, PollInterval: 50 * time.Millisecond,
@@ -268,7 +227,7 @@ func TestRelayRidesOutKilledConnections(t *testing.T) {
 	default:
 	}
 	dups := checkKeyOrder(t, readAll(t, testenv.Brokers(t), topic), want)
-	starts, ends := logs.count(outageStart, "outbox relay: postgres"), logs.count(outageEnd, "outbox relay: postgres")
+	starts, ends := logs.Count(outageStart, "outbox relay: postgres"), logs.Count(outageEnd, "outbox relay: postgres")
 	t.Logf("%d kills, %d outages logged (%d ends), %d duplicates, %d published", kills, starts, ends, dups, published.Load())
 	switch {
 	case kills < 5:
@@ -277,8 +236,8 @@ func TestRelayRidesOutKilledConnections(t *testing.T) {
 		t.Fatalf("%d outages logged for %d kills, want 1..%d", starts, kills, kills)
 	case ends < starts-1 || ends > starts:
 		t.Fatalf("%d outage ends logged for %d starts", ends, starts)
-	case logs.count("round failed; backing off", "") != 0:
-		t.Fatalf("connection errors logged as failed rounds: %d", logs.count("round failed; backing off", ""))
+	case logs.Count("round failed; backing off", "") != 0:
+		t.Fatalf("connection errors logged as failed rounds: %d", logs.Count("round failed; backing off", ""))
 	}
 }
 
@@ -289,7 +248,7 @@ func TestRelayWaitsForPostgresAtStart(t *testing.T) {
 	db, store := newDB(t)
 	topic := testenv.NewTopic(t, 1)
 	proxy := startProxy(t, false)
-	logs, logger := newLogRecorder(t)
+	logs, logger := testenv.NewLogs(t)
 	pub := newPublished()
 	relay, err := outbox.NewRelay(proxy.pool(t), store, &outbox.RelayConfig{
 		Brokers: testenv.Brokers(t), PollInterval: 50 * time.Millisecond, Logger: logger,
@@ -301,7 +260,7 @@ func TestRelayWaitsForPostgresAtStart(t *testing.T) {
 	ids := enqueue(t, db.Pool, store, outbox.Message{Topic: topic, Key: []byte("k"), Value: []byte("v")})
 	done := runAsync(t, relay)
 	const op = "outbox relay: postgres"
-	waitFor(t, 10*time.Second, "outage logged", func() bool { return logs.count(outageStart, op) > 0 })
+	waitFor(t, 10*time.Second, "outage logged", func() bool { return logs.Count(outageStart, op) > 0 })
 	time.Sleep(time.Second) // a few more failed tries, still one log line
 	select {
 	case err := <-done:
@@ -310,8 +269,8 @@ func TestRelayWaitsForPostgresAtStart(t *testing.T) {
 	}
 	proxy.setUp(true)
 	pub.wait(t, 30*time.Second, ids...)
-	waitFor(t, 10*time.Second, "outage end logged", func() bool { return logs.count(outageEnd, op) > 0 })
-	if s, e := logs.count(outageStart, op), logs.count(outageEnd, op); s != 1 || e != 1 {
+	waitFor(t, 10*time.Second, "outage end logged", func() bool { return logs.Count(outageEnd, op) > 0 })
+	if s, e := logs.Count(outageStart, op), logs.Count(outageEnd, op); s != 1 || e != 1 {
 		t.Fatalf("outage logged %d times, its end %d times; want once each", s, e)
 	}
 }

@@ -16,6 +16,12 @@ import (
 	"github.com/idemkit/idemkit/retry"
 )
 
+// The messages logged when an outage starts and when it ends.
+const (
+	StartMsg = "server unreachable; waiting it out"
+	EndMsg   = "server reachable again"
+)
+
 // Policy is the backoff between two tries during an outage: 100ms doubling
 // to 5s, with jitter, without bound (MaxOutage bounds the outage).
 func Policy() *retry.Policy {
@@ -76,7 +82,7 @@ func (w *Waiter) Wait(ctx context.Context, err error) error {
 		if w.Shared != nil {
 			w.Shared.start(w.Op, err)
 		} else {
-			w.log().Warn("server unreachable; waiting it out", "op", w.Op, "err", err)
+			w.log().Warn(StartMsg, "op", w.Op, "err", err)
 			if w.OnStart != nil {
 				w.OnStart(w.Op, err)
 			}
@@ -117,7 +123,7 @@ func (w *Waiter) Ok() {
 	if w.Shared != nil {
 		w.Shared.end(w.last)
 	} else {
-		w.log().Info("server reachable again", "op", w.Op, "outage", d.Round(time.Millisecond), "last_err", w.last)
+		w.log().Info(EndMsg, "op", w.Op, "outage", d.Round(time.Millisecond), "last_err", w.last)
 		if w.OnEnd != nil {
 			w.OnEnd(w.Op, d)
 		}
@@ -150,7 +156,7 @@ func (t *Tracker) start(op string, err error) {
 	}
 	t.mu.Unlock()
 	if first {
-		t.log().Warn("server unreachable; waiting it out", "op", op, "err", err)
+		t.log().Warn(StartMsg, "op", op, "err", err)
 		if t.OnStart != nil {
 			t.OnStart(op, err)
 		}
@@ -164,7 +170,7 @@ func (t *Tracker) end(last error) {
 	op, d := t.op, time.Since(t.since)
 	t.mu.Unlock()
 	if done {
-		t.log().Info("server reachable again", "op", op, "outage", d.Round(time.Millisecond), "last_err", last)
+		t.log().Info(EndMsg, "op", op, "outage", d.Round(time.Millisecond), "last_err", last)
 		if t.OnEnd != nil {
 			t.OnEnd(op, d)
 		}

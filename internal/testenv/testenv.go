@@ -19,8 +19,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"regexp"
 	"strings"
@@ -402,4 +404,49 @@ func WaitTopic(ctx context.Context, client *kafka.Client, topic string, partitio
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// Logs is a slog destination for tests: it keeps every record, as JSON
+// fields, for the test to count, and passes it on to t.Log. Safe for
+// concurrent use.
+type Logs struct {
+	tb   testing.TB
+	mu   sync.Mutex
+	recs []map[string]any
+}
+
+// NewLogs returns a Logs and a logger (Info and above) that writes to it.
+func NewLogs(tb testing.TB) (*Logs, *slog.Logger) {
+	l := &Logs{tb: tb}
+	return l, slog.New(slog.NewJSONHandler(l, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+// Write takes one JSON record.
+func (l *Logs) Write(b []byte) (int, error) {
+	var rec map[string]any
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return 0, err
+	}
+	l.mu.Lock()
+	l.recs = append(l.recs, rec)
+	l.mu.Unlock()
+	l.tb.Log(strings.TrimSuffix(string(b), "\n"))
+	return len(b), nil
+}
+
+// Count returns how many records have the message msg and, when op is not
+// empty, an "op" attribute containing op.
+func (l *Logs) Count(msg, op string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, rec := range l.recs {
+		if rec["msg"] != msg {
+			continue
+		}
+		if got, _ := rec["op"].(string); op == "" || strings.Contains(got, op) {
+			n++
+		}
+	}
+	return n
 }

@@ -25,6 +25,7 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/outage"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/test/internal/containers"
@@ -33,53 +34,14 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m, containers.Start) }
 
-// logs records what the runner logs.
-type logs struct {
-	mu   sync.Mutex
-	recs []slog.Record
-}
-
-func (l *logs) Enabled(context.Context, slog.Level) bool { return true }
-func (l *logs) Handle(_ context.Context, r slog.Record) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.recs = append(l.recs, r.Clone())
-	return nil
-}
-func (l *logs) WithAttrs([]slog.Attr) slog.Handler { return l }
-func (l *logs) WithGroup(string) slog.Handler      { return l }
-
-// count returns how many records had msg and, when op is not empty, an "op"
-// attribute containing it.
-func (l *logs) count(msg, op string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for _, r := range l.recs {
-		if r.Message != msg {
-			continue
-		}
-		match := op == ""
-		r.Attrs(func(a slog.Attr) bool {
-			if a.Key == "op" && strings.Contains(a.Value.String(), op) {
-				match = true
-			}
-			return true
-		})
-		if match {
-			n++
-		}
-	}
-	return n
-}
-
 // fixture is a schema with an effects table and a consumer config.
 type fixture struct {
 	t       *testing.T
 	db      *testenv.DB
 	store   *dedup.Store
 	effects string
-	log     *logs
+	log     *testenv.Logs
+	logger  *slog.Logger
 	applied atomic.Int64
 }
 
@@ -100,13 +62,14 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &fixture{t: t, db: db, store: store, effects: db.Table("effects"), log: &logs{}}
+	logs, logger := testenv.NewLogs(t)
+	return &fixture{t: t, db: db, store: store, effects: db.Table("effects"), log: logs, logger: logger}
 }
 
 func (f *fixture) config(brokers []string, topic, group string) *consumer.Config {
 	return &consumer.Config{
 		Brokers: brokers, Topic: topic, GroupID: group, Pool: f.db.Pool, Store: f.store,
-		Logger: slog.New(f.log),
+		Logger: f.logger,
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			_, err := tx.Exec(ctx, `INSERT INTO `+f.effects+` (id, runs) VALUES ($1, 1)
 				ON CONFLICT (id) DO UPDATE SET runs = `+f.effects+`.runs + 1`, m.ID)
@@ -257,10 +220,10 @@ func TestBrokerDownAtStart(t *testing.T) {
 	}
 	produce(t, broker.Addr, topic, 0, 50)
 	waitFor(t, r, 2*time.Minute, "50 messages", func() bool { return len(f.runs()) == 50 })
-	if n := f.log.count("server unreachable; waiting it out", "kafka metadata"); n != 1 {
+	if n := f.log.Count(outage.StartMsg, "kafka metadata"); n != 1 {
 		t.Fatalf("the outage at start was logged %d times, want once", n)
 	}
-	if n := f.log.count("server reachable again", "kafka metadata"); n != 1 {
+	if n := f.log.Count(outage.EndMsg, "kafka metadata"); n != 1 {
 		t.Fatalf("the end of the outage was logged %d times, want once", n)
 	}
 	for id, n := range f.runs() {
@@ -353,7 +316,7 @@ func TestMessagesDeletedBeforeProcessing(t *testing.T) {
 	if m == nil || !errors.Is(m, consumer.ErrMessagesLost) || m.Position != 3 || m.LogStart != 8 {
 		t.Fatalf("PositionMoved = %+v, want ErrMessagesLost for [3, 8)", m)
 	}
-	if n := f.log.count("messages were deleted by Kafka before this consumer processed them; continuing at the log start", ""); n != 1 {
+	if n := f.log.Count("messages were deleted by Kafka before this consumer processed them; continuing at the log start", ""); n != 1 {
 		t.Fatalf("the lost range was logged %d times, want once", n)
 	}
 	runs := f.runs()

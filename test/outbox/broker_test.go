@@ -2,11 +2,9 @@ package outbox
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -16,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemkit/idemkit/internal/outage"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/outbox"
 	"github.com/idemkit/idemkit/retry"
@@ -51,7 +50,7 @@ func TestBrokerStoppedRelayRecovers(t *testing.T) {
 	}
 
 	db, store := newDB(t)
-	logs, logger := newLogRecorder(t)
+	logs, logger := testenv.NewLogs(t)
 	var published, failedAttempts atomic.Int64
 	tr := &kafka.Transport{MetadataTTL: time.Second, DialTimeout: 2 * time.Second}
 	t.Cleanup(tr.CloseIdleConnections)
@@ -198,55 +197,16 @@ func TestBrokerStoppedRelayRecovers(t *testing.T) {
 	t.Logf("%d messages, %d duplicates, none lost, order kept", total, dups)
 
 	const op = "outbox relay: kafka"
-	waitFor(t, 10*time.Second, "outage end logged", func() (bool, error) { return logs.count(outageEnd, op) > 0, nil })
+	waitFor(t, 10*time.Second, "outage end logged", func() (bool, error) { return logs.Count(outageEnd, op) > 0, nil })
 	// A round that straddles the kill (or the restart) may fail only in
 	// part, and is logged as such; every round in between is the outage.
-	if s, e, f := logs.count(outageStart, op), logs.count(outageEnd, op), logs.count("delivery failed", ""); s != 1 || e != 1 || f > 2 {
+	if s, e, f := logs.Count(outageStart, op), logs.Count(outageEnd, op), logs.Count("delivery failed", ""); s != 1 || e != 1 || f > 2 {
 		t.Fatalf("outage logged %d times, its end %d times, %d failed deliveries logged; want 1, 1, at most 2", s, e, f)
 	}
 }
 
 // The messages internal/outage logs when an outage starts and ends.
 const (
-	outageStart = "server unreachable; waiting it out"
-	outageEnd   = "server reachable again"
+	outageStart = outage.StartMsg
+	outageEnd   = outage.EndMsg
 )
-
-// logRecorder is a slog destination that keeps every record (JSON) for the
-// test to count, and passes it on to t.Log.
-type logRecorder struct {
-	t    *testing.T
-	mu   sync.Mutex
-	recs []map[string]any
-}
-
-func newLogRecorder(t *testing.T) (*logRecorder, *slog.Logger) {
-	r := &logRecorder{t: t}
-	return r, slog.New(slog.NewJSONHandler(r, &slog.HandlerOptions{Level: slog.LevelInfo}))
-}
-
-func (r *logRecorder) Write(b []byte) (int, error) {
-	var rec map[string]any
-	if err := json.Unmarshal(b, &rec); err != nil {
-		return 0, err
-	}
-	r.mu.Lock()
-	r.recs = append(r.recs, rec)
-	r.mu.Unlock()
-	r.t.Log(strings.TrimSuffix(string(b), "\n"))
-	return len(b), nil
-}
-
-// count returns how many records have this message and, when op is not
-// empty, this op.
-func (r *logRecorder) count(msg, op string) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	n := 0
-	for _, rec := range r.recs {
-		if rec["msg"] == msg && (op == "" || rec["op"] == op) {
-			n++
-		}
-	}
-	return n
-}
