@@ -589,7 +589,8 @@ func (r *churnRun) line(name, line string) {
 }
 
 // kill stops the instance in slot i (SIGKILL, or SIGTERM for a graceful
-// configuration), waits until it is gone and starts its replacement.
+// configuration), waits until it is gone and starts its replacement, after
+// -restart-delay.
 func (r *churnRun) kill(ctx context.Context, i int) (kill, error) {
 	inst := r.slots[i]
 	sig := syscall.SIGKILL
@@ -610,6 +611,9 @@ func (r *churnRun) kill(ctx context.Context, i int) (kill, error) {
 		return k, ctx.Err()
 	}
 	k.Exited = time.Now()
+	if err := sleepUntil(ctx, k.Exited.Add(r.h.o.restart)); err != nil {
+		return k, err
+	}
 	if err := r.start(i); err != nil {
 		return k, err
 	}

@@ -81,6 +81,7 @@ type options struct {
 	configs    []groupConfig
 	killEvery  []time.Duration
 	churn      time.Duration
+	restart    time.Duration
 	rounds     int
 	rate       int
 	partitions int
@@ -102,6 +103,8 @@ func parseFlags(args []string) (*options, error) {
 		"(consumer.Config SessionTimeout, HeartbeatInterval, RebalanceTimeout; \"term\": stop instances with SIGTERM, not SIGKILL)")
 	fs.StringVar(&every, "kill-every", "8s,3s", "comma-separated kill intervals; each is run with every configuration")
 	fs.DurationVar(&o.churn, "churn", 12*time.Second, "how long instances are killed in a run (kills at 0, K, 2K, … before this)")
+	fs.DurationVar(&o.restart, "restart-delay", 0, "how long a killed instance stays down before its replacement starts "+
+		"(0: at once; longer than the session timeout: the survivors find the death by the session timeout)")
 	fs.IntVar(&o.rounds, "rounds", 2, "rounds of the whole comparison, interleaved")
 	fs.IntVar(&o.rate, "rate", 300, "messages per second produced during a run")
 	fs.IntVar(&o.partitions, "partitions", 6, "partitions of each run's topic")
@@ -140,6 +143,8 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("-kill-every: none given")
 	case o.churn <= 0:
 		return nil, fmt.Errorf("-churn %s <= 0", o.churn)
+	case o.restart < 0:
+		return nil, fmt.Errorf("-restart-delay %s < 0", o.restart)
 	case o.rounds < 1:
 		return nil, fmt.Errorf("-rounds %d < 1", o.rounds)
 	case o.rate < 1:

@@ -109,11 +109,16 @@ func (r *report) print(w io.Writer) {
 	}
 	o := r.o
 	fmt.Fprintf(w, "\n## Churn: time to resume after a kill\n\n")
-	fmt.Fprintf(w, "%d instances, %d partitions, %d msgs/s, BatchSize %d; kills for %s per run; %d round(s), "+
+	restart := "at once"
+	if o.restart > 0 {
+		restart = "after " + o.restart.String()
+	}
+	fmt.Fprintf(w, "%d instances, %d partitions, %d msgs/s, BatchSize %d; kills for %s per run, killed instances "+
+		"restarted %s; %d round(s), "+
 		"configurations alternated round by round. Times in seconds: per kill, median and max over the kills of "+
 		"all rounds; per run, median (and max) over rounds. Ratios: to the first configuration under the same "+
 		"kill interval. \">\" marks kills whose recovery the run did not see end (lower bounds).\n\n",
-		o.instances, o.partitions, o.rate, o.batch, o.churn, o.rounds)
+		o.instances, o.partitions, o.rate, o.batch, o.churn, restart, o.rounds)
 	fmt.Fprintln(w, "| kill every | config | session/heartbeat/rebalance | kills | resume median | × | resume max | "+
 		"global stall median (max) | × | partition stall | churn progress | rebalances | join errors (other / in progress) | duplicates | exactly once |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
