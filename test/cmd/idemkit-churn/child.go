@@ -31,7 +31,11 @@ type childSpec struct {
 	Session     time.Duration `json:"session_ns"`
 	Heartbeat   time.Duration `json:"heartbeat_ns"`
 	Rebalance   time.Duration `json:"rebalance_ns"`
+	StopDelay   time.Duration `json:"stop_delay_ns"`
 }
+
+// handlerWork is how long a message takes when -stop-delay is set.
+const handlerWork = 10 * time.Millisecond
 
 // effectsDDL is the business table: one row per message ID, how often its
 // effect ran, and when it was applied.
@@ -96,6 +100,18 @@ func runChild(ctx context.Context, spec *childSpec, log *slog.Logger) error {
 		RebalanceTimeout:  spec.Rebalance,
 		Logger:            log,
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			if spec.StopDelay > 0 {
+				// Work that notices a cancellation only StopDelay later,
+				// like a call that does not take ctx.
+				t := time.NewTimer(handlerWork)
+				select {
+				case <-t.C:
+				case <-ctx.Done():
+					t.Stop()
+					time.Sleep(spec.StopDelay)
+					return ctx.Err()
+				}
+			}
 			_, err := tx.Exec(ctx, `INSERT INTO `+table+` (id, part, off, runs) VALUES ($1, $2, $3, 1)
 				ON CONFLICT (id) DO UPDATE SET runs = `+table+`.runs + 1`, m.ID, m.Partition, m.Offset)
 			return err

@@ -538,7 +538,7 @@ func (r *churnRun) start(i int) error {
 	name := fmt.Sprintf("i%d.%d", i, r.starts[i])
 	spec, err := json.Marshal(&childSpec{Name: name, DatabaseURL: r.h.dbURL, Brokers: r.h.brokers,
 		Schema: r.schema, Topic: r.topic, Group: r.group, Batch: r.h.o.batch,
-		Session: r.cfg.Session, Heartbeat: r.cfg.Heartbeat, Rebalance: r.cfg.Rebalance})
+		Session: r.cfg.Session, Heartbeat: r.cfg.Heartbeat, Rebalance: r.cfg.Rebalance, StopDelay: r.h.o.stopDelay})
 	if err != nil {
 		return err
 	}

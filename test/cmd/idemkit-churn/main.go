@@ -87,6 +87,7 @@ type options struct {
 	partitions int
 	instances  int
 	batch      int
+	stopDelay  time.Duration
 	warmup     time.Duration
 	settle     time.Duration
 	jsonPath   string
@@ -110,6 +111,8 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.partitions, "partitions", 6, "partitions of each run's topic")
 	fs.IntVar(&o.instances, "instances", 3, "consumer instances (child processes) in the group")
 	fs.IntVar(&o.batch, "batch", 1, "consumer.Config.BatchSize of the instances")
+	fs.DurationVar(&o.stopDelay, "stop-delay", 0, "when set, the handler works 10ms per message and, when a rebalance "+
+		"cancels it during that time, takes this long to return (work in flight that does not honour its context)")
 	fs.DurationVar(&o.warmup, "warmup", 40*time.Second, "longest wait for the group to settle before the first kill")
 	fs.DurationVar(&o.settle, "settle", 45*time.Second, "longest wait, after the last kill, for every partition to resume")
 	fs.StringVar(&o.jsonPath, "json", "", "also write every run's figures and timeline as JSON to this file")
@@ -155,6 +158,8 @@ func parseFlags(args []string) (*options, error) {
 		return nil, fmt.Errorf("-instances %d < 2: a group of one has nobody to take over", o.instances)
 	case o.batch < 1:
 		return nil, fmt.Errorf("-batch %d < 1", o.batch)
+	case o.stopDelay < 0:
+		return nil, fmt.Errorf("-stop-delay %s < 0", o.stopDelay)
 	case o.warmup <= 0, o.settle <= 0:
 		return nil, fmt.Errorf("-warmup and -settle must be positive")
 	}

@@ -113,12 +113,16 @@ func (r *report) print(w io.Writer) {
 	if o.restart > 0 {
 		restart = "after " + o.restart.String()
 	}
-	fmt.Fprintf(w, "%d instances, %d partitions, %d msgs/s, BatchSize %d; kills for %s per run, killed instances "+
+	handler := ""
+	if o.stopDelay > 0 {
+		handler = fmt.Sprintf(", handler 10ms per message taking %s to stop when cancelled", o.stopDelay)
+	}
+	fmt.Fprintf(w, "%d instances, %d partitions, %d msgs/s, BatchSize %d%s; kills for %s per run, killed instances "+
 		"restarted %s; %d round(s), "+
 		"configurations alternated round by round. Times in seconds: per kill, median and max over the kills of "+
 		"all rounds; per run, median (and max) over rounds. Ratios: to the first configuration under the same "+
 		"kill interval. \">\" marks kills whose recovery the run did not see end (lower bounds).\n\n",
-		o.instances, o.partitions, o.rate, o.batch, o.churn, restart, o.rounds)
+		o.instances, o.partitions, o.rate, o.batch, handler, o.churn, restart, o.rounds)
 	fmt.Fprintln(w, "| kill every | config | session/heartbeat/rebalance | kills | resume median | × | resume max | "+
 		"global stall median (max) | × | partition stall | churn progress | rebalances | join errors (other / in progress) | duplicates | exactly once |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
