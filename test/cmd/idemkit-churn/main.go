@@ -12,10 +12,15 @@
 // killed member's partitions and those of the survivors, which an eager
 // rebalance stops as well). For each run it reports the longest global stall
 // (no message applied anywhere) from the first kill to the end of the run,
-// the share of the produced stream applied during the churn, and the
-// rebalances the group went through (the group's state polled with
-// DescribeGroups). At the end it stops producing, waits until every message
-// is applied and checks that each message ID was applied exactly once.
+// the share of the produced stream applied during the churn, the time from
+// the last kill until the group is stable with every instance and every
+// partition flows again (a rebalance storm shows here, not in the time to
+// resume), the rebalances the group went through (its state polled with
+// DescribeGroups) and the errors the instances' consumer groups returned
+// (each one other than Rebalance In Progress makes kafka-go leave the group
+// and wait JoinGroupBackoff before joining as a new member). At the end it
+// stops producing, waits until every message is applied and checks that each
+// message ID was applied exactly once.
 //
 // Configurations are given as NAME=SESSION/HEARTBEAT/REBALANCE[/term]; all
 // configurations and kill intervals run in one interleaved comparison:

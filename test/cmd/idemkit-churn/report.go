@@ -26,6 +26,8 @@ type cell struct {
 	resume []time.Duration // every kill of every round
 	resumeMedian, resumeMax,
 	globalStall, globalStallMax, partStall time.Duration
+	settle     time.Duration // last kill to a stable group with every partition flowing
+	unsettled  int
 	censored   int
 	progress   float64
 	rebalances float64
@@ -40,7 +42,7 @@ func (r *report) cells() []*cell {
 	for _, every := range r.o.killEvery {
 		for _, c := range r.o.configs {
 			cl := &cell{cfg: c, every: every, exact: true}
-			var gs, ps []time.Duration
+			var gs, ps, st []time.Duration
 			var prog, reb []float64
 			for _, run := range r.runs {
 				if run.Config.Name != c.Name || run.KillEvery != every {
@@ -52,6 +54,12 @@ func (r *report) cells() []*cell {
 					if k.Censored {
 						cl.censored++
 					}
+				}
+				if n := len(run.Kills); n > 0 {
+					st = append(st, run.Duration-run.Kills[n-1].At)
+				}
+				if !run.Settled {
+					cl.unsettled++
 				}
 				gs = append(gs, run.GlobalStall)
 				ps = append(ps, run.PartitionStall)
@@ -75,6 +83,9 @@ func (r *report) cells() []*cell {
 			cl.resumeMedian, cl.resumeMax = median(cl.resume), slices.Max(cl.resume)
 			cl.globalStall, cl.globalStallMax, cl.partStall = median(gs), slices.Max(gs), median(ps)
 			cl.progress, cl.rebalances = medianF(prog), medianF(reb)
+			if len(st) > 0 {
+				cl.settle = median(st)
+			}
 			out = append(out, cl)
 		}
 	}
@@ -124,8 +135,8 @@ func (r *report) print(w io.Writer) {
 		"kill interval. \">\" marks kills whose recovery the run did not see end (lower bounds).\n\n",
 		o.instances, o.partitions, o.rate, o.batch, handler, o.churn, restart, o.rounds)
 	fmt.Fprintln(w, "| kill every | config | session/heartbeat/rebalance | kills | resume median | × | resume max | "+
-		"global stall median (max) | × | partition stall | churn progress | rebalances | join errors (other / in progress) | duplicates | exactly once |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+		"global stall median (max) | × | partition stall | settled after last kill | churn progress | rebalances | join errors (other / in progress) | duplicates | exactly once |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	base := map[time.Duration]*cell{}
 	for _, c := range cells {
 		if base[c.every] == nil {
@@ -136,13 +147,17 @@ func (r *report) print(w io.Writer) {
 		if c.censored > 0 {
 			maxs = fmt.Sprintf(">%s (%d censored)", maxs, c.censored)
 		}
+		settle := secs(c.settle)
+		if c.unsettled > 0 {
+			settle = fmt.Sprintf(">%s (%d not settled)", settle, c.unsettled)
+		}
 		exact := "yes"
 		if !c.exact {
 			exact = "NO"
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %d | %s | %s | %s | %s (%s) | %s | %s | %.0f%% | %.1f | %d / %d | %d | %s |\n",
+		fmt.Fprintf(w, "| %s | %s | %s | %d | %s | %s | %s | %s (%s) | %s | %s | %s | %.0f%% | %.1f | %d / %d | %d | %s |\n",
 			c.every, c.cfg.Name, c.cfg, len(c.resume), secs(c.resumeMedian), ratio(c.resumeMedian, b.resumeMedian), maxs,
-			secs(c.globalStall), secs(c.globalStallMax), ratio(c.globalStall, b.globalStall), secs(c.partStall),
+			secs(c.globalStall), secs(c.globalStallMax), ratio(c.globalStall, b.globalStall), secs(c.partStall), settle,
 			100*c.progress, c.rebalances, c.joinErrs, c.rip, c.dups, exact)
 	}
 	fmt.Fprintln(w)
