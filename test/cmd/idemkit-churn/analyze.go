@@ -39,10 +39,16 @@ type runResult struct {
 	Duplicates int            `json:"duplicates"`  // redeliveries the dedup store stopped
 	JoinErrors map[string]int `json:"join_errors"` // errors consumer group Next returned, by kind
 	Settled    bool           `json:"settled"`     // every partition resumed within -settle
-	Drained    bool           `json:"drained"`     // every produced message applied at the end
-	Duration   time.Duration  `json:"observed_ns"` // first kill to end of run
-	States     []groupStateAt `json:"states"`
-	Assigns    []assignmentAt `json:"assignments"`
+	// Settle runs from the last kill until the group was stable with every
+	// instance (as it stayed to the end of the run) and every partition had
+	// applied a message since its last assignment. With SettleCensored the
+	// run ended first and Settle is a lower bound.
+	Settle         time.Duration  `json:"settle_ns"`
+	SettleCensored bool           `json:"settle_censored,omitempty"`
+	Drained        bool           `json:"drained"`     // every produced message applied at the end
+	Duration       time.Duration  `json:"observed_ns"` // first kill to end of run
+	States         []groupStateAt `json:"states"`
+	Assigns        []assignmentAt `json:"assignments"`
 }
 
 // killResult is one kill's recovery.
@@ -120,6 +126,9 @@ func (r *churnRun) analyze(ctx context.Context, kills []kill, first, churnEnd, e
 	for _, k := range kills {
 		res.Kills = append(res.Kills, resumeAfter(k, first, end, assigns, perPart))
 	}
+	if len(kills) > 0 {
+		res.Settle, res.SettleCensored = settleAfter(kills[len(kills)-1].At, end, len(r.slots), states, assigns, perPart)
+	}
 	for i, s := range states {
 		if s.At.Before(first) {
 			continue
@@ -163,6 +172,41 @@ func resumeAfter(k kill, first, end time.Time, assigns []assignment, perPart [][
 	}
 	kr.Resume = resumed.Sub(k.At)
 	return kr
+}
+
+// settleAfter is the time from the last kill until the group was stable
+// with every instance, in the state it kept until end, and every partition
+// applied a message after its last assignment; censored when that did not
+// happen by end.
+func settleAfter(last, end time.Time, instances int, states []groupState, assigns []assignment, perPart [][]time.Time) (time.Duration, bool) {
+	censored := func() (time.Duration, bool) { return end.Sub(last), true }
+	i := slices.IndexFunc(states, func(s groupState) bool { return s.At.After(end) })
+	if i < 0 {
+		i = len(states)
+	}
+	if i == 0 || states[i-1].State != "Stable" || states[i-1].Members != instances {
+		return censored()
+	}
+	settled := states[i-1].At
+	for p, ts := range perPart {
+		var at time.Time
+		for _, a := range assigns {
+			if a.Partition == p && !a.At.After(end) && a.At.After(at) {
+				at = a.At
+			}
+		}
+		if at.Before(last) {
+			return censored()
+		}
+		j, _ := slices.BinarySearchFunc(ts, at, func(t, target time.Time) int { return t.Compare(target) })
+		if j == len(ts) || ts[j].After(end) {
+			return censored()
+		}
+		if ts[j].After(settled) {
+			settled = ts[j]
+		}
+	}
+	return max(settled.Sub(last), 0), false
 }
 
 // longestGap is the longest time within [from, to] without a timestamp of

@@ -62,3 +62,22 @@ func TestResumeAfter(t *testing.T) {
 		t.Fatalf("resumeAfter = %+v, want censored at 20s", got)
 	}
 }
+
+func TestSettleAfter(t *testing.T) {
+	t.Parallel()
+	t0 := time.Unix(1000, 0)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	states := []groupState{{At: at(8.1), State: "PreparingRebalance", Members: 4},
+		{At: at(12), State: "Stable", Members: 3}, {At: at(30), State: "PreparingRebalance", Members: 2}}
+	assigns := []assignment{{Partition: 0, At: at(12)}, {Partition: 1, At: at(12)}}
+	perPart := [][]time.Time{{at(7), at(12.5)}, {at(7), at(13)}}
+	if d, censored := settleAfter(at(8), at(20), 3, states, assigns, perPart); d != 5*time.Second || censored {
+		t.Fatalf("settleAfter = %s, %v; want 5s (the last partition's first apply after its assignment)", d, censored)
+	}
+	if _, censored := settleAfter(at(8), at(20), 4, states, assigns, perPart); !censored {
+		t.Fatal("settled without every instance in the group")
+	}
+	if d, censored := settleAfter(at(8), at(12.7), 3, states, assigns, perPart); !censored || d != 4700*time.Millisecond {
+		t.Fatalf("settleAfter = %s, %v; want censored at 4.7s (partition 1 applied after the end)", d, censored)
+	}
+}

@@ -55,10 +55,8 @@ func (r *report) cells() []*cell {
 						cl.censored++
 					}
 				}
-				if n := len(run.Kills); n > 0 {
-					st = append(st, run.Duration-run.Kills[n-1].At)
-				}
-				if !run.Settled {
+				st = append(st, run.Settle)
+				if run.SettleCensored {
 					cl.unsettled++
 				}
 				gs = append(gs, run.GlobalStall)
@@ -149,7 +147,7 @@ func (r *report) print(w io.Writer) {
 		}
 		settle := secs(c.settle)
 		if c.unsettled > 0 {
-			settle = fmt.Sprintf(">%s (%d not settled)", settle, c.unsettled)
+			settle = fmt.Sprintf(">%s (%d censored)", settle, c.unsettled)
 		}
 		exact := "yes"
 		if !c.exact {
