@@ -529,6 +529,13 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		"bad name":     {Brokers: []string{"b"}, Topic: "t", GroupID: "g\x00", Pool: pool, Handler: h},
 		"bad start":    {Brokers: []string{"b"}, Topic: "t", GroupID: "g", Pool: pool, Handler: h, StartOffset: 7},
 		"both handler": {Brokers: []string{"b"}, Topic: "t", GroupID: "g", Pool: pool, Handler: h, BatchHandler: consumer.BatchHandlerFunc(nil)},
+		"heartbeat over session": {Brokers: []string{"b"}, Topic: "t", GroupID: "g", Pool: pool, Handler: h,
+			SessionTimeout: 6 * time.Second, HeartbeatInterval: 6 * time.Second},
+		"heartbeat over rebalance": {Brokers: []string{"b"}, Topic: "t", GroupID: "g", Pool: pool, Handler: h,
+			RebalanceTimeout: time.Second, HeartbeatInterval: 2 * time.Second},
+		"negative buffer":   {Brokers: []string{"b"}, Topic: "t", GroupID: "g", Pool: pool, Handler: h, MaxBufferedBytes: -1},
+		"negative outage":   {Brokers: []string{"b"}, Topic: "t", GroupID: "g", Pool: pool, Handler: h, MaxOutage: -time.Second},
+		"unknown recreated": {Brokers: []string{"b"}, Topic: "t", GroupID: "g", Pool: pool, Handler: h, OnRecreated: 7},
 	} {
 		if _, err := consumer.New(cfg); !errors.Is(err, consumer.ErrInvalidConfig) {
 			t.Errorf("%s: New returned %v, want ErrInvalidConfig", name, err)
