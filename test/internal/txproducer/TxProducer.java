@@ -10,11 +10,14 @@
 //
 //	producer <name> <transactional.id> <compression>  create and initTransactions
 //	begin <name>                                       beginTransaction
-//	send <name> <topic> <partition> <key> <value> <id> queue a record (not sent yet);
-//	                                                   key, value and id are
-//	                                                   base64 (URL, no padding),
-//	                                                   "-" for none; id goes in
-//	                                                   the "message-id" header
+//	send <name> <topic> <partition> <key> <value> <id> [<hkey> <hvalue>]...
+//	                                                   queue a record (not sent yet);
+//	                                                   key, value, id and the
+//	                                                   header pairs are base64
+//	                                                   (URL, no padding), "-"
+//	                                                   for none; id goes in the
+//	                                                   "message-id" header, each
+//	                                                   pair in a header after it
 //	flush <name>                                       send what is queued:
 //	                                                   "ok <offset>..." of the
 //	                                                   records queued since the
@@ -82,7 +85,7 @@ public class TxProducer {
         BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
         out.println("ok ready");
         for (String line; (line = in.readLine()) != null; ) {
-            String[] f = line.split(" ");
+            String[] f = line.split(" ", -1); // -1: keep empty trailing fields (empty values)
             String answer;
             try {
                 answer = run(bootstrap, producers, f);
@@ -138,6 +141,9 @@ public class TxProducer {
                 byte[] id = decode(f[6]);
                 if (id != null) {
                     r.headers().add("message-id", id);
+                }
+                for (int i = 7; i + 1 < f.length; i += 2) {
+                    r.headers().add(new String(decode(f[i]), StandardCharsets.UTF_8), decode(f[i + 1]));
                 }
                 n.pending.add(n.producer.send(r));
                 return "ok";

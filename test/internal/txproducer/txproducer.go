@@ -28,6 +28,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/segmentio/kafka-go"
+
 	"github.com/idemkit/idemkit/test/internal/kafkaproc"
 )
 
@@ -246,17 +248,28 @@ func (pr *Producer) Begin() {
 // partition goes out as one record batch.
 func (pr *Producer) Send(topic string, partition int, key, value []byte, id string) {
 	pr.p.tb.Helper()
+	var h []kafka.Header
+	if id != "" {
+		h = []kafka.Header{{Key: "message-id", Value: []byte(id)}}
+	}
+	pr.SendHeaders(topic, partition, key, value, h)
+}
+
+// SendHeaders queues a record as Send does, with these headers (in this
+// order) and no other: for example a dead letter's, as dlq.Writer wrote it.
+func (pr *Producer) SendHeaders(topic string, partition int, key, value []byte, headers []kafka.Header) {
+	pr.p.tb.Helper()
 	enc := func(b []byte) string {
 		if b == nil {
 			return "-"
 		}
 		return base64.RawURLEncoding.EncodeToString(b)
 	}
-	var h []byte
-	if id != "" {
-		h = []byte(id)
+	fields := []string{"send", pr.name, topic, strconv.Itoa(partition), enc(key), enc(value), "-"}
+	for _, h := range headers {
+		fields = append(fields, enc([]byte(h.Key)), enc(h.Value))
 	}
-	pr.p.do("send", pr.name, topic, strconv.Itoa(partition), enc(key), enc(value), enc(h))
+	pr.p.do(fields...)
 }
 
 // Flush sends the queued records and returns their offsets, in the order
