@@ -8,6 +8,7 @@ package txn
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,7 +23,13 @@ import (
 	"github.com/idemkit/idemkit/test/internal/txproducer"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m, containers.Start) }
+func TestMain(m *testing.M) {
+	// The crash tests run this same binary as the consumer process they kill.
+	if os.Getenv(childEnv) != "" {
+		os.Exit(child())
+	}
+	testenv.Main(m, containers.Start)
+}
 
 // bootstrap is the brokers as Java's bootstrap.servers.
 func bootstrap(t *testing.T) string { return strings.Join(testenv.Brokers(t), ",") }
