@@ -7,6 +7,7 @@ package txn
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -106,13 +107,24 @@ func produce(t *testing.T, topic string, partition int, c kafka.Compression, ids
 		recs[i] = kafka.Record{Key: kafka.NewBytes([]byte("k-" + id)), Value: kafka.NewBytes([]byte("value of " + id)),
 			Headers: []kafka.Header{{Key: "message-id", Value: []byte(id)}}}
 	}
-	res, err := testenv.Client(t).Produce(ctx, &kafka.ProduceRequest{Topic: topic, Partition: partition,
-		RequiredAcks: kafka.RequireAll, Compression: c, Records: kafka.NewRecordReader(recs...)})
-	if err == nil {
-		err = res.Error
-	}
-	if err != nil {
-		t.Fatalf("produce to %s/%d: %v", topic, partition, err)
+	var res *kafka.ProduceResponse
+	for {
+		var err error
+		res, err = testenv.Client(t).Produce(ctx, &kafka.ProduceRequest{Topic: topic, Partition: partition,
+			RequiredAcks: kafka.RequireAll, Compression: c, Records: kafka.NewRecordReader(recs...)})
+		if err == nil {
+			err = res.Error
+		}
+		if err == nil {
+			break
+		}
+		// A topic just created may refuse records for a moment (its leader
+		// is not known everywhere yet): that is retriable.
+		var kerr kafka.Error
+		if !errors.As(err, &kerr) || !kerr.Temporary() || ctx.Err() != nil {
+			t.Fatalf("produce to %s/%d: %v", topic, partition, err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	out := make([]int64, len(ids))
 	for i := range ids {
