@@ -1,6 +1,7 @@
 // Package kafkaoffsets reads and moves what Kafka knows about a topic's
 // partitions and a consumer group's place in them: the offsets each partition
-// still holds (log start and end), the offset of the first record at or after
+// still holds (log start and end) and how far a read_committed reader can
+// read (the last stable offset), the offset of the first record at or after
 // a time, the group's committed offsets and its members. The CLI's consumer
 // commands use it; the consumer may use it to check a stored position against
 // the log.
@@ -37,10 +38,21 @@ var ErrGroupNotEmpty = errors.New("the consumer group has live members")
 // first offset still held (records below it were deleted by retention or
 // DeleteRecords); End is the log end offset (the high watermark), the offset
 // the next record will get. Start == End means the partition holds no record.
+//
+// Stable is the last stable offset: the first offset of the oldest
+// transaction still open on the partition, or End when none is open. A
+// read_committed reader (the consumer, the dead-letter tools) reads nothing
+// at or after it until that transaction commits or aborts, so it is the end
+// of what such a reader can read now. Start <= Stable <= End.
 type Range struct {
-	Start int64 `json:"start"`
-	End   int64 `json:"end"`
+	Start  int64 `json:"start"`
+	Stable int64 `json:"stable"`
+	End    int64 `json:"end"`
 }
+
+// Held reports whether an open transaction holds read_committed readers
+// back: Stable < End.
+func (r Range) Held() bool { return r.Stable < r.End }
 
 // Contains reports whether a consumer may start at offset: Start <= offset <=
 // End (starting at End means "from the next record on").
@@ -67,9 +79,10 @@ func Partitions(ctx context.Context, client *kafka.Client, topic string) ([]int,
 	return ids, nil
 }
 
-// LogRange returns the log start and end of each of topic's partitions (all of
-// them when partitions is empty). A partition the topic does not have, or a
-// topic that does not exist, is an error (the latter wrapping ErrNoTopic).
+// LogRange returns the log start, last stable offset and log end of each of
+// topic's partitions (all of them when partitions is empty). A partition the
+// topic does not have, or a topic that does not exist, is an error (the
+// latter wrapping ErrNoTopic).
 func LogRange(ctx context.Context, client *kafka.Client, topic string, partitions ...int) (map[int]Range, error) {
 	if len(partitions) == 0 {
 		var err error
@@ -77,21 +90,31 @@ func LogRange(ctx context.Context, client *kafka.Client, topic string, partition
 			return nil, err
 		}
 	}
+	// The last stable offset first: asked before the log end, it cannot
+	// pass it (both only grow).
+	stable := make([]kafka.OffsetRequest, 0, len(partitions))
 	reqs := make([]kafka.OffsetRequest, 0, 2*len(partitions))
 	for _, p := range partitions {
+		stable = append(stable, kafka.LastOffsetOf(p))
 		reqs = append(reqs, kafka.FirstOffsetOf(p), kafka.LastOffsetOf(p))
 	}
-	got, err := listOffsets(ctx, client, topic, reqs)
+	lso, err := listOffsets(ctx, client, topic, kafka.ReadCommitted, stable)
+	if err != nil {
+		return nil, err
+	}
+	got, err := listOffsets(ctx, client, topic, kafka.ReadUncommitted, reqs)
 	if err != nil {
 		return nil, err
 	}
 	out := make(map[int]Range, len(partitions))
 	for _, p := range partitions {
 		po, ok := got[p]
-		if !ok || po.FirstOffset < 0 || po.LastOffset < 0 {
+		ls, lok := lso[p]
+		if !ok || !lok || po.FirstOffset < 0 || po.LastOffset < 0 || ls.LastOffset < 0 {
 			return nil, fmt.Errorf("offsets of %s/%d: no answer", topic, p)
 		}
-		out[p] = Range{Start: po.FirstOffset, End: po.LastOffset}
+		// Records deleted meanwhile may have moved the start past it.
+		out[p] = Range{Start: po.FirstOffset, Stable: min(max(ls.LastOffset, po.FirstOffset), po.LastOffset), End: po.LastOffset}
 	}
 	return out, nil
 }
@@ -105,7 +128,7 @@ func AtTime(ctx context.Context, client *kafka.Client, topic string, partitions 
 	for _, p := range partitions {
 		reqs = append(reqs, kafka.TimeOffsetOf(p, t), kafka.LastOffsetOf(p))
 	}
-	got, err := listOffsets(ctx, client, topic, reqs)
+	got, err := listOffsets(ctx, client, topic, kafka.ReadUncommitted, reqs)
 	if err != nil {
 		return nil, err
 	}
@@ -125,8 +148,10 @@ func AtTime(ctx context.Context, client *kafka.Client, topic string, partitions 
 	return out, nil
 }
 
-func listOffsets(ctx context.Context, client *kafka.Client, topic string, reqs []kafka.OffsetRequest) (map[int]kafka.PartitionOffsets, error) {
-	resp, err := client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}})
+func listOffsets(ctx context.Context, client *kafka.Client, topic string, level kafka.IsolationLevel,
+	reqs []kafka.OffsetRequest) (map[int]kafka.PartitionOffsets, error) {
+	resp, err := client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs},
+		IsolationLevel: level})
 	if err != nil {
 		return nil, fmt.Errorf("offsets of %s: %w", topic, err)
 	}

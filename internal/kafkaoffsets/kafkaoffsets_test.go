@@ -43,15 +43,19 @@ func TestLogRangeAndAtTime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[int]kafkaoffsets.Range{0: {2, 5}, 1: {0, 2}, 2: {0, 0}}
+	// No transaction is open: the last stable offset is the log end.
+	want := map[int]kafkaoffsets.Range{0: {Start: 2, Stable: 5, End: 5}, 1: {Start: 0, Stable: 2, End: 2}, 2: {}}
 	if !maps.Equal(got, want) {
 		t.Fatalf("LogRange = %v, want %v", got, want)
 	}
-	if got, err := kafkaoffsets.LogRange(ctx, client, topic, 1); err != nil || !maps.Equal(got, map[int]kafkaoffsets.Range{1: {0, 2}}) {
+	if got, err := kafkaoffsets.LogRange(ctx, client, topic, 1); err != nil || !maps.Equal(got, map[int]kafkaoffsets.Range{1: want[1]}) {
 		t.Fatalf("LogRange(1) = %v, %v", got, err)
 	}
 	if r := want[0]; !r.Contains(2) || !r.Contains(5) || r.Contains(1) || r.Contains(6) {
 		t.Fatalf("%v.Contains is wrong", r)
+	}
+	if r := want[0]; r.Held() || !(kafkaoffsets.Range{Start: 2, Stable: 3, End: 5}).Held() {
+		t.Fatalf("Held is wrong")
 	}
 
 	// At base+1m: offset 1 is gone, so partition 0 answers its first record
