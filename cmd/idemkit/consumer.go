@@ -26,15 +26,23 @@ import (
 const positionsHelp = `Shows, per partition of the topic, where a consumer stands: its position in
 PostgreSQL (the next offset, written with the effects; its incarnation and
 anchor time), the group's committed offset in Kafka, the offsets the partition
-holds (log start and end), and the lag: the records the consumer has left to
-read, from where it starts (the later of position and committed offset) or
-the log start, whichever is later, to the log end.
-NOTE flags a position past the log end (the topic was deleted and created
-again, or lost records: see idemkit consumer seek -recreated), a position
-below the log start (records deleted by retention before the consumer got to
-them: the range is lost), and positions of partitions the topic does not have.
+holds (log start and end), its stable end (the last stable offset: where the
+oldest transaction still open begins, or the log end when none is open), and
+the lag: the offsets the consumer can read now (transaction markers and
+records of aborted transactions take offsets too), from where it starts (the
+later of position and committed offset) or the log start, whichever is later,
+to the stable end. The consumer reads committed data only: the records of a
+transaction still open, and every record after its first one, wait until it
+commits or aborts, and are not counted.
+NOTE flags a partition held by an open transaction (stable end before the log
+end; a producer that hangs holds it until its transaction times out), a
+position past the log end (the topic was deleted and created again, or lost
+records: see idemkit consumer seek -recreated), a position below the log start
+(records deleted by retention before the consumer got to them: the range is
+lost), and positions of partitions the topic does not have.
 -json prints the same as one JSON object; null means "none" or "not known",
-and position_lag and committed_lag are the log end minus each, as they are.
+last_stable is the stable end, and position_lag and committed_lag are the log
+end minus each, as they are.
 `
 
 const seekHelp = `Moves a consumer, backwards or forwards, in PostgreSQL and in Kafka together:
@@ -266,6 +274,7 @@ type positionRow struct {
 	Committed    *int64     `json:"committed"`
 	LogStart     *int64     `json:"log_start"`
 	LogEnd       *int64     `json:"log_end"`
+	LastStable   *int64     `json:"last_stable"`
 	Lag          *int64     `json:"lag"`
 	PositionLag  *int64     `json:"position_lag"`
 	CommittedLag *int64     `json:"committed_lag"`
@@ -279,6 +288,7 @@ const (
 	flagCommittedPastEnd    = "committed_past_log_end"
 	flagCommittedBelowStart = "committed_below_log_start"
 	flagNotInTopic          = "not_in_topic"
+	flagHeld                = "held_by_open_transaction"
 )
 
 func ptr[T any](v T) *T { return &v }
@@ -312,7 +322,10 @@ func (st *state) rows() []positionRow {
 			out = append(out, r)
 			continue
 		}
-		r.LogStart, r.LogEnd = ptr(rg.Start), ptr(rg.End)
+		r.LogStart, r.LogEnd, r.LastStable = ptr(rg.Start), ptr(rg.End), ptr(rg.Stable)
+		if rg.Held() {
+			r.Flags = append(r.Flags, flagHeld)
+		}
 		var start *int64 // where the consumer starts: the later of the two
 		if r.Position != nil {
 			r.PositionLag = ptr(rg.End - *r.Position)
@@ -336,8 +349,15 @@ func (st *state) rows() []positionRow {
 				r.Flags = append(r.Flags, flagCommittedBelowStart)
 			}
 		}
-		if start != nil { // what it has left to read; records below the log start are gone
-			r.Lag = ptr(rg.End - max(*start, rg.Start))
+		if start != nil {
+			// What it can read now: records below the log start are gone,
+			// and those from the stable end on wait for an open
+			// transaction. Negative only past the log end.
+			lag := rg.Stable - max(*start, rg.Start)
+			if lag < 0 && *start <= rg.End {
+				lag = 0 // at or past the stable end: waiting for the transaction
+			}
+			r.Lag = ptr(lag)
 		}
 		out = append(out, r)
 	}
@@ -361,7 +381,7 @@ func (f *consumerFlags) printPositions(st *state, out io.Writer) error {
 	fmt.Fprintf(out, "topic %s, group %s (%s, %d member(s)), consumer %s\n", f.topic, f.group,
 		st.group.State, len(st.group.Members), f.name)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "PARTITION\tPOSITION\tINCARNATION\tANCHOR\tCOMMITTED\tLOG START\tLOG END\tLAG\tNOTE")
+	fmt.Fprintln(tw, "PARTITION\tPOSITION\tINCARNATION\tANCHOR\tCOMMITTED\tLOG START\tSTABLE END\tLOG END\tLAG\tNOTE")
 	recreated := false
 	for _, r := range rows {
 		anchor := "-"
@@ -382,10 +402,12 @@ func (f *consumerFlags) printPositions(st *state, out io.Writer) error {
 				notes = append(notes, "committed offset below the log start")
 			case flagNotInTopic:
 				notes = append(notes, "the topic has no such partition")
+			case flagHeld:
+				notes = append(notes, fmt.Sprintf("held by an open transaction: offsets %d..%d wait for it", *r.LastStable, *r.LogEnd-1))
 			}
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Partition, num(r.Position), num(r.Incarnation), anchor,
-			num(r.Committed), num(r.LogStart), num(r.LogEnd), num(r.Lag), strings.Join(notes, "; "))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Partition, num(r.Position), num(r.Incarnation), anchor,
+			num(r.Committed), num(r.LogStart), num(r.LastStable), num(r.LogEnd), num(r.Lag), strings.Join(notes, "; "))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
