@@ -259,6 +259,14 @@ func runChild(t *testing.T, db *testenv.DB, env []string, killAt int, rng *rand.
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
+	waited := false
+	wait := func() error { waited = true; return <-done }
+	defer func() { // the test failed under way: the process must not outlive it
+		if !waited {
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	}()
 	// exited reports whether the process was killed with SIGKILL (by the
 	// test or by itself), and fails the test when it failed otherwise.
 	exited := func(err error) bool {
@@ -279,10 +287,11 @@ func runChild(t *testing.T, db *testenv.DB, env []string, killAt int, rng *rand.
 	for {
 		select {
 		case err := <-done:
+			waited = true
 			return exited(err)
 		case <-timeout:
 			_ = cmd.Process.Kill()
-			<-done
+			_ = wait()
 			t.Fatalf("the consumer process did not reach the end in 4 minutes; stderr:\n%s", stderr.String())
 		case <-poll.C:
 		}
@@ -294,11 +303,12 @@ func runChild(t *testing.T, db *testenv.DB, env []string, killAt int, rng *rand.
 		}
 		select {
 		case err := <-done:
+			waited = true
 			return exited(err)
 		case <-time.After(time.Duration(rng.IntN(20)) * time.Millisecond):
 		}
 		_ = cmd.Process.Signal(syscall.SIGKILL)
-		return exited(<-done)
+		return exited(wait())
 	}
 }
 
