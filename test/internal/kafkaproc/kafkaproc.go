@@ -198,7 +198,13 @@ func (b *Broker) Start(ctx context.Context) error {
 	b.cmd, b.exited = cmd, exited
 	b.mu.Unlock()
 
-	client := &kafka.Client{Addr: kafka.TCP(b.Addr), Timeout: 2 * time.Second}
+	// A transport of its own: kafka-go's transports answer metadata
+	// requests from the metadata they cached, so a shared one (the default)
+	// says "ready" at once when the broker is started again in the same
+	// process.
+	tr := &kafka.Transport{DialTimeout: time.Second}
+	defer tr.CloseIdleConnections()
+	client := &kafka.Client{Addr: kafka.TCP(b.Addr), Timeout: 2 * time.Second, Transport: tr}
 	for {
 		_, err := client.Metadata(ctx, &kafka.MetadataRequest{})
 		if err == nil {
