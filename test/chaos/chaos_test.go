@@ -305,6 +305,7 @@ func run(t *testing.T, sc scenario) {
 		exits <- exit{name: reprocessor, err: err, sum: sum}
 	})
 
+	t.Logf("%s: parts started, producing", time.Since(began).Round(time.Millisecond))
 	var sent atomic.Int64
 	produced := make(chan error, 1)
 	wg.Go(func() { produced <- produce(runCtx, brokers, inTopic, p, sc.produceFor, &sent) })
@@ -381,6 +382,7 @@ func run(t *testing.T, sc scenario) {
 	}
 
 	// Everything done: the producer, the replay, the effects, the outbox.
+	since := func() time.Duration { return time.Since(began).Round(time.Millisecond) }
 	h.mustWait("the producer sending every message", 2*time.Minute, func() (bool, error) {
 		select {
 		case err := <-produced:
@@ -392,6 +394,7 @@ func run(t *testing.T, sc scenario) {
 			return false, nil
 		}
 	})
+	t.Logf("%s: every message sent", since())
 	h.mustWait("the reprocessor completing its replay", 2*time.Minute, func() (bool, error) { return h.replayed != nil, nil })
 	if err := h.wait("every message applied", 2*time.Minute, func() (bool, error) {
 		n, err := effects()
@@ -400,6 +403,7 @@ func run(t *testing.T, sc scenario) {
 		checkEffects(t, ctx, pools["test"], a, want)
 		t.Fatal(err)
 	}
+	t.Logf("%s: every message applied", since())
 	h.mustWait("the outbox drained", 2*time.Minute, func() (bool, error) {
 		st, err := a.outbox.Stats(ctx, pools["test"])
 		if err == nil && st.Parked > 0 {
@@ -407,6 +411,7 @@ func run(t *testing.T, sc scenario) {
 		}
 		return err == nil && st.Backlog == 0, err
 	})
+	t.Logf("%s: outbox drained", since())
 	applied := time.Since(began)
 
 	// Only now may the runners and the relay return.
