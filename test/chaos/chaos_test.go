@@ -29,16 +29,16 @@ import (
 // EnvChaos, set to 1, runs TestChaosLong.
 const EnvChaos = "IDEMKIT_CHAOS"
 
-// TestChaos is the CI-sized run: 4,000 messages (and 400 duplicates) over 12
-// seconds, 150 dead letters replayed over 15 seconds, one immediate
+// TestChaos is the CI-sized run: 3,000 messages (and 300 duplicates) over 8
+// seconds, 120 dead letters replayed over 12 seconds, one immediate
 // PostgreSQL crash held until every part noticed it, one broker SIGKILL.
 func TestChaos(t *testing.T) {
 	run(t, scenario{
-		distinct: 4000, duplicates: 400, keys: 100, produceFor: 12 * time.Second,
-		deadLetters: 150, replayRate: 10,
+		distinct: 3000, duplicates: 300, keys: 100, produceFor: 8 * time.Second,
+		deadLetters: 120, replayRate: 10,
 		steps: []step{
 			{at: 0.25, kind: pgHeld, mode: pgproc.Immediate},
-			{at: 0.6, kind: kafkaKill},
+			{at: 0.5, kind: kafkaKill},
 		},
 		budget: 3 * time.Minute,
 	})
