@@ -199,9 +199,11 @@ func (h *harness) noticed(parts []string, since time.Time) (yes, no []string) {
 
 func run(t *testing.T, sc scenario) {
 	began := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), sc.budget)
+	// The waits end at the budget; the servers' and the test's own calls
+	// get a minute more, to report and clean up.
+	deadline := began.Add(sc.budget)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline.Add(time.Minute))
 	defer cancel()
-	deadline, _ := ctx.Deadline()
 
 	pg := pgproc.Start(t)
 	broker := kafkaproc.Start(t)
@@ -247,9 +249,10 @@ func run(t *testing.T, sc scenario) {
 		t.Fatalf("seed dead letters: %v", err)
 	}
 
-	// The parts under test. At cleanup (also after a failure) they are
-	// cancelled and waited for before the servers go away.
-	runCtx, stop := context.WithCancel(ctx)
+	// The parts under test: only the test cancels them (never a deadline,
+	// which they would take for a cancellation). At cleanup (also after a
+	// failure) they are cancelled and waited for before the servers go away.
+	runCtx, stop := context.WithCancel(context.Background())
 	defer stop()
 	var wg sync.WaitGroup
 	exits := make(chan exit, len(runners)+2)
