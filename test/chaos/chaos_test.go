@@ -354,7 +354,7 @@ func run(t *testing.T, sc scenario) {
 			})
 			if _, no := h.noticed(parts, t0); err != nil && len(no) > 0 {
 				for _, name := range no {
-					t.Errorf("step %d: %s logged no %q within %s of PostgreSQL stopping; its log since:\n%s",
+					t.Errorf("step %d: %s logged no %q within %s of PostgreSQL stopping; its last log records:\n%s",
 						i+1, name, outageStart, outageNotice, h.logs.tail(name, 8))
 				}
 			}
@@ -454,8 +454,10 @@ func run(t *testing.T, sc scenario) {
 		}
 		t.Logf("%s: %d outage starts, %d ends:\n%s", name, starts, ends, b.String())
 	}
-	t.Logf("%d sends (%d distinct, %d dead letters) applied once each in %s; test took %s",
-		len(p.sends), sc.distinct, sc.deadLetters, applied.Round(time.Millisecond), time.Since(began).Round(time.Millisecond))
+	if !t.Failed() {
+		t.Logf("%d sends (%d distinct, %d dead letters) applied once each in %s; test took %s",
+			len(p.sends), sc.distinct, sc.deadLetters, applied.Round(time.Millisecond), time.Since(began).Round(time.Millisecond))
+	}
 }
 
 func createTopics(t *testing.T, ctx context.Context, addr string, topics map[string]int) {
