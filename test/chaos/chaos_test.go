@@ -224,7 +224,9 @@ func run(t *testing.T, sc scenario) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := newPlan(sc.distinct, sc.duplicates, sc.keys, uint64(began.UnixNano()))
+	seed := uint64(began.UnixNano())
+	p := newPlan(sc.distinct, sc.duplicates, sc.keys, seed)
+	t.Logf("plan seed %d: %d sends, %d distinct IDs over %d keys", seed, len(p.sends), sc.distinct, sc.keys)
 	keys := slices.Clone(p.keys)
 	want := make([]string, 0, sc.distinct+sc.deadLetters)
 	for i := range sc.distinct {
