@@ -272,9 +272,14 @@ func run(t *testing.T, sc scenario) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	hooks := make([]struct{ started, ended atomic.Int64 }, len(runners))
 	for i, name := range runners {
 		cfg := &consumer.Config{Brokers: brokers, Topic: inTopic, GroupID: group, Pool: pools[name], Store: store,
-			SessionTimeout: 6 * time.Second, RebalanceTimeout: 10 * time.Second, Logger: lg.For(name)}
+			SessionTimeout: 6 * time.Second, RebalanceTimeout: 10 * time.Second, Logger: lg.For(name),
+			Hooks: consumer.Hooks{
+				OutageStarted: func(string, error) { hooks[i].started.Add(1) },
+				OutageEnded:   func(string, time.Duration) { hooks[i].ended.Add(1) },
+			}}
 		switch i {
 		case 0: // one transaction per message
 			cfg.Handler = a.handler(name)
@@ -450,11 +455,18 @@ func run(t *testing.T, sc scenario) {
 			}
 			fmt.Fprintf(&b, "\t%s\n", e)
 		}
-		if starts == 0 || ends == 0 {
-			t.Errorf("%s logged %d outage starts (%q) and %d ends (%q), want at least one of each", name,
-				starts, outageStart, ends, outageEnd)
+		// Every server is back and every part idle: each outage logged as
+		// started has been logged as ended.
+		if starts == 0 || starts != ends {
+			t.Errorf("%s logged %d outage starts (%q) and %d ends (%q or %q), want at least one, each with its end",
+				name, starts, outageStart, ends, outageEnd, outageStopped)
 		}
 		t.Logf("%s: %d outage starts, %d ends:\n%s", name, starts, ends, b.String())
+	}
+	for i, name := range runners {
+		if s, e := hooks[i].started.Load(), hooks[i].ended.Load(); s == 0 || s != e {
+			t.Errorf("%s: Hooks.OutageStarted ran %d times, OutageEnded %d times; want at least once, as often", name, s, e)
+		}
 	}
 	if !t.Failed() {
 		t.Logf("%d sends (%d distinct, %d dead letters) applied once each in %s; test took %s",

@@ -9,10 +9,12 @@ import (
 	"time"
 )
 
-// The messages internal/outage logs when a loop loses and regains its server.
+// The messages internal/outage logs when a loop loses its server, regains
+// it, or stops waiting for it (the loop ended: a rebalance, a shutdown).
 const (
-	outageStart = "server unreachable; waiting it out"
-	outageEnd   = "server reachable again"
+	outageStart   = "server unreachable; waiting it out"
+	outageEnd     = "server reachable again"
+	outageStopped = "stopped waiting for the server; the loop ended"
 )
 
 // entry is one recorded log record, its attributes flattened to strings
@@ -70,7 +72,7 @@ func (l *logs) outages(part string) []entry {
 	defer l.mu.Unlock()
 	var out []entry
 	for _, e := range l.entries {
-		if e.attrs["part"] == part && (e.msg == outageStart || e.msg == outageEnd) {
+		if e.attrs["part"] == part && (e.msg == outageStart || e.msg == outageEnd || e.msg == outageStopped) {
 			out = append(out, e)
 		}
 	}
