@@ -325,5 +325,3 @@ func checkPublished(t *testing.T, brokers []string, topic string, want []string)
 	}
 	t.Logf("outbox topic: %d messages, %d distinct, %d duplicates", len(msgs), len(got), dups)
 }
-
-func sortedKeys(m map[string]string) []string { return slices.Sorted(maps.Keys(m)) }

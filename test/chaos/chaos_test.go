@@ -3,10 +3,10 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -19,6 +19,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/dlq"
+	"github.com/idemkit/idemkit/internal/outage"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
@@ -123,13 +124,13 @@ type exit struct {
 }
 
 // harness watches the parts while the test waits: a part that returns
-// before the test cancels it fails the test at once, with its error and
-// last log records. The reprocessor returns by itself when it has replayed
+// before the test cancels it fails the test at once, with its error. The
+// reprocessor returns by itself when it has replayed
 // the topic: that is recorded, not a failure, when it returns nil.
 type harness struct {
 	t        *testing.T
 	deadline time.Time
-	logs     *logs
+	logs     partLogs
 	exits    chan exit
 	replayed *dlq.Summary // set when the reprocessor completed
 	status   func() string
@@ -145,8 +146,8 @@ func (h *harness) check() {
 				h.t.Logf("reprocessor completed: %v", e.sum)
 				continue
 			}
-			h.t.Fatalf("%s returned from Run before the test cancelled it: %v\n%s's last log records:\n%s",
-				e.name, e.err, e.name, h.logs.tail(e.name, 15))
+			h.t.Fatalf("%s returned from Run before the test cancelled it: %v (its log records above have part=%s)",
+				e.name, e.err, e.name)
 		default:
 			return
 		}
@@ -185,10 +186,42 @@ func (h *harness) mustWait(what string, within time.Duration, cond func() (bool,
 	}
 }
 
-// noticed returns which of parts logged an outage start since t.
-func (h *harness) noticed(parts []string, since time.Time) (yes, no []string) {
+// partLogs keeps each part's log records. testenv.Logs passes them on to
+// t.Log, where part=<name> says whose they are.
+type partLogs map[string]*testenv.Logs
+
+// newPartLogs returns the records and the logger of each part.
+func newPartLogs(t *testing.T, names ...string) (partLogs, map[string]*slog.Logger) {
+	logs, loggers := partLogs{}, map[string]*slog.Logger{}
+	for _, name := range names {
+		l, logger := testenv.NewLogs(t)
+		logs[name], loggers[name] = l, logger.With("part", name)
+	}
+	return logs, loggers
+}
+
+// starts returns how many outages each of parts logged as started.
+func (l partLogs) starts(parts []string) map[string]int {
+	n := map[string]int{}
 	for _, p := range parts {
-		if h.logs.count(p, outageStart, since) > 0 {
+		n[p] = l[p].Count(outage.StartMsg, "")
+	}
+	return n
+}
+
+// ends returns how many outages part logged as ended: the server answered
+// again, or the loop that waited for it ended.
+func (l partLogs) ends(part string) int {
+	return l[part].Count(outage.EndMsg, "") + l[part].Count(outage.StoppedMsg, "")
+}
+
+// noticed returns which of parts logged an outage start since before was
+// taken (with starts), or are in an outage (a runner merges the outages its
+// loops meet into one: one that began earlier covers this one).
+func (h *harness) noticed(parts []string, before map[string]int) (yes, no []string) {
+	now := h.logs.starts(parts)
+	for _, p := range parts {
+		if now[p] > before[p] || now[p] > h.logs.ends(p) {
 			yes = append(yes, p)
 		} else {
 			no = append(no, p)
@@ -215,7 +248,8 @@ func run(t *testing.T, sc scenario) {
 	group := "chaos"
 	createTopics(t, ctx, broker.Addr, map[string]int{inTopic: 6, outTopic: 3, dlqTopic: 1})
 
-	lg := &logs{}
+	all := append(slices.Clone(runners), relay, reprocessor)
+	lg, loggers := newPartLogs(t, append(all, "seed")...)
 	pools := map[string]*pgxpool.Pool{}
 	for _, name := range append(slices.Clone(runners), relay, reprocessor, "test") {
 		pools[name] = newPool(t, ctx, pg.URL(), name)
@@ -239,7 +273,7 @@ func run(t *testing.T, sc scenario) {
 	if err := a.setup(ctx, pools["test"], keys); err != nil {
 		t.Fatalf("schema: %v", err)
 	}
-	dw, err := dlq.NewWriter(&dlq.WriterConfig{Brokers: brokers, Topic: dlqTopic, Group: group, Logger: lg.For("seed")})
+	dw, err := dlq.NewWriter(&dlq.WriterConfig{Brokers: brokers, Topic: dlqTopic, Group: group, Logger: loggers["seed"]})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,7 +309,7 @@ func run(t *testing.T, sc scenario) {
 	hooks := make([]struct{ started, ended atomic.Int64 }, len(runners))
 	for i, name := range runners {
 		cfg := &consumer.Config{Brokers: brokers, Topic: inTopic, GroupID: group, Pool: pools[name], Store: store,
-			SessionTimeout: 6 * time.Second, RebalanceTimeout: 10 * time.Second, Logger: lg.For(name),
+			SessionTimeout: 6 * time.Second, RebalanceTimeout: 10 * time.Second, Logger: loggers[name],
 			Hooks: consumer.Hooks{
 				OutageStarted: func(string, error) { hooks[i].started.Add(1) },
 				OutageEnded:   func(string, time.Duration) { hooks[i].ended.Add(1) },
@@ -296,7 +330,7 @@ func run(t *testing.T, sc scenario) {
 	}
 	rl, err := outbox.NewRelay(pools[relay], a.outbox, &outbox.RelayConfig{Brokers: brokers,
 		PollInterval: 100 * time.Millisecond, PublishTimeout: 5 * time.Second, RetryMax: 2 * time.Second,
-		Logger: lg.For(relay)})
+		Logger: loggers[relay]})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -304,7 +338,7 @@ func run(t *testing.T, sc scenario) {
 	var replayedItems atomic.Int64
 	rp, err := dlq.NewReprocessor(&dlq.ReprocessorConfig{Brokers: brokers, Topic: dlqTopic, Mode: dlq.Redrive,
 		Handler: a.handler(reprocessor), Pool: pools[reprocessor], Tables: migrate.Config{Schema: schema},
-		Rate: sc.replayRate, Logger: lg.For(reprocessor),
+		Rate: sc.replayRate, Logger: loggers[reprocessor],
 		Progress: func(dlq.Item) { replayedItems.Add(1) }})
 	if err != nil {
 		t.Fatal(err)
@@ -338,6 +372,7 @@ func run(t *testing.T, sc scenario) {
 			return sent.Load() >= int64(s.at*float64(len(p.sends))), nil
 		})
 		t0 := time.Now()
+		before := h.logs.starts(all)
 		switch s.kind {
 		case pgRestart:
 			if err := pg.Restart(ctx, s.mode); err != nil {
@@ -356,13 +391,13 @@ func run(t *testing.T, sc scenario) {
 				t.Errorf("step %d: the reprocessor completed before PostgreSQL went down: give it more dead letters", i+1)
 			}
 			err := h.wait("every part logging the PostgreSQL outage", outageNotice, func() (bool, error) {
-				_, no := h.noticed(parts, t0)
+				_, no := h.noticed(parts, before)
 				return len(no) == 0 && time.Since(t0) >= minHold, nil
 			})
-			if _, no := h.noticed(parts, t0); err != nil && len(no) > 0 {
+			if _, no := h.noticed(parts, before); err != nil && len(no) > 0 {
 				for _, name := range no {
-					t.Errorf("step %d: %s logged no %q within %s of PostgreSQL stopping; its last log records:\n%s",
-						i+1, name, outageStart, outageNotice, h.logs.tail(name, 8))
+					t.Errorf("step %d: %s logged no %q within %s of PostgreSQL stopping (its log records above have part=%s)",
+						i+1, name, outage.StartMsg, outageNotice, name)
 				}
 			}
 			if err := pg.Start(ctx); err != nil {
@@ -375,13 +410,13 @@ func run(t *testing.T, sc scenario) {
 				t.Fatalf("step %d: %v", i+1, err)
 			}
 			err := h.wait("the runners logging the Kafka outage", outageNotice, func() (bool, error) {
-				_, no := h.noticed(runners, t0)
+				_, no := h.noticed(runners, before)
 				return len(no) == 0 && time.Since(t0) >= minHold, nil
 			})
 			if err != nil {
 				t.Errorf("step %d: %v", i+1, err)
 			}
-			yes, _ := h.noticed(append(slices.Clone(runners), relay, reprocessor), t0)
+			yes, _ := h.noticed(all, before)
 			held := time.Since(t0)
 			if err := broker.Start(ctx); err != nil {
 				t.Fatalf("step %d: %v", i+1, err)
@@ -444,25 +479,16 @@ func run(t *testing.T, sc scenario) {
 		t.Errorf("replay summary %v: want %d dead letters applied (or found replayed after a lost commit answer), nothing else",
 			s, sc.deadLetters)
 	}
-	for _, name := range append(slices.Clone(runners), relay, reprocessor) {
-		var b strings.Builder
-		starts, ends := 0, 0
-		for _, e := range lg.outages(name) {
-			if e.msg == outageStart {
-				starts++
-			} else {
-				ends++
-			}
-			fmt.Fprintf(&b, "\t%s\n", e)
-		}
-		// Every server is back and every part idle: each outage logged as
-		// started has been logged as ended.
-		if starts == 0 || starts != ends {
+	// Every server is back and every part idle: each outage logged as
+	// started has been logged as ended.
+	starts := lg.starts(all)
+	for _, name := range all {
+		if starts[name] == 0 || starts[name] != lg.ends(name) {
 			t.Errorf("%s logged %d outage starts (%q) and %d ends (%q or %q), want at least one, each with its end",
-				name, starts, outageStart, ends, outageEnd, outageStopped)
+				name, starts[name], outage.StartMsg, lg.ends(name), outage.EndMsg, outage.StoppedMsg)
 		}
-		t.Logf("%s: %d outage starts, %d ends:\n%s", name, starts, ends, b.String())
 	}
+	t.Logf("outages logged: %v", starts)
 	for i, name := range runners {
 		if s, e := hooks[i].started.Load(), hooks[i].ended.Load(); s == 0 || s != e {
 			t.Errorf("%s: Hooks.OutageStarted ran %d times, OutageEnded %d times; want at least once, as often", name, s, e)
