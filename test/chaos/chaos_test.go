@@ -33,6 +33,9 @@ const EnvChaos = "IDEMKIT_CHAOS"
 // TestChaos is the CI-sized run: 3,000 messages (and 300 duplicates) over 8
 // seconds, 120 dead letters replayed over 12 seconds, one immediate
 // PostgreSQL crash held until every part noticed it, one broker SIGKILL.
+//
+// The chaos tests are not parallel: each runs servers of its own and keeps
+// two cores busy.
 func TestChaos(t *testing.T) {
 	run(t, scenario{
 		distinct: 3000, duplicates: 300, keys: 100, produceFor: 8 * time.Second,
@@ -125,8 +128,8 @@ type exit struct {
 
 // harness watches the parts while the test waits: a part that returns
 // before the test cancels it fails the test at once, with its error. The
-// reprocessor returns by itself when it has replayed
-// the topic: that is recorded, not a failure, when it returns nil.
+// reprocessor returns by itself when it has replayed the topic: that is
+// recorded, not a failure, when it returns nil.
 type harness struct {
 	t        *testing.T
 	deadline time.Time
