@@ -257,7 +257,10 @@ type Hooks struct {
 	// open on the topic (records after it wait until it commits or aborts).
 	HeldByTransaction func(topic string, partition int, lastStable, highWatermark int64, held time.Duration)
 	// OutageStarted and OutageEnded observe outages the runner waits out:
-	// op names what could not reach its server.
+	// op names what could not reach its server. Each OutageStarted is
+	// followed by one OutageEnded: when the server answers again, or when no
+	// loop of the runner waits for it any more (Run ended, or a rebalance
+	// ended the partition workers that waited).
 	OutageStarted func(op string, err error)
 	OutageEnded   func(op string, d time.Duration)
 }

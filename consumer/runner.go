@@ -75,7 +75,7 @@ func (r *Runner) Run(ctx context.Context) error {
 
 	client, closeClient := r.client()
 	defer closeClient()
-	if err := r.waiter("kafka metadata").Do(ctx, func(ctx context.Context) error { return r.requireTopic(ctx, client) }); err != nil {
+	if err := r.do(ctx, "kafka metadata", func(ctx context.Context) error { return r.requireTopic(ctx, client) }); err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -122,6 +122,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 
 	groupWait := r.waiter("kafka consumer group")
+	defer groupWait.Stop()
 	for {
 		gen, err := group.Next(ctx)
 		if err != nil {
@@ -154,6 +155,14 @@ func (r *Runner) Run(ctx context.Context) error {
 func (r *Runner) waiter(op string) *outage.Waiter {
 	return &outage.Waiter{Op: "consumer " + r.cfg.GroupID + "/" + r.cfg.Topic + ": " + op,
 		Max: r.cfg.MaxOutage, Shared: r.outages}
+}
+
+// do runs op with a waiter of its own until it succeeds (see
+// outage.Waiter.Do); a wait that ctx ends leaves the runner's outage.
+func (r *Runner) do(ctx context.Context, op string, f func(ctx context.Context) error) error {
+	w := r.waiter(op)
+	defer w.Stop()
+	return w.Do(ctx, f)
 }
 
 // purgeLoop deletes this consumer's dedup records older than
@@ -278,7 +287,7 @@ func (r *Runner) starts(ctx context.Context, client *kafka.Client, assigned []ka
 		positions = map[int]dedup.Position{}
 		ranges    map[int]kafkaoffsets.Range
 	)
-	err := r.waiter("read positions").Do(ctx, func(ctx context.Context) error {
+	err := r.do(ctx, "read positions", func(ctx context.Context) error {
 		list, err := r.cfg.Store.ListPositions(ctx, r.cfg.Pool, r.cfg.Name, r.cfg.Topic)
 		for _, p := range list {
 			positions[p.Partition] = p
@@ -288,7 +297,7 @@ func (r *Runner) starts(ctx context.Context, client *kafka.Client, assigned []ka
 	if err != nil {
 		return nil, fmt.Errorf("consumer: read positions: %w", err)
 	}
-	err = r.waiter("list offsets").Do(ctx, func(ctx context.Context) error {
+	err = r.do(ctx, "list offsets", func(ctx context.Context) error {
 		var err error
 		ranges, err = kafkaoffsets.LogRange(ctx, client, r.cfg.Topic, partitions...)
 		return err
@@ -300,7 +309,7 @@ func (r *Runner) starts(ctx context.Context, client *kafka.Client, assigned []ka
 	for _, a := range assigned {
 		pos, ok := positions[a.ID]
 		var st partitionStart
-		err := r.waiter("check position").Do(ctx, func(ctx context.Context) error {
+		err := r.do(ctx, "check position", func(ctx context.Context) error {
 			var err error
 			st, err = r.checkStart(ctx, client, a.ID, pos, ok, a.Offset, ranges[a.ID])
 			return err

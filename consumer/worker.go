@@ -49,6 +49,7 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 
 	cfg := &w.r.cfg
 	w.outage = w.r.waiter(fmt.Sprintf("partition %d", w.partition))
+	defer w.outage.Stop() // a rebalance may end the worker in an outage
 	// Each partition has its own connections: a broker answers the
 	// requests of one connection in turn, and a fetch waiting for records
 	// must not hold up another partition's.
@@ -160,6 +161,7 @@ func (w *worker) prefetch(ctx context.Context, reader *kread.Reader) {
 	defer close(w.prefetched)
 	cfg := &w.r.cfg
 	fetches := w.r.waiter(fmt.Sprintf("fetch partition %d", w.partition))
+	defer fetches.Stop()
 	sent := w.start // the offset after the last item sent
 	var heldSince time.Time
 	heldReported := false

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"slices"
 	"time"
 
@@ -157,6 +158,14 @@ func listOffsets(ctx context.Context, client *kafka.Client, topic string, level 
 	}
 	out := map[int]kafka.PartitionOffsets{}
 	for _, po := range resp.Topics[topic] {
+		if errors.Is(po.Error, kafka.Unknown) {
+			// kafka-go sends one request per partition and offset; when some
+			// fail on the wire (connections to a broker that just restarted)
+			// and others succeed, it reports the failed ones as Unknown (-1)
+			// and drops the cause. Say it is a lost request, which
+			// retry.IsConnection recognises: an outage, not a verdict.
+			return nil, fmt.Errorf("offsets of %s/%d: %v: %w", topic, po.Partition, po.Error, errRequestLost)
+		}
 		if po.Error != nil {
 			return nil, fmt.Errorf("offsets of %s/%d: %w", topic, po.Partition, po.Error)
 		}
@@ -164,6 +173,11 @@ func listOffsets(ctx context.Context, client *kafka.Client, topic string, level 
 	}
 	return out, nil
 }
+
+// errRequestLost stands for the cause kafka-go drops when a ListOffsets
+// request it split failed on the wire (see listOffsets).
+var errRequestLost = &net.OpError{Op: "read", Net: "tcp",
+	Err: errors.New("ListOffsets request lost (kafka-go reports it as Unknown)")}
 
 // Committed returns group's committed offset for each of topic's partitions
 // given. Partitions without a committed offset are absent from the map; a

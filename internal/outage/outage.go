@@ -16,10 +16,13 @@ import (
 	"github.com/idemkit/idemkit/retry"
 )
 
-// The messages logged when an outage starts and when it ends.
+// The messages logged when an outage starts and when it ends: the server
+// answered again (EndMsg), or no loop waits for it any more (StoppedMsg, see
+// Waiter.Stop; whether the server is back is not known).
 const (
-	StartMsg = "server unreachable; waiting it out"
-	EndMsg   = "server reachable again"
+	StartMsg   = "server unreachable; waiting it out"
+	EndMsg     = "server reachable again"
+	StoppedMsg = "stopped waiting for the server; the loop ended"
 )
 
 // Policy is the backoff between two tries during an outage: 100ms doubling
@@ -131,9 +134,34 @@ func (w *Waiter) Ok() {
 	w.since, w.last = time.Time{}, nil
 }
 
+// Stop is called when the loop stops waiting for good (its context ended: a
+// shutdown, or a rebalance that ends a partition's worker) while an outage
+// may be in progress. Without it the outage would never end: no "reachable
+// again" line, no OnEnd, and a Tracker would count the waiter as waiting for
+// ever and log no later outage. An outage in progress ends for this waiter
+// without a success: a waiter of a Tracker leaves it (the tracker's outage
+// ends when no waiter is left in it); a waiter of its own logs that it
+// stopped waiting, with the outage's duration, and calls OnEnd. Stop does
+// nothing outside an outage.
+func (w *Waiter) Stop() {
+	if w.since.IsZero() {
+		return
+	}
+	d := time.Since(w.since)
+	if w.Shared != nil {
+		w.Shared.stop(w.last)
+	} else {
+		w.log().Info(StoppedMsg, "op", w.Op, "outage", d.Round(time.Millisecond), "last_err", w.last)
+		if w.OnEnd != nil {
+			w.OnEnd(w.Op, d)
+		}
+	}
+	w.since, w.last = time.Time{}, nil
+}
+
 // Tracker merges the outages of several waiters into one: the first waiter
-// to meet an outage starts it, the last one to get through ends it. It is
-// safe for concurrent use.
+// to meet an outage starts it, the last one to get through (or to stop
+// waiting) ends it. It is safe for concurrent use.
 type Tracker struct {
 	// Log receives one Warn when an outage starts and one Info when it ends.
 	Log *slog.Logger
@@ -163,14 +191,19 @@ func (t *Tracker) start(op string, err error) {
 	}
 }
 
-func (t *Tracker) end(last error) {
+func (t *Tracker) end(last error) { t.leave(EndMsg, last) }
+
+func (t *Tracker) stop(last error) { t.leave(StoppedMsg, last) }
+
+// leave takes a waiter out of the outage; the last one out ends it with msg.
+func (t *Tracker) leave(msg string, last error) {
 	t.mu.Lock()
 	t.active--
 	done := t.active == 0
 	op, d := t.op, time.Since(t.since)
 	t.mu.Unlock()
 	if done {
-		t.log().Info(EndMsg, "op", op, "outage", d.Round(time.Millisecond), "last_err", last)
+		t.log().Info(msg, "op", op, "outage", d.Round(time.Millisecond), "last_err", last)
 		if t.OnEnd != nil {
 			t.OnEnd(op, d)
 		}

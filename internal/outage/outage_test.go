@@ -97,3 +97,56 @@ func TestDoStopsWithContext(t *testing.T) {
 		t.Fatalf("Do = %v, want the context's deadline", err)
 	}
 }
+
+// A loop that stops waiting (its context ended) in an outage ends the
+// outage: logged as stopped, with OnEnd, so that starts and ends pair up.
+func TestStopEndsAnAbandonedOutage(t *testing.T) {
+	rec := &recorder{}
+	var started, ended int
+	w := &outage.Waiter{Op: "test", Log: slog.New(rec), Policy: fast(),
+		OnStart: func(string, error) { started++ }, OnEnd: func(string, time.Duration) { ended++ }}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := w.Do(ctx, func(context.Context) error { return fmt.Errorf("dial: %w", syscall.ECONNREFUSED) }); err == nil {
+		t.Fatal("Do succeeded against a refusing server")
+	}
+	w.Stop()
+	w.Stop() // outside an outage: nothing
+	got := strings.Join(rec.msgs, "|")
+	if got != "WARN server unreachable; waiting it out|INFO stopped waiting for the server; the loop ended" ||
+		started != 1 || ended != 1 || w.InOutage() {
+		t.Fatalf("logs %q, hooks %d/%d, in outage %v; want one start and one stop", got, started, ended, w.InOutage())
+	}
+}
+
+// A waiter of a tracker that stops waiting leaves the tracker's outage:
+// the outage ends when the other waiters get through, and the next outage
+// is logged again. (Before Stop, a worker ended by a rebalance in an outage
+// kept its runner's tracker in that outage for good.)
+func TestStopLeavesTheTracker(t *testing.T) {
+	rec := &recorder{}
+	var started, ended int
+	tr := &outage.Tracker{Log: slog.New(rec), OnStart: func(string, error) { started++ },
+		OnEnd: func(string, time.Duration) { ended++ }}
+	refused := fmt.Errorf("dial: %w", syscall.ECONNREFUSED)
+	enter := func(w *outage.Waiter) {
+		t.Helper()
+		if err := w.Wait(context.Background(), refused); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := &outage.Waiter{Op: "a", Shared: tr, Policy: fast()}
+	b := &outage.Waiter{Op: "b", Shared: tr, Policy: fast()}
+	enter(a)
+	enter(b)
+	a.Stop() // a's loop ended (a rebalance); b still waits
+	b.Ok()
+	enter(b) // a later outage
+	b.Stop() // the last waiter stops: the outage ends as stopped
+	got := strings.Join(rec.msgs, "|")
+	want := "WARN server unreachable; waiting it out|INFO server reachable again|" +
+		"WARN server unreachable; waiting it out|INFO stopped waiting for the server; the loop ended"
+	if got != want || started != 2 || ended != 2 {
+		t.Fatalf("logs %q, hooks %d/%d; want two outages, each started and ended once", got, started, ended)
+	}
+}

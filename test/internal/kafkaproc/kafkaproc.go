@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -140,14 +141,21 @@ group.initial.rebalance.delay.ms=0
 	if err := os.WriteFile(filepath.Join(dir, "log4j2.yaml"), []byte(logCfg), 0o644); err != nil {
 		tb.Fatal(err)
 	}
-	var id [16]byte
-	if _, err := rand.Read(id[:]); err != nil {
-		tb.Fatal(err)
+	// A cluster ID that starts with "-" reads as an option to the storage
+	// tool ("expected one argument"): draw again, as Kafka's own
+	// Uuid.randomUuid does.
+	var clusterID string
+	for clusterID == "" || strings.HasPrefix(clusterID, "-") {
+		var id [16]byte
+		if _, err := rand.Read(id[:]); err != nil {
+			tb.Fatal(err)
+		}
+		clusterID = base64.RawURLEncoding.EncodeToString(id[:])
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	format := exec.CommandContext(ctx, "java", append(b.jvm(), "kafka.tools.StorageTool", "format",
-		"-t", base64.RawURLEncoding.EncodeToString(id[:]), "-c", b.props)...)
+		"-t", clusterID, "-c", b.props)...)
 	if out, err := format.CombinedOutput(); err != nil {
 		tb.Fatalf("kafkaproc: format storage: %v\n%s", err, out)
 	}
@@ -198,7 +206,13 @@ func (b *Broker) Start(ctx context.Context) error {
 	b.cmd, b.exited = cmd, exited
 	b.mu.Unlock()
 
-	client := &kafka.Client{Addr: kafka.TCP(b.Addr), Timeout: 2 * time.Second}
+	// A transport of its own: kafka-go's transports answer metadata
+	// requests from the metadata they cached, so a shared one (the default)
+	// says "ready" at once when the broker is started again in the same
+	// process.
+	tr := &kafka.Transport{DialTimeout: time.Second}
+	defer tr.CloseIdleConnections()
+	client := &kafka.Client{Addr: kafka.TCP(b.Addr), Timeout: 2 * time.Second, Transport: tr}
 	for {
 		_, err := client.Metadata(ctx, &kafka.MetadataRequest{})
 		if err == nil {
