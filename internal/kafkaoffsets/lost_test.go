@@ -43,7 +43,7 @@ func TestLogRangeLostRequestIsAConnectionError(t *testing.T) {
 		t.Fatalf("LogRange = %v, want a connection-class error", err)
 	}
 	got, err := kafkaoffsets.LogRange(context.Background(), client, "t", 0)
-	if err != nil || got[0] != (kafkaoffsets.Range{Start: 10, End: 10}) {
+	if err != nil || got[0] != (kafkaoffsets.Range{Start: 10, Stable: 10, End: 10}) {
 		t.Fatalf("LogRange of the answered partition = %v, %v", got, err)
 	}
 }
