@@ -23,12 +23,10 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/idemkit/idemkit/internal/topicscan"
 )
 
-// ErrNoTopic means the topic does not exist. It is topicscan.ErrNoTopic:
-// errors.Is matches either name.
-var ErrNoTopic = topicscan.ErrNoTopic
+// ErrNoTopic means the topic does not exist.
+var ErrNoTopic = errors.New("topic does not exist")
 
 // ErrGroupNotEmpty means Kafka refused to commit offsets from outside the
 // group because the group has members (the broker's UNKNOWN_MEMBER_ID,

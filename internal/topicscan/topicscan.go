@@ -14,14 +14,15 @@ package topicscan
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemkit/idemkit/internal/kafkaoffsets"
 	"github.com/idemkit/idemkit/internal/kread"
 	"github.com/idemkit/idemkit/internal/outage"
 )
@@ -31,7 +32,7 @@ import (
 const MaxOutage = time.Minute
 
 // ErrNoTopic means the topic does not exist.
-var ErrNoTopic = errors.New("topic does not exist")
+var ErrNoTopic = kafkaoffsets.ErrNoTopic
 
 // Range is the part of one partition a scan reads: offsets First to End-1.
 type Range struct {
@@ -47,42 +48,14 @@ func client(brokers []string) *kafka.Client {
 // messages now, by partition: from its first offset to its last stable
 // offset. Messages written or committed later are past End.
 func Ranges(ctx context.Context, brokers []string, topic string) ([]Range, error) {
-	client := client(brokers)
-	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	ranges, err := kafkaoffsets.LogRange(ctx, client(brokers), topic)
 	if err != nil {
-		return nil, fmt.Errorf("metadata for %s: %w", topic, err)
-	}
-	if len(md.Topics) != 1 || errors.Is(md.Topics[0].Error, kafka.UnknownTopicOrPartition) {
-		return nil, fmt.Errorf("%w: %s", ErrNoTopic, topic)
-	}
-	if md.Topics[0].Error != nil {
-		return nil, fmt.Errorf("metadata for %s: %w", topic, md.Topics[0].Error)
-	}
-	var parts []int
-	for _, p := range md.Topics[0].Partitions {
-		parts = append(parts, p.ID)
-	}
-	slices.Sort(parts)
-	// Read committed: LastOffset is the last stable offset.
-	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}, IsolationLevel: kafka.ReadCommitted}
-	for _, p := range parts {
-		req.Topics[topic] = append(req.Topics[topic], kafka.FirstOffsetOf(p), kafka.LastOffsetOf(p))
-	}
-	offs, err := client.ListOffsets(ctx, req)
-	if err != nil {
-		return nil, fmt.Errorf("offsets of %s: %w", topic, err)
-	}
-	bounds := map[int]kafka.PartitionOffsets{}
-	for _, po := range offs.Topics[topic] {
-		if po.Error != nil {
-			return nil, fmt.Errorf("offsets of %s/%d: %w", topic, po.Partition, po.Error)
-		}
-		bounds[po.Partition] = po
+		return nil, err
 	}
 	var out []Range
-	for _, p := range parts {
-		if b := bounds[p]; b.FirstOffset < b.LastOffset {
-			out = append(out, Range{Partition: p, First: b.FirstOffset, End: b.LastOffset})
+	for _, p := range slices.Sorted(maps.Keys(ranges)) {
+		if r := ranges[p]; r.Start < r.Stable {
+			out = append(out, Range{Partition: p, First: r.Start, End: r.Stable})
 		}
 	}
 	return out, nil
