@@ -130,11 +130,13 @@ func (p *parker) insert(ctx context.Context, tx pgx.Tx, msgs []*Message, f *fail
 func (p *parker) park(ctx context.Context, msg *Message, f failure) error {
 	cfg := &p.w.r.cfg
 	delay, _ := p.delay(1)
-	err := inTx(ctx, cfg.Pool, func(tx pgx.Tx) error {
-		if err := p.insert(ctx, tx, []*Message{msg}, &f, time.Now().Add(delay)); err != nil {
-			return err
-		}
-		return cfg.Store.SavePositionTx(ctx, tx, cfg.Name, msg.Topic, msg.Partition, msg.Offset+1, msg.Time)
+	err := p.w.outage.Do(ctx, func(ctx context.Context) error {
+		return inTx(ctx, cfg.Pool, func(tx pgx.Tx) error {
+			if err := p.insert(ctx, tx, []*Message{msg}, &f, time.Now().Add(delay)); err != nil {
+				return err
+			}
+			return cfg.Store.SavePositionTx(ctx, tx, cfg.Name, msg.Topic, msg.Partition, msg.Offset+1, msg.Time)
+		})
 	})
 	if err != nil {
 		return err

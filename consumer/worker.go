@@ -78,7 +78,7 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 
 	for {
 		if w.parked != nil {
-			if err := w.outage.Do(ctx, w.parked.releaseDue); err != nil {
+			if err := w.untilReachable(ctx, w.parked.releaseDue); err != nil {
 				if ctx.Err() == nil {
 					w.fail(err)
 				}
@@ -106,7 +106,7 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 		if err := w.acquire(ctx); err != nil {
 			return
 		}
-		err = w.outage.Do(ctx, func(ctx context.Context) error { return w.process(ctx, batch) })
+		err = w.untilReachable(ctx, func(ctx context.Context) error { return w.process(ctx, batch) })
 		<-w.r.sem
 		w.bytes.release(batchBytes(batch))
 		if err != nil {
@@ -119,6 +119,36 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 		w.commits.mark(w.partition, batch[len(batch)-1].Offset+1)
 	}
 }
+
+// untilReachable runs op again after a connection error it returns, waiting
+// the outage out, so that a lost connection between the steps of op (which
+// each wait out their own transactions' outages) does not stop the runner.
+// A verdict is returned at once, whatever error it wraps: a message that
+// failed for good (*MessageError), an error of OnFailure, an outage that
+// outlasted MaxOutage.
+func (w *worker) untilReachable(ctx context.Context, op func(ctx context.Context) error) error {
+	for {
+		err := op(ctx)
+		if err == nil {
+			return nil
+		}
+		var merr *MessageError
+		var verdict *verdictError
+		if errors.As(err, &merr) || errors.As(err, &verdict) {
+			return err
+		}
+		if werr := w.outage.Wait(ctx, err); werr != nil {
+			return werr
+		}
+	}
+}
+
+// verdictError marks an error that is an answer, not an outage, whatever it
+// wraps: an error OnFailure returned.
+type verdictError struct{ err error }
+
+func (e *verdictError) Error() string { return e.err.Error() }
+func (e *verdictError) Unwrap() error { return e.err }
 
 // fetchBytes is the size of one fetch for a partition whose share of
 // MaxBufferedBytes is budget: half of it, between 64 KiB and 4 MiB. Kafka
@@ -550,7 +580,7 @@ func (w *worker) giveUp(ctx context.Context, msg *Message, f failure, savePositi
 	}
 	log.Warn("message failed for good; handing it to OnFailure")
 	if ferr := cfg.OnFailure(ctx, msg, merr); ferr != nil {
-		return fmt.Errorf("consumer: OnFailure for %s/%d/%d: %w", msg.Topic, msg.Partition, msg.Offset, ferr)
+		return &verdictError{fmt.Errorf("consumer: OnFailure for %s/%d/%d: %w", msg.Topic, msg.Partition, msg.Offset, ferr)}
 	}
 	if savePosition {
 		// OnFailure took the message: wait out an outage here rather than

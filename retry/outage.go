@@ -30,9 +30,10 @@ import (
 //     or coordinator that is not available or not yet loaded, a leader or
 //     coordinator that moved, a request or network timeout.
 //
-// A cancelled or expired ctx of the caller is not a connection error.
+// A cancelled or expired ctx of the caller is not a connection error, and
+// neither is an *OutageError: the wait is over, its bound was reached.
 func IsConnection(err error) bool {
-	if err == nil || errors.Is(err, context.Canceled) {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, ErrOutage) {
 		return false
 	}
 	var pgErr *pgconn.PgError

@@ -23,6 +23,7 @@ const (
 	StartMsg   = "server unreachable; waiting it out"
 	EndMsg     = "server reachable again"
 	StoppedMsg = "stopped waiting for the server; the loop ended"
+	GaveUpMsg  = "server unreachable for longer than MaxOutage; giving up"
 )
 
 // Policy is the backoff between two tries during an outage: 100ms doubling
@@ -93,12 +94,15 @@ func (w *Waiter) Wait(ctx context.Context, err error) error {
 	}
 	w.last = err
 	if d := now.Sub(w.since); w.Max > 0 && d > w.Max {
-		w.log().Error("server unreachable for longer than MaxOutage; giving up", "op", w.Op,
-			"outage", d.Round(time.Millisecond), "max_outage", w.Max, "err", err)
+		log := w.log()
+		if w.Shared != nil {
+			log = w.Shared.log()
+		}
+		log.Error(GaveUpMsg, "op", w.Op, "outage", d.Round(time.Millisecond), "max_outage", w.Max, "err", err)
 		oerr := &retry.OutageError{Op: w.Op, Since: w.since, Duration: d, Err: err}
 		w.since = time.Time{}
 		if w.Shared != nil {
-			w.Shared.end(err)
+			w.Shared.stop(err) // no "reachable again": this waiter gave up
 		}
 		return oerr
 	}
