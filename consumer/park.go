@@ -113,11 +113,15 @@ func (p *parker) insert(ctx context.Context, tx pgx.Tx, msgs []*Message, f *fail
 			s := f.err.Error()
 			lastErr = &s
 		}
+		// A conflict is the same record parked again (a redelivery): its
+		// coordinates, incarnation included, identify it.
 		_, err = tx.Exec(ctx, `INSERT INTO `+p.table+` (consumer, topic, kafka_partition, kafka_offset, message_key,
-			message_id, value, headers, message_time, attempts, first_failed_at, last_failed_at, last_error, next_attempt_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+			message_id, value, headers, message_time, attempts, first_failed_at, last_failed_at, last_error, next_attempt_at,
+			incarnation)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
 			ON CONFLICT DO NOTHING`,
-			cfg.Name, m.Topic, m.Partition, m.Offset, m.Key, m.ID, m.Value, js, m.Time, attempts, first, last, lastErr, nextAt)
+			cfg.Name, m.Topic, m.Partition, m.Offset, m.Key, m.ID, m.Value, js, m.Time, attempts, first, last, lastErr, nextAt,
+			m.Incarnation)
 		if err != nil {
 			return fmt.Errorf("consumer: park %s/%d/%d: %w", m.Topic, m.Partition, m.Offset, err)
 		}
@@ -181,11 +185,12 @@ func (p *parker) head(ctx context.Context, key []byte) (*parkedMsg, error) {
 		js    []byte
 		mtime *time.Time
 	)
-	err := cfg.Pool.QueryRow(ctx, `SELECT kafka_offset, message_id, value, headers, message_time, attempts,
+	var incarnation int64
+	err := cfg.Pool.QueryRow(ctx, `SELECT incarnation, kafka_offset, message_id, value, headers, message_time, attempts,
 		first_failed_at, next_attempt_at FROM `+p.table+`
 		WHERE consumer = $1 AND topic = $2 AND kafka_partition = $3 AND message_key = $4
-		ORDER BY kafka_offset LIMIT 1`, cfg.Name, cfg.Topic, p.w.partition, key).
-		Scan(&m.Offset, &id, &m.Value, &js, &mtime, &pm.attempts, &pm.first, &pm.nextAt)
+		ORDER BY incarnation, kafka_offset LIMIT 1`, cfg.Name, cfg.Topic, p.w.partition, key).
+		Scan(&incarnation, &m.Offset, &id, &m.Value, &js, &mtime, &pm.attempts, &pm.first, &pm.nextAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
@@ -203,7 +208,7 @@ func (p *parker) head(ctx context.Context, key []byte) (*parkedMsg, error) {
 	if mtime != nil {
 		m.Time = *mtime
 	}
-	pm.msg = &Message{Message: m, ID: id}
+	pm.msg = &Message{Message: m, ID: id, Incarnation: incarnation}
 	return &pm, nil
 }
 
@@ -220,7 +225,7 @@ func (p *parker) releaseDue(ctx context.Context) error {
 	rows, err := cfg.Pool.Query(ctx, `SELECT message_key FROM (
 		SELECT DISTINCT ON (message_key) message_key, next_attempt_at FROM `+p.table+`
 		WHERE consumer = $1 AND topic = $2 AND kafka_partition = $3
-		ORDER BY message_key, kafka_offset) heads
+		ORDER BY message_key, incarnation, kafka_offset) heads
 		WHERE next_attempt_at <= $4`, cfg.Name, cfg.Topic, p.w.partition, time.Now())
 	if err != nil {
 		return fmt.Errorf("consumer: find due parked messages: %w", err)
@@ -292,7 +297,7 @@ func (p *parker) releaseKey(ctx context.Context, key []byte) error {
 func (p *parker) remove(ctx context.Context, db dedup.DBTX, m *Message) error {
 	cfg := &p.w.r.cfg
 	_, err := db.Exec(ctx, `DELETE FROM `+p.table+` WHERE consumer = $1 AND topic = $2 AND kafka_partition = $3
-		AND kafka_offset = $4`, cfg.Name, m.Topic, m.Partition, m.Offset)
+		AND incarnation = $4 AND kafka_offset = $5`, cfg.Name, m.Topic, m.Partition, m.Incarnation, m.Offset)
 	return err
 }
 
@@ -323,8 +328,9 @@ func (p *parker) failed(ctx context.Context, pm *parkedMsg, err error) (done boo
 		"attempts", f.attempts, "retry_in", delay, "err", err)
 	_, uerr := cfg.Pool.Exec(ctx, `UPDATE `+p.table+` SET attempts = $5, first_failed_at = coalesce(first_failed_at, $6),
 		last_failed_at = $7, last_error = $8, next_attempt_at = $9
-		WHERE consumer = $1 AND topic = $2 AND kafka_partition = $3 AND kafka_offset = $4`,
-		cfg.Name, pm.msg.Topic, pm.msg.Partition, pm.msg.Offset, f.attempts, f.first, f.last, err.Error(), now.Add(delay))
+		WHERE consumer = $1 AND topic = $2 AND kafka_partition = $3 AND kafka_offset = $4 AND incarnation = $10`,
+		cfg.Name, pm.msg.Topic, pm.msg.Partition, pm.msg.Offset, f.attempts, f.first, f.last, err.Error(), now.Add(delay),
+		pm.msg.Incarnation)
 	if uerr != nil {
 		return false, fmt.Errorf("consumer: record parked failure: %w", uerr)
 	}

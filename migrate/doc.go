@@ -49,4 +49,8 @@
 //   - 8 (008_anchor_offset): consumer positions name the record of their
 //     anchor, so that a position moved on over transaction markers keeps a
 //     record to compare. See package consumer.
+//   - 9 (009_parked_incarnation): parked messages gain the topic's
+//     incarnation, part of their primary key, so that a message of a
+//     recreated topic never collides with one of the old topic still
+//     parked at the same offset. The table is rebuilt. See package consumer.
 package migrate
