@@ -80,12 +80,19 @@ func Scan(ctx context.Context, brokers []string, topic string, fn func(kafka.Mes
 	for _, r := range ranges {
 		for {
 			next := r.First
+			var fnErr error
 			err := Read(ctx, brokers, topic, r, func(m kafka.Message) error {
+				if fnErr = fn(m); fnErr != nil {
+					return fnErr
+				}
 				next = m.Offset + 1
-				return fn(m)
+				return nil
 			})
 			if err == nil {
 				break
+			}
+			if fnErr != nil {
+				return fnErr // fn's error as is, never taken for an outage
 			}
 			if werr := w.Wait(ctx, err); werr != nil {
 				return werr
