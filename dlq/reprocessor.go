@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/user"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -359,11 +360,20 @@ func (rn *run) replay(ctx context.Context, d *DeadLetter) (Action, error, error)
 
 // republishable is the original message, bound for its origin topic, with
 // its lineage.
+//
+// A letter whose ID the consumer derived (MissingIDUseCoordinates: the
+// original has no "message-id" header) goes back with that ID in the
+// header, so that the copy is deduplicated under the ID the first attempt
+// had: a crash between the republish and its record, then a rerun, does not
+// apply it twice.
 func republishable(d *DeadLetter) kafka.Message {
 	m := d.Original()
 	m.Topic, m.Partition, m.Offset = d.Origin.Topic, 0, 0
 	lin, _ := json.Marshal(lineage{Origin: d.Origin, Consumer: d.Consumer, History: d.History})
 	m.Headers = append(m.Headers, kafka.Header{Key: HeaderLineage, Value: lin})
+	if d.MessageID != "" && !slices.ContainsFunc(m.Headers, func(h kafka.Header) bool { return h.Key == consumer.IDHeaderDefault }) {
+		m.Headers = append(m.Headers, kafka.Header{Key: consumer.IDHeaderDefault, Value: []byte(d.MessageID)})
+	}
 	return m
 }
 
