@@ -608,3 +608,17 @@ func TestPrefetchBoundedByBytes(t *testing.T) {
 		t.Fatalf("heap grew by %d bytes with a stuck handler, over the bound %d", grown, bound)
 	}
 }
+
+// TestSessionTimeoutOutOfBrokerBounds: a session timeout the broker refuses
+// (below group.min.session.timeout.ms, 6s by default) makes Run return an
+// error that says so, instead of joining again for ever.
+func TestSessionTimeoutOutOfBrokerBounds(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	cfg := e.config(modes[0], nil)
+	cfg.SessionTimeout = 2 * time.Second
+	err := runErr(t, cfg)
+	if !errors.Is(err, kafka.InvalidSessionTimeout) {
+		t.Fatalf("Run = %v, want kafka.InvalidSessionTimeout", err)
+	}
+}

@@ -51,7 +51,7 @@
 // Hooks.PositionMoved), then the partition continues at the log start.
 //
 // To rewind or skip, move both the PostgreSQL position and Kafka's committed
-// offset with `idemkit consumer seek` (or dedup.Store.ResetPositionTx and an
+// offset with `idemkit consumer seek` (or dedup.Store.SeekTx and an
 // offset commit): Kafka's offset alone is overridden by the later position.
 //
 // # Transactional producers
@@ -66,7 +66,7 @@
 // first offset until it commits or aborts; after Config.HeldWarnAfter the
 // runner logs it and calls Hooks.HeldByTransaction.
 //
-// # Outages// # Outages
+// # Outages
 //
 // Errors that mean a server could not be reached (retry.IsConnection:
 // SQLSTATE classes 08 and 53, 57P01–57P03, network errors, Kafka brokers or

@@ -92,8 +92,9 @@ type partitionStart struct {
 // recordTime reads the timestamp of the record at offset. ok is false when
 // no record has that offset (compacted away, or a transaction marker).
 func recordTime(ctx context.Context, client *kafka.Client, topic string, partition int, offset int64) (t time.Time, ok bool, err error) {
+	// One byte is enough: Kafka returns the first record batch whole.
 	res, err := client.Fetch(ctx, &kafka.FetchRequest{Topic: topic, Partition: partition, Offset: offset,
-		MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 100 * time.Millisecond})
+		MinBytes: 1, MaxBytes: 1, MaxWait: 100 * time.Millisecond})
 	if err != nil {
 		return time.Time{}, false, fmt.Errorf("fetch %s/%d at %d: %w", topic, partition, offset, err)
 	}
@@ -182,7 +183,7 @@ func (r *Runner) checkStart(ctx context.Context, client *kafka.Client, partition
 			return start, err
 		}
 		log.Error("stored position does not match the topic; starting over at the log start as a new incarnation",
-			"position", mismatch.Position, "log_start", lr.Start, "log_end", lr.End, "incarnation", inc, "err", mismatch)
+			"position", mismatch.Position, "log_start", lr.Start, "log_end", lr.End, "incarnation", inc, "reason", mismatch.Reason)
 		if h := cfg.Hooks.PositionMoved; h != nil {
 			h(mismatch)
 		}

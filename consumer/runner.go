@@ -129,9 +129,17 @@ func (r *Runner) Run(ctx context.Context) error {
 			if ctx.Err() != nil || errors.Is(err, kafka.ErrGroupClosed) {
 				break
 			}
+			if permanentGroupError(err) {
+				// Joining again would fail the same way for ever.
+				fail(fmt.Errorf("consumer: join group %s: %w", r.cfg.GroupID, err))
+				break
+			}
 			// kafka-go backs off and joins again; say why we wait, once per
-			// outage.
-			if !groupWait.InOutage() {
+			// outage (a rebalance in progress is the ordinary case).
+			switch {
+			case errors.Is(err, kafka.RebalanceInProgress):
+				log.Debug("consumer group: rebalance in progress", "err", err)
+			case !groupWait.InOutage():
 				log.Warn("consumer group: waiting for a generation", "err", err)
 			}
 			if werr := groupWait.Wait(ctx, err); werr != nil && ctx.Err() == nil && errors.Is(werr, retry.ErrOutage) {
@@ -147,6 +155,20 @@ func (r *Runner) Run(ctx context.Context) error {
 	<-closed
 	wg.Wait()
 	return fatal
+}
+
+// permanentGroupError reports whether joining the group failed for a reason
+// that another try cannot change: authorization, a session timeout outside
+// the broker's bounds, an invalid group ID.
+func permanentGroupError(err error) bool {
+	for _, e := range []kafka.Error{kafka.GroupAuthorizationFailed, kafka.TopicAuthorizationFailed,
+		kafka.ClusterAuthorizationFailed, kafka.SASLAuthenticationFailed, kafka.InvalidSessionTimeout,
+		kafka.InvalidGroupId, kafka.InconsistentGroupProtocol} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // waiter returns an outage waiter for one loop of the runner.
@@ -253,6 +275,11 @@ func (r *Runner) startGeneration(ctx context.Context, gen *kafka.Generation, cli
 			if lookup.Err() == nil {
 				fail(err)
 			}
+			return
+		}
+		if genCtx.Err() != nil {
+			// The generation ended during the lookups: functions started on
+			// it now would run unowned. The next generation starts over.
 			return
 		}
 		commits := newCommitter(gen, r.cfg.Topic, r.cfg.Logger.With("topic", r.cfg.Topic), r.cfg.Hooks.OffsetCommitted)
