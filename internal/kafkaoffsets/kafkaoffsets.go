@@ -22,7 +22,6 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
-
 )
 
 // ErrNoTopic means the topic does not exist.
