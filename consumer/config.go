@@ -185,7 +185,9 @@ type Config struct {
 	// assigned, and always at least one message; a fetch asks for half a
 	// partition's share (64 KiB to 4 MiB). The runner's memory for messages
 	// stays below 1.5 × MaxBufferedBytes + assigned partitions × (64 KiB +
-	// 3 × the largest record batch). Defaults to 64 MiB.
+	// 3 × the largest record batch). Fetch sizes count the bytes on the wire:
+	// on a compressed topic a decoded fetch is up to the compression ratio
+	// times larger, so lower MaxBufferedBytes accordingly. Defaults to 64 MiB.
 	MaxBufferedBytes int64
 	// HeldWarnAfter is how long a partition may wait behind an open
 	// transaction of a transactional producer before the runner logs it

@@ -88,7 +88,9 @@
 // and always at least one message, with fetches of half its share (64 KiB
 // to 4 MiB; Kafka returns a larger record batch whole): the messages held
 // stay below 1.5 × MaxBufferedBytes + assigned partitions × (64 KiB + 3 ×
-// the largest record batch).
+// the largest record batch). A fetch's size counts compressed bytes: on a
+// compressed topic the decoded fetch is up to the compression ratio times
+// larger.
 //
 // # Order, batching, rebalances
 //
