@@ -60,7 +60,9 @@ Exactly one target:
   -to-time T       the first record at or after T (RFC 3339); the log end
                    where no record is that recent
   -to-earliest     the log start: the oldest record still held
-  -to-latest       the log end: only records written from now on
+  -to-latest       the log end (the stable end while a transaction is open, so
+                   that its records are not skipped if it commits): only
+                   records written from now on
 
 The group must have no live member: stop the consumers first (a running
 consumer would write its own positions over the seek). -force removes live
@@ -109,7 +111,7 @@ func consumerCmd(ctx context.Context, sub string, args []string, out io.Writer) 
 		fs.Int64Var(&f.toOffset, "to-offset", 0, "target: this offset in every chosen partition")
 		fs.StringVar(&f.toTime, "to-time", "", "target: the first record at or after this time (RFC 3339)")
 		fs.BoolVar(&f.toEarliest, "to-earliest", false, "target: the log start")
-		fs.BoolVar(&f.toLatest, "to-latest", false, "target: the log end")
+		fs.BoolVar(&f.toLatest, "to-latest", false, "target: the log end (the stable end while a transaction is open)")
 		fs.StringVar(&f.partitions, "partitions", "", "only these partitions, e.g. 0,2 (default: all)")
 		fs.BoolVar(&f.recreated, "recreated", false, "the topic was deleted and created again: start a new incarnation")
 		fs.BoolVar(&f.isNew, "new", false, "the consumer has no position yet: create them")
@@ -521,7 +523,9 @@ func (f *consumerFlags) targetsFor(ctx context.Context, client *kafka.Client, st
 		}
 	case "to-latest":
 		for _, p := range chosen {
-			target[p] = st.ranges[p].End
+			// The stable end: the records of a transaction still open, and
+			// what follows it, are not skipped if it commits later.
+			target[p] = st.ranges[p].Stable
 		}
 	case "to-time":
 		at, err := kafkaoffsets.AtTime(ctx, client, f.topic, chosen, f.at)

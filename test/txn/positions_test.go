@@ -122,6 +122,14 @@ func TestCLIPositionsHeldByTransaction(t *testing.T) {
 		}
 	}
 
+	// A seek to the latest stops at the stable end while a transaction is
+	// open: its records would be skipped if it committed later.
+	out, code = idemkit("consumer", "seek", "-schema", c.db.Schema, "-group", cfg.GroupID, "-topic", topic,
+		"-to-latest", "-dry-run")
+	if code != 0 || !strings.Contains(out, "2 → 5") || strings.Contains(out, "2 → 10") {
+		t.Fatalf("seek -to-latest -dry-run with transactions open: exit %d\n%s\nwant partitions 0 and 1 moved to their stable end 5", code, out)
+	}
+
 	// The markers take offset 10: the lag runs to the log end.
 	committing.Commit()
 	aborting.Abort()
