@@ -157,6 +157,10 @@ func (r *Runner) Run(ctx context.Context) error {
 	return fatal
 }
 
+// unknownPartitionWait is how long an assigned partition that Kafka does
+// not know yet is waited for before the runner gives up.
+const unknownPartitionWait = 30 * time.Second
+
 // permanentGroupError reports whether joining the group failed for a reason
 // that another try cannot change: authorization, a session timeout outside
 // the broker's bounds, an invalid group ID.
@@ -324,10 +328,27 @@ func (r *Runner) starts(ctx context.Context, client *kafka.Client, assigned []ka
 	if err != nil {
 		return nil, fmt.Errorf("consumer: read positions: %w", err)
 	}
+	unknownSince := time.Time{}
 	err = r.do(ctx, "list offsets", func(ctx context.Context) error {
-		var err error
-		ranges, err = kafkaoffsets.LogRange(ctx, client, r.cfg.Topic, partitions...)
-		return err
+		for {
+			var err error
+			ranges, err = kafkaoffsets.LogRange(ctx, client, r.cfg.Topic, partitions...)
+			// A partition just added may not be known to every broker yet:
+			// Kafka calls that retriable. Give it a while.
+			if !errors.Is(err, kafka.UnknownTopicOrPartition) || ctx.Err() != nil {
+				return err
+			}
+			if unknownSince.IsZero() {
+				unknownSince = time.Now()
+			} else if time.Since(unknownSince) > unknownPartitionWait {
+				return err
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(500 * time.Millisecond):
+			}
+		}
 	})
 	if err != nil {
 		return nil, fmt.Errorf("consumer: %w", err)
