@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/segmentio/kafka-go"
 )
@@ -11,7 +12,8 @@ import (
 // committer commits Kafka offsets for one generation. Workers mark the next
 // offset of a partition once its transaction has committed in PostgreSQL; the
 // committer sends the newest mark of every partition in one synchronous
-// OffsetCommit request, and the next request as soon as that one answered.
+// OffsetCommit request, and the next one no sooner than interval after it
+// (marks coalesce meanwhile: Kafka's offsets trail by at most about that).
 // The database position is the source of truth, so a Kafka offset only ever
 // trails it, and the processing path never waits for the broker: on brokers
 // whose group coordinator lingers a few milliseconds per commit, committing
@@ -22,14 +24,16 @@ type committer struct {
 	log   *slog.Logger
 	hook  func(topic string, partition int, next int64)
 
+	interval time.Duration
+
 	mu      sync.Mutex
 	pending map[int]int64
 	wake    chan struct{} // size 1: a mark arrived
 	workers sync.WaitGroup
 }
 
-func newCommitter(gen *kafka.Generation, topic string, log *slog.Logger, hook func(string, int, int64)) *committer {
-	return &committer{gen: gen, topic: topic, log: log, hook: hook,
+func newCommitter(gen *kafka.Generation, topic string, interval time.Duration, log *slog.Logger, hook func(string, int, int64)) *committer {
+	return &committer{gen: gen, topic: topic, interval: interval, log: log, hook: hook,
 		pending: map[int]int64{}, wake: make(chan struct{}, 1)}
 }
 
@@ -61,6 +65,17 @@ func (c *committer) run(genCtx context.Context) {
 			c.workers.Wait()
 			c.flush(genCtx)
 			return
+		}
+		if c.interval > 0 {
+			t := time.NewTimer(c.interval)
+			select {
+			case <-t.C:
+			case <-genCtx.Done():
+				t.Stop()
+				c.workers.Wait()
+				c.flush(genCtx)
+				return
+			}
 		}
 	}
 }

@@ -18,11 +18,11 @@ import (
 
 // Defaults of Config.
 const (
-	IDHeaderDefault       = "message-id"
-	BatchSizeDefault      = 1
-	BatchLingerDefault    = 5 * time.Millisecond
-	MaxPartitionsDefault  = 16
-	SessionTimeoutDefault = 10 * time.Second
+	IDHeaderDefault                     = "message-id"
+	BatchSizeDefault                    = 500
+	BatchLingerDefault    time.Duration = 0
+	MaxPartitionsDefault                = 16
+	SessionTimeoutDefault               = 10 * time.Second
 	// RebalanceTimeoutDefault is how long the group waits for its members to
 	// rejoin during a rebalance (see Config.RebalanceTimeout).
 	RebalanceTimeoutDefault = 5 * time.Second
@@ -35,6 +35,9 @@ const (
 	// PartitionWatchIntervalDefault is how often the runner looks for
 	// partitions added to its topic.
 	PartitionWatchIntervalDefault = 5 * time.Second
+	// OffsetCommitIntervalDefault is the least time between two Kafka
+	// offset commits of a runner.
+	OffsetCommitIntervalDefault = 200 * time.Millisecond
 	// HeldWarnAfterDefault is how long a partition waits behind an open
 	// transaction before the runner reports it.
 	HeldWarnAfterDefault = 30 * time.Second
@@ -129,11 +132,20 @@ type Config struct {
 	// MissingIDFail.
 	MissingID MissingIDPolicy
 
-	// BatchSize is how many messages of one partition share a transaction.
-	// Defaults to 1: one transaction per message.
+	// BatchSize is the most messages of one partition that share a
+	// transaction. By default a partition's worker takes every message
+	// already fetched, up to 500, into one transaction and never waits for
+	// more (BatchLinger 0): under a trickle each message commits alone, as
+	// fast as with one transaction per message; under load batches fill and
+	// the claims of a batch go in one statement. A failing message is still
+	// isolated and retried alone, hooks and outcomes stay per message, and
+	// order per partition holds; a batch holds its rows' locks until it
+	// commits (deadlocks with other writers run the transaction again, see
+	// TxRetries). Set 1 for one transaction per message. Defaults to 500.
 	BatchSize int
 	// BatchLinger is how long a batch waits to fill once its first message
-	// arrived. Defaults to 5ms; used only when BatchSize > 1.
+	// arrived. Defaults to 0: a batch takes what is already fetched and does
+	// not wait.
 	BatchLinger time.Duration
 	// MaxPartitions bounds how many partitions are processed at once.
 	// Defaults to 16.
@@ -189,6 +201,14 @@ type Config struct {
 	// on a compressed topic a decoded fetch is up to the compression ratio
 	// times larger, so lower MaxBufferedBytes accordingly. Defaults to 64 MiB.
 	MaxBufferedBytes int64
+	// OffsetCommitInterval is the least time between two Kafka offset
+	// commits: positions committed meanwhile go in the next request, so
+	// Kafka's offsets (and lag tooling) trail PostgreSQL's by about that
+	// much, while the broker writes a few commits a second instead of one per
+	// transaction. The PostgreSQL position, written with the effects, is
+	// what the runner resumes from. Defaults to 200ms; a negative value
+	// commits as soon as the previous commit answered.
+	OffsetCommitInterval time.Duration
 	// HeldWarnAfter is how long a partition may wait behind an open
 	// transaction of a transactional producer before the runner logs it
 	// (WARN) and calls Hooks.HeldByTransaction. Defaults to 30s.
@@ -312,6 +332,7 @@ func (c Config) withDefaults() (Config, error) {
 	c.RebalanceTimeout = cmp.Or(c.RebalanceTimeout, RebalanceTimeoutDefault)
 	c.MaxBufferedBytes = cmp.Or(c.MaxBufferedBytes, MaxBufferedBytesDefault)
 	c.HeldWarnAfter = cmp.Or(c.HeldWarnAfter, HeldWarnAfterDefault)
+	c.OffsetCommitInterval = cmp.Or(c.OffsetCommitInterval, OffsetCommitIntervalDefault)
 	if c.Retry == nil {
 		c.Retry = &retry.Policy{}
 	}

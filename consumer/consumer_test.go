@@ -143,9 +143,10 @@ type mode struct {
 }
 
 var modes = []mode{
-	{name: "per-message"},
+	{name: "per-message", batch: 1},
 	{name: "batched", batch: 50},
 	{name: "batch-handler", batch: 50, set: true},
+	{name: "default"}, // nothing set: adaptive batches of what is already fetched
 }
 
 // outcomes counts what the Outcome hook reports and signals when a total is reached.

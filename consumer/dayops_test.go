@@ -622,3 +622,60 @@ func TestSessionTimeoutOutOfBrokerBounds(t *testing.T) {
 		t.Fatalf("Run = %v, want kafka.InvalidSessionTimeout", err)
 	}
 }
+
+// TestDefaultBatchesDoNotWait: with default settings a message alone on an
+// idle partition is committed in a transaction of its own, without waiting
+// for a batch to fill (the default takes what is already fetched, up to
+// BatchSizeDefault, and BatchLinger is 0); a backlog is taken in batches.
+func TestDefaultBatchesDoNotWait(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	cfg := e.config(mode{name: "default"}, nil)
+	if cfg.BatchSize != 0 || cfg.BatchLinger != 0 {
+		t.Fatalf("the test needs the defaults, got BatchSize %d, BatchLinger %s", cfg.BatchSize, cfg.BatchLinger)
+	}
+	sizes := make(chan int, 100)
+	cfg.Hooks.AfterCommit = func(_ context.Context, msgs []*consumer.Message) {
+		select {
+		case sizes <- len(msgs):
+		default:
+		}
+	}
+	stop := run(t, cfg)
+	e.produce(msg("alone", "k", 1))
+	select {
+	case n := <-sizes:
+		if n != 1 {
+			t.Fatalf("the lone message committed in a batch of %d", n)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the lone message was not committed")
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+
+	// A backlog of 300 is read in batches, not one transaction each.
+	var backlog []kafka.Message
+	for i := range 300 {
+		backlog = append(backlog, msg(fmt.Sprintf("b%d", i), "k", 1))
+	}
+	e.produce(backlog...)
+	sizes = make(chan int, 400)
+	oc := newOutcomes(300)
+	cfg.Hooks.Outcome = oc.hook
+	cfg.Hooks.AfterCommit = func(_ context.Context, msgs []*consumer.Message) { sizes <- len(msgs) }
+	stop = run(t, cfg)
+	wait(t, oc.done, "the backlog")
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	close(sizes)
+	largest := 0
+	for n := range sizes {
+		largest = max(largest, n)
+	}
+	if largest < 2 {
+		t.Fatalf("a backlog of 300 was committed one message per transaction")
+	}
+}

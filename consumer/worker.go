@@ -348,9 +348,9 @@ func (w *worker) acquire(ctx context.Context) error {
 // errIdle means no message came while parked messages may be due.
 var errIdle = errors.New("idle")
 
-// fetch waits for one message, then gathers up to BatchSize-1 more for at
-// most BatchLinger. With parked messages it waits at most ParkedPoll and
-// returns errIdle.
+// fetch waits for one message, then gathers up to BatchSize-1 more: those
+// already fetched, or (BatchLinger > 0) those that come within BatchLinger.
+// With parked messages it waits at most ParkedPoll and returns errIdle.
 func (w *worker) fetch(ctx context.Context) ([]*Message, error) {
 	cfg := &w.r.cfg
 	var poll <-chan time.Time
@@ -379,24 +379,38 @@ func (w *worker) fetch(ctx context.Context) ([]*Message, error) {
 	if cfg.BatchSize == 1 || first.skipTo > 0 {
 		return batch, nil
 	}
-	linger := time.NewTimer(cfg.BatchLinger)
-	defer linger.Stop()
+	var linger <-chan time.Time // nil: take what is already fetched, wait for nothing
+	if cfg.BatchLinger > 0 {
+		t := time.NewTimer(cfg.BatchLinger)
+		defer t.Stop()
+		linger = t.C
+	}
 	for len(batch) < cfg.BatchSize {
-		select {
-		case m, ok := <-w.prefetched:
-			if !ok {
+		var m *Message
+		var ok bool
+		if linger == nil {
+			select {
+			case m, ok = <-w.prefetched:
+			default:
 				return batch, nil
 			}
-			if m.skipTo > 0 {
-				w.held = m // after this batch
+		} else {
+			select {
+			case m, ok = <-w.prefetched:
+			case <-linger:
 				return batch, nil
+			case <-ctx.Done():
+				return nil, ctx.Err()
 			}
-			batch = append(batch, m)
-		case <-linger.C:
-			return batch, nil
-		case <-ctx.Done():
-			return nil, ctx.Err()
 		}
+		switch {
+		case !ok:
+			return batch, nil
+		case m.skipTo > 0:
+			w.held = m // after this batch
+			return batch, nil
+		}
+		batch = append(batch, m)
 	}
 	return batch, nil
 }

@@ -319,7 +319,7 @@ func run(t *testing.T, sc scenario) {
 			}}
 		switch i {
 		case 0: // one transaction per message
-			cfg.Handler = a.handler(name)
+			cfg.BatchSize, cfg.Handler = 1, a.handler(name)
 		case 1: // up to 100 messages per transaction, one handler call each
 			cfg.BatchSize, cfg.Handler = 100, a.handler(name)
 		default: // up to 100 messages per transaction, one handler call for all

@@ -26,7 +26,7 @@ func TestInstancesJoinAndLeave(t *testing.T) {
 		batch int
 		set   bool
 	}{
-		{name: "per-message"},
+		{name: "per-message", batch: 1},
 		{name: "batched", batch: 100},
 		{name: "batch-handler", batch: 100, set: true},
 	} {

@@ -90,7 +90,8 @@ type consumerMode struct {
 }
 
 var consumerModes = []consumerMode{
-	{name: "per-message"},
+	{name: "per-message", batch: 1},
+	{name: "default"}, // adaptive batches
 	{name: "batched", batch: 50},
 	{name: "batch-handler", batch: 50, set: true},
 	{name: "non-blocking", nonBlocking: true},

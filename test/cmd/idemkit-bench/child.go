@@ -283,8 +283,11 @@ func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*chil
 			},
 		},
 	}
-	if sc.batched {
+	switch {
+	case sc.batched:
 		cfg.BatchSize = spec.Batch
+	case !sc.defaults:
+		cfg.BatchSize = 1 // one transaction per message
 	}
 	if sc.batchHandler {
 		cfg.BatchHandler = consumer.BatchHandlerFunc(func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {

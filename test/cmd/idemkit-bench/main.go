@@ -162,6 +162,7 @@ type scenario struct {
 	kind         kind
 	batched      bool   // BatchSize = -batch (consumer)
 	batchHandler bool   // BatchHandler with a set-based upsert (consumer)
+	defaults     bool   // consumer.Config as it comes: adaptive batches, per-message handler
 	pg           pgMode // PostgreSQL alone
 	base         string // the per-message scenario of the same kind, for "× per-message"
 	pgAlone      string // the PostgreSQL-alone scenario with the same SQL and batching
@@ -171,6 +172,8 @@ type scenario struct {
 // PostgreSQL-alone counterpart, so that a drift in the machine's load hits
 // both alike.
 var scenarios = []scenario{
+	{name: "default", title: "consumer: default settings (adaptive batches, per-message handler)", kind: kindConsumer,
+		defaults: true, base: "per-message", pgAlone: "pg-batched-each"},
 	{name: "per-message", title: "consumer: per-message transactions", kind: kindConsumer,
 		base: "per-message", pgAlone: "pg-per-message"},
 	{name: "pg-per-message", title: "PG alone: per-message transactions", kind: kindPG, pg: pgPerMessage,
