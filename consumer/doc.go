@@ -97,10 +97,11 @@
 // Partitions added to the topic are picked up within
 // PartitionWatchIntervalDefault. Messages of one partition are handled in
 // offset order; partitions run in
-// parallel, at most Config.MaxPartitions at once. With Config.BatchSize > 1,
-// up to that many messages of one partition share one transaction (their
-// claims in one statement) and Config.BatchHandler may apply them with
-// set-based SQL. A failing handler does not undo or block the others'
+// parallel, at most Config.MaxPartitions at once. By default every message
+// of a partition already fetched, up to Config.BatchSize (500), shares one
+// transaction (their claims in one statement) and no batch waits to fill
+// (Config.BatchLinger 0); BatchSize 1 gives one transaction per message, and
+// Config.BatchHandler may apply a batch with set-based SQL. A failing handler does not undo or block the others'
 // effects: the batch is rolled back and run again split around the failure
 // (a per-message handler names the failing message; a batch handler's batch
 // is halved until the failure is isolated). When a generation ends, work for
