@@ -122,7 +122,11 @@ func scenario(ctx context.Context, dbURL string, brokers []string, schema string
 		return consumer.New(&consumer.Config{
 			Brokers: brokers, Topic: topic, GroupID: group, Name: consumerName,
 			Pool: pool, Store: store, Handler: consumer.HandlerFunc(markPaid),
-			Logger: logger, Hooks: hooks,
+			// One transaction per message, so that the demo's stop lands
+			// between two events' commits (by default the runner takes
+			// every event already fetched into one transaction).
+			BatchSize: 1,
+			Logger:    logger, Hooks: hooks,
 		})
 	}
 
