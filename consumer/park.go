@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
@@ -58,9 +60,37 @@ type parker struct {
 	due   time.Time      // when to look for due parked messages next
 }
 
+// header is a parked message's header as stored (jsonb). Kafka header keys
+// are bytes, not always valid UTF-8 and possibly with NUL, which a JSON
+// string in jsonb cannot hold: the key is stored as bytes (base64). Rows
+// written before kept it as a string in "k".
 type header struct {
-	Key   string `json:"k"`
-	Value []byte `json:"v"`
+	Key      string `json:"k,omitempty"`
+	KeyBytes []byte `json:"kb,omitempty"`
+	Value    []byte `json:"v"`
+}
+
+// keyBytes is a message key as stored: a message without a key (nil) has
+// the empty key, which message_key (NOT NULL) can hold.
+func keyBytes(k []byte) []byte {
+	if k == nil {
+		return []byte{}
+	}
+	return k
+}
+
+// storableText is s as a PostgreSQL text value can hold it: valid UTF-8,
+// NUL bytes replaced, at most 2,000 bytes cut on a character boundary.
+func storableText(s string) string {
+	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", "\uFFFD"), "\uFFFD")
+	if len(s) > 2000 {
+		cut := 2000
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut]
+	}
+	return s
 }
 
 func newParker(w *worker) *parker {
@@ -98,7 +128,7 @@ func (p *parker) insert(ctx context.Context, tx pgx.Tx, msgs []*Message, f *fail
 	for i, m := range msgs {
 		hs := make([]header, len(m.Headers))
 		for j, h := range m.Headers {
-			hs[j] = header{Key: h.Key, Value: h.Value}
+			hs[j] = header{KeyBytes: []byte(h.Key), Value: h.Value}
 		}
 		js, err := json.Marshal(hs)
 		if err != nil {
@@ -110,7 +140,7 @@ func (p *parker) insert(ctx context.Context, tx pgx.Tx, msgs []*Message, f *fail
 		nextAt := time.Now()
 		if i == 0 && f != nil {
 			attempts, first, last, nextAt = f.attempts, &f.first, &f.last, next
-			s := f.err.Error()
+			s := storableText(f.err.Error())
 			lastErr = &s
 		}
 		// A conflict is the same record parked again (a redelivery): its
@@ -120,7 +150,7 @@ func (p *parker) insert(ctx context.Context, tx pgx.Tx, msgs []*Message, f *fail
 			incarnation)
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
 			ON CONFLICT DO NOTHING`,
-			cfg.Name, m.Topic, m.Partition, m.Offset, m.Key, m.ID, m.Value, js, m.Time, attempts, first, last, lastErr, nextAt,
+			cfg.Name, m.Topic, m.Partition, m.Offset, keyBytes(m.Key), m.ID, m.Value, js, m.Time, attempts, first, last, lastErr, nextAt,
 			m.Incarnation)
 		if err != nil {
 			return fmt.Errorf("consumer: park %s/%d/%d: %w", m.Topic, m.Partition, m.Offset, err)
@@ -202,7 +232,11 @@ func (p *parker) head(ctx context.Context, key []byte) (*parkedMsg, error) {
 		return nil, fmt.Errorf("consumer: parked headers: %w", err)
 	}
 	for _, h := range hs {
-		m.Headers = append(m.Headers, kafka.Header{Key: h.Key, Value: h.Value})
+		k := h.Key
+		if h.KeyBytes != nil {
+			k = string(h.KeyBytes)
+		}
+		m.Headers = append(m.Headers, kafka.Header{Key: k, Value: h.Value})
 	}
 	m.Topic, m.Partition, m.Key = cfg.Topic, p.w.partition, key
 	if mtime != nil {
@@ -266,6 +300,9 @@ func (p *parker) releaseKey(ctx context.Context, key []byte) error {
 			}
 			if !dup {
 				if err := p.w.handleOne(ctx, tx, pm.msg); err != nil {
+					if lost := connectionLost(tx, err); lost != nil {
+						return lost // an outage, not the handler's verdict
+					}
 					return &handlerError{err: err}
 				}
 			}
@@ -318,7 +355,9 @@ func (p *parker) failed(ctx context.Context, pm *parkedMsg, err error) (done boo
 		if err := p.w.giveUp(ctx, pm.msg, f, false); err != nil {
 			return false, err
 		}
-		if err := p.remove(ctx, cfg.Pool, pm.msg); err != nil {
+		// OnFailure took the head: wait out an outage here rather than hand
+		// it to OnFailure a second time.
+		if err := p.w.outage.Do(ctx, func(ctx context.Context) error { return p.remove(ctx, cfg.Pool, pm.msg) }); err != nil {
 			return false, fmt.Errorf("consumer: unpark %d: %w", pm.msg.Offset, err)
 		}
 		p.keys[string(pm.msg.Key)]--
@@ -329,7 +368,7 @@ func (p *parker) failed(ctx context.Context, pm *parkedMsg, err error) (done boo
 	_, uerr := cfg.Pool.Exec(ctx, `UPDATE `+p.table+` SET attempts = $5, first_failed_at = coalesce(first_failed_at, $6),
 		last_failed_at = $7, last_error = $8, next_attempt_at = $9
 		WHERE consumer = $1 AND topic = $2 AND kafka_partition = $3 AND kafka_offset = $4 AND incarnation = $10`,
-		cfg.Name, pm.msg.Topic, pm.msg.Partition, pm.msg.Offset, f.attempts, f.first, f.last, err.Error(), now.Add(delay),
+		cfg.Name, pm.msg.Topic, pm.msg.Partition, pm.msg.Offset, f.attempts, f.first, f.last, storableText(err.Error()), now.Add(delay),
 		pm.msg.Incarnation)
 	if uerr != nil {
 		return false, fmt.Errorf("consumer: record parked failure: %w", uerr)
