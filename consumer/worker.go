@@ -424,7 +424,7 @@ func (w *worker) message(m kafka.Message) *Message {
 	found := false
 	if cfg.IDFunc != nil {
 		var err error
-		if id, err = cfg.IDFunc(&m); err != nil {
+		if id, err = callIDFunc(cfg.IDFunc, &m); err != nil {
 			msg.idErr = fmt.Errorf("%w: IDFunc: %w", ErrMissingID, err)
 			id = ""
 		}
@@ -593,7 +593,7 @@ func (w *worker) giveUp(ctx context.Context, msg *Message, f failure, savePositi
 		return merr
 	}
 	log.Warn("message failed for good; handing it to OnFailure")
-	if ferr := cfg.OnFailure(ctx, msg, merr); ferr != nil {
+	if ferr := callOnFailure(ctx, cfg.OnFailure, msg, merr); ferr != nil {
 		return &verdictError{fmt.Errorf("consumer: OnFailure for %s/%d/%d: %w", msg.Topic, msg.Partition, msg.Offset, ferr)}
 	}
 	if savePosition {
@@ -824,6 +824,20 @@ func inTx(ctx context.Context, pool *pgxpool.Pool, f func(pgx.Tx) error) error {
 
 // commitTimeout bounds a commit or rollback that outlives a cancellation.
 const commitTimeout = 30 * time.Second
+
+// callIDFunc runs the user's IDFunc; a panic becomes its error (the
+// message then has no usable ID).
+func callIDFunc(f func(*kafka.Message) (string, error), m *kafka.Message) (id string, err error) {
+	defer recoverPanic(&err)
+	return f(m)
+}
+
+// callOnFailure runs the user's OnFailure; a panic becomes its error (the
+// runner stops and the position does not move).
+func callOnFailure(ctx context.Context, f FailureFunc, msg *Message, merr error) (err error) {
+	defer recoverPanic(&err)
+	return f(ctx, msg, merr)
+}
 
 func call(ctx context.Context, h Handler, tx pgx.Tx, m *Message) (err error) {
 	defer recoverPanic(&err)

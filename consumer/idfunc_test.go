@@ -1,0 +1,65 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/idemkit/consumer"
+)
+
+// TestIDFuncPanic: an IDFunc that panics on a malformed message (here:
+// it reads a fixed-width prefix of the value) is user code like a handler:
+// its panic becomes the message's error (ErrMissingID, to OnFailure), as a
+// handler's does. Found: IDFunc runs unrecovered in the prefetch goroutine,
+// and the panic kills the process. The runner runs in a child process so
+// the crash can be observed.
+func TestIDFuncPanic(t *testing.T) {
+	if os.Getenv("IDEMKIT_TEST_IDFUNC_CHILD") == "1" {
+		idFuncChild(t)
+		return
+	}
+	t.Parallel()
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestIDFuncPanic$", "-test.v")
+	cmd.Env = append(os.Environ(), "IDEMKIT_TEST_IDFUNC_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		i := strings.Index(string(out), "panic:")
+		if i < 0 {
+			i = 0
+		}
+		t.Fatalf("the runner's process died: %v\n%.600s", err, out[i:])
+	}
+}
+
+func idFuncChild(t *testing.T) {
+	e := newEnv(t, 1)
+	e.produce(kafka.Message{Key: []byte("k"), Value: []byte("x")}, kafka.Message{Key: []byte("k"), Value: []byte("order-000042")})
+	cfg := e.config(modes[0], nil)
+	cfg.Handler = consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })
+	cfg.IDFunc = func(m *kafka.Message) (string, error) { return string(m.Value[:12]), nil }
+	failed := make(chan struct{}, 1)
+	cfg.OnFailure = func(_ context.Context, m *consumer.Message, err error) error {
+		if !errors.Is(err, consumer.ErrMissingID) {
+			t.Errorf("OnFailure got %v, want ErrMissingID", err)
+		}
+		failed <- struct{}{}
+		return nil
+	}
+	stop := run(t, cfg)
+	select {
+	case <-failed:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the malformed message never reached OnFailure")
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+}
