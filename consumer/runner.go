@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/kafkaoffsets"
 	"github.com/idemkit/idemkit/internal/outage"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -73,6 +75,12 @@ func (r *Runner) Run(ctx context.Context) error {
 	defer cancel(nil)
 	log := r.cfg.Logger.With("topic", r.cfg.Topic, "group", r.cfg.GroupID)
 
+	if err := r.waiter("postgres schema").Do(ctx, r.requireSchema); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
 	client, closeClient := r.client()
 	defer closeClient()
 	if err := r.do(ctx, "kafka metadata", func(ctx context.Context) error { return r.requireTopic(ctx, client) }); err != nil {
@@ -213,6 +221,42 @@ func (r *Runner) purgeLoop(ctx context.Context, log *slog.Logger) {
 		case <-t.C:
 		}
 	}
+}
+
+// ErrNotMigrated means the store's schema lacks migration versions the
+// runner needs: run `idemkit migrate up` (or migrate.Migrator.Up) with the
+// store's schema and tables first.
+var ErrNotMigrated = errors.New("consumer: schema not migrated")
+
+// schemaVersions are the migration versions the runner reads and writes:
+// processed messages and positions (1), parked messages (4), positions'
+// incarnation and anchor (6, 8), parked messages' incarnation (9).
+var schemaVersions = []int{1, 4, 6, 8, 9}
+
+// requireSchema checks, before anything is consumed, that the store's
+// schema has every migration the runner needs, so that a schema behind is
+// an error at start rather than at the first message that needs it.
+func (r *Runner) requireSchema(ctx context.Context) error {
+	tables := r.cfg.Store.Tables()
+	m, err := migrate.New(r.cfg.Pool, &tables)
+	if err != nil {
+		return fmt.Errorf("consumer: %w", err)
+	}
+	applied, err := m.Versions(ctx)
+	if err != nil {
+		return fmt.Errorf("consumer: check the schema: %w", err)
+	}
+	var missing []int
+	for _, v := range schemaVersions {
+		if !slices.Contains(applied, v) {
+			missing = append(missing, v)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: schema %s lacks migration versions %v: run `idemkit migrate up -schema %s` (or migrate.Migrator.Up) first",
+			ErrNotMigrated, tables.Schema, missing, tables.Schema)
+	}
+	return nil
 }
 
 // ErrTopicNotFound means the topic to consume does not exist. The runner
