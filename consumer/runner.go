@@ -309,6 +309,12 @@ func (r *Runner) requireTopic(ctx context.Context, client *kafka.Client) error {
 func (r *Runner) startGeneration(ctx context.Context, gen *kafka.Generation, client *kafka.Client, fail func(error)) {
 	assigned := gen.Assignments[r.cfg.Topic]
 	if len(assigned) == 0 {
+		// Nothing for this member: other members may hold every partition,
+		// or the group formed while the topic was missing (deleted and
+		// created again under the same partition count, which kafka-go's
+		// partition watch does not notice). In the latter case nobody would
+		// ever consume it: watch for it and rejoin.
+		gen.Start(func(genCtx context.Context) { r.watchUnassigned(genCtx, client) })
 		return
 	}
 	// A function started on the generation ends the generation when it
@@ -350,6 +356,32 @@ func (r *Runner) startGeneration(ctx context.Context, gen *kafka.Generation, cli
 		}
 		gen.Start(commits.run)
 	})
+}
+
+// watchUnassigned returns (ending the generation, so that the group forms
+// again) once the topic has partitions and no member of the group holds any
+// of them.
+func (r *Runner) watchUnassigned(genCtx context.Context, client *kafka.Client) {
+	t := time.NewTicker(PartitionWatchIntervalDefault)
+	defer t.Stop()
+	for {
+		select {
+		case <-genCtx.Done():
+			return
+		case <-t.C:
+		}
+		parts, err := kafkaoffsets.Partitions(genCtx, client, r.cfg.Topic)
+		if err != nil || len(parts) == 0 {
+			continue
+		}
+		g, err := kafkaoffsets.Describe(genCtx, client, r.cfg.GroupID)
+		if err != nil || g.Assigned[r.cfg.Topic] > 0 {
+			continue
+		}
+		r.cfg.Logger.Warn("the topic has partitions that no member of the group holds (created while the group formed); joining again",
+			"topic", r.cfg.Topic, "group", r.cfg.GroupID, "partitions", len(parts))
+		return
+	}
 }
 
 // starts reads where each assigned partition starts.

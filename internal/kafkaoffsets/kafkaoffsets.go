@@ -213,6 +213,8 @@ type Group struct {
 	State string
 	// Members are the IDs of the group's members.
 	Members []string
+	// Assigned counts, per topic, the partitions assigned to the members.
+	Assigned map[string]int
 }
 
 // Live reports whether the group has members: any state but Empty and Dead.
@@ -238,9 +240,12 @@ func Describe(ctx context.Context, client *kafka.Client, group string) (Group, e
 		if d.Error != nil {
 			return d.Error
 		}
-		g = Group{State: d.GroupState}
+		g = Group{State: d.GroupState, Assigned: map[string]int{}}
 		for _, m := range d.Members {
 			g.Members = append(g.Members, m.MemberID)
+			for _, t := range m.MemberAssignments.Topics {
+				g.Assigned[t.Topic] += len(t.Partitions)
+			}
 		}
 		return nil
 	})
