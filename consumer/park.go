@@ -169,7 +169,7 @@ func (p *parker) park(ctx context.Context, msg *Message, f failure) error {
 			if err := p.insert(ctx, tx, []*Message{msg}, &f, time.Now().Add(delay)); err != nil {
 				return err
 			}
-			return cfg.Store.SavePositionTx(ctx, tx, cfg.Name, msg.Topic, msg.Partition, msg.Offset+1, msg.Time)
+			return cfg.Store.SavePositionTx(ctx, tx, cfg.Name, msg.Topic, msg.Partition, msg.Offset+1, msg.Time, p.w.epoch)
 		})
 	})
 	if err != nil {

@@ -84,6 +84,7 @@ const (
 type partitionStart struct {
 	offset      int64
 	incarnation int64
+	epoch       int64 // of the position as read: position writes require it
 	// commit is set when the start should be committed to Kafka at once:
 	// the PostgreSQL position is ahead of Kafka's committed offset.
 	commit bool
@@ -145,7 +146,7 @@ func (r *Runner) checkStart(ctx context.Context, client *kafka.Client, partition
 		return &PositionError{Topic: cfg.Topic, Partition: partition, Position: pos.Next, LogStart: lr.Start, LogEnd: lr.End,
 			Reason: reason, Group: cfg.GroupID, Name: cfg.Name, kind: kind}
 	}
-	start := partitionStart{offset: cfg.StartOffset, incarnation: pos.Incarnation}
+	start := partitionStart{offset: cfg.StartOffset, incarnation: pos.Incarnation, epoch: pos.Epoch}
 	source := "the configured start offset"
 	if kafkaNext >= 0 {
 		start.offset, source = kafkaNext, "Kafka's committed offset"
@@ -178,7 +179,7 @@ func (r *Runner) checkStart(ctx context.Context, client *kafka.Client, partition
 			log.Error("stored position does not match the topic; stopping", "err", mismatch)
 			return start, mismatch
 		}
-		inc, err := r.resetPosition(ctx, partition, lr.Start)
+		inc, epoch, err := r.resetPosition(ctx, partition, lr.Start)
 		if err != nil {
 			return start, err
 		}
@@ -187,7 +188,7 @@ func (r *Runner) checkStart(ctx context.Context, client *kafka.Client, partition
 		if h := cfg.Hooks.PositionMoved; h != nil {
 			h(mismatch)
 		}
-		return partitionStart{offset: lr.Start, incarnation: inc, commit: true}, nil
+		return partitionStart{offset: lr.Start, incarnation: inc, epoch: epoch, commit: true}, nil
 	}
 	if start.offset < lr.Start {
 		lost := perr(ErrMessagesLost, "")
@@ -203,17 +204,16 @@ func (r *Runner) checkStart(ctx context.Context, client *kafka.Client, partition
 }
 
 // resetPosition moves partition's position to next as a new incarnation.
-func (r *Runner) resetPosition(ctx context.Context, partition int, next int64) (int64, error) {
-	var inc int64
-	err := inTx(ctx, r.cfg.Pool, func(tx pgx.Tx) error {
+func (r *Runner) resetPosition(ctx context.Context, partition int, next int64) (incarnation, epoch int64, err error) {
+	err = inTx(ctx, r.cfg.Pool, func(tx pgx.Tx) error {
 		_, after, err := r.cfg.Store.SeekTx(ctx, tx, r.cfg.Name, r.cfg.Topic, map[int]int64{partition: next}, true)
 		if err == nil {
-			inc = after[0].Incarnation
+			incarnation, epoch = after[0].Incarnation, after[0].Epoch
 		}
 		return err
 	})
 	if err != nil {
-		return 0, fmt.Errorf("consumer: reset position of partition %d: %w", partition, err)
+		return 0, 0, fmt.Errorf("consumer: reset position of partition %d: %w", partition, err)
 	}
-	return inc, nil
+	return incarnation, epoch, nil
 }

@@ -230,8 +230,9 @@ var ErrNotMigrated = errors.New("consumer: schema not migrated")
 
 // schemaVersions are the migration versions the runner reads and writes:
 // processed messages and positions (1), parked messages (4), positions'
-// incarnation and anchor (6, 8), parked messages' incarnation (9).
-var schemaVersions = []int{1, 4, 6, 8, 9}
+// incarnation and anchor (6, 8), parked messages' incarnation (9), the
+// positions' seek epoch (10).
+var schemaVersions = []int{1, 4, 6, 8, 9, 10}
 
 // requireSchema checks, before anything is consumed, that the store's
 // schema has every migration the runner needs, so that a schema behind is
@@ -341,7 +342,7 @@ func (r *Runner) startGeneration(ctx context.Context, gen *kafka.Generation, cli
 		budget := max(r.cfg.MaxBufferedBytes/int64(len(assigned)), 1)
 		for _, a := range assigned {
 			st := starts[a.ID]
-			w := &worker{r: r, commits: commits, partition: a.ID, start: st.offset, incarnation: st.incarnation,
+			w := &worker{r: r, commits: commits, partition: a.ID, start: st.offset, incarnation: st.incarnation, epoch: st.epoch,
 				budget: budget, fail: fail, log: r.cfg.Logger.With("topic", r.cfg.Topic, "partition", a.ID)}
 			if h := r.cfg.Hooks.Assigned; h != nil {
 				h(r.cfg.Topic, a.ID, st.offset)

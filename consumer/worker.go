@@ -30,6 +30,7 @@ type worker struct {
 	partition   int
 	start       int64
 	incarnation int64
+	epoch       int64 // of the position at assignment: position writes require it
 	budget      int64 // bytes of messages fetched ahead of the handler
 	fail        func(error)
 	log         *slog.Logger
@@ -269,7 +270,7 @@ func (w *worker) advance(ctx context.Context, next int64) error {
 	cfg := &w.r.cfg
 	err := w.outage.Do(ctx, func(ctx context.Context) error {
 		return inTx(ctx, cfg.Pool, func(tx pgx.Tx) error {
-			return cfg.Store.SavePositionTx(ctx, tx, cfg.Name, cfg.Topic, w.partition, next, time.Time{})
+			return cfg.Store.SavePositionTx(ctx, tx, cfg.Name, cfg.Topic, w.partition, next, time.Time{}, w.epoch)
 		})
 	})
 	if err != nil {
@@ -601,7 +602,7 @@ func (w *worker) giveUp(ctx context.Context, msg *Message, f failure, savePositi
 		// hand the message to OnFailure a second time.
 		err := w.outage.Do(ctx, func(ctx context.Context) error {
 			return inTx(ctx, cfg.Pool, func(tx pgx.Tx) error {
-				return cfg.Store.SavePositionTx(ctx, tx, cfg.Name, msg.Topic, msg.Partition, msg.Offset+1, msg.Time)
+				return cfg.Store.SavePositionTx(ctx, tx, cfg.Name, msg.Topic, msg.Partition, msg.Offset+1, msg.Time, w.epoch)
 			})
 		})
 		if err != nil {
@@ -673,7 +674,7 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 	parking := len(live) < len(msgs)
 	err = inTx(ctx, cfg.Pool, func(tx pgx.Tx) error {
 		claim := func(m *Message) dedup.Claim {
-			return dedup.Claim{Consumer: cfg.Name, MessageID: m.ID, Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Time: m.Time}
+			return dedup.Claim{Consumer: cfg.Name, MessageID: m.ID, Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Time: m.Time, Epoch: w.epoch}
 		}
 		var dup []bool
 		switch {
@@ -716,7 +717,7 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 				return err
 			}
 			last := msgs[len(msgs)-1]
-			if err := cfg.Store.SavePositionTx(ctx, tx, cfg.Name, last.Topic, last.Partition, last.Offset+1, last.Time); err != nil {
+			if err := cfg.Store.SavePositionTx(ctx, tx, cfg.Name, last.Topic, last.Partition, last.Offset+1, last.Time, w.epoch); err != nil {
 				return err
 			}
 		}

@@ -249,13 +249,13 @@ func TestClaimWithPositionKeepsMax(t *testing.T) {
 
 	// SavePositionTx never moves back either.
 	inTx(t, db.Pool, func(tx pgx.Tx) {
-		if err := s.SavePositionTx(ctx, tx, "billing", "orders", 0, 15, time.Time{}); err != nil {
+		if err := s.SavePositionTx(ctx, tx, "billing", "orders", 0, 15, time.Time{}, 0); err != nil {
 			t.Fatalf("SavePositionTx: %v", err)
 		}
-		if err := s.SavePositionTx(ctx, tx, "billing", "orders", 1, 30, time.Time{}); err != nil {
+		if err := s.SavePositionTx(ctx, tx, "billing", "orders", 1, 30, time.Time{}, 0); err != nil {
 			t.Fatalf("SavePositionTx: %v", err)
 		}
-		if err := s.SavePositionTx(ctx, tx, "billing", "orders", 7, 0, time.Time{}); err != nil {
+		if err := s.SavePositionTx(ctx, tx, "billing", "orders", 7, 0, time.Time{}, 0); err != nil {
 			t.Fatalf("SavePositionTx: %v", err)
 		}
 		// The transaction sees its own positions.
@@ -305,7 +305,7 @@ func TestClaimBatch(t *testing.T) {
 	db, s := newStore(t)
 	inTx(t, db.Pool, func(tx pgx.Tx) {
 		claim(t, s, tx, dedup.Claim{Consumer: "billing", MessageID: "a", Topic: "orders", Partition: 0, Offset: 1})
-		if err := s.SavePositionTx(ctx, tx, "billing", "orders", 2, 100, time.Time{}); err != nil {
+		if err := s.SavePositionTx(ctx, tx, "billing", "orders", 2, 100, time.Time{}, 0); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -484,10 +484,10 @@ func TestInvalidInputWritesNothing(t *testing.T) {
 				}
 			}
 		}
-		if err := s.SavePositionTx(ctx, tx, "billing", "orders", 0, -1, time.Time{}); !errors.Is(err, dedup.ErrInvalidInput) {
+		if err := s.SavePositionTx(ctx, tx, "billing", "orders", 0, -1, time.Time{}, 0); !errors.Is(err, dedup.ErrInvalidInput) {
 			t.Fatalf("SavePositionTx with negative offset: %v; want ErrInvalidInput", err)
 		}
-		if err := s.SavePositionTx(ctx, tx, "a\nb", "orders", 0, 1, time.Time{}); !errors.Is(err, dedup.ErrInvalidID) {
+		if err := s.SavePositionTx(ctx, tx, "a\nb", "orders", 0, 1, time.Time{}, 0); !errors.Is(err, dedup.ErrInvalidID) {
 			t.Fatalf("SavePositionTx with invalid consumer: %v; want ErrInvalidID", err)
 		}
 		if _, err := s.Processed(ctx, tx, "billing", ""); !errors.Is(err, dedup.ErrInvalidID) {

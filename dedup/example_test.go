@@ -140,7 +140,7 @@ func ExampleStore_SeekTx() {
 		panic(err)
 	}
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		return store.SavePositionTx(ctx, tx, "billing", "orders", 0, 250, time.Time{}) // where the consumer got to
+		return store.SavePositionTx(ctx, tx, "billing", "orders", 0, 250, time.Time{}, 0) // where the consumer got to
 	})
 	if err != nil {
 		panic(err)

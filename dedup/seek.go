@@ -27,6 +27,9 @@ type Position struct {
 	// written before migration 6).
 	AnchorTime   time.Time
 	AnchorOffset int64
+	// Epoch counts the seeks of the position (SeekTx): position writes made
+	// with an older epoch leave it as it is.
+	Epoch int64
 	// UpdatedAt is when the position was last written.
 	UpdatedAt time.Time
 }
@@ -35,7 +38,7 @@ func (s *Store) positionsTable() string {
 	return pgx.Identifier{s.tables.Schema, s.tables.Tables.ConsumerPositions}.Sanitize()
 }
 
-const positionColumns = `kafka_partition, next_offset, incarnation, anchor_time, coalesce(anchor_offset, next_offset - 1), updated_at`
+const positionColumns = `kafka_partition, next_offset, incarnation, anchor_time, coalesce(anchor_offset, next_offset - 1), epoch, updated_at`
 
 func scanPositions(rows pgx.Rows) ([]Position, error) {
 	var (
@@ -43,7 +46,7 @@ func scanPositions(rows pgx.Rows) ([]Position, error) {
 		p      Position
 		anchor *time.Time
 	)
-	_, err := pgx.ForEachRow(rows, []any{&p.Partition, &p.Next, &p.Incarnation, &anchor, &p.AnchorOffset, &p.UpdatedAt}, func() error {
+	_, err := pgx.ForEachRow(rows, []any{&p.Partition, &p.Next, &p.Incarnation, &anchor, &p.AnchorOffset, &p.Epoch, &p.UpdatedAt}, func() error {
 		p.AnchorTime = time.Time{}
 		if anchor != nil {
 			p.AnchorTime = *anchor
@@ -82,7 +85,10 @@ func (s *Store) ListPositions(ctx context.Context, db DBTX, consumer, topic stri
 // position moves back (the writes of the consumer only move positions on).
 // Partitions without a position get one. Every position written has its
 // AnchorTime cleared: the consumer trusts it and anchors it again at its next
-// commit.
+// commit. Every position written gets a new Epoch: a consumer that read the
+// position before the seek (a member removed by a forced seek, whose
+// transaction was in flight) can no longer move it on; its claims still
+// commit, so what it applied comes back as duplicates after the seek.
 //
 // SeekTx first locks every position of consumer in topic (FOR UPDATE), so
 // that before is what the seek replaced: the positions of the partitions in
@@ -154,13 +160,13 @@ func (s *Store) SeekTx(ctx context.Context, tx pgx.Tx, consumer, topic string, t
 		}
 	}
 	rows, err = tx.Query(ctx, `INSERT INTO `+s.positionsTable()+` AS p
-	(consumer, topic, kafka_partition, next_offset, incarnation, anchor_time, updated_at)
-SELECT $1, $2, t.kafka_partition, t.next_offset, t.incarnation, NULL, now()
+	(consumer, topic, kafka_partition, next_offset, incarnation, anchor_time, epoch, updated_at)
+SELECT $1, $2, t.kafka_partition, t.next_offset, t.incarnation, NULL, 1, now()
 FROM unnest($3::int[], $4::bigint[], $5::bigint[]) AS t (kafka_partition, next_offset, incarnation)
 ORDER BY t.kafka_partition
 ON CONFLICT (consumer, topic, kafka_partition) DO UPDATE
 SET next_offset = EXCLUDED.next_offset, incarnation = EXCLUDED.incarnation, anchor_time = NULL, anchor_offset = NULL,
-	updated_at = now()
+	epoch = p.epoch + 1, updated_at = now()
 RETURNING `+positionColumns, consumer, topic, ids, next, incarnations)
 	if err != nil {
 		return nil, nil, fmt.Errorf("dedup: seek: %w", err)

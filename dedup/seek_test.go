@@ -56,15 +56,15 @@ func TestSeekMovesBackAndForth(t *testing.T) {
 	table := db.Table(migrate.ConsumerPositionsDefault)
 	inTx(t, db.Pool, func(tx pgx.Tx) {
 		for p, next := range map[int]int64{0: 50, 1: 70} {
-			if err := s.SavePositionTx(ctx, tx, "billing", "orders", p, next, time.Time{}); err != nil {
+			if err := s.SavePositionTx(ctx, tx, "billing", "orders", p, next, time.Time{}, 0); err != nil {
 				t.Fatal(err)
 			}
 		}
 		// Another consumer and another topic are left alone.
-		if err := s.SavePositionTx(ctx, tx, "shipping", "orders", 0, 90, time.Time{}); err != nil {
+		if err := s.SavePositionTx(ctx, tx, "shipping", "orders", 0, 90, time.Time{}, 0); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.SavePositionTx(ctx, tx, "billing", "refunds", 0, 90, time.Time{}); err != nil {
+		if err := s.SavePositionTx(ctx, tx, "billing", "refunds", 0, 90, time.Time{}, 0); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -97,7 +97,7 @@ func TestSeekMovesBackAndForth(t *testing.T) {
 
 	// The consumer's writes still only move positions on.
 	inTx(t, db.Pool, func(tx pgx.Tx) {
-		if err := s.SavePositionTx(ctx, tx, "billing", "orders", 0, 8, time.Time{}); err != nil {
+		if err := s.SavePositionTx(ctx, tx, "billing", "orders", 0, 8, time.Time{}, 0); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -124,7 +124,7 @@ func TestSeekNewIncarnation(t *testing.T) {
 	table := db.Table(migrate.ConsumerPositionsDefault)
 	inTx(t, db.Pool, func(tx pgx.Tx) {
 		for p, next := range map[int]int64{0: 50, 1: 70, 2: 30} {
-			if err := s.SavePositionTx(ctx, tx, "billing", "orders", p, next, time.Time{}); err != nil {
+			if err := s.SavePositionTx(ctx, tx, "billing", "orders", p, next, time.Time{}, 0); err != nil {
 				t.Fatal(err)
 			}
 		}

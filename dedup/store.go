@@ -74,6 +74,9 @@ type Claim struct {
 	// (anchor_time), so that a consumer recognises a topic that was deleted
 	// and created again. The zero Time records no anchor.
 	Time time.Time
+	// Epoch is the epoch of the partition's position as its writer read it
+	// (Position.Epoch): the position moves only while no seek changed it.
+	Epoch int64
 }
 
 func (c Claim) validate() error {
@@ -144,13 +147,15 @@ func New(cfg *Config) (*Store, error) {
 	// The anchor (the record at next_offset - 1 and its timestamp) moves
 	// with the position when the time is known; a position that moves on
 	// without one (over transaction markers) keeps the last anchor.
-	upsertPosition := `INSERT INTO ` + positions + ` AS p (consumer, topic, kafka_partition, next_offset, anchor_time, anchor_offset)
-	SELECT c, t, k, n, a, CASE WHEN a IS NULL THEN NULL ELSE n - 1 END FROM (%s) AS v (c, t, k, n, a)
+	// A position written under another epoch (a seek happened since its
+	// writer read it) is left as it is.
+	upsertPosition := `INSERT INTO ` + positions + ` AS p (consumer, topic, kafka_partition, next_offset, anchor_time, anchor_offset, epoch)
+	SELECT c, t, k, n, a, CASE WHEN a IS NULL THEN NULL ELSE n - 1 END, e FROM (%s) AS v (c, t, k, n, a, e)
 	ON CONFLICT (consumer, topic, kafka_partition) DO UPDATE
 	SET next_offset = EXCLUDED.next_offset,
 		anchor_offset = CASE WHEN EXCLUDED.anchor_time IS NULL THEN p.anchor_offset ELSE EXCLUDED.anchor_offset END,
 		anchor_time = coalesce(EXCLUDED.anchor_time, p.anchor_time), updated_at = now()
-	WHERE p.next_offset < EXCLUDED.next_offset`
+	WHERE p.next_offset < EXCLUDED.next_offset AND p.epoch = EXCLUDED.epoch`
 
 	return &Store{
 		tables: mc,
@@ -164,7 +169,7 @@ func New(cfg *Config) (*Store, error) {
 	ON CONFLICT (consumer, message_id) DO NOTHING
 	RETURNING 1
 ), position AS (
-	` + fmt.Sprintf(upsertPosition, `VALUES ($1::text, $3::text, $4::int, $6::bigint, $7::timestamptz)`) + `
+	` + fmt.Sprintf(upsertPosition, `VALUES ($1::text, $3::text, $4::int, $6::bigint, $7::timestamptz, $8::bigint)`) + `
 )
 SELECT NOT EXISTS (SELECT 1 FROM claimed)`,
 
@@ -177,7 +182,7 @@ SELECT NOT EXISTS (SELECT 1 FROM claimed)`,
 	ON CONFLICT (consumer, message_id) DO NOTHING
 	RETURNING consumer, message_id
 ), position AS (
-	` + fmt.Sprintf(upsertPosition, `SELECT * FROM unnest($6::text[], $7::text[], $8::int[], $9::bigint[], $10::timestamptz[])`) + `
+	` + fmt.Sprintf(upsertPosition, `SELECT * FROM unnest($6::text[], $7::text[], $8::int[], $9::bigint[], $10::timestamptz[], $11::bigint[])`) + `
 )
 SELECT input.ord FROM input JOIN claimed USING (consumer, message_id)`,
 
@@ -191,11 +196,11 @@ SELECT input.ord FROM input JOIN claimed USING (consumer, message_id)`,
 	ON CONFLICT (consumer, message_id) DO NOTHING
 	RETURNING message_id
 ), position AS (
-	` + fmt.Sprintf(upsertPosition, `VALUES ($1::text, $3::text, $5::int, $6::bigint, $7::timestamptz)`) + `
+	` + fmt.Sprintf(upsertPosition, `VALUES ($1::text, $3::text, $5::int, $6::bigint, $7::timestamptz, $8::bigint)`) + `
 )
 SELECT input.ord FROM input JOIN claimed USING (message_id)`,
 
-		savePositionSQL: fmt.Sprintf(upsertPosition, `VALUES ($1::text, $2::text, $3::int, $4::bigint, $5::timestamptz)`),
+		savePositionSQL: fmt.Sprintf(upsertPosition, `VALUES ($1::text, $2::text, $3::int, $4::bigint, $5::timestamptz, $6::bigint)`),
 
 		processedSQL: `SELECT EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1 AND message_id = $2)`,
 
@@ -253,7 +258,7 @@ func (s *Store) ClaimWithPositionTx(ctx context.Context, tx pgx.Tx, c Claim) (du
 		return false, errors.New("dedup: claim: nil tx")
 	}
 	err = tx.QueryRow(ctx, s.claimWithPositionSQL,
-		c.Consumer, c.MessageID, c.Topic, c.Partition, c.Offset, c.Offset+1, anchor(c.Time)).Scan(&duplicate)
+		c.Consumer, c.MessageID, c.Topic, c.Partition, c.Offset, c.Offset+1, anchor(c.Time), c.Epoch).Scan(&duplicate)
 	if err != nil {
 		return false, fmt.Errorf("dedup: claim: %w", err)
 	}
@@ -293,8 +298,10 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, claims []Claim) (du
 	first := make([]int, 0, len(claims)) // indexes into claims
 	next := map[positionKey]int64{}
 	anchors := map[positionKey]*time.Time{}
+	epochs := map[positionKey]int64{}
 	for i, c := range claims {
 		pk := positionKey{c.Consumer, c.Topic, c.Partition}
+		epochs[pk] = c.Epoch
 		if c.Offset+1 > next[pk] {
 			next[pk], anchors[pk] = c.Offset+1, anchor(c.Time)
 		}
@@ -334,18 +341,19 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, claims []Claim) (du
 	pPartitions := make([]int32, len(keys))
 	pNext := make([]int64, len(keys))
 	pAnchors := make([]*time.Time, len(keys))
+	pEpochs := make([]int64, len(keys))
 	for j, k := range keys {
 		pConsumers[j], pTopics[j], pPartitions[j], pNext[j] = k.consumer, k.topic, int32(k.partition), next[k]
-		pAnchors[j] = anchors[k]
+		pAnchors[j], pEpochs[j] = anchors[k], epochs[k]
 	}
 
 	var rows pgx.Rows
 	if len(keys) == 1 { // one consumer, topic and partition: the consumer's batches
 		rows, err = tx.Query(ctx, s.claimBatchOneSQL, keys[0].consumer, ids, keys[0].topic, offsets,
-			int32(keys[0].partition), pNext[0], pAnchors[0])
+			int32(keys[0].partition), pNext[0], pAnchors[0], pEpochs[0])
 	} else {
 		rows, err = tx.Query(ctx, s.claimBatchSQL, consumers, ids, topics, partitions, offsets,
-			pConsumers, pTopics, pPartitions, pNext, pAnchors)
+			pConsumers, pTopics, pPartitions, pNext, pAnchors, pEpochs)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("dedup: claim batch: %w", err)
@@ -383,8 +391,10 @@ func anchor(t time.Time) *time.Time {
 // `idemkit consumer seek`, which also moves Kafka's committed offsets.)
 // anchorTime is the timestamp of the record at next-1; when it is zero (the
 // position moves on over records without a time of their own, such as
-// transaction markers) the last anchor is kept.
-func (s *Store) SavePositionTx(ctx context.Context, tx pgx.Tx, consumer, topic string, partition int, next int64, anchorTime time.Time) error {
+// transaction markers) the last anchor is kept. epoch is the position's
+// epoch as the writer read it (Position.Epoch): after a seek changed it, the
+// position is left as it is.
+func (s *Store) SavePositionTx(ctx context.Context, tx pgx.Tx, consumer, topic string, partition int, next int64, anchorTime time.Time, epoch int64) error {
 	if err := ValidateID("Consumer", consumer); err != nil {
 		return fmt.Errorf("dedup: save position: %w", &inputError{err: err})
 	}
@@ -400,7 +410,7 @@ func (s *Store) SavePositionTx(ctx context.Context, tx pgx.Tx, consumer, topic s
 	if tx == nil {
 		return errors.New("dedup: save position: nil tx")
 	}
-	if _, err := tx.Exec(ctx, s.savePositionSQL, consumer, topic, partition, next, anchor(anchorTime)); err != nil {
+	if _, err := tx.Exec(ctx, s.savePositionSQL, consumer, topic, partition, next, anchor(anchorTime), epoch); err != nil {
 		return fmt.Errorf("dedup: save position: %w", err)
 	}
 	return nil

@@ -53,4 +53,7 @@
 //     incarnation, part of their primary key, so that a message of a
 //     recreated topic never collides with one of the old topic still
 //     parked at the same offset. The table is rebuilt. See package consumer.
+//   - 10 (010_position_epoch): consumer positions count their seeks, so
+//     that a consumer removed by a forced seek cannot move a position on
+//     after it. See dedup.Store.SeekTx.
 package migrate

@@ -81,7 +81,7 @@ func (e *seekEnv) ran(pg, committed map[int]int64) {
 	ctx := context.Background()
 	err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
 		for p, next := range pg {
-			if err := e.store.SavePositionTx(ctx, tx, e.name, e.topic, p, next, time.Now()); err != nil {
+			if err := e.store.SavePositionTx(ctx, tx, e.name, e.topic, p, next, time.Now(), 0); err != nil {
 				return err
 			}
 		}

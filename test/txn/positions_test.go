@@ -74,7 +74,7 @@ func TestCLIPositionsHeldByTransaction(t *testing.T) {
 	defer cancel()
 	if err := pgx.BeginFunc(ctx, c.db.Pool, func(tx pgx.Tx) error {
 		for p := range 3 {
-			if err := c.store.SavePositionTx(ctx, tx, cfg.GroupID, topic, p, 2, time.Time{}); err != nil {
+			if err := c.store.SavePositionTx(ctx, tx, cfg.GroupID, topic, p, 2, time.Time{}, 0); err != nil {
 				return err
 			}
 		}

@@ -1,0 +1,94 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/internal/testenv"
+)
+
+// TestSeekForceWhileRunning: `consumer seek -to-earliest -force` while
+// a consumer works through a backlog exits 0 and says the partitions moved;
+// the consumer's next assignment must then start at the log start. Found:
+// the removed member's worker keeps committing until its generation ends
+// (and its transaction blocked on the seek's row lock commits right after
+// it), and the position only ever moves forward (upsertPosition: WHERE
+// p.next_offset < EXCLUDED.next_offset), so the rewind is undone in silence.
+func TestSeekForceWhileRunning(t *testing.T) {
+	t.Parallel()
+	bin := binary(t)
+	e := newSeekEnv(t, bin, 1)
+	recs := make([]kafka.Record, 300)
+	for i := range recs {
+		recs[i] = kafka.Record{Time: e.base.Add(time.Duration(i) * time.Second), Value: kafka.NewBytes([]byte("x"))}
+	}
+	testenv.Produce(t, e.topic, 0, recs...)
+	var (
+		mu       sync.Mutex
+		assigns  []int64
+		handled  int
+		progress = make(chan struct{})
+		once     sync.Once
+	)
+	r, err := consumer.New(&consumer.Config{
+		Brokers: testenv.Brokers(t), Topic: e.topic, GroupID: e.group, Pool: e.db.Pool, Store: e.store,
+		MissingID: consumer.MissingIDUseCoordinates, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Handler: consumer.HandlerFunc(func(ctx context.Context, _ pgx.Tx, _ *consumer.Message) error {
+			time.Sleep(20 * time.Millisecond)
+			return nil
+		}),
+		Hooks: consumer.Hooks{
+			Assigned: func(_ string, _ int, start int64) {
+				mu.Lock()
+				defer mu.Unlock()
+				assigns = append(assigns, start)
+			},
+			Outcome: func(*consumer.Message, consumer.Outcome) {
+				mu.Lock()
+				defer mu.Unlock()
+				if handled++; handled == 30 {
+					once.Do(func() { close(progress) })
+				}
+			},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- r.Run(ctx) }()
+	defer func() { cancel(); <-ran }()
+	select {
+	case <-progress:
+	case <-time.After(time.Minute):
+		t.Fatal("no progress")
+	}
+	out := e.seek("-to-earliest", "-force")
+	t.Logf("seek said:\n%s", out)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		mu.Lock()
+		a := append([]int64(nil), assigns...)
+		mu.Unlock()
+		if len(a) >= 2 {
+			t.Logf("assignments started at %v; positions now %v", a, e.next())
+			if a[len(a)-1] != 0 {
+				t.Fatalf("after seek -to-earliest -force (exit 0), the consumer's next assignment started at %d, not 0: the rewind was undone", a[len(a)-1])
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no new assignment 30s after the seek (assignments %v)", a)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

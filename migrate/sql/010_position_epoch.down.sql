@@ -1,0 +1,2 @@
+ALTER TABLE {{.ConsumerPositions}}
+    DROP COLUMN epoch;
