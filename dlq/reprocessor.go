@@ -23,6 +23,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/outage"
+	"github.com/idemkit/idemkit/internal/pgtext"
 	"github.com/idemkit/idemkit/internal/topicscan"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
@@ -444,7 +445,7 @@ func (rn *run) redrive(ctx context.Context, d *DeadLetter) (Action, error, error
 	}
 	// The handler failed again: extend the history, and either send the
 	// message around once more or, in its last round, park it.
-	f := Failure{Error: truncate(herr.Error()), Class: class.String(), Attempts: attempts,
+	f := Failure{Error: pgtext.Text(herr.Error(), maxErrorText), Class: class.String(), Attempts: attempts,
 		FirstFailure: first.UTC(), LastFailure: time.Now().UTC()}
 	if d.Round+1 >= rn.cfg.ReplayLimit {
 		return Parked, herr, rn.record(ctx, d, Parked, f.Error)
@@ -543,13 +544,23 @@ func (rn *run) replayed(ctx context.Context, d *DeadLetter) (bool, error) {
 	return done, nil
 }
 
+// record writes the replay record of a dead letter that was not redriven.
+// Its texts come from the dead letter's headers, which may hold anything: a
+// message ID CheckID rejects is recorded as empty (a letter without ID), and
+// the consumer and the detail are made storable, so that a letter already
+// republished is always recorded and never republished again.
 func (rn *run) record(ctx context.Context, d *DeadLetter, a Action, detail string) error {
+	id := d.MessageID
+	if d.CheckID() != nil {
+		id = ""
+	}
+	name, detail := pgtext.Text(d.Consumer, 0), pgtext.Text(detail, maxErrorText)
 	err := rn.pg.Do(ctx, func(ctx context.Context) error {
 		_, err := rn.cfg.Pool.Exec(ctx, `INSERT INTO `+rn.replays+` (origin_topic, origin_incarnation,
 			origin_partition, origin_offset, replay_round, dead_letter_topic, message_id, consumer, outcome, detail,
 			replayed_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, NULLIF($10, ''), $11) ON CONFLICT DO NOTHING`,
 			d.Origin.Topic, d.Origin.Incarnation, d.Origin.Partition, d.Origin.Offset, d.Round, rn.cfg.Topic,
-			d.MessageID, d.Consumer, string(a), detail, rn.cfg.ReplayedBy)
+			id, name, string(a), detail, rn.cfg.ReplayedBy)
 		return err
 	})
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/outage"
+	"github.com/idemkit/idemkit/internal/pgtext"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -170,7 +171,7 @@ func (w *Writer) OnFailure(ctx context.Context, msg *consumer.Message, err error
 		merr = &consumer.MessageError{Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset,
 			ID: msg.ID, Attempts: 1, Class: retry.Classify(err), FirstFailure: now, LastFailure: now, Err: err}
 	}
-	f := Failure{Error: truncate(merr.Err.Error()), Class: merr.Class.String(), Attempts: merr.Attempts,
+	f := Failure{Error: pgtext.Text(merr.Err.Error(), maxErrorText), Class: merr.Class.String(), Attempts: merr.Attempts,
 		FirstFailure: merr.FirstFailure.UTC(), LastFailure: merr.LastFailure.UTC()}
 	origin := Origin{Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset, Incarnation: msg.Incarnation}
 	var history []Failure
@@ -305,17 +306,6 @@ func build(orig kafka.Message, o Origin, group, name, id string, history []Failu
 	add(HeaderReplayRound, strconv.Itoa(f.Round))
 	add(HeaderHistory, string(hist))
 	return kafka.Message{Key: orig.Key, Value: orig.Value, Headers: headers}
-}
-
-func truncate(s string) string {
-	if len(s) <= maxErrorText {
-		return s
-	}
-	cut := maxErrorText
-	for cut > 0 && (s[cut]&0xC0) == 0x80 { // keep UTF-8 whole
-		cut--
-	}
-	return s[:cut] + "…"
 }
 
 // CreateTopic creates a dead-letter topic, with replication factor

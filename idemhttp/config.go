@@ -69,7 +69,8 @@ type Config struct {
 	// Operation names what a request does, the second part of the scope.
 	// Defaults to OperationDefault: the method and the http.ServeMux pattern
 	// that matched ("POST /payments/{id}/refunds"), else the method and the
-	// URL path.
+	// URL path. An operation longer than MaxOperationLength, not valid
+	// UTF-8 or holding NUL answers 400 operation_invalid.
 	Operation func(r *http.Request) string
 
 	// Intent returns the bytes that define a request's intent, hashed into

@@ -73,7 +73,9 @@
 // Errors of the middleware itself are JSON: {"error":{"code":"...",
 // "message":"..."}} with the stable codes of the Code constants: 400 for a
 // missing or malformed key (empty, longer than 255 bytes, not printable
-// ASCII) or an invalid JSON body, 401 when Config.Account fails, 413 past
+// ASCII), an invalid JSON body or an operation that cannot be stored (longer
+// than 1024 bytes, invalid UTF-8 or NUL: a default operation holds the URL
+// path the client sent), 401 when Config.Account fails, 413 past
 // Config.MaxRequestBytes, 503 store_unavailable when PostgreSQL fails.
 //
 // # Leases, takeover, reconciliation and expiry

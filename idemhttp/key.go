@@ -19,6 +19,10 @@ const MaxKeyLength = 255
 // MaxAccountLength is the longest account the Account function may return, in bytes.
 const MaxAccountLength = 255
 
+// MaxOperationLength is the longest operation the Operation function may
+// return, in bytes.
+const MaxOperationLength = 1024
+
 // ErrKeyMissing is returned by ParseKey when the request has no
 // Idempotency-Key header.
 var ErrKeyMissing = errors.New("idemhttp: missing Idempotency-Key header")
@@ -102,6 +106,22 @@ func validateAccount(a string) error {
 		return errors.New("account is not valid UTF-8")
 	case strings.IndexByte(a, 0) >= 0:
 		return errors.New("account contains NUL")
+	}
+	return nil
+}
+
+// validateOperation checks an operation the Operation function returned. The
+// default one holds the request's URL path, which the client controls: a
+// path with NUL ("%00") or invalid UTF-8 ("%ff") cannot be stored in a text
+// column, and a very long one not in the records' primary key.
+func validateOperation(op string) error {
+	switch {
+	case len(op) > MaxOperationLength:
+		return fmt.Errorf("operation of %d bytes, longer than %d", len(op), MaxOperationLength)
+	case !utf8.ValidString(op):
+		return errors.New("operation is not valid UTF-8")
+	case strings.IndexByte(op, 0) >= 0:
+		return errors.New("operation contains NUL")
 	}
 	return nil
 }

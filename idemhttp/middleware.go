@@ -101,7 +101,12 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.fail(w, r, http.StatusUnauthorized, CodeUnauthorized, "the request's account could not be established")
 		return
 	}
-	a := reserveArgs{account: account, operation: m.cfg.Operation(r), key: key, lease: m.cfg.Lease, ttl: m.cfg.TTL,
+	operation := m.cfg.Operation(r)
+	if err := validateOperation(operation); err != nil {
+		m.fail(w, r, http.StatusBadRequest, CodeOperationInvalid, err.Error())
+		return
+	}
+	a := reserveArgs{account: account, operation: operation, key: key, lease: m.cfg.Lease, ttl: m.cfg.TTL,
 		async: !m.cfg.NoTx, takeover: !m.cfg.NoTx && !m.cfg.NoLeaseTakeover}
 	log := m.cfg.Logger.With(slog.String("idempotency_key", key), slog.String("account", account),
 		slog.String("operation", a.operation))

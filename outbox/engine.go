@@ -16,6 +16,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/internal/outage"
+	"github.com/idemkit/idemkit/internal/pgtext"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -277,6 +278,9 @@ type roundResult struct {
 }
 
 // update is one row's entry in markFailed.
+// maxErrorText bounds the error text stored in last_error, in bytes.
+const maxErrorText = 2000
+
 type update struct {
 	seq       int64
 	add       int32
@@ -410,7 +414,7 @@ func (e *engine) round(ctx context.Context) (roundResult, error) {
 			}
 		}
 		park := v == permanentFailure || v == countedFailure && r.rec.Attempt >= e.cfg.parkAfter
-		u := update{seq: r.seq, add: 1, err: pgtype.Text{String: truncate(err.Error(), 2000), Valid: true}, park: park}
+		u := update{seq: r.seq, add: 1, err: pgtype.Text{String: pgtext.Text(err.Error(), maxErrorText), Valid: true}, park: park}
 		if !park {
 			u.delayUS = e.rowDelay(r.rec.Attempt).Microseconds()
 		}
@@ -462,13 +466,6 @@ func (e *engine) round(ctx context.Context) (roundResult, error) {
 		}
 	}
 	return res, nil
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n]
 }
 
 // keyRows reads the rows of the scanned rows' keys that a round needs (see

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -57,6 +58,14 @@ func dlqCmd(ctx context.Context, sub string, args []string, out io.Writer) error
 	}
 	if f.topic == "" {
 		return usagef("dlq %s needs -topic", sub)
+	}
+	switch {
+	case f.rate < 0 || math.IsNaN(f.rate) || math.IsInf(f.rate, 0):
+		return usagef("dlq %s: -rate must be a number >= 0 (0: no limit), not %v", sub, f.rate)
+	case f.replayLimit < 1:
+		return usagef("dlq %s: -replay-limit must be at least 1, not %d", sub, f.replayLimit)
+	case f.maxOutage < 0:
+		return usagef("dlq %s: -max-outage must be >= 0 (0: wait for ever), not %v", sub, f.maxOutage)
 	}
 	if err := f.parseFilter(); err != nil {
 		return err

@@ -32,6 +32,9 @@ func idemhttpCmd(ctx context.Context, sub string, args []string, out io.Writer) 
 	if len(pos) != 0 {
 		return usagef("idemhttp %s takes no arguments", sub)
 	}
+	if *limit <= 0 {
+		return usagef("idemhttp %s: -limit must be at least 1, not %d", sub, *limit)
+	}
 	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: c.schema, Table: *table})
 	if err != nil {
 		return usagef("%v", err)

@@ -34,6 +34,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // usageError makes main exit 2.
@@ -91,7 +93,7 @@ func main() {
 		fmt.Fprintf(os.Stderr, "idemkit: %s\n%s", u.msg, usage)
 		os.Exit(2)
 	default:
-		fmt.Fprintf(os.Stderr, "idemkit: %s\n", oneLine(err))
+		fmt.Fprintf(os.Stderr, "idemkit: %s\n", explain(err))
 		os.Exit(1)
 	}
 }
@@ -178,11 +180,34 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 		}
 		args = fs.Args()
 		if len(args) == 0 {
-			return pos, nil
+			return pos, checkNames(fs)
 		}
 		pos = append(pos, args[0])
 		args = args[1:]
 	}
+}
+
+// checkNames refuses an empty -schema or -table: each would otherwise
+// silently mean the default (public, the default table).
+func checkNames(fs *flag.FlagSet) error {
+	var err error
+	fs.Visit(func(f *flag.Flag) {
+		if (f.Name == "schema" || f.Name == "table") && strings.TrimSpace(f.Value.String()) == "" && err == nil {
+			err = usagef("-%s must not be empty", f.Name)
+		}
+	})
+	return err
+}
+
+// explain returns err on one line, with the fix for an error users meet
+// first: a table missing because the schema was never migrated.
+func explain(err error) string {
+	msg := oneLine(err)
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) && pg.Code == "42P01" && !strings.Contains(msg, "migrate up") { // undefined_table
+		msg += ": run idemkit migrate up (with the same -schema) first"
+	}
+	return msg
 }
 
 // dial bounds how long a command waits for a server that does not answer.

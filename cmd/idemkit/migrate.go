@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -50,6 +51,9 @@ func migrateCmd(ctx context.Context, sub string, args []string, out io.Writer) e
 		if target, err = strconv.Atoi(pos[0]); err != nil || target < 0 {
 			return usagef("migrate down: VERSION must be a number >= 0, not %q", pos[0])
 		}
+		if latest := slices.Max(migrate.Known()); target > latest {
+			return usagef("migrate down: VERSION %d is above the latest version %d: there is nothing to go down to", target, latest)
+		}
 	case len(pos) != 0:
 		return usagef("migrate %s takes no arguments", sub)
 	}
@@ -74,7 +78,15 @@ func migrateCmd(ctx context.Context, sub string, args []string, out io.Writer) e
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "reverted %v; schema %s is at version %d\n", reverted, c.schema, target)
+		v, err := m.Versions(ctx)
+		if err != nil {
+			return err
+		}
+		at := 0
+		if len(v) > 0 {
+			at = v[len(v)-1]
+		}
+		fmt.Fprintf(out, "reverted %v; schema %s is at version %d\n", reverted, c.schema, at)
 	case "status":
 		v, err := m.Versions(ctx)
 		if err != nil {

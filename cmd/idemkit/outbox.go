@@ -100,6 +100,9 @@ func dedupCmd(ctx context.Context, sub string, args []string, out io.Writer) err
 	if *olderThan <= 0 {
 		return usagef("dedup purge needs -older-than, the retention (e.g. 168h): records older than that are deleted")
 	}
+	if *batch <= 0 {
+		return usagef("dedup purge: -batch must be at least 1, not %d", *batch)
+	}
 	store, err := dedup.New(&dedup.Config{Schema: c.schema})
 	if err != nil {
 		return usagef("%v", err)
