@@ -5,15 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/pgtext"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -79,20 +78,6 @@ func keyBytes(k []byte) []byte {
 	return k
 }
 
-// storableText is s as a PostgreSQL text value can hold it: valid UTF-8,
-// NUL bytes replaced, at most 2,000 bytes cut on a character boundary.
-func storableText(s string) string {
-	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", "\uFFFD"), "\uFFFD")
-	if len(s) > 2000 {
-		cut := 2000
-		for cut > 0 && !utf8.RuneStart(s[cut]) {
-			cut--
-		}
-		s = s[:cut]
-	}
-	return s
-}
-
 func newParker(w *worker) *parker {
 	t := w.r.cfg.Store.Tables()
 	return &parker{w: w, table: pgx.Identifier{t.Schema, t.Tables.ParkedMessages}.Sanitize(), keys: map[string]int{}}
@@ -140,7 +125,7 @@ func (p *parker) insert(ctx context.Context, tx pgx.Tx, msgs []*Message, f *fail
 		nextAt := time.Now()
 		if i == 0 && f != nil {
 			attempts, first, last, nextAt = f.attempts, &f.first, &f.last, next
-			s := storableText(f.err.Error())
+			s := pgtext.Text(f.err.Error(), 2000)
 			lastErr = &s
 		}
 		// A conflict is the same record parked again (a redelivery): its
@@ -368,7 +353,7 @@ func (p *parker) failed(ctx context.Context, pm *parkedMsg, err error) (done boo
 	_, uerr := cfg.Pool.Exec(ctx, `UPDATE `+p.table+` SET attempts = $5, first_failed_at = coalesce(first_failed_at, $6),
 		last_failed_at = $7, last_error = $8, next_attempt_at = $9
 		WHERE consumer = $1 AND topic = $2 AND kafka_partition = $3 AND kafka_offset = $4 AND incarnation = $10`,
-		cfg.Name, pm.msg.Topic, pm.msg.Partition, pm.msg.Offset, f.attempts, f.first, f.last, storableText(err.Error()), now.Add(delay),
+		cfg.Name, pm.msg.Topic, pm.msg.Partition, pm.msg.Offset, f.attempts, f.first, f.last, pgtext.Text(err.Error(), 2000), now.Add(delay),
 		pm.msg.Incarnation)
 	if uerr != nil {
 		return false, fmt.Errorf("consumer: record parked failure: %w", uerr)
