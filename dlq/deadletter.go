@@ -52,6 +52,11 @@ func (d *DeadLetter) CheckID() error {
 	if err := dedup.ValidateID("message ID", d.MessageID); err != nil {
 		return fmt.Errorf("%w: %w", ErrNoMessageID, err)
 	}
+	// The ID is claimed under the consumer's name: a letter whose name the
+	// store refuses cannot be claimed either (and must not stop a replay).
+	if err := dedup.ValidateID("consumer name", d.Consumer); err != nil {
+		return fmt.Errorf("%w: %w", ErrNoMessageID, err)
+	}
 	return nil
 }
 

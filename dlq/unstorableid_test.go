@@ -23,6 +23,16 @@ import (
 // republished; Run returned, and every rerun republished it again.
 func TestLetterWithUnstorableID(t *testing.T) {
 	t.Parallel()
+	// The message ID, or the consumer name it is claimed under, holds a NUL.
+	for _, header := range []string{dlq.HeaderMessageID, dlq.HeaderConsumer} {
+		t.Run(header, func(t *testing.T) {
+			t.Parallel()
+			letterWithUnstorableField(t, header)
+		})
+	}
+}
+
+func letterWithUnstorableField(t *testing.T, field string) {
 	ctx := context.Background()
 	e := newEnv(t, true)
 	e.produce("a")
@@ -36,7 +46,7 @@ func TestLetterWithUnstorableID(t *testing.T) {
 	bad := kafka.Message{Key: raw.Key, Value: raw.Value}
 	for _, h := range raw.Headers {
 		switch h.Key {
-		case dlq.HeaderMessageID:
+		case field:
 			h.Value = []byte("a\x00b")
 		case dlq.HeaderOriginOffset:
 			h.Value = []byte("7")
