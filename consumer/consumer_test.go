@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
@@ -716,6 +717,7 @@ func TestDeadlockRerunsTheTransaction(t *testing.T) {
 	e.produce(msg("x", "k0", 1), msg("y", "k1", 1))
 
 	var attempts sync.Map
+	var deadlocks atomic.Int32
 	firstLocked := make(chan struct{}, 2)
 	oc := newOutcomes(2)
 	cfg := e.config(modes[0], nil)
@@ -738,6 +740,10 @@ func TestDeadlockRerunsTheTransaction(t *testing.T) {
 			}
 		}
 		if _, err := tx.Exec(ctx, `UPDATE `+rows+` SET n = n + 1 WHERE id = $1`, second); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "40P01" {
+				deadlocks.Add(1)
+			}
 			return fmt.Errorf("lock %s: %w", second, err)
 		}
 		return e.effect(ctx, tx, m)
@@ -760,10 +766,15 @@ func TestDeadlockRerunsTheTransaction(t *testing.T) {
 	if runs := e.runs(); runs["x"] != 1 || runs["y"] != 1 {
 		t.Fatalf("effects %v, want x and y once", runs)
 	}
+	// One of the two was the deadlock's victim; with no handler retries
+	// (MaxAttempts 1) only the transaction's rerun brought it through: Run
+	// did not stop and both effects are there. (A rebalance under load may
+	// cancel and rerun an attempt too, so the handler's runs are not
+	// counted exactly.)
 	ax, _ := attempts.Load("x")
 	ay, _ := attempts.Load("y")
-	if total := ax.(*atomic.Int32).Load() + ay.(*atomic.Int32).Load(); total != 3 {
-		t.Fatalf("handler ran %d times, want 3 (one transaction rerun after the deadlock)", total)
+	if d, total := deadlocks.Load(), ax.(*atomic.Int32).Load()+ay.(*atomic.Int32).Load(); d != 1 || total < 3 {
+		t.Fatalf("%d deadlocks in %d handler runs, want one deadlock and its transaction run again", d, total)
 	}
 	var a, b int
 	if err := e.db.Pool.QueryRow(ctx, `SELECT (SELECT n FROM `+rows+` WHERE id='a'), (SELECT n FROM `+rows+` WHERE id='b')`).Scan(&a, &b); err != nil || a != 2 || b != 2 {
