@@ -37,14 +37,10 @@ type env struct {
 func newEnv(t *testing.T, createDLQ bool) *env {
 	t.Helper()
 	db := testenv.NewDB(t, func(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-		m, err := migrate.New(pool, &migrate.Config{Schema: schema})
-		if err != nil {
+		if err := testenv.Migrate(ctx, pool, schema); err != nil {
 			return err
 		}
-		if _, err := m.Up(ctx); err != nil {
-			return err
-		}
-		_, err = pool.Exec(ctx, `CREATE TABLE `+pgx.Identifier{schema, "effects"}.Sanitize()+` (
+		_, err := pool.Exec(ctx, `CREATE TABLE `+pgx.Identifier{schema, "effects"}.Sanitize()+` (
 			id text PRIMARY KEY, runs int NOT NULL)`)
 		return err
 	})

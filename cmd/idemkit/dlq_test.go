@@ -7,13 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/testenv"
-	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -23,14 +21,7 @@ import (
 func TestCLIReplayLetterWithoutID(t *testing.T) {
 	t.Parallel()
 	bin := binary(t)
-	db := testenv.NewDB(t, func(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-		m, err := migrate.New(pool, &migrate.Config{Schema: schema})
-		if err != nil {
-			return err
-		}
-		_, err = m.Up(ctx)
-		return err
-	})
+	db := testenv.NewDB(t, testenv.Migrate)
 	origin := testenv.NewTopic(t, 1)
 	dead := origin + dlq.TopicSuffixDefault
 	testenv.CreateTopic(t, dead, 1)

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/dedup"
@@ -24,14 +23,7 @@ func TestCLIOutboxAndDedup(t *testing.T) {
 	t.Parallel()
 	bin := binary(t)
 	ctx := context.Background()
-	db := testenv.NewDB(t, func(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-		m, err := migrate.New(pool, &migrate.Config{Schema: schema})
-		if err != nil {
-			return err
-		}
-		_, err = m.Up(ctx)
-		return err
-	})
+	db := testenv.NewDB(t, testenv.Migrate)
 	env := []string{"IDEMKIT_DATABASE_URL=" + testenv.DatabaseURL(t)}
 	schema := []string{"-schema", db.Schema}
 	store, err := outbox.New(&outbox.Config{Schema: db.Schema})

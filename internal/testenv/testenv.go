@@ -36,6 +36,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idemkit/internal/topicscan"
+	"github.com/idemkit/idemkit/migrate"
 )
 
 // Environment variables read by the harness.
@@ -449,4 +450,15 @@ func (l *Logs) Count(msg, op string) int {
 		}
 	}
 	return n
+}
+
+// Migrate is a NewDB setup that applies every idemkit migration to the
+// test's schema: testenv.NewDB(t, testenv.Migrate).
+func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	m, err := migrate.New(pool, &migrate.Config{Schema: schema})
+	if err != nil {
+		return err
+	}
+	_, err = m.Up(ctx)
+	return err
 }

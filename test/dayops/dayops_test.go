@@ -27,7 +27,6 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/outage"
 	"github.com/idemkit/idemkit/internal/testenv"
-	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/test/internal/containers"
 	"github.com/idemkit/idemkit/test/internal/kafkaproc"
 )
@@ -47,14 +46,10 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	db := testenv.NewDB(t, func(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-		m, err := migrate.New(pool, &migrate.Config{Schema: schema})
-		if err != nil {
+		if err := testenv.Migrate(ctx, pool, schema); err != nil {
 			return err
 		}
-		if _, err := m.Up(ctx); err != nil {
-			return err
-		}
-		_, err = pool.Exec(ctx, `CREATE TABLE `+pgx.Identifier{schema, "effects"}.Sanitize()+` (
+		_, err := pool.Exec(ctx, `CREATE TABLE `+pgx.Identifier{schema, "effects"}.Sanitize()+` (
 			id text PRIMARY KEY, runs int NOT NULL)`)
 		return err
 	})

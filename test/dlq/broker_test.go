@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/consumer"
@@ -99,14 +98,7 @@ func TestBrokerKilledMidReplay(t *testing.T) {
 	dead := origin + dlq.TopicSuffixDefault
 	createTopic(t, client, origin, 1)
 	createTopic(t, client, dead, 2)
-	db := testenv.NewDB(t, func(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-		m, err := migrate.New(pool, &migrate.Config{Schema: schema})
-		if err != nil {
-			return err
-		}
-		_, err = m.Up(ctx)
-		return err
-	})
+	db := testenv.NewDB(t, testenv.Migrate)
 
 	var logs logBuffer
 	logger := slog.New(slog.NewTextHandler(&logs, nil))

@@ -13,7 +13,6 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/internal/testenv"
-	"github.com/idemkit/idemkit/migrate"
 )
 
 // effectsDDL is the business table of these tests: one row per message ID
@@ -28,14 +27,10 @@ const effectsDDL = `CREATE TABLE %s (
 func newDB(t *testing.T) *testenv.DB {
 	t.Helper()
 	return testenv.NewDB(t, func(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-		m, err := migrate.New(pool, &migrate.Config{Schema: schema})
-		if err != nil {
+		if err := testenv.Migrate(ctx, pool, schema); err != nil {
 			return err
 		}
-		if _, err := m.Up(ctx); err != nil {
-			return err
-		}
-		_, err = pool.Exec(ctx, fmt.Sprintf(effectsDDL, pgx.Identifier{schema, "effects"}.Sanitize()))
+		_, err := pool.Exec(ctx, fmt.Sprintf(effectsDDL, pgx.Identifier{schema, "effects"}.Sanitize()))
 		return err
 	})
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/internal/testenv"
-	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
 	"github.com/idemkit/idemkit/test/internal/containers"
 )
@@ -31,14 +30,10 @@ func TestMain(m *testing.M) {
 func newDB(t *testing.T) (*testenv.DB, *outbox.Store) {
 	t.Helper()
 	db := testenv.NewDB(t, func(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-		m, err := migrate.New(pool, &migrate.Config{Schema: schema})
-		if err != nil {
+		if err := testenv.Migrate(ctx, pool, schema); err != nil {
 			return err
 		}
-		if _, err := m.Up(ctx); err != nil {
-			return err
-		}
-		_, err = pool.Exec(ctx, `CREATE TABLE `+pgx.Identifier{schema, "effects"}.Sanitize()+
+		_, err := pool.Exec(ctx, `CREATE TABLE `+pgx.Identifier{schema, "effects"}.Sanitize()+
 			` (id text PRIMARY KEY, runs int NOT NULL)`)
 		return err
 	})

@@ -17,7 +17,6 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testenv"
-	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 	"github.com/idemkit/idemkit/test/internal/txproducer"
 )
@@ -32,14 +31,10 @@ type consumerDB struct {
 
 func newConsumerDB(t *testing.T) *consumerDB {
 	db := testenv.NewDB(t, func(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-		m, err := migrate.New(pool, &migrate.Config{Schema: schema})
-		if err != nil {
+		if err := testenv.Migrate(ctx, pool, schema); err != nil {
 			return err
 		}
-		if _, err := m.Up(ctx); err != nil {
-			return err
-		}
-		_, err = pool.Exec(ctx, `CREATE TABLE `+pgx.Identifier{schema, "effects"}.Sanitize()+` (
+		_, err := pool.Exec(ctx, `CREATE TABLE `+pgx.Identifier{schema, "effects"}.Sanitize()+` (
 			id text PRIMARY KEY, runs int NOT NULL, kafka_partition int NOT NULL, kafka_offset bigint NOT NULL)`)
 		return err
 	})

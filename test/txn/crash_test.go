@@ -24,7 +24,6 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testenv"
-	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/test/internal/txproducer"
 )
 
@@ -342,14 +341,10 @@ func TestCrashInTransactionalPartition(t *testing.T) {
 			t.Parallel()
 			rng := rand.New(rand.NewPCG(seed, 1))
 			db := testenv.NewDB(t, func(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-				m, err := migrate.New(pool, &migrate.Config{Schema: schema})
-				if err != nil {
+				if err := testenv.Migrate(ctx, pool, schema); err != nil {
 					return err
 				}
-				if _, err := m.Up(ctx); err != nil {
-					return err
-				}
-				_, err = pool.Exec(ctx, fmt.Sprintf(crashEffectsDDL, pgx.Identifier{schema, "effects"}.Sanitize()))
+				_, err := pool.Exec(ctx, fmt.Sprintf(crashEffectsDDL, pgx.Identifier{schema, "effects"}.Sanitize()))
 				return err
 			})
 			group := testenv.Name(t, "g")
