@@ -672,27 +672,28 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 		}
 	}
 	parking := len(live) < len(msgs)
-	err = inTx(ctx, cfg.Pool, func(tx pgx.Tx) error {
-		claim := func(m *Message) dedup.Claim {
-			return dedup.Claim{Consumer: cfg.Name, MessageID: m.ID, Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Time: m.Time, Epoch: w.epoch}
-		}
-		var dup []bool
+	claim := func(m *Message) dedup.Claim {
+		return dedup.Claim{Consumer: cfg.Name, MessageID: m.ID, Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Time: m.Time, Epoch: w.epoch}
+	}
+	var dup []bool
+	var one bool
+	// The claims travel with BEGIN: one round trip before the handler runs.
+	claims := func(b *pgx.Batch) error {
 		switch {
 		case len(live) == 1 && !parking:
-			d, err := cfg.Store.ClaimWithPositionTx(ctx, tx, claim(msgs[0]))
-			if err != nil {
-				return err
-			}
-			dup = []bool{d}
+			return cfg.Store.QueueClaimWithPosition(b, claim(msgs[0]), &one)
 		case len(live) > 0:
 			claims := make([]dedup.Claim, len(live))
 			for j, i := range live {
 				claims[j] = claim(msgs[i])
 			}
-			var err error
-			if dup, err = cfg.Store.ClaimBatchTx(ctx, tx, claims); err != nil {
-				return err
-			}
+			return cfg.Store.QueueClaimBatch(b, claims, &dup)
+		}
+		return nil
+	}
+	err = inTxWith(ctx, cfg.Pool, claims, func(tx pgx.Tx) error {
+		if len(live) == 1 && !parking {
+			dup = []bool{one}
 		}
 		for j, i := range live {
 			outcomes[i] = Applied
@@ -806,12 +807,33 @@ func (w *worker) handleOne(ctx context.Context, tx pgx.Tx, m *Message) error {
 // the outcome of work in flight unknown); on any error it rolls back, also
 // with a context that survives the caller's cancellation.
 func inTx(ctx context.Context, pool *pgxpool.Pool, f func(pgx.Tx) error) error {
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		return err
-	}
+	return inTxWith(ctx, pool, nil, f)
+}
+
+// inTxWith is inTx whose first statements, those first queues, are sent in
+// one round trip with BEGIN and their results read before f runs.
+func inTxWith(ctx context.Context, pool *pgxpool.Pool, first func(*pgx.Batch) error, f func(pgx.Tx) error) error {
+	var tx pgx.Tx
 	detached, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
 	defer cancel()
+	if first == nil {
+		var err error
+		if tx, err = pool.Begin(ctx); err != nil {
+			return err
+		}
+	} else {
+		b := &pgx.Batch{}
+		b.BeginTx(pgx.TxOptions{})
+		if err := first(b); err != nil {
+			return err
+		}
+		br := pool.SendBatch(ctx, b)
+		tx = br.Tx()
+		if err := br.Close(); err != nil {
+			_ = tx.Rollback(detached)
+			return err
+		}
+	}
 	if err := f(tx); err != nil {
 		_ = tx.Rollback(detached)
 		return err

@@ -21,6 +21,10 @@
 // is two claims. It holds at the PostgreSQL boundary only: effects outside the
 // transaction need the outbox or the receiver's own idempotency.
 //
+// Store.QueueClaimWithPosition and Store.QueueClaimBatch queue the same
+// statements on a pgx.Batch instead: after pgx.Batch.BeginTx, the
+// transaction begins and claims in one round trip (the consumer does this).
+//
 // Input is checked before any SQL runs: consumer names and message IDs with
 // ValidateID (non-empty, at most MaxIDLength bytes, valid UTF-8, no control
 // characters), topics non-empty, partitions and offsets not negative. An

@@ -160,3 +160,53 @@ func ExampleStore_SeekTx() {
 	// Output:
 	// partition 0: next offset 250 → 100, incarnation 0 → 1
 }
+
+// A transaction that begins, claims and records the position in one round
+// trip: the claim is queued on a batch that begins the transaction.
+func ExampleStore_QueueClaimWithPosition() {
+	ctx := context.Background()
+	pool, schema, drop := exampleDB()
+	defer drop()
+
+	store, err := dedup.New(&dedup.Config{Schema: schema})
+	if err != nil {
+		panic(err)
+	}
+	handle := func(offset int64) error {
+		b := &pgx.Batch{}
+		b.BeginTx(pgx.TxOptions{})
+		var duplicate bool
+		if err := store.QueueClaimWithPosition(b, dedup.Claim{
+			Consumer: "billing", MessageID: "order-7", Topic: "orders", Partition: 0, Offset: offset,
+		}, &duplicate); err != nil {
+			return err // invalid input: nothing was sent
+		}
+		br := pool.SendBatch(ctx, b)
+		tx := br.Tx()
+		defer func() { _ = tx.Rollback(ctx) }()
+		if err := br.Close(); err != nil {
+			return err
+		}
+		if !duplicate {
+			// ... the business writes, in tx ...
+			fmt.Printf("offset %d: order-7 processed\n", offset)
+		} else {
+			fmt.Printf("offset %d: order-7 already processed\n", offset)
+		}
+		return tx.Commit(ctx)
+	}
+	for _, offset := range []int64{3, 3} {
+		if err := handle(offset); err != nil {
+			panic(err)
+		}
+	}
+	positions, err := store.Positions(ctx, pool, "billing", "orders")
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("next offset:", positions[0])
+	// Output:
+	// offset 3: order-7 processed
+	// offset 3: order-7 already processed
+	// next offset: 4
+}

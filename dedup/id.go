@@ -38,6 +38,9 @@ func (e *InvalidIDError) Is(target error) bool { return target == ErrInvalidID }
 // characters (so IDs print safely in logs and compare byte for byte). field
 // names the value in the error, which is an *InvalidIDError.
 func ValidateID(field, v string) error {
+	if printableASCII(v) {
+		return nil
+	}
 	reason := ""
 	switch {
 	case v == "":
@@ -52,4 +55,18 @@ func ValidateID(field, v string) error {
 		return nil
 	}
 	return &InvalidIDError{Field: field, Value: v, Reason: reason}
+}
+
+// printableASCII reports whether v is a valid ID made of printable ASCII
+// only, as most IDs are: the common case, checked without decoding runes.
+func printableASCII(v string) bool {
+	if v == "" || len(v) > MaxIDLength {
+		return false
+	}
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c < 0x20 || c >= 0x7f {
+			return false
+		}
+	}
+	return true
 }

@@ -79,15 +79,21 @@ type Claim struct {
 	Epoch int64
 }
 
-func (c Claim) validate() error {
+func (c *Claim) validate() error {
 	if err := ValidateID("Consumer", c.Consumer); err != nil {
-		return &inputError{err: err}
-	}
-	if err := ValidateID("MessageID", c.MessageID); err != nil {
 		return &inputError{err: err}
 	}
 	if err := validateTopic(c.Topic); err != nil {
 		return err
+	}
+	return c.validateMessage()
+}
+
+// validateMessage checks what differs between the claims of one consumer
+// and topic.
+func (c *Claim) validateMessage() error {
+	if err := ValidateID("MessageID", c.MessageID); err != nil {
+		return &inputError{err: err}
 	}
 	if err := validatePartition(c.Partition); err != nil {
 		return err
@@ -142,20 +148,45 @@ func New(cfg *Config) (*Store, error) {
 	processed := pgx.Identifier{mc.Schema, mc.Tables.ProcessedMessages}.Sanitize()
 	positions := pgx.Identifier{mc.Schema, mc.Tables.ConsumerPositions}.Sanitize()
 
-	// upsertPosition never moves a position back: a redelivered or replayed
-	// message at a lower offset leaves it as it is.
+	// The position statements never move a position back: a redelivered or
+	// replayed message at a lower offset leaves it as it is.
 	// The anchor (the record at next_offset - 1 and its timestamp) moves
 	// with the position when the time is known; a position that moves on
 	// without one (over transaction markers) keeps the last anchor.
 	// A position written under another epoch (a seek happened since its
 	// writer read it) is left as it is.
-	upsertPosition := `INSERT INTO ` + positions + ` AS p (consumer, topic, kafka_partition, next_offset, anchor_time, anchor_offset, epoch)
-	SELECT c, t, k, n, a, CASE WHEN a IS NULL THEN NULL ELSE n - 1 END, e FROM (%s) AS v (c, t, k, n, a, e)
-	ON CONFLICT (consumer, topic, kafka_partition) DO UPDATE
-	SET next_offset = EXCLUDED.next_offset,
-		anchor_offset = CASE WHEN EXCLUDED.anchor_time IS NULL THEN p.anchor_offset ELSE EXCLUDED.anchor_offset END,
-		anchor_time = coalesce(EXCLUDED.anchor_time, p.anchor_time), updated_at = now()
-	WHERE p.next_offset < EXCLUDED.next_offset AND p.epoch = EXCLUDED.epoch`
+	//
+	// A position row exists from a partition's first write on, so it is
+	// moved by a plain UPDATE: INSERT … ON CONFLICT DO UPDATE would also
+	// lock the row first, one more WAL record per message. Only a row that
+	// does not exist yet is inserted (ON CONFLICT DO NOTHING: a row a
+	// concurrent owner inserted meanwhile keeps its position, which can
+	// only make the next start read again what is then a duplicate).
+	// positionCTEs reads its input rows (c, t, k, n, a, e) from the
+	// statement it is given and leaves positionInsert to finish.
+	positionCTEs := func(input string) string {
+		return `position_input AS (
+	SELECT * FROM (` + input + `) AS v (c, t, k, n, a, e)
+), position_moved AS (
+	UPDATE ` + positions + ` AS p SET next_offset = v.n,
+		anchor_offset = CASE WHEN v.a IS NULL THEN p.anchor_offset ELSE v.n - 1 END,
+		anchor_time = coalesce(v.a, p.anchor_time), updated_at = now()
+	FROM position_input AS v
+	WHERE p.consumer = v.c AND p.topic = v.t AND p.kafka_partition = v.k
+		AND p.next_offset < v.n AND p.epoch = v.e
+	RETURNING p.consumer, p.topic, p.kafka_partition
+)`
+	}
+	positionInsert := `INSERT INTO ` + positions + ` (consumer, topic, kafka_partition, next_offset, anchor_time, anchor_offset, epoch)
+	SELECT c, t, k, n, a, CASE WHEN a IS NULL THEN NULL ELSE n - 1 END, e FROM position_input AS v
+	WHERE NOT EXISTS (SELECT 1 FROM position_moved AS m
+		WHERE m.consumer = v.c AND m.topic = v.t AND m.kafka_partition = v.k)
+	ON CONFLICT (consumer, topic, kafka_partition) DO NOTHING`
+	withPosition := func(input string) string {
+		return positionCTEs(input) + `, position_new AS (
+	` + positionInsert + `
+)`
+	}
 
 	return &Store{
 		tables: mc,
@@ -168,9 +199,7 @@ func New(cfg *Config) (*Store, error) {
 	VALUES ($1, $2, $3, $4, $5)
 	ON CONFLICT (consumer, message_id) DO NOTHING
 	RETURNING 1
-), position AS (
-	` + fmt.Sprintf(upsertPosition, `VALUES ($1::text, $3::text, $4::int, $6::bigint, $7::timestamptz, $8::bigint)`) + `
-)
+), ` + withPosition(`VALUES ($1::text, $3::text, $4::int, $6::bigint, $7::timestamptz, $8::bigint)`) + `
 SELECT NOT EXISTS (SELECT 1 FROM claimed)`,
 
 		claimBatchSQL: `WITH input AS (
@@ -181,9 +210,7 @@ SELECT NOT EXISTS (SELECT 1 FROM claimed)`,
 	SELECT consumer, message_id, topic, kafka_partition, kafka_offset FROM input ORDER BY ord
 	ON CONFLICT (consumer, message_id) DO NOTHING
 	RETURNING consumer, message_id
-), position AS (
-	` + fmt.Sprintf(upsertPosition, `SELECT * FROM unnest($6::text[], $7::text[], $8::int[], $9::bigint[], $10::timestamptz[], $11::bigint[])`) + `
-)
+), ` + withPosition(`SELECT * FROM unnest($6::text[], $7::text[], $8::int[], $9::bigint[], $10::timestamptz[], $11::bigint[])`) + `
 SELECT input.ord FROM input JOIN claimed USING (consumer, message_id)`,
 
 		// The consumer's batches: one consumer, topic and partition, so those
@@ -195,12 +222,11 @@ SELECT input.ord FROM input JOIN claimed USING (consumer, message_id)`,
 	SELECT $1, message_id, $3, $5, kafka_offset FROM input ORDER BY ord
 	ON CONFLICT (consumer, message_id) DO NOTHING
 	RETURNING message_id
-), position AS (
-	` + fmt.Sprintf(upsertPosition, `VALUES ($1::text, $3::text, $5::int, $6::bigint, $7::timestamptz, $8::bigint)`) + `
-)
+), ` + withPosition(`VALUES ($1::text, $3::text, $5::int, $6::bigint, $7::timestamptz, $8::bigint)`) + `
 SELECT input.ord FROM input JOIN claimed USING (message_id)`,
 
-		savePositionSQL: fmt.Sprintf(upsertPosition, `VALUES ($1::text, $2::text, $3::int, $4::bigint, $5::timestamptz, $6::bigint)`),
+		savePositionSQL: `WITH ` + positionCTEs(`VALUES ($1::text, $2::text, $3::int, $4::bigint, $5::timestamptz, $6::bigint)`) + `
+` + positionInsert,
 
 		processedSQL: `SELECT EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1 AND message_id = $2)`,
 
@@ -257,12 +283,39 @@ func (s *Store) ClaimWithPositionTx(ctx context.Context, tx pgx.Tx, c Claim) (du
 	if tx == nil {
 		return false, errors.New("dedup: claim: nil tx")
 	}
-	err = tx.QueryRow(ctx, s.claimWithPositionSQL,
-		c.Consumer, c.MessageID, c.Topic, c.Partition, c.Offset, c.Offset+1, anchor(c.Time), c.Epoch).Scan(&duplicate)
+	err = tx.QueryRow(ctx, s.claimWithPositionSQL, s.claimWithPositionArgs(c)...).Scan(&duplicate)
 	if err != nil {
 		return false, fmt.Errorf("dedup: claim: %w", err)
 	}
 	return duplicate, nil
+}
+
+func (s *Store) claimWithPositionArgs(c Claim) []any {
+	return []any{c.Consumer, c.MessageID, c.Topic, c.Partition, c.Offset, c.Offset + 1, anchor(c.Time), c.Epoch}
+}
+
+// QueueClaimWithPosition queues on b the statement ClaimWithPositionTx
+// runs, so that it travels in one round trip with the rest of b: queued
+// after b.BeginTx, a transaction begins, claims and records the position
+// in one round trip (b.BeginTx must come first, as pgx requires). The
+// outcome is stored in *duplicate when b's results are read
+// (pgx.BatchResults.Close); an error of the statement is returned from
+// there, wrapped. Invalid input returns an error matching ErrInvalidInput
+// and queues nothing.
+func (s *Store) QueueClaimWithPosition(b *pgx.Batch, c Claim, duplicate *bool) error {
+	if err := c.validate(); err != nil {
+		return fmt.Errorf("dedup: claim: %w", err)
+	}
+	if b == nil || duplicate == nil {
+		return errors.New("dedup: claim: nil batch or result")
+	}
+	b.Queue(s.claimWithPositionSQL, s.claimWithPositionArgs(c)...).QueryRow(func(row pgx.Row) error {
+		if err := row.Scan(duplicate); err != nil {
+			return fmt.Errorf("dedup: claim: %w", err)
+		}
+		return nil
+	})
+	return nil
 }
 
 type idKey struct{ consumer, messageID string }
@@ -280,16 +333,74 @@ type positionKey struct {
 // claim fails the whole batch before any SQL runs. An empty batch does
 // nothing.
 func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, claims []Claim) (duplicate []bool, err error) {
-	for i, c := range claims {
-		if err := c.validate(); err != nil {
-			return nil, fmt.Errorf("dedup: claim batch: claims[%d]: %w", i, err)
-		}
+	q, err := s.batchClaim(claims)
+	if err != nil {
+		return nil, err
 	}
 	if tx == nil {
 		return nil, errors.New("dedup: claim batch: nil tx")
 	}
-	if len(claims) == 0 {
+	if q == nil {
 		return []bool{}, nil
+	}
+	rows, err := tx.Query(ctx, q.sql, q.args...)
+	if err != nil {
+		return nil, fmt.Errorf("dedup: claim batch: %w", err)
+	}
+	return q.result(rows)
+}
+
+// QueueClaimBatch queues on b the statement ClaimBatchTx runs (see
+// QueueClaimWithPosition for how a batch begins a transaction with it).
+// The outcome is stored in *duplicate when b's results are read. Invalid
+// input returns an error matching ErrInvalidInput and queues nothing; an
+// empty claims queues nothing and stores an empty slice.
+func (s *Store) QueueClaimBatch(b *pgx.Batch, claims []Claim, duplicate *[]bool) error {
+	q, err := s.batchClaim(claims)
+	if err != nil {
+		return err
+	}
+	if b == nil || duplicate == nil {
+		return errors.New("dedup: claim batch: nil batch or result")
+	}
+	if q == nil {
+		*duplicate = []bool{}
+		return nil
+	}
+	b.Queue(q.sql, q.args...).Query(func(rows pgx.Rows) error {
+		d, err := q.result(rows)
+		*duplicate = d
+		return err
+	})
+	return nil
+}
+
+// claimBatch is one prepared batch claim.
+type claimBatch struct {
+	sql   string
+	args  []any
+	n     int   // claims
+	first []int // the claims that claim (first occurrences), in statement order
+}
+
+// batchClaim validates claims and builds their statement; nil for none.
+// Claims of the same consumer and topic as the claim before them (the
+// consumer's batches) are checked for those once.
+func (s *Store) batchClaim(claims []Claim) (*claimBatch, error) {
+	for i := range claims {
+		c := &claims[i]
+		var err error
+		if i > 0 && c.Consumer == claims[i-1].Consumer && c.Topic == claims[i-1].Topic {
+			err = c.validateMessage()
+		} else {
+			err = c.validate()
+		}
+		if err != nil {
+			return nil, fmt.Errorf("dedup: claim batch: claims[%d]: %w", i, err)
+		}
+	}
+	if len(claims) == 0 {
+		return nil, nil
 	}
 
 	// ON CONFLICT cannot see a row inserted by the same statement twice, and
@@ -318,15 +429,25 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, claims []Claim) (du
 		return cmp.Or(strings.Compare(claims[a].Consumer, claims[b].Consumer),
 			strings.Compare(claims[a].MessageID, claims[b].MessageID))
 	})
-	consumers := make([]string, len(first))
 	ids := make([]string, len(first))
-	topics := make([]string, len(first))
-	partitions := make([]int32, len(first))
 	offsets := make([]int64, len(first))
 	for j, i := range first {
+		ids[j], offsets[j] = claims[i].MessageID, claims[i].Offset
+	}
+	q := &claimBatch{n: len(claims), first: first}
+	if len(next) == 1 { // one consumer, topic and partition: the consumer's batches
+		c := claims[0]
+		pk := positionKey{c.Consumer, c.Topic, c.Partition}
+		q.sql = s.claimBatchOneSQL
+		q.args = []any{c.Consumer, ids, c.Topic, offsets, int32(c.Partition), next[pk], anchors[pk], epochs[pk]}
+		return q, nil
+	}
+	consumers := make([]string, len(first))
+	topics := make([]string, len(first))
+	partitions := make([]int32, len(first))
+	for j, i := range first {
 		c := claims[i]
-		consumers[j], ids[j], topics[j] = c.Consumer, c.MessageID, c.Topic
-		partitions[j], offsets[j] = int32(c.Partition), c.Offset
+		consumers[j], topics[j], partitions[j] = c.Consumer, c.Topic, int32(c.Partition)
 	}
 	keys := make([]positionKey, 0, len(next))
 	for k := range next {
@@ -346,31 +467,27 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, claims []Claim) (du
 		pConsumers[j], pTopics[j], pPartitions[j], pNext[j] = k.consumer, k.topic, int32(k.partition), next[k]
 		pAnchors[j], pEpochs[j] = anchors[k], epochs[k]
 	}
+	q.sql = s.claimBatchSQL
+	q.args = []any{consumers, ids, topics, partitions, offsets, pConsumers, pTopics, pPartitions, pNext, pAnchors, pEpochs}
+	return q, nil
+}
 
-	var rows pgx.Rows
-	if len(keys) == 1 { // one consumer, topic and partition: the consumer's batches
-		rows, err = tx.Query(ctx, s.claimBatchOneSQL, keys[0].consumer, ids, keys[0].topic, offsets,
-			int32(keys[0].partition), pNext[0], pAnchors[0], pEpochs[0])
-	} else {
-		rows, err = tx.Query(ctx, s.claimBatchSQL, consumers, ids, topics, partitions, offsets,
-			pConsumers, pTopics, pPartitions, pNext, pAnchors, pEpochs)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("dedup: claim batch: %w", err)
-	}
+// result reads the statement's rows: the 1-based positions in q.first of
+// the claims that claimed.
+func (q *claimBatch) result(rows pgx.Rows) ([]bool, error) {
 	claimed, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {
 		return nil, fmt.Errorf("dedup: claim batch: %w", err)
 	}
-	duplicate = make([]bool, len(claims))
+	duplicate := make([]bool, q.n)
 	for i := range duplicate {
 		duplicate[i] = true
 	}
-	for _, ord := range claimed { // 1-based positions in first
-		if ord < 1 || int(ord) > len(first) {
+	for _, ord := range claimed {
+		if ord < 1 || int(ord) > len(q.first) {
 			return nil, fmt.Errorf("dedup: claim batch: unexpected ordinality %d", ord)
 		}
-		duplicate[first[ord-1]] = false
+		duplicate[q.first[ord-1]] = false
 	}
 	return duplicate, nil
 }

@@ -1,0 +1,216 @@
+package dedup_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/migrate"
+)
+
+// beginWith sends b, which begins a transaction, and returns the
+// transaction once b's results are read.
+func beginWith(t *testing.T, pool *pgxpool.Pool, b *pgx.Batch) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	br := pool.SendBatch(ctx, b)
+	tx := br.Tx()
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	if err := br.Close(); err != nil {
+		t.Fatalf("send batch: %v", err)
+	}
+	return tx
+}
+
+// TestQueueClaimWithPosition: a claim queued after BEGIN claims and records
+// the position in the transaction the batch begins; a rollback undoes both,
+// a commit keeps both, and the ID is then a duplicate.
+func TestQueueClaimWithPosition(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, s := newStore(t)
+	c := dedup.Claim{Consumer: "billing", MessageID: "order-1", Topic: "orders", Partition: 1, Offset: 9, Time: time.Now()}
+
+	queue := func() (*pgx.Batch, *bool) {
+		b := &pgx.Batch{}
+		b.BeginTx(pgx.TxOptions{})
+		dup := new(bool)
+		*dup = true // must be overwritten
+		if err := s.QueueClaimWithPosition(b, c, dup); err != nil {
+			t.Fatalf("QueueClaimWithPosition: %v", err)
+		}
+		return b, dup
+	}
+
+	b, dup := queue()
+	tx := beginWith(t, db.Pool, b)
+	if *dup {
+		t.Fatal("first claim reported a duplicate")
+	}
+	wantPositions(t, positions(t, s, tx, "billing", "orders"), map[int]int64{1: 10})
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wantPositions(t, positions(t, s, db.Pool, "billing", "orders"), map[int]int64{})
+	if ok, err := s.Processed(ctx, db.Pool, "billing", "order-1"); err != nil || ok {
+		t.Fatalf("Processed after rollback = %v, %v; want false", ok, err)
+	}
+
+	b, dup = queue()
+	tx = beginWith(t, db.Pool, b)
+	if *dup {
+		t.Fatal("claim after the rollback reported a duplicate")
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b, dup = queue()
+	tx = beginWith(t, db.Pool, b)
+	if !*dup {
+		t.Fatal("claim of a committed ID was not a duplicate")
+	}
+	_ = tx.Rollback(ctx)
+	wantPositions(t, positions(t, s, db.Pool, "billing", "orders"), map[int]int64{1: 10})
+}
+
+func TestQueueClaimBatch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, s := newStore(t)
+	inTx(t, db.Pool, func(tx pgx.Tx) {
+		claim(t, s, tx, dedup.Claim{Consumer: "billing", MessageID: "a", Topic: "orders", Partition: 0, Offset: 1})
+	})
+	for _, tc := range []struct {
+		name   string
+		claims []dedup.Claim
+		want   []bool
+		pos    map[int]int64
+	}{
+		{"one partition", []dedup.Claim{
+			{Consumer: "billing", MessageID: "z", Topic: "orders", Partition: 0, Offset: 7},
+			{Consumer: "billing", MessageID: "a", Topic: "orders", Partition: 0, Offset: 8},
+			{Consumer: "billing", MessageID: "z", Topic: "orders", Partition: 0, Offset: 9},
+		}, []bool{false, true, true}, map[int]int64{0: 10}},
+		{"two partitions", []dedup.Claim{
+			{Consumer: "billing", MessageID: "p", Topic: "orders", Partition: 0, Offset: 11},
+			{Consumer: "billing", MessageID: "q", Topic: "orders", Partition: 2, Offset: 3},
+		}, []bool{false, false}, map[int]int64{0: 12, 2: 4}},
+	} {
+		b := &pgx.Batch{}
+		b.BeginTx(pgx.TxOptions{})
+		var dup []bool
+		if err := s.QueueClaimBatch(b, tc.claims, &dup); err != nil {
+			t.Fatalf("%s: QueueClaimBatch: %v", tc.name, err)
+		}
+		tx := beginWith(t, db.Pool, b)
+		if !slices.Equal(dup, tc.want) {
+			t.Fatalf("%s: duplicate = %v, want %v", tc.name, dup, tc.want)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		wantPositions(t, positions(t, s, db.Pool, "billing", "orders"), tc.pos)
+	}
+
+	// An empty batch queues nothing and answers at once.
+	b := &pgx.Batch{}
+	dup := []bool{true}
+	if err := s.QueueClaimBatch(b, nil, &dup); err != nil || len(dup) != 0 || b.Len() != 0 {
+		t.Fatalf("empty: err %v, duplicate %v, %d queued; want nil, [], 0", err, dup, b.Len())
+	}
+}
+
+// TestQueueInvalidInput: bad input is refused before anything is queued, so
+// a batch with a BEGIN in it is still only a BEGIN.
+func TestQueueInvalidInput(t *testing.T) {
+	t.Parallel()
+	_, s := newStore(t)
+	good := dedup.Claim{Consumer: "billing", MessageID: "m", Topic: "orders"}
+	for name, c := range map[string]dedup.Claim{
+		"empty ID":       {Consumer: "billing", Topic: "orders"},
+		"NUL in ID":      {Consumer: "billing", MessageID: "a\x00b", Topic: "orders"},
+		"empty consumer": {MessageID: "m", Topic: "orders"},
+		"bad topic":      {Consumer: "billing", MessageID: "m", Topic: "\xff"},
+		"bad offset":     {Consumer: "billing", MessageID: "m", Topic: "orders", Offset: -1},
+	} {
+		b := &pgx.Batch{}
+		b.BeginTx(pgx.TxOptions{})
+		var dup bool
+		if err := s.QueueClaimWithPosition(b, c, &dup); !errors.Is(err, dedup.ErrInvalidInput) {
+			t.Errorf("%s: QueueClaimWithPosition = %v, want ErrInvalidInput", name, err)
+		}
+		var dups []bool
+		// The bad claim comes second, after a claim of the same consumer and
+		// topic: it is checked all the same.
+		if err := s.QueueClaimBatch(b, []dedup.Claim{good, c}, &dups); !errors.Is(err, dedup.ErrInvalidInput) {
+			t.Errorf("%s: QueueClaimBatch = %v, want ErrInvalidInput", name, err)
+		}
+		if b.Len() != 1 {
+			t.Errorf("%s: %d statements queued, want only the BEGIN", name, b.Len())
+		}
+	}
+	if err := s.QueueClaimWithPosition(nil, good, new(bool)); err == nil {
+		t.Error("nil batch accepted")
+	}
+}
+
+// TestPositionWritePaths: the position row is inserted by a partition's
+// first write and moved by an update after that; both keep the anchor
+// rules and the epoch fence.
+func TestPositionWritePaths(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, s := newStore(t)
+	t0 := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	save := func(next int64, at time.Time, epoch int64) {
+		t.Helper()
+		inTx(t, db.Pool, func(tx pgx.Tx) {
+			if err := s.SavePositionTx(ctx, tx, "billing", "orders", 4, next, at, epoch); err != nil {
+				t.Fatalf("SavePositionTx: %v", err)
+			}
+		})
+	}
+	get := func() dedup.Position {
+		t.Helper()
+		ps, err := s.ListPositions(ctx, db.Pool, "billing", "orders")
+		if err != nil || len(ps) != 1 {
+			t.Fatalf("ListPositions = %v, %v; want one", ps, err)
+		}
+		return ps[0]
+	}
+	save(10, t0, 0) // inserted
+	if p := get(); p.Next != 10 || p.AnchorOffset != 9 || !p.AnchorTime.Equal(t0) {
+		t.Fatalf("after insert: %+v", p)
+	}
+	save(12, time.Time{}, 0) // moved over markers: the anchor stays
+	if p := get(); p.Next != 12 || p.AnchorOffset != 9 || !p.AnchorTime.Equal(t0) {
+		t.Fatalf("after a move without time: %+v", p)
+	}
+	save(20, t0.Add(time.Second), 0) // updated with a new anchor
+	if p := get(); p.Next != 20 || p.AnchorOffset != 19 || !p.AnchorTime.Equal(t0.Add(time.Second)) {
+		t.Fatalf("after update: %+v", p)
+	}
+	save(15, t0.Add(time.Hour), 0) // lower: left as it is
+	if p := get(); p.Next != 20 || p.AnchorOffset != 19 {
+		t.Fatalf("after a lower write: %+v", p)
+	}
+	// Another epoch (a seek since the writer read it) is fenced off, also
+	// through a claim.
+	save(30, t0, 7)
+	inTx(t, db.Pool, func(tx pgx.Tx) {
+		claimWithPosition(t, s, tx, dedup.Claim{Consumer: "billing", MessageID: "x", Topic: "orders", Partition: 4, Offset: 40, Epoch: 7})
+	})
+	if p := get(); p.Next != 20 || p.Epoch != 0 {
+		t.Fatalf("after writes of another epoch: %+v", p)
+	}
+	// One row per partition, whichever path wrote it.
+	if n := count(t, db.Pool, "SELECT count(*) FROM "+db.Table(migrate.ConsumerPositionsDefault)); n != 1 {
+		t.Fatalf("%d position rows, want 1", n)
+	}
+}
