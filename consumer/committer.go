@@ -22,7 +22,7 @@ type committer struct {
 	gen   *kafka.Generation
 	topic string
 	log   *slog.Logger
-	hook  func(topic string, partition int, next int64)
+	hooks *Hooks
 
 	interval time.Duration
 
@@ -32,8 +32,8 @@ type committer struct {
 	workers sync.WaitGroup
 }
 
-func newCommitter(gen *kafka.Generation, topic string, interval time.Duration, log *slog.Logger, hook func(string, int, int64)) *committer {
-	return &committer{gen: gen, topic: topic, interval: interval, log: log, hook: hook,
+func newCommitter(gen *kafka.Generation, topic string, interval time.Duration, log *slog.Logger, hooks *Hooks) *committer {
+	return &committer{gen: gen, topic: topic, interval: interval, log: log, hooks: hooks,
 		pending: map[int]int64{}, wake: make(chan struct{}, 1)}
 }
 
@@ -95,11 +95,14 @@ func (c *committer) flush(genCtx context.Context) bool {
 		} else {
 			c.log.Debug("kafka offset commit after the generation ended", "offsets", batch, "err", err)
 		}
+		if h := c.hooks.OffsetCommitFailed; h != nil {
+			h(c.topic, batch, err)
+		}
 		return false
 	}
-	if c.hook != nil {
+	if h := c.hooks.OffsetCommitted; h != nil {
 		for p, next := range batch {
-			c.hook(c.topic, p, next)
+			h(c.topic, p, next)
 		}
 	}
 	return true

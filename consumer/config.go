@@ -75,6 +75,14 @@ func (f BatchHandlerFunc) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []*Me
 	return f(ctx, tx, msgs)
 }
 
+// Middleware wraps a Handler: tracing, metrics or logging around each call,
+// with the call's context (which carries the transaction's span when a
+// Hooks.TxStart set one). It runs inside the transaction, after the claim.
+type Middleware func(Handler) Handler
+
+// BatchMiddleware wraps a BatchHandler, like Middleware.
+type BatchMiddleware func(BatchHandler) BatchHandler
+
 // MissingIDPolicy says what happens to a message that carries no usable ID.
 type MissingIDPolicy int
 
@@ -122,6 +130,11 @@ type Config struct {
 	// BatchHandler handles all new messages of a batch in one call. Set
 	// either Handler or BatchHandler.
 	BatchHandler BatchHandler
+	// Middleware wraps Handler; the first is the outermost. A middleware
+	// that returns nil is a configuration error.
+	Middleware []Middleware
+	// BatchMiddleware wraps BatchHandler; the first is the outermost.
+	BatchMiddleware []BatchMiddleware
 
 	// IDHeader is the Kafka header that carries the message ID. Defaults to
 	// "message-id".
@@ -248,21 +261,48 @@ type Config struct {
 }
 
 // Hooks are optional callbacks for metrics, tracing and tests. They run
-// synchronously on the partition's goroutine: keep them fast.
+// synchronously on the partition's goroutine (the committer's, for offset
+// commits): keep them fast. The context they get is the transaction's (see
+// TxStart) where there is one.
 type Hooks struct {
+	// TxStart runs before a transaction for msgs begins: one message, or a
+	// batch of one partition in offset order. attempt counts the handler
+	// attempts of these messages, from 1 (a message retried in place starts
+	// transactions with attempt 2, 3, …). The context it returns is the one
+	// the claim, the handlers, the other hooks of this transaction and
+	// TxEnd get: a tracer starts a span here. Returning nil keeps ctx.
+	TxStart func(ctx context.Context, msgs []*Message, attempt int) context.Context
+	// TxEnd runs once per TxStart, when that transaction committed (err nil;
+	// outcomes[i] is msgs[i]'s: Applied, Duplicate or Parked) or was rolled
+	// back (err says why; outcomes is nil). d is from TxStart to the end of
+	// the commit or rollback. A rolled-back transaction may run again:
+	// another TxStart follows.
+	TxEnd func(ctx context.Context, msgs []*Message, outcomes []Outcome, err error, d time.Duration)
 	// BeforeCommit runs after the handlers succeeded and before the
 	// transaction commits.
 	BeforeCommit func(ctx context.Context, msgs []*Message)
 	// AfterCommit runs after the transaction committed and before the Kafka
 	// offset commit.
 	AfterCommit func(ctx context.Context, msgs []*Message)
+	// Outcome runs once per message when its fate is known.
+	Outcome func(ctx context.Context, msg *Message, outcome Outcome)
+	// Retry runs when a handler failure is retried in place: attempt is the
+	// attempt that failed (from 1), class the failure's class, delay the
+	// wait before the next attempt.
+	Retry func(ctx context.Context, msg *Message, attempt int, err error, class retry.Class, delay time.Duration)
 	// OffsetCommitted runs after a Kafka offset commit succeeded; next is the
 	// offset of the next message to read.
 	OffsetCommitted func(topic string, partition int, next int64)
-	// Outcome runs once per message when its fate is known.
-	Outcome func(msg *Message, outcome Outcome)
+	// OffsetCommitFailed runs when a Kafka offset commit failed. The runner
+	// then leaves the generation and the group forms again; the PostgreSQL
+	// positions are what it resumes from, so nothing is lost or re-applied.
+	OffsetCommitFailed func(topic string, offsets map[int]int64, err error)
 	// Purged runs after each retention purge with the records it deleted.
 	Purged func(deleted int64)
+	// Rebalanced runs when the group assigned this runner its partitions of
+	// a new generation (partitions may be empty), before Assigned runs for
+	// each.
+	Rebalanced func(generation int32, partitions []int)
 	// Assigned runs when a partition is assigned, with the offset it starts
 	// at: the later of Kafka's committed offset and the PostgreSQL position,
 	// or kafka.FirstOffset / kafka.LastOffset (Config.StartOffset) when
@@ -403,6 +443,26 @@ func (c Config) withDefaults() (Config, error) {
 		return c, invalid("unknown OnRecreated policy %d", c.OnRecreated)
 	case c.MissingID != MissingIDFail && c.MissingID != MissingIDUseCoordinates:
 		return c, invalid("unknown MissingID policy %d", c.MissingID)
+	case c.Handler == nil && len(c.Middleware) > 0:
+		return c, invalid("Middleware wraps Handler, which is not set (BatchMiddleware wraps BatchHandler)")
+	case c.BatchHandler == nil && len(c.BatchMiddleware) > 0:
+		return c, invalid("BatchMiddleware wraps BatchHandler, which is not set (Middleware wraps Handler)")
+	}
+	for i := len(c.Middleware) - 1; i >= 0; i-- {
+		if c.Middleware[i] == nil {
+			return c, invalid("Middleware[%d] is nil", i)
+		}
+		if c.Handler = c.Middleware[i](c.Handler); c.Handler == nil {
+			return c, invalid("Middleware[%d] returned a nil Handler", i)
+		}
+	}
+	for i := len(c.BatchMiddleware) - 1; i >= 0; i-- {
+		if c.BatchMiddleware[i] == nil {
+			return c, invalid("BatchMiddleware[%d] is nil", i)
+		}
+		if c.BatchHandler = c.BatchMiddleware[i](c.BatchHandler); c.BatchHandler == nil {
+			return c, invalid("BatchMiddleware[%d] returned a nil BatchHandler", i)
+		}
 	}
 	if err := dedup.ValidateID("consumer name", c.Name); err != nil {
 		return c, fmt.Errorf("%w: %w", ErrInvalidConfig, err)

@@ -160,7 +160,7 @@ func newOutcomes(want int) *outcomes {
 		done: make(chan struct{})}
 }
 
-func (o *outcomes) hook(m *consumer.Message, oc consumer.Outcome) {
+func (o *outcomes) hook(_ context.Context, m *consumer.Message, oc consumer.Outcome) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.byKind[oc]++
@@ -595,11 +595,11 @@ func TestNonBlockingKeepsPerKeyOrder(t *testing.T) {
 			// Parked retries wait at least 0.5 s (1 s ± 50%): far longer than A and C need.
 			cfg.ParkedRetry = &retry.Policy{InitialInterval: time.Second, MaxInterval: time.Second, MaxAttempts: 10}
 			cfg.ParkedPoll = 20 * time.Millisecond
-			cfg.Hooks.Outcome = func(m *consumer.Message, o consumer.Outcome) {
+			cfg.Hooks.Outcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
 				if m.ID == "B0" && o == consumer.Parked {
 					parkedB0.Store(true)
 				}
-				oc.hook(m, o)
+				oc.hook(ctx, m, o)
 			}
 			stop := run(t, cfg)
 			wait(t, oc.done, "all messages")
@@ -671,14 +671,14 @@ func TestOtherPartitionsFlow(t *testing.T) {
 	cfg.Retry = &retry.Policy{InitialInterval: 50 * time.Millisecond, MaxInterval: 50 * time.Millisecond, MaxAttempts: -1}
 	var mu sync.Mutex
 	parts := map[string]int{}
-	cfg.Hooks.Outcome = func(m *consumer.Message, o consumer.Outcome) {
+	cfg.Hooks.Outcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
 		mu.Lock()
 		parts[string(m.Key)] = m.Partition
 		mu.Unlock()
 		if m.ID == "y9" && !sawOthers.Swap(true) {
 			close(healed)
 		}
-		oc.hook(m, o)
+		oc.hook(ctx, m, o)
 	}
 	stop := run(t, cfg)
 	wait(t, oc.done, "all messages")
@@ -745,9 +745,9 @@ func TestDeadlockRerunsTheTransaction(t *testing.T) {
 		return e.effect(ctx, tx, m)
 	})
 	parts := sync.Map{}
-	cfg.Hooks.Outcome = func(m *consumer.Message, o consumer.Outcome) {
+	cfg.Hooks.Outcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
 		parts.Store(m.ID, m.Partition)
-		oc.hook(m, o)
+		oc.hook(ctx, m, o)
 	}
 	stop := run(t, cfg)
 	wait(t, oc.done, "both messages")

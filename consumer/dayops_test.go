@@ -274,8 +274,8 @@ func TestParkedReleasedAfterSwitchToBlocking(t *testing.T) {
 	oc := newOutcomes(-1)
 	parked := make(chan struct{})
 	var nParked atomic.Int32
-	cfg.Hooks.Outcome = func(m *consumer.Message, o consumer.Outcome) {
-		oc.hook(m, o)
+	cfg.Hooks.Outcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
+		oc.hook(ctx, m, o)
 		if o == consumer.Parked && nParked.Add(1) == 2 {
 			close(parked)
 		}
@@ -292,7 +292,7 @@ func TestParkedReleasedAfterSwitchToBlocking(t *testing.T) {
 	cfg.ParkedPoll = 20 * time.Millisecond
 	done := make(chan struct{})
 	var once sync.Once
-	cfg.Hooks.Outcome = func(m *consumer.Message, o consumer.Outcome) {
+	cfg.Hooks.Outcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
 		if m.ID == "b3" && o == consumer.Applied {
 			once.Do(func() { close(done) })
 		}

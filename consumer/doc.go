@@ -128,6 +128,23 @@
 // parked by a NonBlocking run are released whatever the mode of the runner
 // that finds them: switching to Blocking strands nothing.
 //
+// # Observing it
+//
+// The package depends on no metrics or tracing library; it offers seams that
+// adapters (the module github.com/idemkit/idemkit/otel) and your own code
+// use. Config.Middleware and Config.BatchMiddleware wrap the handler inside
+// the transaction. Hooks.TxStart runs before each transaction (one message,
+// or a batch) with the handler attempt, and the context it returns is the one
+// the claim, the handlers and every later hook of that transaction get: a
+// span started there covers claim, handler and commit. Hooks.TxEnd reports
+// the transaction's end with its outcomes or error and its duration;
+// Hooks.Outcome each message's fate; Hooks.Retry each retry in place with
+// the error's class and the delay; Hooks.Rebalanced, OffsetCommitted,
+// OffsetCommitFailed and the outage hooks the runner's life.
+// Runner.Partitions tells, from any goroutine, each held partition's
+// position, lag behind the last stable offset and parked messages: gauges
+// read it.
+//
 // # Shutdown
 //
 // Run returns after its context is cancelled, and only when every goroutine

@@ -117,7 +117,7 @@ func ExampleRunner_Run() {
 				ON CONFLICT (id) DO UPDATE SET charges = `+payments+`.charges + 1`, msg.ID)
 			return err
 		}),
-		Hooks: consumer.Hooks{Outcome: func(msg *consumer.Message, o consumer.Outcome) {
+		Hooks: consumer.Hooks{Outcome: func(_ context.Context, msg *consumer.Message, o consumer.Outcome) {
 			fmt.Println(o, msg.ID)
 			if seen++; seen == len(msgs) {
 				stop()

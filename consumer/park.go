@@ -101,7 +101,18 @@ func (p *parker) load(ctx context.Context) error {
 		}
 		p.keys[string(key)] = n
 	}
+	p.counted()
 	return rows.Err()
+}
+
+// counted reports the parked messages to Runner.Partitions after keys
+// changed.
+func (p *parker) counted() {
+	n := 0
+	for _, c := range p.keys {
+		n += c
+	}
+	p.w.state.parked.Store(int64(n))
 }
 
 // parkedKey reports whether msg must wait behind a parked message of its key.
@@ -161,10 +172,11 @@ func (p *parker) park(ctx context.Context, msg *Message, f failure) error {
 		return err
 	}
 	p.keys[string(msg.Key)]++
+	p.counted()
 	p.w.log.Warn("message parked; its key waits, other keys flow", "offset", msg.Offset, "message_id", msg.ID,
 		"attempts", f.attempts, "retry_in", delay, "err", f.err)
 	if h := cfg.Hooks.Outcome; h != nil {
-		h(msg, Parked)
+		h(ctx, msg, Parked)
 	}
 	return nil
 }
@@ -253,6 +265,7 @@ func (p *parker) releaseDue(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("consumer: find due parked messages: %w", err)
 	}
+	defer p.counted()
 	for _, key := range due {
 		if err := p.releaseKey(ctx, key); err != nil {
 			return err
@@ -276,7 +289,9 @@ func (p *parker) releaseKey(ctx context.Context, key []byte) error {
 			return nil
 		}
 		var dup bool
-		err = inTx(ctx, cfg.Pool, func(tx pgx.Tx) error {
+		tctx, end := p.w.observe(ctx, []*Message{pm.msg}, pm.attempts+1)
+		err = inTx(tctx, cfg.Pool, func(tx pgx.Tx) error {
+			ctx := tctx
 			var err error
 			dup, err = cfg.Store.ClaimTx(ctx, tx, dedup.Claim{Consumer: cfg.Name, MessageID: pm.msg.ID,
 				Topic: pm.msg.Topic, Partition: pm.msg.Partition, Offset: pm.msg.Offset})
@@ -293,16 +308,17 @@ func (p *parker) releaseKey(ctx context.Context, key []byte) error {
 			}
 			return p.remove(ctx, tx, pm.msg)
 		})
+		outcome := Applied
+		if dup {
+			outcome = Duplicate
+		}
+		end([]Outcome{outcome}, err)
 		var herr *handlerError
 		switch {
 		case err == nil:
 			p.keys[string(key)]--
 			if h := cfg.Hooks.Outcome; h != nil {
-				o := Applied
-				if dup {
-					o = Duplicate
-				}
-				h(pm.msg, o)
+				h(tctx, pm.msg, outcome)
 			}
 			continue // the next parked message of the key is due at once
 		case errors.As(err, &herr):

@@ -58,7 +58,7 @@ func TestParkedReleaseOutageIsNotAVerdict(t *testing.T) {
 	}
 	applied := make(chan struct{})
 	var once sync.Once
-	cfg.Hooks.Outcome = func(m *consumer.Message, o consumer.Outcome) {
+	cfg.Hooks.Outcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
 		if m.ID == "p1" && (o == consumer.Applied || o == consumer.Failed) {
 			once.Do(func() { close(applied) })
 		}
@@ -98,7 +98,7 @@ func TestParkNULInErrorKeepsRunning(t *testing.T) {
 	cfg.ParkedRetry = &retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxAttempts: 5}
 	applied := make(chan struct{})
 	var once sync.Once
-	cfg.Hooks.Outcome = func(m *consumer.Message, o consumer.Outcome) {
+	cfg.Hooks.Outcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
 		if m.ID == "ok" {
 			once.Do(func() { close(applied) })
 		}
@@ -162,7 +162,7 @@ func TestParkedHeadersRoundTrip(t *testing.T) {
 			cfg.ParkedPoll = 50 * time.Millisecond
 			done := make(chan struct{})
 			var once sync.Once
-			cfg.Hooks.Outcome = func(m *consumer.Message, o consumer.Outcome) {
+			cfg.Hooks.Outcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
 				if m.ID == "a2" && o == consumer.Applied {
 					once.Do(func() { close(done) })
 				}

@@ -36,8 +36,8 @@ func TestParkedAcrossRecreation(t *testing.T) {
 	oc := newOutcomes(-1)
 	done := make(chan struct{})
 	var once sync.Once
-	cfg.Hooks.Outcome = func(m *consumer.Message, o consumer.Outcome) {
-		oc.hook(m, o)
+	cfg.Hooks.Outcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
+		oc.hook(ctx, m, o)
 		if m.ID == "b1" {
 			once.Do(func() { close(done) })
 		}
@@ -59,7 +59,7 @@ func TestParkedAcrossRecreation(t *testing.T) {
 	var once2 sync.Once
 	outs := map[string]consumer.Outcome{}
 	var mu sync.Mutex
-	cfg2.Hooks.Outcome = func(m *consumer.Message, o consumer.Outcome) {
+	cfg2.Hooks.Outcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
 		mu.Lock()
 		outs[m.ID] = o
 		mu.Unlock()

@@ -39,7 +39,7 @@ func TestRecreatedWhileRunning(t *testing.T) {
 			cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}))
 			var mu sync.Mutex
 			applied := map[string]int{}
-			cfg.Hooks.Outcome = func(m *consumer.Message, o consumer.Outcome) {
+			cfg.Hooks.Outcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
 				mu.Lock()
 				defer mu.Unlock()
 				if o == consumer.Applied {
@@ -123,7 +123,7 @@ func TestRecordsDeletedWhileRunning(t *testing.T) {
 	var mu sync.Mutex
 	applied := map[string]int{}
 	var moved []*consumer.PositionError
-	cfg.Hooks.Outcome = func(m *consumer.Message, o consumer.Outcome) {
+	cfg.Hooks.Outcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
 		mu.Lock()
 		defer mu.Unlock()
 		applied[m.ID]++

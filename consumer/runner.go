@@ -42,6 +42,7 @@ type Runner struct {
 	cfg     Config
 	sem     chan struct{} // bounds the partitions processed at once
 	outages *outage.Tracker
+	states  partitionStates
 }
 
 // New validates cfg, applies its defaults and returns a Runner.
@@ -309,6 +310,14 @@ func (r *Runner) requireTopic(ctx context.Context, client *kafka.Client) error {
 // out outages; the generation ending (a rebalance) stops them.
 func (r *Runner) startGeneration(ctx context.Context, gen *kafka.Generation, client *kafka.Client, fail func(error)) {
 	assigned := gen.Assignments[r.cfg.Topic]
+	if h := r.cfg.Hooks.Rebalanced; h != nil {
+		ids := make([]int, len(assigned))
+		for i, a := range assigned {
+			ids[i] = a.ID
+		}
+		slices.Sort(ids)
+		h(gen.ID, ids)
+	}
 	if len(assigned) == 0 {
 		// Nothing for this member: other members may hold every partition,
 		// or the group formed while the topic was missing (deleted and
@@ -337,7 +346,7 @@ func (r *Runner) startGeneration(ctx context.Context, gen *kafka.Generation, cli
 			// it now would run unowned. The next generation starts over.
 			return
 		}
-		commits := newCommitter(gen, r.cfg.Topic, r.cfg.OffsetCommitInterval, r.cfg.Logger.With("topic", r.cfg.Topic), r.cfg.Hooks.OffsetCommitted)
+		commits := newCommitter(gen, r.cfg.Topic, r.cfg.OffsetCommitInterval, r.cfg.Logger.With("topic", r.cfg.Topic), &r.cfg.Hooks)
 		commits.workers.Add(len(assigned))
 		budget := max(r.cfg.MaxBufferedBytes/int64(len(assigned)), 1)
 		for _, a := range assigned {

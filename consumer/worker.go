@@ -39,6 +39,7 @@ type worker struct {
 	prefetched chan *Message // filled by prefetch, bounded by budget
 	held       *Message      // an item taken from prefetched for the next batch
 	bytes      *byteBudget
+	state      *partitionState // what Runner.Partitions reports
 }
 
 func (w *worker) run(runCtx, genCtx context.Context) {
@@ -49,6 +50,9 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	defer context.AfterFunc(genCtx, stop)()
 
 	cfg := &w.r.cfg
+	w.state = newPartitionState(w.partition, w.start)
+	w.r.states.add(w.state)
+	defer w.r.states.remove(w.state)
 	w.outage = w.r.waiter(fmt.Sprintf("partition %d", w.partition))
 	defer w.outage.Stop() // a rebalance may end the worker in an outage
 	// Each partition has its own connections: a broker answers the
@@ -117,8 +121,15 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 			return
 		}
 		// The transaction committed: the offset may now go to Kafka.
-		w.commits.mark(w.partition, batch[len(batch)-1].Offset+1)
+		w.moved(batch[len(batch)-1].Offset + 1)
 	}
+}
+
+// moved records that every message before next is committed in
+// PostgreSQL: for the Kafka offset commit and Runner.Partitions.
+func (w *worker) moved(next int64) {
+	w.commits.mark(w.partition, next)
+	w.state.moved(next)
 }
 
 // untilReachable runs op again after a connection error it returns, waiting
@@ -234,6 +245,8 @@ func (w *worker) prefetch(ctx context.Context, reader *kread.Reader) {
 		}
 		// An open transaction holds the partition at its first offset:
 		// nothing after it can be read until it ends.
+		w.state.lastStable.Store(f.LastStable)
+		w.state.hwm.Store(f.HighWatermark)
 		held := len(f.Records) == 0 && f.LastStable < f.HighWatermark && f.Next >= f.LastStable
 		switch {
 		case held && heldSince.IsZero():
@@ -276,7 +289,7 @@ func (w *worker) advance(ctx context.Context, next int64) error {
 	if err != nil {
 		return fmt.Errorf("consumer: partition %d: move the position past transaction markers: %w", w.partition, err)
 	}
-	w.commits.mark(w.partition, next)
+	w.moved(next)
 	return nil
 }
 
@@ -485,7 +498,7 @@ func (w *worker) process(ctx context.Context, msgs []*Message) error {
 			msgs = msgs[i+1:]
 			continue
 		}
-		failed, err := w.commit(ctx, msgs)
+		failed, err := w.commit(ctx, msgs, 1)
 		if err == nil {
 			return nil
 		}
@@ -552,6 +565,9 @@ func (w *worker) retry(ctx context.Context, msg *Message, err error) error {
 		}
 		w.log.Warn("handler failed; retrying", "offset", msg.Offset, "message_id", msg.ID,
 			"attempt", f.attempts, "delay", delay, "err", err)
+		if h := cfg.Hooks.Retry; h != nil {
+			h(ctx, msg, f.attempts, err, f.class, delay)
+		}
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
@@ -560,7 +576,7 @@ func (w *worker) retry(ctx context.Context, msg *Message, err error) error {
 		case <-t.C:
 		}
 		var failed int
-		if failed, err = w.commit(ctx, []*Message{msg}); err == nil {
+		if failed, err = w.commit(ctx, []*Message{msg}, f.attempts+1); err == nil {
 			return nil
 		}
 		if failed < 0 || ctx.Err() != nil {
@@ -610,28 +626,23 @@ func (w *worker) giveUp(ctx context.Context, msg *Message, f failure, savePositi
 		}
 	}
 	if h := cfg.Hooks.Outcome; h != nil {
-		h(msg, Failed)
+		h(ctx, msg, Failed)
 	}
 	return nil
 }
 
 // commit runs msgs in one transaction: claim every ID and record the
 // position in one statement, run the handler for the new ones, commit.
+// attempt is the handler attempt (from 1) for Hooks.TxStart.
 // On a handler error it returns the index of the failing message (0 for a
 // batch handler); on any other error, -1. Serialization failures and
 // deadlocks run the transaction again.
-func (w *worker) commit(ctx context.Context, msgs []*Message) (failed int, err error) {
+func (w *worker) commit(ctx context.Context, msgs []*Message, attempt int) (failed int, err error) {
 	cfg := &w.r.cfg
 	for try := 1; ; try++ {
-		var outcomes []Outcome
-		failed, outcomes, err = w.tx(ctx, msgs)
+		failed, _, err = w.observedTx(ctx, msgs, attempt)
 		if err == nil {
 			w.outage.Ok()
-			if h := cfg.Hooks.Outcome; h != nil {
-				for i, m := range msgs {
-					h(m, outcomes[i])
-				}
-			}
 			return -1, nil
 		}
 		if failed < 0 && retry.IsConnection(err) && ctx.Err() == nil {
@@ -648,6 +659,44 @@ func (w *worker) commit(ctx context.Context, msgs []*Message) (failed int, err e
 			return failed, err
 		}
 		w.log.Debug("transaction conflict; running it again", "try", try, "err", err)
+	}
+}
+
+// observedTx runs tx between Hooks.TxStart and Hooks.TxEnd, and reports
+// the outcomes of a committed transaction to Hooks.Outcome.
+func (w *worker) observedTx(ctx context.Context, msgs []*Message, attempt int) (failed int, outcomes []Outcome, err error) {
+	ctx, end := w.observe(ctx, msgs, attempt)
+	failed, outcomes, err = w.tx(ctx, msgs)
+	end(outcomes, err)
+	if h := w.r.cfg.Hooks.Outcome; err == nil && h != nil {
+		for i, m := range msgs {
+			h(ctx, m, outcomes[i])
+		}
+	}
+	return failed, outcomes, err
+}
+
+// observe calls Hooks.TxStart for a transaction of msgs and returns the
+// context the transaction runs with and the function that reports its end
+// to Hooks.TxEnd (outcomes are dropped when err is not nil).
+func (w *worker) observe(ctx context.Context, msgs []*Message, attempt int) (context.Context, func(outcomes []Outcome, err error)) {
+	hooks := &w.r.cfg.Hooks
+	if hooks.TxStart == nil && hooks.TxEnd == nil {
+		return ctx, func([]Outcome, error) {}
+	}
+	start := time.Now()
+	if hooks.TxStart != nil {
+		if c := hooks.TxStart(ctx, msgs, attempt); c != nil {
+			ctx = c
+		}
+	}
+	return ctx, func(outcomes []Outcome, err error) {
+		if hooks.TxEnd != nil {
+			if err != nil {
+				outcomes = nil
+			}
+			hooks.TxEnd(ctx, msgs, outcomes, err, time.Since(start))
+		}
 	}
 }
 
@@ -738,6 +787,9 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 		if outcomes[i] == Parked {
 			w.parked.keys[string(m.Key)]++
 		}
+	}
+	if parking {
+		w.parked.counted()
 	}
 	if h := cfg.Hooks.AfterCommit; h != nil {
 		h(ctx, msgs)

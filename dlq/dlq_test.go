@@ -151,7 +151,7 @@ func (e *env) consumeWith(n int, fail func(m *consumer.Message, attempt int) err
 			}
 			return e.effect(ctx, tx, m)
 		}),
-		Hooks: consumer.Hooks{Outcome: func(*consumer.Message, consumer.Outcome) {
+		Hooks: consumer.Hooks{Outcome: func(context.Context, *consumer.Message, consumer.Outcome) {
 			if int(outcomes.Add(1)) == n {
 				close(done)
 			}

@@ -436,7 +436,7 @@ func runConsumer(t *testing.T, e *seekEnv, partitions int) map[int]int64 {
 					starts[partition] = start
 				}
 			},
-			Outcome: func(msg *consumer.Message, _ consumer.Outcome) {
+			Outcome: func(_ context.Context, msg *consumer.Message, _ consumer.Outcome) {
 				mu.Lock()
 				defer mu.Unlock()
 				if _, ok := handled[msg.Partition]; !ok {

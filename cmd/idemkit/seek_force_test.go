@@ -51,7 +51,7 @@ func TestSeekForceWhileRunning(t *testing.T) {
 				defer mu.Unlock()
 				assigns = append(assigns, start)
 			},
-			Outcome: func(*consumer.Message, consumer.Outcome) {
+			Outcome: func(context.Context, *consumer.Message, consumer.Outcome) {
 				mu.Lock()
 				defer mu.Unlock()
 				if handled++; handled == 30 {

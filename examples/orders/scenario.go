@@ -378,7 +378,7 @@ func newTally(out io.Writer) *tally {
 	return &tally{out: out, outcomes: map[string][]consumer.Outcome{}, next: map[int]int64{}}
 }
 
-func (t *tally) outcome(m *consumer.Message, o consumer.Outcome) {
+func (t *tally) outcome(_ context.Context, m *consumer.Message, o consumer.Outcome) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.outcomes[m.ID] = append(t.outcomes[m.ID], o)

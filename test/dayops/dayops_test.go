@@ -70,7 +70,7 @@ func (f *fixture) config(brokers []string, topic, group string) *consumer.Config
 				ON CONFLICT (id) DO UPDATE SET runs = `+f.effects+`.runs + 1`, m.ID)
 			return err
 		}),
-		Hooks: consumer.Hooks{Outcome: func(_ *consumer.Message, o consumer.Outcome) {
+		Hooks: consumer.Hooks{Outcome: func(_ context.Context, _ *consumer.Message, o consumer.Outcome) {
 			if o == consumer.Applied {
 				f.applied.Add(1)
 			}

@@ -211,7 +211,7 @@ func TestCrashAfterPublishChain(t *testing.T) {
 				ON CONFLICT (id) DO UPDATE SET runs = `+effects+`.runs + 1`, string(m.Value))
 			return err
 		}),
-		Hooks: consumer.Hooks{Outcome: func(_ *consumer.Message, o consumer.Outcome) {
+		Hooks: consumer.Hooks{Outcome: func(_ context.Context, _ *consumer.Message, o consumer.Outcome) {
 			switch o {
 			case consumer.Applied:
 				applied.Add(1)

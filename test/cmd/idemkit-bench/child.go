@@ -270,7 +270,7 @@ func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*chil
 					latencies.add(now, msgs)
 				}
 			},
-			Outcome: func(_ *consumer.Message, o consumer.Outcome) {
+			Outcome: func(_ context.Context, _ *consumer.Message, o consumer.Outcome) {
 				if o == consumer.Duplicate {
 					dups.Add(1)
 				}

@@ -120,7 +120,7 @@ func runChild(ctx context.Context, spec *childSpec, log *slog.Logger) error {
 			Assigned: func(_ string, partition int, _ int64) {
 				say("assigned %d %d", partition, time.Now().UnixNano())
 			},
-			Outcome: func(_ *consumer.Message, o consumer.Outcome) {
+			Outcome: func(_ context.Context, _ *consumer.Message, o consumer.Outcome) {
 				if o == consumer.Duplicate {
 					say("duplicate")
 				}
