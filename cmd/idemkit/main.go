@@ -13,6 +13,7 @@
 //	idemkit dedup purge -older-than D -database URL [-schema S] [-batch N]
 //	idemkit consumer positions -group G -topic T [-name N] [-json] -brokers B -database URL
 //	idemkit consumer seek -group G -topic T TARGET [-partitions 0,2] [-recreated] [-force] [-dry-run] ...
+//	idemkit status [-json] [thresholds] -brokers B -database URL
 //
 // consumer seek, not kafka-consumer-groups --reset-offsets, rewinds a
 // consumer: it moves the PostgreSQL positions and the group's Kafka offsets
@@ -20,7 +21,8 @@
 //
 // -database and -brokers default to $IDEMKIT_DATABASE_URL and
 // $IDEMKIT_KAFKA_BROKERS. -h after any command shows its flags. Exit status:
-// 0 done, 1 failed (one line on stderr says why), 2 bad usage.
+// 0 done, 1 failed (one line on stderr says why), 2 bad usage, 3 (status
+// only) a threshold was crossed.
 package main
 
 import (
@@ -63,6 +65,8 @@ const usage = `usage:
   idemkit consumer positions -group G -topic T [-name N] [-json]         [-brokers B] [-database URL] [-schema S] [-table T]
   idemkit consumer seek      -group G -topic T [-name N] TARGET [-partitions 0,2]
                              [-recreated] [-new] [-force] [-dry-run]    [-brokers B] [-database URL] [-schema S] [-table T]
+  idemkit status [-json] [-max-lag N] [-max-parked-age D] [-max-outbox-age D] [-max-stuck N] [-max-dlq N]
+                 [-retention D] [-dlq-suffix S]                         [-brokers B] [-database URL] [-schema S]
 filters: -message-id ID -origin TOPIC -error TEXT -since RFC3339 -until RFC3339
 TARGET: -to-offset N | -to-time RFC3339 | -to-earliest | -to-latest
 -database and -brokers default to $IDEMKIT_DATABASE_URL and $IDEMKIT_KAFKA_BROKERS.
@@ -84,9 +88,13 @@ func main() {
 	var (
 		u *usageError
 		h *helpRequest
+		t *thresholdError
 	)
 	switch {
 	case err == nil:
+	case errors.As(err, &t):
+		fmt.Fprintf(os.Stderr, "idemkit: %s\n", t)
+		os.Exit(exitThreshold)
 	case errors.As(err, &h):
 		fmt.Fprint(os.Stdout, h.text)
 	case errors.As(err, &u):
@@ -101,6 +109,9 @@ func main() {
 func oneLine(err error) string { return strings.Join(strings.Fields(err.Error()), " ") }
 
 func run(ctx context.Context, args []string, out io.Writer) error {
+	if len(args) >= 1 && args[0] == "status" { // the one command of one word
+		return statusCmd(ctx, args[1:], out)
+	}
 	for _, a := range args[:min(2, len(args))] {
 		if a == "-h" || a == "-help" || a == "--help" || a == "help" {
 			return &helpRequest{usage}
@@ -156,6 +167,7 @@ func (c *conn) brokerList() ([]string, error) {
 var commandHelp = map[string]string{
 	"consumer positions": positionsHelp,
 	"consumer seek":      seekHelp,
+	"status":             statusHelp,
 }
 
 // parse parses flags that may come after positional arguments too.

@@ -1,0 +1,441 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/idemkit/dlq"
+	"github.com/idemkit/idemkit/idemhttp"
+	"github.com/idemkit/idemkit/internal/kafkaoffsets"
+	"github.com/idemkit/idemkit/migrate"
+	"github.com/idemkit/idemkit/outbox"
+)
+
+const statusHelp = `One screen on everything idemkit keeps: per consumer and topic, the
+partitions, the lag (stable log end minus the PostgreSQL position), the
+parked messages and the oldest; the depth of each dead-letter topic (from
+its offsets: nothing is read); the outbox backlog, its oldest message and
+the parked ones; the HTTP idempotency records stuck in flight; the age of
+the oldest processed-message record per consumer (against -retention).
+A table that does not exist is reported as such (not an error).
+
+Exit status: 0 healthy, 1 failed, 2 bad usage, 3 a threshold was crossed
+(each is printed): use it as a cron or probe check. A negative threshold
+is not checked.`
+
+// Status exit code when a threshold is crossed.
+const exitThreshold = 3
+
+// thresholdError makes main exit 3 after the report was printed.
+type thresholdError struct{ crossed []string }
+
+func (e *thresholdError) Error() string {
+	return fmt.Sprintf("%d threshold(s) crossed: %s", len(e.crossed), strings.Join(e.crossed, "; "))
+}
+
+type statusFlags struct {
+	conn
+	json         bool
+	dlqSuffix    string
+	outboxTable  string
+	recordsTable string
+	maxLag       int64
+	maxParkedAge time.Duration
+	maxOutboxAge time.Duration
+	maxStuck     int
+	maxDLQ       int64
+	retention    time.Duration
+}
+
+// statusReport is what `idemkit status -json` prints.
+type statusReport struct {
+	Time        time.Time         `json:"time"`
+	Consumers   []consumerStatus  `json:"consumers"`
+	DeadLetters []deadLetterTopic `json:"dead_letter_topics"`
+	Outbox      *outboxStatus     `json:"outbox"`
+	Idempotency *recordsStatus    `json:"idempotency"`
+	Notes       []string          `json:"notes"`
+	Crossed     []string          `json:"thresholds_crossed"`
+}
+
+type consumerStatus struct {
+	Consumer               string            `json:"consumer"`
+	Topic                  string            `json:"topic"`
+	Partitions             []partitionStatus `json:"partitions"`
+	Lag                    int64             `json:"lag"`
+	Parked                 int64             `json:"parked"`
+	OldestParkedAgeSeconds *float64          `json:"oldest_parked_age_seconds"`
+	OldestRecordAgeSeconds *float64          `json:"oldest_record_age_seconds"`
+}
+
+type partitionStatus struct {
+	Partition int    `json:"partition"`
+	Position  int64  `json:"position"`
+	StableEnd *int64 `json:"stable_end"`
+	Lag       *int64 `json:"lag"`
+	Note      string `json:"note,omitempty"`
+}
+
+type deadLetterTopic struct {
+	Topic    string `json:"topic"`
+	Messages int64  `json:"messages"`
+}
+
+type outboxStatus struct {
+	Table            string  `json:"table"`
+	Backlog          int64   `json:"backlog"`
+	OldestAgeSeconds float64 `json:"oldest_age_seconds"`
+	Parked           int64   `json:"parked"`
+}
+
+type recordsStatus struct {
+	Table string `json:"table"`
+	Stuck int    `json:"stuck"`
+}
+
+func statusCmd(ctx context.Context, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	var f statusFlags
+	f.register(fs)
+	fs.BoolVar(&f.json, "json", false, "print JSON")
+	fs.StringVar(&f.dlqSuffix, "dlq-suffix", dlq.TopicSuffixDefault, "dead-letter topics are the topics whose name ends with this")
+	fs.StringVar(&f.outboxTable, "outbox-table", migrate.OutboxDefault, "outbox table")
+	fs.StringVar(&f.recordsTable, "records-table", migrate.IdempotencyRecordsDefault, "HTTP idempotency records table")
+	fs.Int64Var(&f.maxLag, "max-lag", 10000, "threshold: most lag of a consumer on a topic")
+	fs.DurationVar(&f.maxParkedAge, "max-parked-age", time.Hour, "threshold: oldest parked consumer message")
+	fs.DurationVar(&f.maxOutboxAge, "max-outbox-age", 5*time.Minute, "threshold: oldest unpublished outbox message")
+	fs.IntVar(&f.maxStuck, "max-stuck", 0, "threshold: most idempotency records stuck in flight")
+	fs.Int64Var(&f.maxDLQ, "max-dlq", -1, "threshold: most messages in a dead-letter topic")
+	fs.DurationVar(&f.retention, "retention", 0, "the consumers' dedup retention: records older than 1.25× it cross a threshold (0: not checked)")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 0 {
+		return usagef("status takes no arguments, got %q", pos)
+	}
+	if f.retention < 0 {
+		return usagef("status: -retention must not be negative")
+	}
+	brokers, err := f.brokerList()
+	if err != nil {
+		return err
+	}
+	if err := reachKafka(ctx, brokers); err != nil {
+		return err
+	}
+	pool, err := connectDB(ctx, f.database)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: dial}
+
+	rep := &statusReport{Time: time.Now().UTC(), Consumers: []consumerStatus{}, DeadLetters: []deadLetterTopic{},
+		Notes: []string{}, Crossed: []string{}}
+	if err := f.consumers(ctx, pool, client, rep); err != nil {
+		return err
+	}
+	if err := f.deadLetters(ctx, client, rep); err != nil {
+		return err
+	}
+	if err := f.outbox(ctx, pool, rep); err != nil {
+		return err
+	}
+	if err := f.records(ctx, pool, rep); err != nil {
+		return err
+	}
+	f.check(rep)
+	if f.json {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			return err
+		}
+	} else if err := printStatus(out, rep); err != nil {
+		return err
+	}
+	if len(rep.Crossed) > 0 {
+		return &thresholdError{crossed: rep.Crossed}
+	}
+	return nil
+}
+
+// missingTable reports whether err is PostgreSQL's undefined_table.
+func missingTable(err error) bool {
+	var pg *pgconn.PgError
+	return errors.As(err, &pg) && pg.Code == "42P01"
+}
+
+func (f *statusFlags) table(name string) string { return pgx.Identifier{f.schema, name}.Sanitize() }
+
+// consumers reads the positions, the parked messages and the oldest
+// records, and the topics' log ends.
+func (f *statusFlags) consumers(ctx context.Context, pool *pgxpool.Pool, client *kafka.Client, rep *statusReport) error {
+	type key struct{ consumer, topic string }
+	rows, err := pool.Query(ctx, `SELECT consumer, topic, kafka_partition, next_offset FROM `+
+		f.table(migrate.ConsumerPositionsDefault)+` ORDER BY consumer, topic, kafka_partition`)
+	if err != nil {
+		if missingTable(err) {
+			rep.Notes = append(rep.Notes, "no consumer positions table: run idemkit migrate up")
+			return nil
+		}
+		return fmt.Errorf("read consumer positions: %w", err)
+	}
+	byKey := map[key]*consumerStatus{}
+	var order []key
+	var consumerName, topic string
+	var partition int
+	var next int64
+	if _, err := pgx.ForEachRow(rows, []any{&consumerName, &topic, &partition, &next}, func() error {
+		k := key{consumerName, topic}
+		cs := byKey[k]
+		if cs == nil {
+			cs = &consumerStatus{Consumer: consumerName, Topic: topic, Partitions: []partitionStatus{}}
+			byKey[k] = cs
+			order = append(order, k)
+		}
+		cs.Partitions = append(cs.Partitions, partitionStatus{Partition: partition, Position: next})
+		return nil
+	}); err != nil {
+		return fmt.Errorf("read consumer positions: %w", err)
+	}
+
+	// Parked messages per consumer and topic (a table from migration 4).
+	rows, err = pool.Query(ctx, `SELECT consumer, topic, count(*), extract(epoch FROM now() - min(parked_at))::float8 FROM `+
+		f.table(migrate.ParkedMessagesDefault)+` GROUP BY consumer, topic`)
+	switch {
+	case missingTable(err):
+	case err != nil:
+		return fmt.Errorf("read parked messages: %w", err)
+	default:
+		var n int64
+		var age float64
+		if _, err := pgx.ForEachRow(rows, []any{&consumerName, &topic, &n, &age}, func() error {
+			k := key{consumerName, topic}
+			cs := byKey[k]
+			if cs == nil { // parked before the consumer wrote any position
+				cs = &consumerStatus{Consumer: consumerName, Topic: topic, Partitions: []partitionStatus{}}
+				byKey[k] = cs
+				order = append(order, k)
+			}
+			cs.Parked, cs.OldestParkedAgeSeconds = n, ptr(age)
+			return nil
+		}); err != nil {
+			return fmt.Errorf("read parked messages: %w", err)
+		}
+	}
+
+	// The oldest processed-message record of each consumer: the processed_at
+	// index gives it without reading the table.
+	oldest := map[string]*float64{}
+	for _, k := range order {
+		if _, done := oldest[k.consumer]; done {
+			continue
+		}
+		var age *float64
+		err := pool.QueryRow(ctx, `SELECT extract(epoch FROM now() - processed_at)::float8 FROM `+
+			f.table(migrate.ProcessedMessagesDefault)+` WHERE consumer = $1 ORDER BY processed_at LIMIT 1`, k.consumer).Scan(&age)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("read the oldest processed record of %s: %w", k.consumer, err)
+		}
+		oldest[k.consumer] = age
+	}
+
+	ends := map[string]map[int]kafkaoffsets.Range{}
+	for _, k := range order {
+		cs := byKey[k]
+		cs.OldestRecordAgeSeconds = oldest[k.consumer]
+		r, ok := ends[k.topic]
+		if !ok {
+			parts, err := kafkaoffsets.Partitions(ctx, client, k.topic)
+			switch {
+			case errors.Is(err, kafkaoffsets.ErrNoTopic):
+			case err != nil:
+				return fmt.Errorf("partitions of %s: %w", k.topic, err)
+			default:
+				if r, err = kafkaoffsets.LogRange(ctx, client, k.topic, parts...); err != nil {
+					return fmt.Errorf("log range of %s: %w", k.topic, err)
+				}
+			}
+			ends[k.topic] = r
+		}
+		for i := range cs.Partitions {
+			p := &cs.Partitions[i]
+			rg, ok := r[p.Partition]
+			if !ok {
+				p.Note = "not in the topic"
+				continue
+			}
+			lag := max(rg.Stable-p.Position, 0)
+			p.StableEnd, p.Lag = ptr(rg.Stable), ptr(lag)
+			cs.Lag += lag
+			if p.Position > rg.End {
+				p.Note = "past the log end (topic recreated?)"
+			}
+		}
+		rep.Consumers = append(rep.Consumers, *cs)
+	}
+	return nil
+}
+
+// deadLetters sums the messages of each dead-letter topic from its log
+// range.
+func (f *statusFlags) deadLetters(ctx context.Context, client *kafka.Client, rep *statusReport) error {
+	if f.dlqSuffix == "" {
+		return nil
+	}
+	md, err := client.Metadata(ctx, &kafka.MetadataRequest{})
+	if err != nil {
+		return fmt.Errorf("list topics: %w", err)
+	}
+	for _, t := range md.Topics {
+		if !strings.HasSuffix(t.Name, f.dlqSuffix) || t.Error != nil {
+			continue
+		}
+		parts := make([]int, len(t.Partitions))
+		for i, p := range t.Partitions {
+			parts[i] = p.ID
+		}
+		ranges, err := kafkaoffsets.LogRange(ctx, client, t.Name, parts...)
+		if err != nil {
+			return fmt.Errorf("log range of %s: %w", t.Name, err)
+		}
+		var n int64
+		for _, r := range ranges {
+			n += r.End - r.Start
+		}
+		rep.DeadLetters = append(rep.DeadLetters, deadLetterTopic{Topic: t.Name, Messages: n})
+	}
+	slices.SortFunc(rep.DeadLetters, func(a, b deadLetterTopic) int { return strings.Compare(a.Topic, b.Topic) })
+	return nil
+}
+
+func (f *statusFlags) outbox(ctx context.Context, pool *pgxpool.Pool, rep *statusReport) error {
+	store, err := outbox.New(&outbox.Config{Schema: f.schema, Table: f.outboxTable})
+	if err != nil {
+		return usagef("%v", err)
+	}
+	st, err := store.Stats(ctx, pool)
+	if errors.Is(err, outbox.ErrNotMigrated) {
+		rep.Notes = append(rep.Notes, "no outbox table "+f.outboxTable)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	rep.Outbox = &outboxStatus{Table: f.outboxTable, Backlog: int64(st.Backlog), OldestAgeSeconds: st.OldestAge.Seconds(),
+		Parked: int64(st.Parked)}
+	return nil
+}
+
+// stuckLimit bounds the stuck records counted.
+const stuckLimit = 10000
+
+func (f *statusFlags) records(ctx context.Context, pool *pgxpool.Pool, rep *statusReport) error {
+	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: f.schema, Table: f.recordsTable})
+	if err != nil {
+		return usagef("%v", err)
+	}
+	stuck, err := store.FindStuck(ctx, pool, stuckLimit)
+	if errors.Is(err, idemhttp.ErrNotMigrated) {
+		rep.Notes = append(rep.Notes, "no idempotency records table "+f.recordsTable)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	rep.Idempotency = &recordsStatus{Table: f.recordsTable, Stuck: len(stuck)}
+	return nil
+}
+
+// check compares the report with the thresholds.
+func (f *statusFlags) check(rep *statusReport) {
+	cross := func(format string, args ...any) { rep.Crossed = append(rep.Crossed, fmt.Sprintf(format, args...)) }
+	for _, c := range rep.Consumers {
+		if f.maxLag >= 0 && c.Lag > f.maxLag {
+			cross("consumer %s on %s: lag %d > %d", c.Consumer, c.Topic, c.Lag, f.maxLag)
+		}
+		if age := c.OldestParkedAgeSeconds; f.maxParkedAge >= 0 && age != nil && *age > f.maxParkedAge.Seconds() {
+			cross("consumer %s on %s: a message parked for %s > %s", c.Consumer, c.Topic, secs(*age), f.maxParkedAge)
+		}
+		if age := c.OldestRecordAgeSeconds; f.retention > 0 && age != nil && *age > 1.25*f.retention.Seconds() {
+			cross("consumer %s: oldest processed record %s old > 1.25 × retention %s (purge behind)", c.Consumer, secs(*age), f.retention)
+		}
+	}
+	for _, d := range rep.DeadLetters {
+		if f.maxDLQ >= 0 && d.Messages > f.maxDLQ {
+			cross("dead-letter topic %s: %d messages > %d", d.Topic, d.Messages, f.maxDLQ)
+		}
+	}
+	if o := rep.Outbox; o != nil && f.maxOutboxAge >= 0 && o.Backlog > 0 && o.OldestAgeSeconds > f.maxOutboxAge.Seconds() {
+		cross("outbox %s: oldest unpublished message %s old > %s", o.Table, secs(o.OldestAgeSeconds), f.maxOutboxAge)
+	}
+	if r := rep.Idempotency; r != nil && f.maxStuck >= 0 && r.Stuck > f.maxStuck {
+		cross("idempotency records %s: %d stuck in flight > %d", r.Table, r.Stuck, f.maxStuck)
+	}
+}
+
+func secs(s float64) time.Duration { return time.Duration(s * float64(time.Second)).Round(time.Second) }
+
+func printStatus(out io.Writer, rep *statusReport) error {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "idemkit status at %s\n\n", rep.Time.Format(time.RFC3339))
+	fmt.Fprintln(w, "CONSUMER\tTOPIC\tPARTITIONS\tLAG\tPARKED\tOLDEST PARKED\tOLDEST RECORD")
+	for _, c := range rep.Consumers {
+		parked, record := "-", "-"
+		if c.OldestParkedAgeSeconds != nil {
+			parked = secs(*c.OldestParkedAgeSeconds).String()
+		}
+		if c.OldestRecordAgeSeconds != nil {
+			record = secs(*c.OldestRecordAgeSeconds).String()
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%s\t%s\n", c.Consumer, c.Topic, len(c.Partitions), c.Lag, c.Parked, parked, record)
+		for _, p := range c.Partitions {
+			if p.Note != "" {
+				fmt.Fprintf(w, "\t  partition %d\tposition %d: %s\t\t\t\t\n", p.Partition, p.Position, p.Note)
+			}
+		}
+	}
+	if len(rep.Consumers) == 0 {
+		fmt.Fprintln(w, "(no consumer has a position yet)")
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "DEAD-LETTER TOPIC\tMESSAGES")
+	for _, d := range rep.DeadLetters {
+		fmt.Fprintf(w, "%s\t%d\n", d.Topic, d.Messages)
+	}
+	if len(rep.DeadLetters) == 0 {
+		fmt.Fprintln(w, "(none)")
+	}
+	fmt.Fprintln(w)
+	if o := rep.Outbox; o != nil {
+		fmt.Fprintf(w, "outbox %s: backlog %d, oldest %s, parked %d\n", o.Table, o.Backlog, secs(o.OldestAgeSeconds), o.Parked)
+	}
+	if r := rep.Idempotency; r != nil {
+		fmt.Fprintf(w, "idempotency records %s: %d stuck in flight\n", r.Table, r.Stuck)
+	}
+	for _, n := range rep.Notes {
+		fmt.Fprintf(w, "note: %s\n", n)
+	}
+	if len(rep.Crossed) > 0 {
+		fmt.Fprintln(w)
+		for _, c := range rep.Crossed {
+			fmt.Fprintf(w, "THRESHOLD CROSSED: %s\n", c)
+		}
+	}
+	return w.Flush()
+}
