@@ -62,7 +62,7 @@ func TestStatus(t *testing.T) {
 			t.Fatalf("%s: %v", sql, err)
 		}
 	}
-	exec(`UPDATE `+db.Table(migrate.ProcessedMessagesDefault)+` SET processed_at = now() - interval '3 days' WHERE message_id = 'm0'`)
+	exec(`UPDATE ` + db.Table(migrate.ProcessedMessagesDefault) + ` SET processed_at = now() - interval '3 days' WHERE message_id = 'm0'`)
 	exec(`INSERT INTO `+db.Table(migrate.ParkedMessagesDefault)+` (consumer, topic, kafka_partition, kafka_offset, message_key,
 		message_id, parked_at) VALUES ('billing', $1, 0, 2, 'k', 'm2', now() - interval '2 hours')`, topic)
 	now := time.Now()
