@@ -206,9 +206,13 @@ func TestMiddlewareConfigErrors(t *testing.T) {
 	e := newEnv(t, 1)
 	pass := func(h consumer.Handler) consumer.Handler { return h }
 	for name, edit := range map[string]func(c *consumer.Config){
-		"nil middleware":      func(c *consumer.Config) { c.Middleware = []consumer.Middleware{pass, nil} },
-		"returns nil":         func(c *consumer.Config) { c.Middleware = []consumer.Middleware{func(consumer.Handler) consumer.Handler { return nil }} },
-		"batch mw on handler": func(c *consumer.Config) { c.BatchMiddleware = []consumer.BatchMiddleware{func(h consumer.BatchHandler) consumer.BatchHandler { return h }} },
+		"nil middleware": func(c *consumer.Config) { c.Middleware = []consumer.Middleware{pass, nil} },
+		"returns nil": func(c *consumer.Config) {
+			c.Middleware = []consumer.Middleware{func(consumer.Handler) consumer.Handler { return nil }}
+		},
+		"batch mw on handler": func(c *consumer.Config) {
+			c.BatchMiddleware = []consumer.BatchMiddleware{func(h consumer.BatchHandler) consumer.BatchHandler { return h }}
+		},
 	} {
 		cfg := e.config(modes[0], nil)
 		edit(cfg)

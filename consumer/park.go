@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
@@ -187,7 +186,8 @@ func (p *parker) delay(attempt int) (time.Duration, bool) {
 	s := p.w.r.cfg.ParkedRetry.Schedule()
 	var d time.Duration
 	for range attempt {
-		if d = s.NextBackOff(); d == backoff.Stop {
+		var ok bool
+		if d, ok = s.Next(); !ok {
 			return p.w.r.cfg.ParkedRetry.MaxIntervalOrDefault(), false
 		}
 	}

@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -556,8 +555,8 @@ func (w *worker) retry(ctx context.Context, msg *Message, err error) error {
 		case retry.ClassPermanent:
 			return w.giveUp(ctx, msg, f, true)
 		}
-		delay := schedule.NextBackOff()
-		if delay == backoff.Stop {
+		delay, ok := schedule.Next()
+		if !ok {
 			if w.parked != nil && cfg.FailureMode == NonBlocking {
 				return w.parked.park(ctx, msg, f)
 			}

@@ -14,7 +14,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -428,11 +427,12 @@ func (rn *run) redrive(ctx context.Context, d *DeadLetter) (Action, error, error
 			}
 			class = retry.ClassTransient // the handler's own timeout
 		}
-		delay := backoff.Stop
+		var delay time.Duration
+		ok := false
 		if class == retry.ClassTransient {
-			delay = schedule.NextBackOff()
+			delay, ok = schedule.Next()
 		}
-		if delay == backoff.Stop {
+		if !ok {
 			break
 		}
 		t := time.NewTimer(delay)

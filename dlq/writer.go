@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/consumer"
@@ -220,11 +219,12 @@ func (w *Writer) write(ctx context.Context, m kafka.Message, wait *outage.Waiter
 			err = fmt.Errorf("dead-letter topic %q does not exist (create it, e.g. with dlq.CreateTopic): %w", m.Topic, err)
 		}
 		class := w.cfg.Retry.Classify(err)
-		delay := backoff.Stop
+		var delay time.Duration
+		ok := false
 		if class == retry.ClassTransient {
-			delay = schedule.NextBackOff()
+			delay, ok = schedule.Next()
 		}
-		if delay == backoff.Stop {
+		if !ok {
 			return fmt.Errorf("dlq: write to %s: %w", m.Topic, &retry.Error{Err: err, Attempts: attempt, Class: class})
 		}
 		w.cfg.Logger.Error("dead-letter write failed; the partition waits", "dlq_topic", m.Topic,

@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -170,7 +169,7 @@ func (e *engine) run(ctx context.Context) error {
 // newBackOff is the relay's retry schedule: retry.Policy's jittered
 // exponential backoff, unbounded (failures are counted per row, see
 // ParkAfter).
-func (e *engine) newBackOff() backoff.BackOff {
+func (e *engine) newBackOff() *retry.Schedule {
 	p := &retry.Policy{InitialInterval: e.cfg.retryInitial, MaxInterval: e.cfg.retryMax,
 		MaxAttempts: -1, MaxElapsedTime: -1}
 	return p.Schedule()
@@ -180,9 +179,9 @@ func (e *engine) newBackOff() backoff.BackOff {
 // step of the jittered exponential schedule.
 func (e *engine) rowDelay(attempt int) time.Duration {
 	b := e.newBackOff()
-	d := b.NextBackOff()
+	d, _ := b.Next() // unbounded: it never gives up
 	for i := 1; i < min(attempt, 64) && d < e.cfg.retryMax; i++ {
-		d = b.NextBackOff()
+		d, _ = b.Next()
 	}
 	return d
 }
@@ -233,7 +232,7 @@ func (e *engine) deliverLoop(ctx context.Context, wake chan struct{}) error {
 				return oerr
 			default: // PostgreSQL answered: not an outage
 				pgOutage.Ok()
-				d := bo.NextBackOff()
+				d, _ := bo.Next()
 				e.log.Warn("round failed; backing off", "err", err, "wait", d)
 				sleep(ctx, d, nil)
 			}
@@ -252,7 +251,7 @@ func (e *engine) deliverLoop(ctx context.Context, wake chan struct{}) error {
 			case errors.As(werr, &oerr):
 				return oerr
 			default: // transient, but not a connection error
-				d := bo.NextBackOff()
+				d, _ := bo.Next()
 				e.log.Warn("every delivery failed; backing off", "err", res.err, "wait", d)
 				sleep(ctx, d, nil)
 			}
@@ -562,14 +561,14 @@ func (e *engine) listen(ctx context.Context, wake chan<- struct{}) {
 		if ctx.Err() != nil {
 			return
 		}
-		d := bo.NextBackOff()
+		d, _ := bo.Next()
 		// An outage is logged once, by the delivery loop.
 		e.logUnlessOutage(err, "LISTEN connection lost; polling until it is back", "err", err, "wait", d)
 		sleep(ctx, d, nil)
 	}
 }
 
-func (e *engine) listenOnce(ctx context.Context, wake chan<- struct{}, bo backoff.BackOff) error {
+func (e *engine) listenOnce(ctx context.Context, wake chan<- struct{}, bo *retry.Schedule) error {
 	pc, err := e.pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -647,6 +646,5 @@ func (e *engine) logUnlessOutage(err error, msg string, args ...any) {
 	e.log.Warn(msg, args...)
 }
 
-// isPermanent reports an error marked with retry.Permanent (or
-// backoff.Permanent).
+// isPermanent reports an error marked with retry.Permanent.
 func isPermanent(err error) bool { return retry.IsPermanent(err) }

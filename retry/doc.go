@@ -1,17 +1,18 @@
 // Package retry decides whether and when a failed attempt runs again.
 //
-// A Policy is an exponential backoff built on cenkalti/backoff/v4 — initial
+// A Policy is an exponential backoff — initial
 // and maximum interval, multiplier — with jitter (each delay spread uniformly
 // over ±RandomizationFactor, from an injectable random source), bounded by
 // MaxAttempts and MaxElapsedTime. Every field has a documented default, so
 // the zero Policy is usable. Policy.Do retries an operation and honours its
-// context; Policy.Schedule gives a fresh backoff.BackOff to callers that keep
-// their own loop (the consumer, the dead-letter writer).
+// context; Policy.Schedule gives a fresh Schedule to callers that keep their
+// own loop (the consumer, the dead-letter writer). No type of the backoff
+// library it is built on (cenkalti/backoff/v4) is part of this API.
 //
 // Errors are split by Classify (or Policy.Classifier):
 //
-//   - permanent, never retried: errors wrapped with Permanent (the same type
-//     as backoff.Permanent, so either is recognised), errors matching
+//   - permanent, never retried: errors wrapped with Permanent (a
+//     *PermanentError; backoff/v4's Permanent is recognised too), errors matching
 //     ErrInvalid, JSON and number decoding errors, PostgreSQL data and
 //     integrity errors (SQLSTATE 22xxx, 23xxx), Kafka errors that are not
 //     temporary;

@@ -47,10 +47,14 @@ func ExamplePolicy_Schedule() {
 	p := &retry.Policy{InitialInterval: 100 * time.Millisecond, MaxInterval: time.Second, MaxAttempts: 6,
 		Rand: func() float64 { return 0.5 }}
 	s := p.Schedule()
-	for range 5 {
-		fmt.Print(s.NextBackOff(), " ")
+	for {
+		wait, ok := s.Next()
+		if !ok {
+			fmt.Println("give up")
+			break
+		}
+		fmt.Print(wait, " ")
 	}
-	fmt.Println(s.NextBackOff())
 	// Output:
-	// 100ms 200ms 400ms 800ms 1s -1ns
+	// 100ms 200ms 400ms 800ms 1s give up
 }

@@ -50,26 +50,37 @@ func (c Class) String() string {
 	return "Class(" + strconv.Itoa(int(c)) + ")"
 }
 
-// Permanent wraps err so that it is never retried. It returns a
-// *backoff.PermanentError: errors made with backoff.Permanent are recognised
-// too, and backoff.Retry stops on either. It returns nil for a nil err.
+// PermanentError marks an error that must not be retried (see Permanent).
+type PermanentError struct {
+	Err error
+}
+
+// Error is the wrapped error's text.
+func (e *PermanentError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the wrapped error.
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// Permanent wraps err in a *PermanentError so that it is never retried. It
+// returns nil for a nil err.
 func Permanent(err error) error {
 	if err == nil {
 		return nil
 	}
-	return backoff.Permanent(err)
+	return &PermanentError{Err: err}
 }
 
 // IsPermanent reports whether err, or an error it wraps, was marked with
-// Permanent or backoff.Permanent.
+// Permanent (errors marked with backoff/v4's Permanent are recognised too).
 func IsPermanent(err error) bool {
-	var p *backoff.PermanentError
-	return errors.As(err, &p)
+	var p *PermanentError
+	var bp *backoff.PermanentError
+	return errors.As(err, &p) || errors.As(err, &bp)
 }
 
 // Classify is the default classifier:
 //   - context cancellation and deadline: ClassStop;
-//   - errors marked with Permanent (or backoff.Permanent): ClassPermanent;
+//   - errors marked with Permanent: ClassPermanent;
 //   - decode and validation errors (JSON syntax and type errors, number
 //     parsing errors, errors matching ErrInvalid), PostgreSQL data and
 //     integrity errors (SQLSTATE classes 22 and 23), Kafka errors that are
@@ -146,7 +157,12 @@ type Policy struct {
 	// math/rand/v2. Tests inject a fixed sequence.
 	Rand func() float64
 	// Clock measures elapsed time. Defaults to the system clock.
-	Clock backoff.Clock
+	Clock Clock
+}
+
+// Clock tells the time; tests inject one to make MaxElapsedTime pass.
+type Clock interface {
+	Now() time.Time
 }
 
 func (p *Policy) resolved() Policy {
@@ -167,7 +183,7 @@ func (p *Policy) resolved() Policy {
 		c.Rand = rand.Float64
 	}
 	if c.Clock == nil {
-		c.Clock = backoff.SystemClock
+		c.Clock = systemClock{}
 	}
 	return c
 }
@@ -197,10 +213,27 @@ func (p *Policy) MaxIntervalOrDefault() time.Duration { return p.resolved().MaxI
 // MaxAttemptsOrZero returns the attempt bound, or 0 when there is none.
 func (p *Policy) MaxAttemptsOrZero() int { return max(p.resolved().MaxAttempts, 0) }
 
-// Schedule returns a fresh backoff.BackOff for one operation: each
-// NextBackOff is the wait before the next attempt, or backoff.Stop once the
-// attempts or the elapsed time are used up.
-func (p *Policy) Schedule() backoff.BackOff {
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// Schedule paces the attempts of one operation under a Policy.
+type Schedule struct {
+	b backoff.BackOff
+}
+
+// Next returns the wait before the next attempt; ok is false once the
+// policy's attempts or elapsed time are used up.
+func (s *Schedule) Next() (wait time.Duration, ok bool) {
+	d := s.b.NextBackOff()
+	return d, d != backoff.Stop
+}
+
+// Reset starts the schedule over: the next wait is the first one again.
+func (s *Schedule) Reset() { s.b.Reset() }
+
+// Schedule returns a fresh Schedule for one operation.
+func (p *Policy) Schedule() *Schedule {
 	c := p.resolved()
 	exp := &backoff.ExponentialBackOff{
 		InitialInterval:     c.InitialInterval,
@@ -216,7 +249,7 @@ func (p *Policy) Schedule() backoff.BackOff {
 	if c.MaxAttempts > 0 {
 		b = backoff.WithMaxRetries(b, uint64(c.MaxAttempts-1))
 	}
-	return b
+	return &Schedule{b: b}
 }
 
 // jittered spreads an exponential schedule's delays.
@@ -272,8 +305,8 @@ func (p *Policy) Do(ctx context.Context, op func(ctx context.Context) error, not
 			}
 			return &Error{Err: err, Attempts: attempt, Class: class}
 		}
-		wait := b.NextBackOff()
-		if wait == backoff.Stop {
+		wait, ok := b.Next()
+		if !ok {
 			return &Error{Err: err, Attempts: attempt, Class: class}
 		}
 		if notify != nil {

@@ -22,9 +22,9 @@ func seq(vals ...float64) func() float64 {
 	return func() float64 { v := vals[i%len(vals)]; i++; return v }
 }
 
-func schedule(b backoff.BackOff) []time.Duration {
+func schedule(s *retry.Schedule) []time.Duration {
 	var out []time.Duration
-	for d := b.NextBackOff(); d != backoff.Stop; d = b.NextBackOff() {
+	for d, ok := s.Next(); ok; d, ok = s.Next() {
 		out = append(out, d)
 	}
 	return out
@@ -76,12 +76,12 @@ func TestMaxElapsedTimeUsesInjectedClock(t *testing.T) {
 	clock := &fakeClock{now: time.Unix(1000, 0)}
 	p := &retry.Policy{MaxAttempts: -1, MaxElapsedTime: 10 * time.Second, RandomizationFactor: -1, Clock: clock}
 	b := p.Schedule()
-	if d := b.NextBackOff(); d != retry.InitialIntervalDefault {
-		t.Fatalf("first wait %s", d)
+	if d, ok := b.Next(); !ok || d != retry.InitialIntervalDefault {
+		t.Fatalf("first wait %s, %v", d, ok)
 	}
 	clock.now = clock.now.Add(11 * time.Second)
-	if d := b.NextBackOff(); d != backoff.Stop {
-		t.Fatalf("after 11s of a 10s budget: %s, want Stop", d)
+	if d, ok := b.Next(); ok {
+		t.Fatalf("after 11s of a 10s budget: %s, want give up", d)
 	}
 }
 
@@ -100,6 +100,7 @@ func TestClassify(t *testing.T) {
 		{errors.New("timeout talking to provider"), retry.ClassTransient},
 		{retry.Permanent(errors.New("card declined")), retry.ClassPermanent},
 		{fmt.Errorf("wrapped: %w", backoff.Permanent(errors.New("x"))), retry.ClassPermanent},
+		{fmt.Errorf("wrapped: %w", retry.Permanent(errors.New("x"))), retry.ClassPermanent},
 		{fmt.Errorf("amount: %w", retry.ErrInvalid), retry.ClassPermanent},
 		{fmt.Errorf("decode: %w", jsonErr), retry.ClassPermanent},
 		{fmt.Errorf("parse: %w", numErr), retry.ClassPermanent},

@@ -11,8 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
-
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -54,7 +52,7 @@ type Waiter struct {
 	Shared *Tracker
 
 	since    time.Time
-	schedule backoff.BackOff
+	schedule *retry.Schedule
 	last     error
 }
 
@@ -106,8 +104,8 @@ func (w *Waiter) Wait(ctx context.Context, err error) error {
 		}
 		return oerr
 	}
-	delay := w.schedule.NextBackOff()
-	if delay == backoff.Stop {
+	delay, ok := w.schedule.Next()
+	if !ok {
 		delay = 5 * time.Second
 	}
 	t := time.NewTimer(delay)

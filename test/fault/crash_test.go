@@ -104,7 +104,9 @@ func child() int {
 		Hooks: consumer.Hooks{
 			BeforeCommit: func(_ context.Context, msgs []*consumer.Message) { crashIf("before-commit", msgs) },
 			AfterCommit:  func(_ context.Context, msgs []*consumer.Message) { crashIf("after-commit", msgs) },
-			Outcome:      func(_ context.Context, m *consumer.Message, o consumer.Outcome) { fmt.Printf("outcome %s %s\n", m.ID, o) },
+			Outcome: func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
+				fmt.Printf("outcome %s %s\n", m.ID, o)
+			},
 			OffsetCommitted: func(_ string, _ int, next int64) {
 				if next >= until {
 					stop()
