@@ -800,6 +800,11 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 // the transaction's connection to PostgreSQL was lost: that is an outage,
 // waited out without spending the message's retries.
 func connectionLost(tx pgx.Tx, err error) error {
+	// What is returned must not be taken for the handler's verdict: drop
+	// the handlerError mark.
+	if herr := (*handlerError)(nil); errors.As(err, &herr) {
+		err = herr.err
+	}
 	var pgErr *pgconn.PgError
 	closed := tx.Conn().IsClosed()
 	if !closed && !(errors.As(err, &pgErr) && retry.IsConnection(err)) {
