@@ -286,9 +286,12 @@ type Hooks struct {
 	AfterCommit func(ctx context.Context, msgs []*Message)
 	// Outcome runs once per message when its fate is known.
 	Outcome func(ctx context.Context, msg *Message, outcome Outcome)
-	// Retry runs when a handler failure is retried in place: attempt is the
-	// attempt that failed (from 1), class the failure's class, delay the
-	// wait before the next attempt.
+	// Retry runs when a handler failure is retried in place: ctx is the
+	// failed transaction's (TxStart's, ended), attempt the attempt that
+	// failed (from 1), class the failure's class, delay the wait before the
+	// next attempt. The runner's logs about a message's failure are written
+	// with that context too (slog's *Context methods), so that a handler
+	// that reads it, such as a tracing one, can add the trace ID.
 	Retry func(ctx context.Context, msg *Message, attempt int, err error, class retry.Class, delay time.Duration)
 	// OffsetCommitted runs after a Kafka offset commit succeeded; next is the
 	// offset of the next message to read.

@@ -172,7 +172,7 @@ func (p *parker) park(ctx context.Context, msg *Message, f failure) error {
 	}
 	p.keys[string(msg.Key)]++
 	p.counted()
-	p.w.log.Warn("message parked; its key waits, other keys flow", "offset", msg.Offset, "message_id", msg.ID,
+	p.w.log.WarnContext(f.logCtx(ctx), "message parked; its key waits, other keys flow", "offset", msg.Offset, "message_id", msg.ID,
 		"attempts", f.attempts, "retry_in", delay, "err", f.err)
 	if h := cfg.Hooks.Outcome; h != nil {
 		h(ctx, msg, Parked)
@@ -322,7 +322,7 @@ func (p *parker) releaseKey(ctx context.Context, key []byte) error {
 			}
 			continue // the next parked message of the key is due at once
 		case errors.As(err, &herr):
-			if done, err := p.failed(ctx, pm, herr.err); err != nil || !done {
+			if done, err := p.failed(ctx, tctx, pm, herr.err); err != nil || !done {
 				return err
 			}
 			continue
@@ -341,10 +341,10 @@ func (p *parker) remove(ctx context.Context, db dedup.DBTX, m *Message) error {
 
 // failed records a parked head's failure. It returns done=true when the
 // head left the parking (given to OnFailure), so the next one may go.
-func (p *parker) failed(ctx context.Context, pm *parkedMsg, err error) (done bool, _ error) {
+func (p *parker) failed(ctx, tctx context.Context, pm *parkedMsg, err error) (done bool, _ error) {
 	cfg := &p.w.r.cfg
 	now := time.Now()
-	f := failure{attempts: pm.attempts + 1, class: cfg.Retry.Classify(err), first: now, last: now, err: err}
+	f := failure{attempts: pm.attempts + 1, class: cfg.Retry.Classify(err), first: now, last: now, err: err, ctx: tctx}
 	if pm.first != nil {
 		f.first = *pm.first
 	}
@@ -364,7 +364,7 @@ func (p *parker) failed(ctx context.Context, pm *parkedMsg, err error) (done boo
 		p.keys[string(pm.msg.Key)]--
 		return true, nil
 	}
-	p.w.log.Warn("parked message failed again", "offset", pm.msg.Offset, "message_id", pm.msg.ID,
+	p.w.log.WarnContext(f.logCtx(ctx), "parked message failed again", "offset", pm.msg.Offset, "message_id", pm.msg.ID,
 		"attempts", f.attempts, "retry_in", delay, "err", err)
 	_, uerr := cfg.Pool.Exec(ctx, `UPDATE `+p.table+` SET attempts = $5, first_failed_at = coalesce(first_failed_at, $6),
 		last_failed_at = $7, last_error = $8, next_attempt_at = $9

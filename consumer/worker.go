@@ -497,7 +497,7 @@ func (w *worker) process(ctx context.Context, msgs []*Message) error {
 			msgs = msgs[i+1:]
 			continue
 		}
-		failed, err := w.commit(ctx, msgs, 1)
+		failed, tctx, err := w.commit(ctx, msgs, 1)
 		if err == nil {
 			return nil
 		}
@@ -505,7 +505,7 @@ func (w *worker) process(ctx context.Context, msgs []*Message) error {
 			return err
 		}
 		if len(msgs) == 1 {
-			return w.retry(ctx, msgs[0], err)
+			return w.retry(ctx, tctx, msgs[0], err)
 		}
 		// Commit what came before the failure, isolate the failure, go on.
 		// A batch handler does not say which message failed: split in halves.
@@ -520,7 +520,7 @@ func (w *worker) process(ctx context.Context, msgs []*Message) error {
 		if err := w.process(ctx, msgs[:failed]); err != nil {
 			return err
 		}
-		if err := w.retry(ctx, msgs[failed], err); err != nil {
+		if err := w.retry(ctx, tctx, msgs[failed], err); err != nil {
 			return err
 		}
 		msgs = msgs[failed+1:]
@@ -538,11 +538,13 @@ func indexMissingID(msgs []*Message) int {
 }
 
 // retry runs one failing message again under the retry policy until it
-// succeeds, its error proves permanent, or the schedule is used up.
-func (w *worker) retry(ctx context.Context, msg *Message, err error) error {
+// succeeds, its error proves permanent, or the schedule is used up. tctx is
+// the context of the transaction that failed (Hooks.TxStart's): logs and
+// hooks about the failure get it, so that they carry its trace.
+func (w *worker) retry(ctx, tctx context.Context, msg *Message, err error) error {
 	cfg := &w.r.cfg
 	schedule := cfg.Retry.Schedule()
-	f := failure{first: time.Now()}
+	f := failure{first: time.Now(), ctx: tctx}
 	for f.attempts = 1; ; f.attempts++ {
 		f.last, f.err = time.Now(), err
 		f.class = cfg.Retry.Classify(err)
@@ -562,10 +564,10 @@ func (w *worker) retry(ctx context.Context, msg *Message, err error) error {
 			}
 			return w.giveUp(ctx, msg, f, true)
 		}
-		w.log.Warn("handler failed; retrying", "offset", msg.Offset, "message_id", msg.ID,
+		w.log.WarnContext(f.ctx, "handler failed; retrying", "offset", msg.Offset, "message_id", msg.ID,
 			"attempt", f.attempts, "delay", delay, "err", err)
 		if h := cfg.Hooks.Retry; h != nil {
-			h(ctx, msg, f.attempts, err, f.class, delay)
+			h(f.ctx, msg, f.attempts, err, f.class, delay)
 		}
 		t := time.NewTimer(delay)
 		select {
@@ -575,7 +577,7 @@ func (w *worker) retry(ctx context.Context, msg *Message, err error) error {
 		case <-t.C:
 		}
 		var failed int
-		if failed, err = w.commit(ctx, []*Message{msg}, f.attempts+1); err == nil {
+		if failed, f.ctx, err = w.commit(ctx, []*Message{msg}, f.attempts+1); err == nil {
 			return nil
 		}
 		if failed < 0 || ctx.Err() != nil {
@@ -590,6 +592,17 @@ type failure struct {
 	class       retry.Class
 	first, last time.Time
 	err         error
+	// ctx is the context of the last failed transaction (Hooks.TxStart's,
+	// with its trace) for logs; nil when the failure had none.
+	ctx context.Context
+}
+
+// logCtx is the context the failure's logs are written with.
+func (f *failure) logCtx(ctx context.Context) context.Context {
+	if f.ctx != nil {
+		return f.ctx
+	}
+	return ctx
 }
 
 // giveUp hands a message that failed for good to OnFailure and, when that
@@ -601,14 +614,15 @@ func (w *worker) giveUp(ctx context.Context, msg *Message, f failure, savePositi
 	merr := &MessageError{Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset, ID: msg.ID,
 		Attempts: f.attempts, Class: f.class, FirstFailure: f.first, LastFailure: f.last, Err: f.err}
 	log := w.log.With("offset", msg.Offset, "message_id", msg.ID, "attempts", f.attempts, "class", f.class, "err", f.err)
+	lctx := f.logCtx(ctx)
 	if perr := (*PanicError)(nil); errors.As(f.err, &perr) {
 		log = log.With("stack", string(perr.Stack))
 	}
 	if cfg.OnFailure == nil {
-		log.Error("message failed for good; stopping (no OnFailure)")
+		log.ErrorContext(lctx, "message failed for good; stopping (no OnFailure)")
 		return merr
 	}
-	log.Warn("message failed for good; handing it to OnFailure")
+	log.WarnContext(lctx, "message failed for good; handing it to OnFailure")
 	if ferr := callOnFailure(ctx, cfg.OnFailure, msg, merr); ferr != nil {
 		return &verdictError{fmt.Errorf("consumer: OnFailure for %s/%d/%d: %w", msg.Topic, msg.Partition, msg.Offset, ferr)}
 	}
@@ -636,43 +650,43 @@ func (w *worker) giveUp(ctx context.Context, msg *Message, f failure, savePositi
 // On a handler error it returns the index of the failing message (0 for a
 // batch handler); on any other error, -1. Serialization failures and
 // deadlocks run the transaction again.
-func (w *worker) commit(ctx context.Context, msgs []*Message, attempt int) (failed int, err error) {
+func (w *worker) commit(ctx context.Context, msgs []*Message, attempt int) (failed int, tctx context.Context, err error) {
 	cfg := &w.r.cfg
 	for try := 1; ; try++ {
-		failed, _, err = w.observedTx(ctx, msgs, attempt)
+		failed, _, tctx, err = w.observedTx(ctx, msgs, attempt)
 		if err == nil {
 			w.outage.Ok()
-			return -1, nil
+			return -1, tctx, nil
 		}
 		if failed < 0 && retry.IsConnection(err) && ctx.Err() == nil {
 			// An outage, not a verdict on the messages: wait it out and run
 			// the same transaction again. An ambiguous commit is settled by
 			// the claims: what committed comes back as duplicates.
 			if werr := w.outage.Wait(ctx, err); werr != nil {
-				return -1, werr
+				return -1, tctx, werr
 			}
 			try = 0
 			continue
 		}
 		if !retryableTx(err) || try >= cfg.TxRetries || ctx.Err() != nil {
-			return failed, err
+			return failed, tctx, err
 		}
-		w.log.Debug("transaction conflict; running it again", "try", try, "err", err)
+		w.log.DebugContext(tctx, "transaction conflict; running it again", "try", try, "err", err)
 	}
 }
 
 // observedTx runs tx between Hooks.TxStart and Hooks.TxEnd, and reports
 // the outcomes of a committed transaction to Hooks.Outcome.
-func (w *worker) observedTx(ctx context.Context, msgs []*Message, attempt int) (failed int, outcomes []Outcome, err error) {
-	ctx, end := w.observe(ctx, msgs, attempt)
-	failed, outcomes, err = w.tx(ctx, msgs)
+func (w *worker) observedTx(ctx context.Context, msgs []*Message, attempt int) (failed int, outcomes []Outcome, tctx context.Context, err error) {
+	tctx, end := w.observe(ctx, msgs, attempt)
+	failed, outcomes, err = w.tx(tctx, msgs)
 	end(outcomes, err)
 	if h := w.r.cfg.Hooks.Outcome; err == nil && h != nil {
 		for i, m := range msgs {
-			h(ctx, m, outcomes[i])
+			h(tctx, m, outcomes[i])
 		}
 	}
-	return failed, outcomes, err
+	return failed, outcomes, tctx, err
 }
 
 // observe calls Hooks.TxStart for a transaction of msgs and returns the
