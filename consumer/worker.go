@@ -501,6 +501,14 @@ func (w *worker) process(ctx context.Context, msgs []*Message) error {
 		if err == nil {
 			return nil
 		}
+		if errors.Is(err, errSplit) {
+			half := len(msgs) / 2
+			if err := w.process(ctx, msgs[:half]); err != nil {
+				return err
+			}
+			msgs = msgs[half:]
+			continue
+		}
 		if failed < 0 || ctx.Err() != nil {
 			return err
 		}
@@ -665,6 +673,11 @@ func (w *worker) commit(ctx context.Context, msgs []*Message, attempt int) (fail
 			if werr := w.outage.Wait(ctx, err); werr != nil {
 				return -1, tctx, werr
 			}
+			if len(msgs) > 1 {
+				// Run it again in halves: a batch longer than the time
+				// between two losses would otherwise never commit.
+				return -1, tctx, errSplit
+			}
 			try = 0
 			continue
 		}
@@ -712,6 +725,10 @@ func (w *worker) observe(ctx context.Context, msgs []*Message, attempt int) (con
 		}
 	}
 }
+
+// errSplit asks process to run a batch again in halves: its transaction
+// lost its connection (an outage, waited out).
+var errSplit = errors.New("consumer: connection lost; running the batch again in halves")
 
 // handlerError marks an error that came from the user's handler.
 type handlerError struct {
