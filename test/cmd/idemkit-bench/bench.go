@@ -82,6 +82,8 @@ type steadyResult struct {
 	P50Ms        float64 `json:"p50_ms"`
 	P99Ms        float64 `json:"p99_ms"`
 	MaxMs        float64 `json:"max_ms"`
+	FetchP50Ms   float64 `json:"fetch_p50_ms"` // produce→fetch
+	FetchP99Ms   float64 `json:"fetch_p99_ms"`
 	KeptUp       bool    `json:"kept_up"`
 }
 
@@ -550,6 +552,9 @@ func (b *bench) runSteady(ctx context.Context, sc *scenario, rate int) (*result,
 	s := &steadyResult{TargetRate: rate, Produced: prod.n, ProducedRate: float64(prod.n) / prod.elapsed.Seconds()}
 	drain := max(run.res.LastEffect.Sub(prod.last), 0)
 	s.DrainMs = ms(drain)
+	if l := run.res.FetchLatency; l != nil {
+		s.FetchP50Ms, s.FetchP99Ms = ms(l.P50), ms(l.P99)
+	}
 	if l := run.res.Latency; l != nil {
 		s.P50Ms, s.P99Ms, s.MaxMs = ms(l.P50), ms(l.P99), ms(l.Max)
 	}

@@ -59,7 +59,10 @@ type childResult struct {
 	Segments   segments      `json:"segments"`
 	CPU        cpuUsage      `json:"cpu"`
 	Latency    *latencyStats `json:"latency,omitempty"`
-	LastEffect time.Time     `json:"last_effect"`
+	// FetchLatency is produce→fetch (the runner's IDFunc; the peer's handler
+	// entry): with Latency, it tells Kafka's share of the tail from the rest.
+	FetchLatency *latencyStats `json:"fetch_latency,omitempty"`
+	LastEffect   time.Time     `json:"last_effect"`
 }
 
 // latencyStats summarize produce-to-commit latencies.
@@ -206,6 +209,7 @@ func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*chil
 		assigned    atomic.Int64
 		span        interval
 		latencies   latencyRecorder
+		fetchLat    latencyRecorder
 		stdinClosed = make(chan struct{})
 	)
 	target.Store(int64(spec.Messages))
@@ -259,6 +263,9 @@ func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*chil
 				meter.begin()
 			}
 			span.mu.Unlock()
+			if steady {
+				fetchLat.addOne(time.Now(), m.Headers)
+			}
 			for _, h := range m.Headers {
 				if h.Key == consumer.IDHeaderDefault {
 					return string(h.Value), nil
@@ -336,14 +343,15 @@ func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*chil
 	<-stdinClosed
 	seg, txs, _ := clock.sum()
 	return &childResult{
-		Done:       done.Load(),
-		Duplicates: dups.Load(),
-		Elapsed:    end.Sub(start),
-		Txs:        txs,
-		Segments:   seg,
-		CPU:        meter.result(),
-		Latency:    latencies.stats(),
-		LastEffect: end,
+		Done:         done.Load(),
+		Duplicates:   dups.Load(),
+		Elapsed:      end.Sub(start),
+		Txs:          txs,
+		Segments:     seg,
+		CPU:          meter.result(),
+		Latency:      latencies.stats(),
+		FetchLatency: fetchLat.stats(),
+		LastEffect:   end,
 	}, nil
 }
 
@@ -363,16 +371,20 @@ type latencyRecorder struct {
 }
 
 func (l *latencyRecorder) add(now time.Time, msgs []*consumer.Message) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	for _, m := range msgs {
-		for _, h := range m.Headers {
-			if h.Key != producedAtHeader {
-				continue
-			}
-			if ns, err := strconv.ParseInt(string(h.Value), 10, 64); err == nil {
-				l.samples = append(l.samples, now.Sub(time.Unix(0, ns)))
-			}
+		l.addOne(now, m.Headers)
+	}
+}
+
+func (l *latencyRecorder) addOne(now time.Time, headers []kafka.Header) {
+	for _, h := range headers {
+		if h.Key != producedAtHeader {
+			continue
+		}
+		if ns, err := strconv.ParseInt(string(h.Value), 10, 64); err == nil {
+			l.mu.Lock()
+			l.samples = append(l.samples, now.Sub(time.Unix(0, ns)))
+			l.mu.Unlock()
 		}
 	}
 }

@@ -286,7 +286,8 @@ func (r *report) printSteady(p func(format string, args ...any)) {
 	}
 	p("\nSteady rates, %s each: produce→commit latency p50 / p99 in ms (produce time stamped by the producer "+
 		"before its write, commit time taken right after the effect's transaction committed: AfterCommit for idemkit, "+
-		"after tx.Commit in the Watermill peer's handler); \"behind\" marks a run whose last effect committed more than %s "+
+		"after tx.Commit in the Watermill peer's handler; produce→fetch is taken in idemkit's IDFunc, called as the "+
+		"message is fetched, and at the Watermill handler's entry); \"behind\" marks a run whose last effect committed more than %s "+
 		"after the last produce returned.\n\n", r.o.steady, steadyKeptUp)
 	p("| mode |")
 	for _, rate := range rates {
@@ -314,8 +315,8 @@ func (r *report) printSteady(p func(format string, args ...any)) {
 		}
 		p("\n")
 	}
-	p("\n| mode | rate | produced (msgs/s) | p50 ms | p99 ms | max ms | last effect after last produce | msgs/tx | client CPU-s / 100k msgs | peak RSS MiB | WAL B / msg |\n")
-	p("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	p("\n| mode | rate | produced (msgs/s) | p50 ms | p99 ms | max ms | produce→fetch p50 / p99 ms | last effect after last produce | msgs/tx | client CPU-s / 100k msgs | peak RSS MiB | WAL B / msg |\n")
+	p("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, x := range r.steady {
 		s := x.Steady
 		if s == nil {
@@ -325,8 +326,9 @@ func (r *report) printSteady(p func(format string, args ...any)) {
 		if x.WAL != nil {
 			wal = fmt.Sprintf("%.0f", x.WAL.BytesPerMsg)
 		}
-		p("| `%s` | %d | %d (%.0f) | %.1f | %.1f | %.1f | %.0f ms | %.1f | %.2f | %.1f | %s |\n", x.Scenario, s.TargetRate,
-			s.Produced, s.ProducedRate, s.P50Ms, s.P99Ms, s.MaxMs, s.DrainMs, float64(x.Messages)/float64(max(x.Txs, 1)),
+		p("| `%s` | %d | %d (%.0f) | %.1f | %.1f | %.1f | %.1f / %.1f | %.0f ms | %.1f | %.2f | %.1f | %s |\n", x.Scenario, s.TargetRate,
+			s.Produced, s.ProducedRate, s.P50Ms, s.P99Ms, s.MaxMs, s.FetchP50Ms, s.FetchP99Ms, s.DrainMs,
+			float64(x.Messages)/float64(max(x.Txs, 1)),
 			x.CPU.Self*1e5/float64(max(x.Messages, 1)), x.PeakRSSMiB, wal)
 	}
 }

@@ -87,7 +87,9 @@ type result struct {
 	Segments   segments      `json:"segments"`
 	CPU        cpuUsage      `json:"cpu"`
 	Latency    *latencyStats `json:"latency,omitempty"`
-	LastEffect time.Time     `json:"last_effect"`
+	// FetchLatency is produce→handler entry.
+	FetchLatency *latencyStats `json:"fetch_latency,omitempty"`
+	LastEffect   time.Time     `json:"last_effect"`
 }
 
 type segments struct {
@@ -185,6 +187,7 @@ func run(ctx context.Context, s *spec) (*result, error) {
 		start, end     time.Time
 		finished       bool
 		samples        []time.Duration
+		fetchSamples   []time.Duration
 		clocks         = make([]partClock, s.Partitions)
 		stdinClosed    = make(chan struct{})
 		steady         = s.Messages < 0
@@ -273,6 +276,7 @@ func run(ctx context.Context, s *spec) (*result, error) {
 		if v := msg.Metadata.Get(producedAtHeader); steady && v != "" {
 			if ns, err := strconv.ParseInt(v, 10, 64); err == nil {
 				samples = append(samples, t3.Sub(time.Unix(0, ns)))
+				fetchSamples = append(fetchSamples, t0.Sub(time.Unix(0, ns)))
 			}
 		}
 		mu.Unlock()
@@ -312,7 +316,7 @@ func run(ctx context.Context, s *spec) (*result, error) {
 	runErr := router.Run(runCtx)
 	mu.Lock()
 	ok, first, last := finished, start, end
-	lat := slices.Clone(samples)
+	lat, fetchLat := slices.Clone(samples), slices.Clone(fetchSamples)
 	mu.Unlock()
 	if runErr != nil && !ok {
 		return nil, fmt.Errorf("router: %w", runErr)
@@ -333,12 +337,16 @@ func run(ctx context.Context, s *spec) (*result, error) {
 		res.Txs += c.txs
 		c.mu.Unlock()
 	}
-	if len(lat) > 0 {
-		slices.Sort(lat)
-		res.Latency = &latencyStats{N: len(lat), P50: percentile(lat, 0.50), P99: percentile(lat, 0.99),
-			Max: lat[len(lat)-1]}
-	}
+	res.Latency, res.FetchLatency = stats(lat), stats(fetchLat)
 	return res, nil
+}
+
+func stats(s []time.Duration) *latencyStats {
+	if len(s) == 0 {
+		return nil
+	}
+	slices.Sort(s)
+	return &latencyStats{N: len(s), P50: percentile(s, 0.50), P99: percentile(s, 0.99), Max: s[len(s)-1]}
 }
 
 // percentile returns the nearest-rank q-quantile of sorted s.
