@@ -45,9 +45,13 @@ type bench struct {
 
 	round int // the round running now, from 1
 
+	peerBin string // the Watermill peer's binary
+	wal     *walMeter
+
 	schemas []string
 	topics  []string
 	groups  []string
+	tmpDirs []string
 }
 
 // result is one scenario's figures.
@@ -63,6 +67,7 @@ type result struct {
 	Duplicates int64         `json:"duplicates"`
 	Segments   segments      `json:"segments"`
 	CPU        cpuUsage      `json:"cpu"`
+	WAL        *walUsage     `json:"wal,omitempty"`
 	Steady     *steadyResult `json:"steady,omitempty"`
 	// Rounds holds every round's msgs/s; the other fields are the median round's.
 	Rounds []float64 `json:"rounds"`
@@ -77,6 +82,8 @@ type steadyResult struct {
 	P50Ms        float64 `json:"p50_ms"`
 	P99Ms        float64 `json:"p99_ms"`
 	MaxMs        float64 `json:"max_ms"`
+	FetchP50Ms   float64 `json:"fetch_p50_ms"` // produce→fetch
+	FetchP99Ms   float64 `json:"fetch_p99_ms"`
 	KeptUp       bool    `json:"kept_up"`
 }
 
@@ -106,7 +113,7 @@ func runBench(ctx context.Context, o *options) (err error) {
 	if _, err := rand.Read(id[:]); err != nil {
 		return err
 	}
-	b := &bench{o: o, dbURL: dbURL, brokers: brokers, admin: admin,
+	b := &bench{o: o, dbURL: dbURL, brokers: brokers, admin: admin, wal: &walMeter{},
 		client:   &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 30 * time.Second},
 		runID:    hex.EncodeToString(id[:]),
 		kafkaPID: findKafkaPID()}
@@ -127,9 +134,24 @@ func runBench(ctx context.Context, o *options) (err error) {
 	}()
 
 	sel := o.selected()
-	var backlog string
+	var throughput, steady []*scenario
 	for _, sc := range sel {
-		if sc.kind == kindConsumer {
+		if sc.kind == kindSteady {
+			steady = append(steady, sc)
+		} else {
+			throughput = append(throughput, sc)
+		}
+		if sc.peer && b.peerBin == "" {
+			if b.peerBin, err = b.buildPeer(ctx); err != nil {
+				return err
+			}
+		}
+	}
+	b.wal.setup(ctx, b.admin, b.name("_", "walinspect"))
+	rep.walScope = b.wal.scope()
+	var backlog string
+	for _, sc := range throughput {
+		if sc.kind == kindConsumer || sc.kind == kindPeer {
 			backlog, err = b.prepareBacklog(ctx, rep)
 			if err != nil {
 				return err
@@ -142,27 +164,22 @@ func runBench(ctx context.Context, o *options) (err error) {
 	rounds := map[string][]*result{}
 	defer func() { // also after a failure: report what was measured
 		rep.results = rep.results[:0]
-		for _, sc := range sel {
+		for _, sc := range throughput {
 			if len(rounds[sc.name]) > 0 {
 				rep.results = append(rep.results, median(rounds[sc.name]))
 			}
 		}
 	}()
-	for round := 1; round <= o.repeat; round++ {
+	for round := 1; round <= o.repeat && len(throughput) > 0; round++ {
 		b.round = round
-		for _, sc := range sel {
-			if sc.kind == kindSteady && round > 1 {
-				continue // a latency run, not a throughput one: once is enough
-			}
+		for _, sc := range throughput {
 			progress("%s: round %d of %d", sc.name, round, o.repeat)
 			var r *result
 			switch sc.kind {
-			case kindConsumer:
+			case kindConsumer, kindPeer:
 				r, err = b.runConsumer(ctx, sc, backlog)
 			case kindPG:
 				r, err = b.runPG(ctx, sc)
-			case kindSteady:
-				r, err = b.runSteady(ctx, sc)
 			}
 			if err != nil {
 				return fmt.Errorf("%s: %w", sc.name, err)
@@ -171,7 +188,68 @@ func runBench(ctx context.Context, o *options) (err error) {
 			progress("%s: %.0f msgs/s, peak RSS %.1f MiB", sc.name, r.Rate, r.PeakRSSMiB)
 		}
 	}
+	// Steady rates: a latency run, not a throughput one, so once per mode and
+	// rate; the modes interleave at each rate.
+	for _, rate := range o.rates {
+		for _, sc := range steady {
+			progress("%s: %d msgs/s for %s", sc.name, rate, o.steady)
+			r, err := b.runSteady(ctx, sc, rate)
+			if err != nil {
+				return fmt.Errorf("%s at %d msgs/s: %w", sc.name, rate, err)
+			}
+			rep.steady = append(rep.steady, r)
+			s := r.Steady
+			progress("%s at %d msgs/s: p50 %.1f ms, p99 %.1f ms, max %.1f ms, kept up: %t",
+				sc.name, rate, s.P50Ms, s.P99Ms, s.MaxMs, s.KeptUp)
+		}
+	}
 	return nil
+}
+
+// buildPeer builds the Watermill peer (test/peers/watermill, its own module
+// and workspace) unless -watermill names a binary.
+func (b *bench) buildPeer(ctx context.Context) (string, error) {
+	if b.o.watermill != "" {
+		return b.o.watermill, nil
+	}
+	dir, err := peerDir()
+	if err != nil {
+		return "", err
+	}
+	tmp, err := os.MkdirTemp("", "idemkit-bench-")
+	if err != nil {
+		return "", err
+	}
+	b.tmpDirs = append(b.tmpDirs, tmp)
+	bin := filepath.Join(tmp, "watermill-peer")
+	progress("building the Watermill peer (%s)", dir)
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, ".")
+	cmd.Dir = dir
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("build the Watermill peer in %s (or pass -watermill): %w", dir, err)
+	}
+	return bin, nil
+}
+
+// peerDir finds test/peers/watermill from the working directory (the
+// repository, or any directory in it: scripts/bench runs in test/).
+func peerDir() (string, error) {
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for d := wd; ; d = filepath.Dir(d) {
+		for _, rel := range []string{"peers/watermill", "test/peers/watermill"} {
+			p := filepath.Join(d, rel)
+			if _, err := os.Stat(filepath.Join(p, "go.mod")); err == nil {
+				return p, nil
+			}
+		}
+		if filepath.Dir(d) == d {
+			return "", fmt.Errorf("test/peers/watermill not found above %s: run from the repository or pass -watermill", wd)
+		}
+	}
 }
 
 // median returns the round with the median rate, carrying every round's rate
@@ -286,6 +364,10 @@ func (b *bench) cleanup(ctx context.Context) {
 			progress("cleanup: delete topics: %v", err)
 		}
 	}
+	for _, d := range b.tmpDirs {
+		_ = os.RemoveAll(d)
+	}
+	b.wal.cleanup(ctx, b.admin)
 	if t, ok := kafka.DefaultTransport.(*kafka.Transport); ok {
 		t.CloseIdleConnections()
 	}
@@ -361,14 +443,56 @@ func (b *bench) runConsumer(ctx context.Context, sc *scenario, topic string) (*r
 	group := b.name("-", b.tag(sc))
 	b.groups = append(b.groups, group)
 	b.checkpoint(ctx)
-	run, err := b.runChild(ctx, b.spec(sc, schema, topic, group, b.o.messages), nil)
+	wal := b.wal.begin(ctx, b.admin)
+	run, err := b.runChild(ctx, sc, b.spec(sc, schema, topic, group, b.o.messages), nil)
 	if err != nil {
 		return nil, err
 	}
-	if err := b.verify(ctx, schema, int64(b.o.messages), sumAmounts(b.o.messages)); err != nil {
+	r := run.result(sc)
+	r.WAL = b.wal.end(ctx, b.admin, wal, schema, r.Messages)
+	if err := b.verifyRun(ctx, sc, schema, topic, group, b.o.messages); err != nil {
 		return nil, err
 	}
-	return run.result(sc), nil
+	return r, nil
+}
+
+// verifyRun checks a run's effects; the peer keeps no PostgreSQL position,
+// so for it the group's committed Kafka offsets must cover every message.
+func (b *bench) verifyRun(ctx context.Context, sc *scenario, schema, topic, group string, n int) error {
+	if !sc.peer {
+		return b.verify(ctx, schema, int64(n), sumAmounts(n), true)
+	}
+	if err := b.verify(ctx, schema, int64(n), sumAmounts(n), false); err != nil {
+		return err
+	}
+	return b.verifyOffsets(ctx, topic, group, int64(n))
+}
+
+// verifyOffsets checks that group committed offsets past n messages of topic.
+func (b *bench) verifyOffsets(ctx context.Context, topic, group string, n int64) error {
+	parts := make([]int, b.o.partitions)
+	for i := range parts {
+		parts[i] = i
+	}
+	resp, err := b.client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group,
+		Topics: map[string][]int{topic: parts}})
+	if err == nil {
+		err = resp.Error
+	}
+	if err != nil {
+		return fmt.Errorf("verify: committed offsets: %w", err)
+	}
+	var sum int64
+	for _, p := range resp.Topics[topic] {
+		if p.Error != nil {
+			return fmt.Errorf("verify: committed offset of partition %d: %w", p.Partition, p.Error)
+		}
+		sum += max(p.CommittedOffset, 0)
+	}
+	if sum != n {
+		return fmt.Errorf("verify: WRONG RESULT: committed offsets sum to %d, want %d", sum, n)
+	}
+	return nil
 }
 
 func (b *bench) runPG(ctx context.Context, sc *scenario) (*result, error) {
@@ -377,36 +501,41 @@ func (b *bench) runPG(ctx context.Context, sc *scenario) (*result, error) {
 		return nil, err
 	}
 	b.checkpoint(ctx)
-	run, err := b.runChild(ctx, b.spec(sc, schema, "pg-alone", "pg-alone", b.o.messages), nil)
+	wal := b.wal.begin(ctx, b.admin)
+	run, err := b.runChild(ctx, sc, b.spec(sc, schema, "pg-alone", "pg-alone", b.o.messages), nil)
 	if err != nil {
 		return nil, err
 	}
-	if err := b.verify(ctx, schema, int64(b.o.messages), sumAmounts(b.o.messages)); err != nil {
+	r := run.result(sc)
+	r.WAL = b.wal.end(ctx, b.admin, wal, schema, r.Messages)
+	if err := b.verify(ctx, schema, int64(b.o.messages), sumAmounts(b.o.messages), sc.pg != pgMinimal); err != nil {
 		return nil, err
 	}
-	return run.result(sc), nil
+	return r, nil
 }
 
 // steadyKeptUp is the most the last effect may trail the last produce for
 // the consumer to count as having kept up.
 const steadyKeptUp = time.Second
 
-func (b *bench) runSteady(ctx context.Context, sc *scenario) (*result, error) {
-	schema, err := b.newSchema(ctx, sc.name)
+func (b *bench) runSteady(ctx context.Context, sc *scenario, rate int) (*result, error) {
+	tag := fmt.Sprintf("%s-%d", sc.name, rate)
+	schema, err := b.newSchema(ctx, tag)
 	if err != nil {
 		return nil, err
 	}
-	topic, err := b.newTopic(ctx, sc.name)
+	topic, err := b.newTopic(ctx, tag)
 	if err != nil {
 		return nil, err
 	}
-	group := b.name("-", sc.name)
+	group := b.name("-", tag)
 	b.groups = append(b.groups, group)
 	b.checkpoint(ctx)
 	var prod steadyProduction
-	run, err := b.runChild(ctx, b.spec(sc, schema, topic, group, -1), func(ctx context.Context, stdin io.Writer) error {
+	wal := b.wal.begin(ctx, b.admin)
+	run, err := b.runChild(ctx, sc, b.spec(sc, schema, topic, group, -1), func(ctx context.Context, stdin io.Writer) error {
 		var err error
-		if prod, err = b.produceSteady(ctx, topic); err != nil {
+		if prod, err = b.produceSteady(ctx, topic, rate); err != nil {
 			return err
 		}
 		_, err = fmt.Fprintf(stdin, "expect %d\n", prod.n)
@@ -415,13 +544,17 @@ func (b *bench) runSteady(ctx context.Context, sc *scenario) (*result, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := b.verify(ctx, schema, int64(prod.n), sumAmounts(prod.n)); err != nil {
+	r := run.result(sc)
+	r.WAL = b.wal.end(ctx, b.admin, wal, schema, r.Messages)
+	if err := b.verifyRun(ctx, sc, schema, topic, group, prod.n); err != nil {
 		return nil, err
 	}
-	r := run.result(sc)
-	s := &steadyResult{TargetRate: b.o.rate, Produced: prod.n, ProducedRate: float64(prod.n) / prod.elapsed.Seconds()}
+	s := &steadyResult{TargetRate: rate, Produced: prod.n, ProducedRate: float64(prod.n) / prod.elapsed.Seconds()}
 	drain := max(run.res.LastEffect.Sub(prod.last), 0)
 	s.DrainMs = ms(drain)
+	if l := run.res.FetchLatency; l != nil {
+		s.FetchP50Ms, s.FetchP99Ms = ms(l.P50), ms(l.P99)
+	}
 	if l := run.res.Latency; l != nil {
 		s.P50Ms, s.P99Ms, s.MaxMs = ms(l.P50), ms(l.P99), ms(l.Max)
 	}
@@ -440,8 +573,7 @@ type steadyProduction struct {
 
 // produceSteady produces -rate messages a second for -steady, every 10ms the
 // messages due by then, each stamped with its produce time.
-func (b *bench) produceSteady(ctx context.Context, topic string) (steadyProduction, error) {
-	progress("steady: producing %d msgs/s for %s", b.o.rate, b.o.steady)
+func (b *bench) produceSteady(ctx context.Context, topic string, rate int) (steadyProduction, error) {
 	w := &kafka.Writer{Addr: kafka.TCP(b.brokers...), Topic: topic, Balancer: accountBalancer,
 		RequiredAcks: kafka.RequireAll, BatchSize: 1000, BatchTimeout: time.Millisecond}
 	tick := time.NewTicker(10 * time.Millisecond)
@@ -458,7 +590,7 @@ func (b *bench) produceSteady(ctx context.Context, topic string) (steadyProducti
 			if elapsed >= b.o.steady {
 				elapsed, done = b.o.steady, true
 			}
-			due := int(float64(b.o.rate) * elapsed.Seconds())
+			due := int(float64(rate) * elapsed.Seconds())
 			if due <= sent {
 				continue
 			}
@@ -486,21 +618,24 @@ func (b *bench) produceSteady(ctx context.Context, topic string) (steadyProducti
 // verify checks that the scenario applied every message once: as many claims
 // as messages, positions past every message, and balances and update counts
 // that add up to what was produced.
-func (b *bench) verify(ctx context.Context, schema string, n, sum int64) error {
+func (b *bench) verify(ctx context.Context, schema string, n, sum int64, positions bool) error {
 	q := func(t string) string { return pgx.Identifier{schema, t}.Sanitize() }
-	var claimed, positions, balance, updated int64
+	var claimed, nextOffsets, balance, updated int64
 	err := b.admin.QueryRow(ctx, `SELECT
 		(SELECT count(*) FROM `+q("processed_messages")+`),
 		(SELECT coalesce(sum(next_offset), 0)::bigint FROM `+q("consumer_positions")+`),
 		(SELECT coalesce(sum(balance), 0)::bigint FROM `+q("accounts")+`),
 		(SELECT coalesce(sum(updated), 0)::bigint FROM `+q("accounts")+`)`).
-		Scan(&claimed, &positions, &balance, &updated)
+		Scan(&claimed, &nextOffsets, &balance, &updated)
 	if err != nil {
 		return fmt.Errorf("verify: %w", err)
 	}
-	if claimed != n || positions != n || balance != sum || updated != n {
+	if !positions { // the peer's SQL writes no position
+		nextOffsets = n
+	}
+	if claimed != n || nextOffsets != n || balance != sum || updated != n {
 		return fmt.Errorf("verify: WRONG RESULT: %d claims, positions sum to %d, %d updates (want %d each); "+
-			"balances sum to %d (want %d)", claimed, positions, updated, n, balance, sum)
+			"balances sum to %d (want %d)", claimed, nextOffsets, updated, n, balance, sum)
 	}
 	return nil
 }
@@ -523,11 +658,14 @@ func (c *childRun) result(sc *scenario) *result {
 // runChild runs this binary as the child for spec and waits for its result.
 // When the child prints "ready", onReady runs with the child's stdin, which
 // is closed afterwards.
-func (b *bench) runChild(ctx context.Context, spec *childSpec,
+func (b *bench) runChild(ctx context.Context, sc *scenario, spec *childSpec,
 	onReady func(ctx context.Context, stdin io.Writer) error) (*childRun, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
+	}
+	if sc.peer {
+		self = b.peerBin
 	}
 	specJSON, err := json.Marshal(spec)
 	if err != nil {

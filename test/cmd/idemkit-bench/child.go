@@ -59,7 +59,10 @@ type childResult struct {
 	Segments   segments      `json:"segments"`
 	CPU        cpuUsage      `json:"cpu"`
 	Latency    *latencyStats `json:"latency,omitempty"`
-	LastEffect time.Time     `json:"last_effect"`
+	// FetchLatency is produce→fetch (the runner's IDFunc; the peer's handler
+	// entry): with Latency, it tells Kafka's share of the tail from the rest.
+	FetchLatency *latencyStats `json:"fetch_latency,omitempty"`
+	LastEffect   time.Time     `json:"last_effect"`
 }
 
 // latencyStats summarize produce-to-commit latencies.
@@ -106,7 +109,11 @@ func childMain(specJSON string) int {
 		err error
 	)
 	switch sc.kind {
-	case kindConsumer, kindSteady:
+	case kindConsumer, kindSteady, kindPeer:
+		if sc.peer {
+			fmt.Fprintf(os.Stderr, "idemkit-bench child: %s runs the Watermill peer's binary\n", sc.name)
+			return 2
+		}
 		res, err = runConsumerChild(ctx, &spec, sc)
 	case kindPG:
 		res, err = runPGChild(ctx, &spec, sc)
@@ -127,10 +134,13 @@ func childMain(specJSON string) int {
 // openPool opens a pool of one connection per partition, connects them all
 // now (so that no scenario pays for connecting inside its measured interval)
 // and returns their backend PIDs.
-func openPool(ctx context.Context, spec *childSpec) (*pgxpool.Pool, []int, error) {
+func openPool(ctx context.Context, spec *childSpec, tracer pgx.QueryTracer) (*pgxpool.Pool, []int, error) {
 	cfg, err := pgxpool.ParseConfig(spec.DatabaseURL)
 	if err != nil {
 		return nil, nil, fmt.Errorf("parse database URL: %w", err)
+	}
+	if tracer != nil {
+		cfg.ConnConfig.Tracer = tracer
 	}
 	cfg.MaxConns = int32(spec.Partitions)
 	cfg.MinConns = cfg.MaxConns
@@ -176,7 +186,8 @@ type interval struct {
 // prints "ready" once every partition is assigned and learns the target from
 // a line "expect N" on stdin.
 func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*childResult, error) {
-	pool, backends, err := openPool(ctx, spec)
+	tracer := newBeginTracer()
+	pool, backends, err := openPool(ctx, spec, tracer)
 	if err != nil {
 		return nil, err
 	}
@@ -198,6 +209,7 @@ func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*chil
 		assigned    atomic.Int64
 		span        interval
 		latencies   latencyRecorder
+		fetchLat    latencyRecorder
 		stdinClosed = make(chan struct{})
 	)
 	target.Store(int64(spec.Messages))
@@ -241,17 +253,19 @@ func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*chil
 		Pool:    pool,
 		Store:   store,
 		Logger:  slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		// IDFunc reads the message-id header as IDHeader would; it is called
-		// once per fetched message, which is what the clocks need.
+		// IDFunc reads the message-id header as IDHeader would; the runner
+		// calls it when a message is fetched (on the prefetch goroutine),
+		// which starts the measured interval.
 		IDFunc: func(m *kafka.Message) (string, error) {
-			now := time.Now()
 			span.mu.Lock()
 			if span.start.IsZero() {
-				span.start = now
+				span.start = time.Now()
 				meter.begin()
 			}
 			span.mu.Unlock()
-			clock.fetched(m.Partition, now)
+			if steady {
+				fetchLat.addOne(time.Now(), m.Headers)
+			}
 			for _, h := range m.Headers {
 				if h.Key == consumer.IDHeaderDefault {
 					return string(h.Value), nil
@@ -291,7 +305,7 @@ func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*chil
 	}
 	if sc.batchHandler {
 		cfg.BatchHandler = consumer.BatchHandlerFunc(func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
-			clock.handlerStarted(msgs[0].Partition, time.Now())
+			clock.handlerStarted(msgs[0].Partition, time.Now(), tracer.beginOf(tx.Conn()))
 			effects := make([]effect, len(msgs))
 			for i, m := range msgs {
 				e, err := messageEffect(m)
@@ -304,7 +318,7 @@ func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*chil
 		})
 	} else {
 		cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-			clock.handlerStarted(m.Partition, time.Now())
+			clock.handlerStarted(m.Partition, time.Now(), tracer.beginOf(tx.Conn()))
 			e, err := messageEffect(m)
 			if err != nil {
 				return err
@@ -329,14 +343,15 @@ func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*chil
 	<-stdinClosed
 	seg, txs, _ := clock.sum()
 	return &childResult{
-		Done:       done.Load(),
-		Duplicates: dups.Load(),
-		Elapsed:    end.Sub(start),
-		Txs:        txs,
-		Segments:   seg,
-		CPU:        meter.result(),
-		Latency:    latencies.stats(),
-		LastEffect: end,
+		Done:         done.Load(),
+		Duplicates:   dups.Load(),
+		Elapsed:      end.Sub(start),
+		Txs:          txs,
+		Segments:     seg,
+		CPU:          meter.result(),
+		Latency:      latencies.stats(),
+		FetchLatency: fetchLat.stats(),
+		LastEffect:   end,
 	}, nil
 }
 
@@ -356,16 +371,20 @@ type latencyRecorder struct {
 }
 
 func (l *latencyRecorder) add(now time.Time, msgs []*consumer.Message) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	for _, m := range msgs {
-		for _, h := range m.Headers {
-			if h.Key != producedAtHeader {
-				continue
-			}
-			if ns, err := strconv.ParseInt(string(h.Value), 10, 64); err == nil {
-				l.samples = append(l.samples, now.Sub(time.Unix(0, ns)))
-			}
+		l.addOne(now, m.Headers)
+	}
+}
+
+func (l *latencyRecorder) addOne(now time.Time, headers []kafka.Header) {
+	for _, h := range headers {
+		if h.Key != producedAtHeader {
+			continue
+		}
+		if ns, err := strconv.ParseInt(string(h.Value), 10, 64); err == nil {
+			l.mu.Lock()
+			l.samples = append(l.samples, now.Sub(time.Unix(0, ns)))
+			l.mu.Unlock()
 		}
 	}
 }
@@ -398,7 +417,7 @@ type pgMessage struct {
 // (IDs, accounts, partitions) as the backlog, one worker per partition, the
 // same claim statements (dedup.Store), the same upserts and the same batching.
 func runPGChild(ctx context.Context, spec *childSpec, sc *scenario) (*childResult, error) {
-	pool, backends, err := openPool(ctx, spec)
+	pool, backends, err := openPool(ctx, spec, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -408,6 +427,9 @@ func runPGChild(ctx context.Context, spec *childSpec, sc *scenario) (*childResul
 		return nil, err
 	}
 	table := pgx.Identifier{spec.Schema, "accounts"}.Sanitize()
+	minimalClaim := `INSERT INTO ` + pgx.Identifier{spec.Schema, "processed_messages"}.Sanitize() +
+		` (consumer, message_id, topic, kafka_partition, kafka_offset) VALUES ($1, $2, $3, $4, $5)
+	ON CONFLICT DO NOTHING`
 	parts := make([][]pgMessage, spec.Partitions)
 	for i := range spec.Messages {
 		a := accountOf(i, spec.Accounts)
@@ -416,7 +438,7 @@ func runPGChild(ctx context.Context, spec *childSpec, sc *scenario) (*childResul
 			effect: effect{account: accountKey(a), amount: amountOf(i)}})
 	}
 	size := spec.Batch
-	if sc.pg == pgPerMessage {
+	if sc.pg == pgPerMessage || sc.pg == pgMinimal {
 		size = 1
 	}
 	clock := newWorkerClock(spec.Partitions)
@@ -429,7 +451,7 @@ func runPGChild(ctx context.Context, spec *childSpec, sc *scenario) (*childResul
 	meter.begin()
 	var wg sync.WaitGroup
 	for p, msgs := range parts {
-		w := &pgWorker{pool: pool, store: store, table: table, mode: sc.pg, consumer: spec.Group,
+		w := &pgWorker{pool: pool, store: store, table: table, minimalClaim: minimalClaim, mode: sc.pg, consumer: spec.Group,
 			topic: spec.Topic, partition: p, clock: clock}
 		wg.Go(func() {
 			if err := w.run(ctx, msgs, size); err != nil {
@@ -450,14 +472,15 @@ func runPGChild(ctx context.Context, spec *childSpec, sc *scenario) (*childResul
 }
 
 type pgWorker struct {
-	pool      *pgxpool.Pool
-	store     *dedup.Store
-	table     string
-	mode      pgMode
-	consumer  string
-	topic     string
-	partition int
-	clock     *workerClock
+	pool         *pgxpool.Pool
+	store        *dedup.Store
+	table        string
+	minimalClaim string // the Watermill peer's claim: no position
+	mode         pgMode
+	consumer     string
+	topic        string
+	partition    int
+	clock        *workerClock
 }
 
 func (w *pgWorker) run(ctx context.Context, msgs []pgMessage, size int) error {
@@ -483,7 +506,17 @@ func (w *pgWorker) tx(ctx context.Context, msgs []pgMessage) (err error) {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
-	if w.mode == pgPerMessage {
+	switch w.mode {
+	case pgMinimal:
+		m := msgs[0]
+		tag, err := tx.Exec(ctx, w.minimalClaim, w.consumer, m.id, w.topic, w.partition, m.offset)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return fmt.Errorf("message %s claimed twice", m.id)
+		}
+	case pgPerMessage:
 		m := msgs[0]
 		dup, err := w.store.ClaimWithPositionTx(ctx, tx, dedup.Claim{Consumer: w.consumer, MessageID: m.id,
 			Topic: w.topic, Partition: w.partition, Offset: m.offset})
@@ -493,7 +526,7 @@ func (w *pgWorker) tx(ctx context.Context, msgs []pgMessage) (err error) {
 		if dup {
 			return fmt.Errorf("message %s claimed twice", m.id)
 		}
-	} else {
+	default:
 		claims := make([]dedup.Claim, len(msgs))
 		for i, m := range msgs {
 			claims[i] = dedup.Claim{Consumer: w.consumer, MessageID: m.id, Topic: w.topic,
@@ -509,7 +542,7 @@ func (w *pgWorker) tx(ctx context.Context, msgs []pgMessage) (err error) {
 	}
 	t1 := time.Now()
 	switch w.mode {
-	case pgPerMessage, pgBatchedEach:
+	case pgPerMessage, pgMinimal, pgBatchedEach:
 		for _, m := range msgs {
 			if err := upsertOne(ctx, tx, w.table, m.effect); err != nil {
 				return err

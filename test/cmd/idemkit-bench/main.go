@@ -1,11 +1,12 @@
-// Command idemkit-bench is the end-to-end benchmark of issue 3: a backlog of
-// messages on a multi-partition topic, consumed by idemkit's runner into
-// PostgreSQL (dedup claim + one business upsert per message), in three modes
-// (per-message transactions; batched with the per-message handler; batched
-// with a set-based batch handler), compared in one run with the same claim +
-// upsert SQL run against PostgreSQL alone, with the same batching and no
-// Kafka nor framework. A steady-rate phase then measures the latency from
-// produce to effect commit.
+// Command idemkit-bench is the end-to-end benchmark of issues 3 and 11: a
+// backlog of messages on a multi-partition topic, consumed by idemkit's
+// runner into PostgreSQL (dedup claim + one business upsert per message), in
+// four modes (default settings; one transaction per message; batched with the
+// per-message handler; batched with a set-based batch handler), next to a
+// Watermill peer doing the same effect (test/peers/watermill, its own module)
+// and to the same SQL run against PostgreSQL alone, with the same batching and
+// no Kafka nor framework. A steady-rate phase then measures the latency from
+// produce to effect commit of every mode at several rates.
 //
 // It runs against the servers the tests use (IDEMKIT_TEST_DATABASE_URL,
 // IDEMKIT_TEST_KAFKA_BROKERS); scripts/bench starts the development servers
@@ -25,6 +26,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -46,8 +48,9 @@ type options struct {
 	partitions int
 	batch      int
 	accounts   int
-	rate       int
+	rates      []int
 	steady     time.Duration
+	watermill  string
 	timeout    time.Duration
 	scenarios  []string
 	jsonPath   string
@@ -57,16 +60,18 @@ type options struct {
 
 func parseFlags() (*options, error) {
 	o := &options{}
-	var list string
+	var list, rates string
 	fs := flag.NewFlagSet("idemkit-bench", flag.ContinueOnError)
 	fs.IntVar(&o.messages, "messages", 100_000, "messages in the backlog (and synthesized for the PostgreSQL-alone scenarios)")
 	fs.IntVar(&o.partitions, "partitions", 6, "topic partitions; also the PostgreSQL-alone workers and each process's pool size")
 	fs.IntVar(&o.batch, "batch", 500, "messages per transaction in the batched scenarios (consumer.Config.BatchSize)")
 	fs.IntVar(&o.accounts, "accounts", 1000, "distinct business rows (message keys) the messages update")
-	fs.IntVar(&o.rate, "rate", 2000, "messages per second produced in the steady-rate phase")
-	fs.DurationVar(&o.steady, "steady", 20*time.Second, "duration of the steady-rate phase")
+	fs.StringVar(&rates, "rates", "1000,2000,5000", "comma-separated rates (msgs/s) of the steady-rate phase; every steady scenario runs at each")
+	fs.DurationVar(&o.steady, "steady", 20*time.Second, "duration of one steady-rate run")
+	fs.StringVar(&o.watermill, "watermill", "", "the Watermill peer's binary; by default it is built from test/peers/watermill")
 	fs.DurationVar(&o.timeout, "timeout", 20*time.Minute, "longest a single scenario may take")
-	fs.StringVar(&list, "scenarios", "all", "comma-separated scenarios to run: "+strings.Join(scenarioNames(), ", "))
+	fs.StringVar(&list, "scenarios", "all", "comma-separated scenarios to run (\"steady\": every steady-* one): "+
+		strings.Join(scenarioNames(), ", "))
 	fs.StringVar(&o.jsonPath, "json", "", "also write the results as JSON to this file")
 	fs.IntVar(&o.repeat, "repeat", 3, "rounds of every selected scenario (interleaved); figures are each scenario's median round")
 	fs.StringVar(&o.profileDir, "cpuprofile", "", "write each scenario's CPU profile to DIR/SCENARIO.cpu.prof")
@@ -92,12 +97,23 @@ func parseFlags() (*options, error) {
 		return nil, fmt.Errorf("-batch %d < 2: the batched scenarios need batches", o.batch)
 	case o.accounts < 1:
 		return nil, fmt.Errorf("-accounts %d < 1", o.accounts)
-	case o.rate < 1:
-		return nil, fmt.Errorf("-rate %d < 1", o.rate)
 	case o.steady <= 0:
 		return nil, fmt.Errorf("-steady %s <= 0", o.steady)
 	case o.timeout <= 0:
 		return nil, fmt.Errorf("-timeout %s <= 0", o.timeout)
+	}
+	for _, v := range strings.Split(rates, ",") {
+		if v = strings.TrimSpace(v); v == "" {
+			continue
+		}
+		r, err := strconv.Atoi(v)
+		if err != nil || r < 1 {
+			return nil, fmt.Errorf("-rates: %q is not a positive rate", v)
+		}
+		o.rates = append(o.rates, r)
+	}
+	if len(o.rates) == 0 {
+		return nil, fmt.Errorf("-rates: none given")
 	}
 	for _, s := range strings.Split(list, ",") {
 		s = strings.TrimSpace(s)
@@ -105,6 +121,12 @@ func parseFlags() (*options, error) {
 		case s == "":
 		case s == "all":
 			o.scenarios = append(o.scenarios, scenarioNames()...)
+		case s == "steady": // every steady-rate scenario
+			for _, sc := range scenarios {
+				if sc.kind == kindSteady {
+					o.scenarios = append(o.scenarios, sc.name)
+				}
+			}
 		case findScenario(s) == nil:
 			return nil, fmt.Errorf("-scenarios: unknown scenario %q (known: %s)", s, strings.Join(scenarioNames(), ", "))
 		default:
@@ -141,7 +163,8 @@ type kind int
 const (
 	kindConsumer kind = iota + 1 // the runner over a backlog on Kafka
 	kindPG                       // the same SQL on PostgreSQL alone
-	kindSteady                   // the runner at a steady produce rate
+	kindPeer                     // the Watermill peer over a backlog on Kafka
+	kindSteady                   // the runner (or the peer) at steady produce rates
 )
 
 // pgMode is how a PostgreSQL-alone scenario writes one transaction.
@@ -153,6 +176,7 @@ const (
 	pgBatchedSavepoint                         // as pgBatchedEach with SAVEPOINT/RELEASE around each upsert
 	pgBatchedSavepointMerged                   // the same with each RELEASE sent with the next SAVEPOINT
 	pgBatchedSet                               // BEGIN, claim batch, one set-based upsert, COMMIT
+	pgMinimal                                  // BEGIN, claim one without position, upsert one, COMMIT (the peer's SQL)
 )
 
 // scenario is one measured configuration.
@@ -163,6 +187,7 @@ type scenario struct {
 	batched      bool   // BatchSize = -batch (consumer)
 	batchHandler bool   // BatchHandler with a set-based upsert (consumer)
 	defaults     bool   // consumer.Config as it comes: adaptive batches, per-message handler
+	peer         bool   // the Watermill peer instead of idemkit's runner
 	pg           pgMode // PostgreSQL alone
 	base         string // the per-message scenario of the same kind, for "× per-message"
 	pgAlone      string // the PostgreSQL-alone scenario with the same SQL and batching
@@ -172,13 +197,17 @@ type scenario struct {
 // PostgreSQL-alone counterpart, so that a drift in the machine's load hits
 // both alike.
 var scenarios = []scenario{
-	{name: "default", title: "consumer: default settings (adaptive batches, per-message handler)", kind: kindConsumer,
+	{name: "default", title: "consumer: default settings (only the required fields set)", kind: kindConsumer,
 		defaults: true, base: "per-message", pgAlone: "pg-batched-each"},
-	{name: "per-message", title: "consumer: per-message transactions", kind: kindConsumer,
+	{name: "per-message", title: "consumer: BatchSize 1 (one transaction per message)", kind: kindConsumer,
 		base: "per-message", pgAlone: "pg-per-message"},
 	{name: "pg-per-message", title: "PG alone: per-message transactions", kind: kindPG, pg: pgPerMessage,
 		base: "pg-per-message"},
-	{name: "batched", title: "consumer: batched, per-message handler", kind: kindConsumer, batched: true,
+	{name: "watermill", title: "Watermill peer: router + watermill-kafka, one transaction per message", kind: kindPeer,
+		peer: true, base: "per-message", pgAlone: "pg-minimal"},
+	{name: "pg-minimal", title: "PG alone: per-message transactions, claim without position (the peer's SQL)",
+		kind: kindPG, pg: pgMinimal, base: "pg-per-message"},
+	{name: "batched", title: "consumer: BatchSize 500, per-message handler", kind: kindConsumer, batched: true,
 		base: "per-message", pgAlone: "pg-batched-each"},
 	{name: "pg-batched-each", title: "PG alone: batched claim, upsert per message", kind: kindPG, pg: pgBatchedEach,
 		base: "pg-per-message"},
@@ -186,12 +215,17 @@ var scenarios = []scenario{
 		kind: kindPG, pg: pgBatchedSavepoint, base: "pg-per-message"},
 	{name: "pg-batched-savepoint-merged", title: "PG alone: batched claim, SAVEPOINT + upsert per message, " +
 		"RELEASE sent with the next SAVEPOINT", kind: kindPG, pg: pgBatchedSavepointMerged, base: "pg-per-message"},
-	{name: "batch-handler", title: "consumer: batched, batch handler (set-based upsert)", kind: kindConsumer,
+	{name: "batch-handler", title: "consumer: BatchSize 500, batch handler (set-based upsert)", kind: kindConsumer,
 		batched: true, batchHandler: true, base: "per-message", pgAlone: "pg-batched"},
 	{name: "pg-batched", title: "PG alone: batched claim, set-based upsert", kind: kindPG, pg: pgBatchedSet,
 		base: "pg-per-message"},
-	{name: "steady", title: "consumer: steady rate, batched, batch handler", kind: kindSteady,
-		batched: true, batchHandler: true},
+	// Steady rates: each runs once per -rates value, after the throughput rounds.
+	{name: "steady-default", title: "default settings", kind: kindSteady, defaults: true},
+	{name: "steady-per-message", title: "BatchSize 1", kind: kindSteady},
+	{name: "steady-batched", title: "BatchSize 500, per-message handler", kind: kindSteady, batched: true},
+	{name: "steady-batch-handler", title: "BatchSize 500, batch handler", kind: kindSteady, batched: true,
+		batchHandler: true},
+	{name: "steady-watermill", title: "Watermill peer", kind: kindSteady, peer: true},
 }
 
 func scenarioNames() []string {

@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -9,6 +11,9 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // clockTick is USER_HZ, the unit of /proc CPU times (100 on Linux).
@@ -161,36 +166,47 @@ func findKafkaPID() int {
 }
 
 // segments split the time of the partition workers (summed over workers):
-// waiting for and fetching messages; lingering for a batch to fill, BEGIN and
-// the dedup claim; the handler's statements; COMMIT.
+// waiting for messages (from a transaction's commit to the next BEGIN:
+// fetching, or idle under a steady rate); BEGIN and the dedup claim; the
+// handler's statements; COMMIT. Unsplit is the wait plus BEGIN + claim of
+// transactions whose BEGIN the tracer did not see.
 type segments struct {
-	Fetch  time.Duration `json:"fetch_ns"`
-	Claim  time.Duration `json:"begin_claim_ns"`
-	Handle time.Duration `json:"handler_ns"`
-	Commit time.Duration `json:"commit_ns"`
+	Wait    time.Duration `json:"wait_ns"`
+	Claim   time.Duration `json:"begin_claim_ns"`
+	Handle  time.Duration `json:"handler_ns"`
+	Commit  time.Duration `json:"commit_ns"`
+	Unsplit time.Duration `json:"unsplit_ns"`
 }
 
 func (s *segments) add(o segments) {
-	s.Fetch += o.Fetch
+	s.Wait += o.Wait
 	s.Claim += o.Claim
 	s.Handle += o.Handle
 	s.Commit += o.Commit
+	s.Unsplit += o.Unsplit
 }
 
-func (s segments) total() time.Duration { return s.Fetch + s.Claim + s.Handle + s.Commit }
+func (s segments) total() time.Duration { return s.Wait + s.Claim + s.Handle + s.Commit + s.Unsplit }
 
 // workerClock follows each partition worker of the runner through its
-// transactions, from the runner's hooks: IDFunc (a message was fetched), the
-// handler (its first call in a transaction), BeforeCommit and AfterCommit.
-// All of them run on the partition's goroutine.
+// transactions, from hooks that run on the partition worker's goroutine: the
+// handler (its first call in a transaction), BeforeCommit and AfterCommit,
+// and from the pool's tracer, which sees the BEGIN of the transaction on the
+// connection the handler gets.
+//
+// The IDFunc is not a clock of the worker: the runner calls it when a message
+// is fetched, on the partition's prefetch goroutine, which runs ahead of the
+// worker (it fetches the next messages while a transaction runs). Timing the
+// worker's "fetch" from it, as this bench once did, gave negative fetch
+// times whenever messages had been fetched before the previous commit.
 type workerClock struct {
 	parts []partClock
 }
 
 type partClock struct {
 	mu           sync.Mutex
-	lastDone     time.Time // the previous AfterCommit, or the first fetch
-	lastFetch    time.Time
+	lastDone     time.Time // the previous AfterCommit
+	begun        time.Time // BEGIN of the open transaction, as the tracer saw it
 	handlerStart time.Time
 	beforeCommit time.Time
 	seg          segments
@@ -208,22 +224,13 @@ func (c *workerClock) part(p int) *partClock {
 	return &c.parts[p]
 }
 
-func (c *workerClock) fetched(p int, now time.Time) {
-	if pc := c.part(p); pc != nil {
-		pc.mu.Lock()
-		pc.lastFetch = now
-		if pc.lastDone.IsZero() {
-			pc.lastDone = now
-		}
-		pc.mu.Unlock()
-	}
-}
-
-func (c *workerClock) handlerStarted(p int, now time.Time) {
+// handlerStarted records the first handler call of a transaction, and when
+// that transaction's BEGIN was sent (zero: unknown).
+func (c *workerClock) handlerStarted(p int, now, begun time.Time) {
 	if pc := c.part(p); pc != nil {
 		pc.mu.Lock()
 		if pc.handlerStart.IsZero() {
-			pc.handlerStart = now
+			pc.handlerStart, pc.begun = now, begun
 		}
 		pc.mu.Unlock()
 	}
@@ -244,18 +251,27 @@ func (c *workerClock) afterCommit(p, n int, now time.Time) {
 	}
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
-	if pc.lastFetch.IsZero() || pc.beforeCommit.IsZero() {
-		return
+	prev := pc.lastDone
+	pc.lastDone = now
+	hs, begun := pc.handlerStart, pc.begun
+	pc.handlerStart, pc.begun = time.Time{}, time.Time{}
+	if hs.IsZero() || pc.beforeCommit.IsZero() || pc.beforeCommit.Before(hs) {
+		return // every message was a duplicate: no handler call to time from
 	}
-	pc.seg.Fetch += pc.lastFetch.Sub(pc.lastDone)
-	if pc.handlerStart.IsZero() { // every message was a duplicate
-		pc.seg.Claim += pc.beforeCommit.Sub(pc.lastFetch)
-	} else {
-		pc.seg.Claim += pc.handlerStart.Sub(pc.lastFetch)
-		pc.seg.Handle += pc.beforeCommit.Sub(pc.handlerStart)
+	// BEGIN is valid when it falls between the previous commit and the
+	// handler (a stale one belongs to an earlier transaction).
+	valid := !begun.IsZero() && !begun.After(hs) && (prev.IsZero() || !begun.Before(prev))
+	switch {
+	case valid && !prev.IsZero():
+		pc.seg.Wait += begun.Sub(prev)
+		pc.seg.Claim += hs.Sub(begun)
+	case valid: // the partition's first transaction: its wait is the assignment
+		pc.seg.Claim += hs.Sub(begun)
+	case !prev.IsZero():
+		pc.seg.Unsplit += hs.Sub(prev)
 	}
+	pc.seg.Handle += pc.beforeCommit.Sub(hs)
 	pc.seg.Commit += now.Sub(pc.beforeCommit)
-	pc.lastDone, pc.handlerStart = now, time.Time{}
 	pc.txs++
 	pc.msgs += int64(n)
 }
@@ -281,4 +297,152 @@ func (c *workerClock) sum() (seg segments, txs, msgs int64) {
 		pc.mu.Unlock()
 	}
 	return seg, txs, msgs
+}
+
+// beginTracer is the pool's tracer: it records when each connection last
+// sent a BEGIN (alone, or first in a batch).
+type beginTracer struct {
+	mu sync.Mutex
+	at map[*pgx.Conn]time.Time
+}
+
+func newBeginTracer() *beginTracer { return &beginTracer{at: map[*pgx.Conn]time.Time{}} }
+
+func isBegin(sql string) bool {
+	sql = strings.TrimSpace(sql)
+	return len(sql) >= 5 && strings.EqualFold(sql[:5], "begin")
+}
+
+func (t *beginTracer) mark(conn *pgx.Conn) {
+	now := time.Now()
+	t.mu.Lock()
+	t.at[conn] = now
+	t.mu.Unlock()
+}
+
+// beginOf returns when conn last sent a BEGIN, or zero.
+func (t *beginTracer) beginOf(conn *pgx.Conn) time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.at[conn]
+}
+
+func (t *beginTracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if isBegin(data.SQL) {
+		t.mark(conn)
+	}
+	return ctx
+}
+
+func (t *beginTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (t *beginTracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
+	if data.Batch != nil && len(data.Batch.QueuedQueries) > 0 && isBegin(data.Batch.QueuedQueries[0].SQL) {
+		t.mark(conn)
+	}
+	return ctx
+}
+
+func (t *beginTracer) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+
+func (t *beginTracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// walUsage is the WAL a scenario wrote. Scope "own" counts the records of
+// the scenario's own transactions (those that touched its schema's tables,
+// with their commit records), read with pg_walinspect; scope "cluster" is
+// the whole server's WAL meanwhile, other clients' included.
+type walUsage struct {
+	Bytes         int64   `json:"bytes"`
+	Records       int64   `json:"records"`
+	BytesPerMsg   float64 `json:"bytes_per_msg"`
+	RecordsPerMsg float64 `json:"records_per_msg"`
+	Scope         string  `json:"scope"`
+}
+
+// walMeter measures WAL around a scenario.
+type walMeter struct {
+	fn      string // qualified pg_get_wal_records_info; "" without pg_walinspect
+	created string // the schema this run created the extension in
+}
+
+// setup finds pg_walinspect, or creates it in a schema of this run (dropped
+// with the extension at cleanup); without it WAL is measured cluster-wide.
+func (w *walMeter) setup(ctx context.Context, admin *pgxpool.Pool, schema string) {
+	var ns string
+	err := admin.QueryRow(ctx, `SELECT extnamespace::regnamespace::text FROM pg_extension WHERE extname = 'pg_walinspect'`).Scan(&ns)
+	if errors.Is(err, pgx.ErrNoRows) {
+		q := pgx.Identifier{schema}.Sanitize()
+		if _, err = admin.Exec(ctx, `CREATE SCHEMA `+q); err == nil {
+			w.created = schema
+			if _, err = admin.Exec(ctx, `CREATE EXTENSION pg_walinspect SCHEMA `+q); err == nil {
+				ns = q
+			}
+		}
+	}
+	if err != nil {
+		progress("pg_walinspect unavailable (%v): WAL is measured for the whole server", err)
+		return
+	}
+	w.fn = ns + ".pg_get_wal_records_info"
+}
+
+func (w *walMeter) scope() string {
+	if w.fn == "" {
+		return "cluster"
+	}
+	return "own"
+}
+
+func (w *walMeter) cleanup(ctx context.Context, admin *pgxpool.Pool) {
+	if w.created != "" {
+		if _, err := admin.Exec(ctx, `DROP SCHEMA `+pgx.Identifier{w.created}.Sanitize()+` CASCADE`); err != nil {
+			progress("cleanup: drop schema %s: %v", w.created, err)
+		}
+	}
+}
+
+// begin returns the WAL position before a scenario ("" if unknown).
+func (w *walMeter) begin(ctx context.Context, admin *pgxpool.Pool) string {
+	var lsn string
+	if err := admin.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&lsn); err != nil {
+		progress("WAL position: %v", err)
+		return ""
+	}
+	return lsn
+}
+
+// end measures the WAL written since start by the transactions that touched
+// schema's tables, per message of n.
+func (w *walMeter) end(ctx context.Context, admin *pgxpool.Pool, start, schema string, n int64) *walUsage {
+	if start == "" || n <= 0 {
+		return nil
+	}
+	var end string
+	if err := admin.QueryRow(ctx, `SELECT pg_current_wal_flush_lsn()::text`).Scan(&end); err != nil {
+		progress("WAL position: %v", err)
+		return nil
+	}
+	u := &walUsage{Scope: w.scope()}
+	var err error
+	if w.fn == "" {
+		err = admin.QueryRow(ctx, `SELECT pg_wal_lsn_diff($2::pg_lsn, $1::pg_lsn)::bigint`, start, end).Scan(&u.Bytes)
+	} else {
+		var nodes string
+		err = admin.QueryRow(ctx, `SELECT string_agg(pg_relation_filenode(c.oid)::text, '|')
+			FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+			WHERE n.nspname = $1 AND c.relkind IN ('r', 'i', 't')`, schema).Scan(&nodes)
+		if err == nil {
+			err = admin.QueryRow(ctx, `WITH r AS (
+				SELECT xid::text::bigint AS xid, record_length, block_ref FROM `+w.fn+`($1::pg_lsn, $2::pg_lsn)),
+			x AS (SELECT DISTINCT xid FROM r WHERE xid <> 0 AND block_ref ~ $3)
+			SELECT coalesce(sum(record_length), 0)::bigint, count(*) FROM r WHERE xid IN (SELECT xid FROM x)`,
+				start, end, `rel \d+/\d+/(`+nodes+`)\M`).Scan(&u.Bytes, &u.Records)
+		}
+	}
+	if err != nil {
+		progress("WAL of %s: %v", schema, err)
+		return nil
+	}
+	u.BytesPerMsg, u.RecordsPerMsg = float64(u.Bytes)/float64(n), float64(u.Records)/float64(n)
+	return u
 }

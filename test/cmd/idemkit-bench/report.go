@@ -6,18 +6,25 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/idemkit/idemkit/consumer"
 )
 
-// Targets of issue 3, as ratios measured in one run.
+// Targets of issues 3 and 11, as ratios measured in one run.
 const (
 	targetBatchedVsPerMessage      = 8.0  // batched + per-message handler ≥ 8× per-message transactions
 	targetBatchHandlerVsPerMessage = 25.0 // batched + batch handler ≥ 25× per-message transactions
-	targetBatchHandlerVsPG         = 0.70 // batched + batch handler ≥ 70% of PostgreSQL alone
+	targetBatchHandlerVsPG         = 0.70 // batched + batch handler ≥ 70% of PostgreSQL alone (issue 3)
 	targetPeakRSSMiB               = 64.0 // consumer peak RSS ≤ 64 MiB
+
+	targetPerMessageVsPG        = 0.95 // one transaction per message ≥ 95% of PostgreSQL alone, same statements
+	targetPerMessageVsWatermill = 1.2  // one transaction per message ≥ 1.2× the Watermill peer
+	targetBatchHandlerVsPG11    = 0.80 // batch handler ≥ 80% of PostgreSQL alone (issue 11)
+	targetSteadyP99Ms           = 50.0 // produce→commit p99 < 50 ms at a steady 2,000 msgs/s, every mode
+	targetSteadyRate            = 2000
 )
 
 type report struct {
@@ -27,8 +34,10 @@ type report struct {
 	pgVersion, pgFsync, pgSyncCommit, pgSharedBuffers string
 	kafkaLocal                                        bool
 	backlogSeconds                                    float64
+	walScope                                          string
 
-	results []*result
+	results []*result // throughput scenarios, each its median round
+	steady  []*result // steady-rate runs, in run order
 }
 
 func (r *report) find(name string) *result {
@@ -68,18 +77,39 @@ func (r *report) targets() []target {
 		return t
 	}
 	out := []target{
-		ratio("batched + per-message handler vs per-message transactions", "≥ 8×",
+		ratio("(3) batched + per-message handler vs per-message transactions", "≥ 8×",
 			"batched", "per-message", targetBatchedVsPerMessage, false),
-		ratio("batched + batch handler vs per-message transactions", "≥ 25×",
+		ratio("(3) batched + batch handler vs per-message transactions", "≥ 25×",
 			"batch-handler", "per-message", targetBatchHandlerVsPerMessage, false),
-		ratio("batched + batch handler vs PostgreSQL alone, same SQL and batching", "≥ 70%",
+		ratio("(3) batched + batch handler vs PostgreSQL alone, same SQL and batching", "≥ 70%",
 			"batch-handler", "pg-batched", targetBatchHandlerVsPG, true),
+		ratio("(11) BatchSize 1 vs PostgreSQL alone doing the same statements", "≥ 95%",
+			"per-message", "pg-per-message", targetPerMessageVsPG, true),
+		ratio("(11) BatchSize 1 vs the Watermill peer", "≥ 1.2×",
+			"per-message", "watermill", targetPerMessageVsWatermill, false),
+		ratio("(11) batch handler vs PostgreSQL alone, same SQL and batching", "≥ 80%",
+			"batch-handler", "pg-batched", targetBatchHandlerVsPG11, true),
+	}
+	for _, x := range r.steady {
+		if x.Steady == nil || x.Steady.TargetRate != targetSteadyRate {
+			continue
+		}
+		sc := findScenario(x.Scenario)
+		s := x.Steady
+		t := target{Name: fmt.Sprintf("(11) produce→commit p99 at a steady %d msgs/s: %s", targetSteadyRate, sc.title),
+			Want: fmt.Sprintf("< %.0f ms", targetSteadyP99Ms), Value: s.P99Ms, Measured: true,
+			Pass: s.P99Ms < targetSteadyP99Ms && s.KeptUp}
+		t.Got = fmt.Sprintf("%.1f ms", s.P99Ms)
+		if !s.KeptUp {
+			t.Got += " (did not keep up)"
+		}
+		out = append(out, t)
 	}
 	rss := target{Name: "consumer peak RSS (largest of the consumer runs)", Want: "≤ 64 MiB",
 		Got: "n/a (no consumer scenario ran)"}
 	var worst *result
 	for _, x := range r.results {
-		if s := findScenario(x.Scenario); s.kind != kindPG && (worst == nil || x.PeakRSSMiB > worst.PeakRSSMiB) {
+		if s := findScenario(x.Scenario); s.kind == kindConsumer && (worst == nil || x.PeakRSSMiB > worst.PeakRSSMiB) {
 			worst = x
 		}
 	}
@@ -111,14 +141,26 @@ func (r *report) print(w io.Writer) {
 		p("- backlog produced in %.1fs (%.0f msgs/s)\n", r.backlogSeconds, float64(o.messages)/r.backlogSeconds)
 	}
 
+	p("- WAL per message: %s\n", map[string]string{
+		"own":     "the records of the scenario's own transactions (pg_walinspect: every record of a transaction that touched its schema, commit records included), after a CHECKPOINT",
+		"cluster": "the whole server's WAL during the scenario (pg_walinspect unavailable), other clients' included",
+		"":        "not measured"}[r.walScope])
+	p("- Watermill peer (test/peers/watermill): Watermill v1.5.1 router (Recoverer middleware), watermill-kafka v3.0.6 " +
+		"subscriber (IBM/sarama v1.43.3, protocol V3_6_0_0, oldest offset for a new group, offsets marked on ack and " +
+		"auto-committed every 1s), one pgx transaction per message: claim (INSERT … ON CONFLICT DO NOTHING, no position) + upsert\n")
+
 	if len(r.results) > 0 {
-		p("\n| scenario | msgs/s (median) | rounds | × per-message | %% of PG-alone | peak RSS MiB | msgs/tx | CPU cores: client / PG backends / Kafka / machine |\n")
-		p("| --- | ---: | --- | ---: | ---: | ---: | ---: | --- |\n")
+		wm := r.find("watermill")
+		p("\n| scenario | msgs/s (median) | rounds | × per-message | × Watermill peer | %% of PG-alone, same SQL | client CPU-s / 100k msgs | PG backends CPU-s / 100k msgs | peak RSS MiB | WAL B / msg | WAL records / msg | msgs/tx | CPU cores: client / PG backends / Kafka / machine |\n")
+		p("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
 		for _, x := range r.results {
 			sc := findScenario(x.Scenario)
-			times, pct := "", ""
+			times, pct, vsWM := "", "", ""
 			if base := r.find(sc.base); base != nil && base.Rate > 0 {
-				times = fmt.Sprintf("%.1f×", x.Rate/base.Rate)
+				times = fmt.Sprintf("%.2f×", x.Rate/base.Rate)
+			}
+			if wm != nil && wm.Rate > 0 {
+				vsWM = fmt.Sprintf("%.2f×", x.Rate/wm.Rate)
 			}
 			if pg := r.find(sc.pgAlone); pg != nil && pg.Rate > 0 {
 				pct = fmt.Sprintf("%.0f%%", 100*x.Rate/pg.Rate)
@@ -127,17 +169,42 @@ func (r *report) print(w io.Writer) {
 			for i, v := range x.Rounds {
 				rounds[i] = fmt.Sprintf("%.0f", v)
 			}
-			p("| %s (`%s`) | %.0f | %s | %s | %s | %.1f | %.1f | %s |\n", sc.title, sc.name, x.Rate,
-				strings.Join(rounds, " / "), times, pct, x.PeakRSSMiB, float64(x.Messages)/float64(max(x.Txs, 1)), cores(x))
+			per100k := func(v float64, ok bool) string {
+				if !ok || x.Messages == 0 {
+					return "?"
+				}
+				return fmt.Sprintf("%.2f", v*1e5/float64(x.Messages))
+			}
+			walB, walR := "?", "?"
+			if x.WAL != nil {
+				walB = fmt.Sprintf("%.0f", x.WAL.BytesPerMsg)
+				if x.WAL.Scope == "own" {
+					walR = fmt.Sprintf("%.1f", x.WAL.RecordsPerMsg)
+				}
+			}
+			p("| %s (`%s`) | %.0f | %s | %s | %s | %s | %s | %s | %.1f | %s | %s | %.1f | %s |\n", sc.title, sc.name, x.Rate,
+				strings.Join(rounds, " / "), times, vsWM, pct, per100k(x.CPU.Self, true),
+				per100k(x.CPU.Postgres, x.CPU.PostgresOK), x.PeakRSSMiB, walB, walR,
+				float64(x.Messages)/float64(max(x.Txs, 1)), cores(x))
 		}
-		p("\n× per-message: against `per-message` for consumer rows, against `pg-per-message` for PG-alone rows. " +
+		p("\n× per-message: against `per-message` for consumer rows and the peer, against `pg-per-message` for PG-alone rows. " +
 			"%% of PG-alone: against the PostgreSQL-alone run of the same SQL and batching " +
-			"(`per-message`→`pg-per-message`, `batched`→`pg-batched-each`, `batch-handler`→`pg-batched`). " +
-			"CPU: CPU-seconds per second of the measured interval; PG backends are the child's own connections, " +
+			"(`per-message`→`pg-per-message`, `default` and `batched`→`pg-batched-each`, `batch-handler`→`pg-batched`, " +
+			"`watermill`→`pg-minimal`). CPU-s / 100k msgs: user+sys CPU of the child process (getrusage) and of its " +
+			"PostgreSQL backends (/proc) during the measured interval, per 100,000 messages. Peak RSS: the child's " +
+			"(rusage), the largest of its rounds. CPU cores: CPU-seconds per second of the measured interval; " +
 			"Kafka and machine include whatever else runs on them.\n")
 
 		p("\nWhere the partition workers' time goes (ms per transaction, share of worker time):\n\n")
-		p("| scenario | fetch | linger + BEGIN + claim | handler | COMMIT |\n| --- | ---: | ---: | ---: | ---: |\n")
+		unsplit := false
+		for _, x := range r.results {
+			unsplit = unsplit || x.Segments.Unsplit > 0
+		}
+		if unsplit {
+			p("| scenario | wait for messages | BEGIN + claim | handler | COMMIT | wait + BEGIN + claim, unsplit |\n| --- | ---: | ---: | ---: | ---: | ---: |\n")
+		} else {
+			p("| scenario | wait for messages | BEGIN + claim | handler | COMMIT |\n| --- | ---: | ---: | ---: | ---: |\n")
+		}
 		for _, x := range r.results {
 			s, total := x.Segments, x.Segments.total()
 			if total <= 0 || x.Txs == 0 {
@@ -146,12 +213,20 @@ func (r *report) print(w io.Writer) {
 			cell := func(d time.Duration) string {
 				return fmt.Sprintf("%.2f (%.0f%%)", ms(d)/float64(x.Txs), 100*float64(d)/float64(total))
 			}
-			fetch := cell(s.Fetch)
+			wait := cell(s.Wait)
 			if findScenario(x.Scenario).kind == kindPG {
-				fetch = "—"
+				wait = "—"
 			}
-			p("| `%s` | %s | %s | %s | %s |\n", x.Scenario, fetch, cell(s.Claim), cell(s.Handle), cell(s.Commit))
+			p("| `%s` | %s | %s | %s | %s |", x.Scenario, wait, cell(s.Claim), cell(s.Handle), cell(s.Commit))
+			if unsplit {
+				p(" %s |", cell(s.Unsplit))
+			}
+			p("\n")
 		}
+		p("\nWait for messages: from a transaction's commit to the next BEGIN on the same partition worker " +
+			"(fetching, the runner's own work between transactions, or the broker being behind); BEGIN is seen by a " +
+			"pgx tracer on the child's pool (idemkit) or timed in the handler (the Watermill peer, whose \"wait\" also " +
+			"holds its ack and the router's dispatch; its \"handler\" is the upsert). PostgreSQL-alone workers never wait.\n")
 	}
 
 	if each := r.find("pg-batched-each"); each != nil {
@@ -166,20 +241,9 @@ func (r *report) print(w io.Writer) {
 			}
 		}
 	}
-	if st := r.find("steady"); st != nil && st.Steady != nil {
-		s := st.Steady
-		kept := "kept up"
-		if !s.KeptUp {
-			kept = "did NOT keep up"
-		}
-		p("\nSteady rate (`steady`: batched, batch handler): %d msgs/s asked for %s; produced %d (%.0f msgs/s); "+
-			"produce→commit latency p50 %.1f ms, p99 %.1f ms, max %.1f ms; last effect committed %.0f ms after the "+
-			"last produce returned: %s (≤ %s); peak RSS %.1f MiB.\n",
-			s.TargetRate, o.steady, s.Produced, s.ProducedRate, s.P50Ms, s.P99Ms, s.MaxMs, s.DrainMs, kept,
-			steadyKeptUp, st.PeakRSSMiB)
-	}
+	r.printSteady(p)
 
-	p("\nTargets (issue 3):\n\n| target | wanted | measured | |\n| --- | --- | --- | --- |\n")
+	p("\nTargets (issues 3 and 11):\n\n| target | wanted | measured | |\n| --- | --- | --- | --- |\n")
 	for _, t := range r.targets() {
 		verdict := "—"
 		if t.Measured {
@@ -195,6 +259,77 @@ func (r *report) print(w io.Writer) {
 			p("\nNote: `%s` saw %d duplicates (a redelivery, e.g. after a rebalance); its result was still verified.\n",
 				x.Scenario, x.Duplicates)
 		}
+	}
+}
+
+// printSteady prints the steady-rate latency tables: one line per mode,
+// p50 / p99 at each rate, then the details of every run.
+func (r *report) printSteady(p func(format string, args ...any)) {
+	if len(r.steady) == 0 {
+		return
+	}
+	var modes []string
+	var rates []int
+	cell := map[string]map[int]*result{}
+	for _, x := range r.steady {
+		if x.Steady == nil {
+			continue
+		}
+		if cell[x.Scenario] == nil {
+			cell[x.Scenario] = map[int]*result{}
+			modes = append(modes, x.Scenario)
+		}
+		if !slices.Contains(rates, x.Steady.TargetRate) {
+			rates = append(rates, x.Steady.TargetRate)
+		}
+		cell[x.Scenario][x.Steady.TargetRate] = x
+	}
+	p("\nSteady rates, %s each: produce→commit latency p50 / p99 in ms (produce time stamped by the producer "+
+		"before its write, commit time taken right after the effect's transaction committed: AfterCommit for idemkit, "+
+		"after tx.Commit in the Watermill peer's handler; produce→fetch is taken in idemkit's IDFunc, called as the "+
+		"message is fetched, and at the Watermill handler's entry); \"behind\" marks a run whose last effect committed more than %s "+
+		"after the last produce returned.\n\n", r.o.steady, steadyKeptUp)
+	p("| mode |")
+	for _, rate := range rates {
+		p(" %d msgs/s |", rate)
+	}
+	p("\n| --- |")
+	for range rates {
+		p(" ---: |")
+	}
+	p("\n")
+	for _, m := range modes {
+		p("| %s (`%s`) |", findScenario(m).title, m)
+		for _, rate := range rates {
+			x := cell[m][rate]
+			if x == nil {
+				p(" |")
+				continue
+			}
+			s := x.Steady
+			v := fmt.Sprintf(" %.1f / %.1f", s.P50Ms, s.P99Ms)
+			if !s.KeptUp {
+				v += " (behind)"
+			}
+			p("%s |", v)
+		}
+		p("\n")
+	}
+	p("\n| mode | rate | produced (msgs/s) | p50 ms | p99 ms | max ms | produce→fetch p50 / p99 ms | last effect after last produce | msgs/tx | client CPU-s / 100k msgs | peak RSS MiB | WAL B / msg |\n")
+	p("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, x := range r.steady {
+		s := x.Steady
+		if s == nil {
+			continue
+		}
+		wal := "?"
+		if x.WAL != nil {
+			wal = fmt.Sprintf("%.0f", x.WAL.BytesPerMsg)
+		}
+		p("| `%s` | %d | %d (%.0f) | %.1f | %.1f | %.1f | %.1f / %.1f | %.0f ms | %.1f | %.2f | %.1f | %s |\n", x.Scenario, s.TargetRate,
+			s.Produced, s.ProducedRate, s.P50Ms, s.P99Ms, s.MaxMs, s.FetchP50Ms, s.FetchP99Ms, s.DrainMs,
+			float64(x.Messages)/float64(max(x.Txs, 1)),
+			x.CPU.Self*1e5/float64(max(x.Messages, 1)), x.PeakRSSMiB, wal)
 	}
 }
 
@@ -225,10 +360,13 @@ func (r *report) writeJSON(path string) error {
 		Partitions int       `json:"partitions"`
 		Batch      int       `json:"batch"`
 		Accounts   int       `json:"accounts"`
+		Rates      []int     `json:"steady_rates"`
+		SteadyFor  float64   `json:"steady_s"`
 		Results    []*result `json:"results"`
+		Steady     []*result `json:"steady"`
 		Targets    []target  `json:"targets"`
 	}{time.Now().UTC(), runtime.Version(), runtime.GOMAXPROCS(0), runtime.NumCPU(), r.pgVersion,
-		o.messages, o.partitions, o.batch, o.accounts, r.results, r.targets()}
+		o.messages, o.partitions, o.batch, o.accounts, o.rates, o.steady.Seconds(), r.results, r.steady, r.targets()}
 	b, err := json.MarshalIndent(doc, "", "  ")
 	if err != nil {
 		return err
