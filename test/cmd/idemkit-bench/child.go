@@ -494,15 +494,19 @@ func (w *pgWorker) run(ctx context.Context, msgs []pgMessage, size int) error {
 	return nil
 }
 
-// tx runs one transaction the way the runner does for this mode.
+// tx runs one transaction the way the runner does for this mode: BEGIN and
+// the claim in one round trip (pgx Batch.BeginTx), as the runner sends them;
+// the Watermill peer's SQL (pgMinimal) as the peer sends it, BEGIN alone.
 func (w *pgWorker) tx(ctx context.Context, msgs []pgMessage) (err error) {
 	t0 := time.Now()
-	tx, err := w.pool.Begin(ctx)
-	if err != nil {
-		return err
+	var tx pgx.Tx
+	if w.mode == pgMinimal {
+		if tx, err = w.pool.Begin(ctx); err != nil {
+			return err
+		}
 	}
 	defer func() {
-		if err != nil {
+		if err != nil && tx != nil {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
@@ -516,27 +520,35 @@ func (w *pgWorker) tx(ctx context.Context, msgs []pgMessage) (err error) {
 		if tag.RowsAffected() == 0 {
 			return fmt.Errorf("message %s claimed twice", m.id)
 		}
-	case pgPerMessage:
-		m := msgs[0]
-		dup, err := w.store.ClaimWithPositionTx(ctx, tx, dedup.Claim{Consumer: w.consumer, MessageID: m.id,
-			Topic: w.topic, Partition: w.partition, Offset: m.offset})
-		if err != nil {
-			return err
-		}
-		if dup {
-			return fmt.Errorf("message %s claimed twice", m.id)
-		}
 	default:
-		claims := make([]dedup.Claim, len(msgs))
-		for i, m := range msgs {
-			claims[i] = dedup.Claim{Consumer: w.consumer, MessageID: m.id, Topic: w.topic,
-				Partition: w.partition, Offset: m.offset}
+		b := &pgx.Batch{}
+		b.BeginTx(pgx.TxOptions{})
+		var dups []bool
+		var one bool
+		if w.mode == pgPerMessage {
+			m := msgs[0]
+			err = w.store.QueueClaimWithPosition(b, dedup.Claim{Consumer: w.consumer, MessageID: m.id,
+				Topic: w.topic, Partition: w.partition, Offset: m.offset}, &one)
+		} else {
+			claims := make([]dedup.Claim, len(msgs))
+			for i, m := range msgs {
+				claims[i] = dedup.Claim{Consumer: w.consumer, MessageID: m.id, Topic: w.topic,
+					Partition: w.partition, Offset: m.offset}
+			}
+			err = w.store.QueueClaimBatch(b, claims, &dups)
 		}
-		dup, err := w.store.ClaimBatchTx(ctx, tx, claims)
 		if err != nil {
 			return err
 		}
-		if i := slices.Index(dup, true); i >= 0 {
+		br := w.pool.SendBatch(ctx, b)
+		tx = br.Tx()
+		if err = br.Close(); err != nil {
+			return err
+		}
+		if w.mode == pgPerMessage {
+			dups = []bool{one}
+		}
+		if i := slices.Index(dups, true); i >= 0 {
 			return fmt.Errorf("message %s claimed twice", msgs[i].id)
 		}
 	}
