@@ -31,7 +31,11 @@ const (
 	HeartbeatIntervalDefault = time.Second
 	// MaxBufferedBytesDefault bounds the messages fetched ahead of the
 	// handler, over all partitions (see Config.MaxBufferedBytes).
-	MaxBufferedBytesDefault = 64 << 20
+	MaxBufferedBytesDefault = 16 << 20
+	// MessageOverhead is what one buffered message costs in memory besides
+	// its key, value and headers (the structures that hold it); it counts
+	// against MaxBufferedBytes with them.
+	MessageOverhead = 320
 	// PartitionWatchIntervalDefault is how often the runner looks for
 	// partitions added to its topic.
 	PartitionWatchIntervalDefault = 5 * time.Second
@@ -204,15 +208,17 @@ type Config struct {
 	// does not match the topic (deleted and created again, or data lost on
 	// the broker; see ErrTopicRecreated). Defaults to RecreatedStop.
 	OnRecreated RecreatedPolicy
-	// MaxBufferedBytes bounds the bytes of messages (keys, values, headers)
-	// fetched ahead of the handler, over all assigned partitions: each
+	// MaxBufferedBytes bounds the bytes of messages (keys, values, headers,
+	// and MessageOverhead each) fetched ahead of the handler, over all
+	// assigned partitions: each
 	// partition may buffer MaxBufferedBytes divided by the partitions
 	// assigned, and always at least one message; a fetch asks for half a
 	// partition's share (64 KiB to 4 MiB). The runner's memory for messages
 	// stays below 1.5 × MaxBufferedBytes + assigned partitions × (64 KiB +
 	// 3 × the largest record batch). Fetch sizes count the bytes on the wire:
 	// on a compressed topic a decoded fetch is up to the compression ratio
-	// times larger, so lower MaxBufferedBytes accordingly. Defaults to 64 MiB.
+	// times larger, so lower MaxBufferedBytes accordingly. Defaults to 16 MiB:
+	// tens of thousands of small messages, far more than batches need.
 	MaxBufferedBytes int64
 	// OffsetCommitInterval is the least time between two Kafka offset
 	// commits: positions committed meanwhile go in the next request, so

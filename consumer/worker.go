@@ -294,7 +294,7 @@ func (w *worker) advance(ctx context.Context, next int64) error {
 
 // messageBytes is what a message counts against the buffer budget.
 func messageBytes(m *Message) int64 {
-	n := int64(len(m.Key) + len(m.Value))
+	n := int64(MessageOverhead + len(m.Key) + len(m.Value))
 	for _, h := range m.Headers {
 		n += int64(len(h.Key) + len(h.Value))
 	}
