@@ -64,23 +64,28 @@ func TestSchemaBehindFailsAtStart(t *testing.T) {
 // idemhttp do with ErrNotMigrated), not a raw SQLSTATE 42P01.
 func TestUnmigratedSchemaError(t *testing.T) {
 	t.Parallel()
-	db := testenv.NewDB(t, func(context.Context, *pgxpool.Pool, string) error { return nil })
-	store, err := dedup.New(&dedup.Config{Schema: db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	topic := testenv.NewTopic(t, 1)
-	r, err := consumer.New(&consumer.Config{Brokers: testenv.Brokers(t), Topic: topic, GroupID: testenv.Name(t, "g"),
-		Pool: db.Pool, Store: store,
-		Handler: consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	err = r.Run(ctx)
-	t.Logf("Run: %v", err)
-	if !errors.Is(err, consumer.ErrNotMigrated) || !strings.Contains(strings.ReplaceAll(err.Error(), db.Schema, ""), "migrat") {
-		t.Fatalf("want an error that says to run the migrations")
+	for _, md := range baseModes {
+		t.Run(md.name, func(t *testing.T) {
+			t.Parallel()
+			db := testenv.NewDB(t, func(context.Context, *pgxpool.Pool, string) error { return nil })
+			store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+			if err != nil {
+				t.Fatal(err)
+			}
+			topic := testenv.NewTopic(t, 1)
+			r, err := consumer.New(&consumer.Config{Brokers: testenv.Brokers(t), Topic: topic, GroupID: testenv.Name(t, "g"),
+				Pool: db.Pool, Store: store, BatchSize: md.batch,
+				Handler: consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			err = r.Run(ctx)
+			t.Logf("Run: %v", err)
+			if !errors.Is(err, consumer.ErrNotMigrated) || !strings.Contains(strings.ReplaceAll(err.Error(), db.Schema, ""), "migrat") {
+				t.Fatalf("want an error that says to run the migrations")
+			}
+		})
 	}
 }
