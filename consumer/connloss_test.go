@@ -25,7 +25,7 @@ import (
 // retrying" and no outage was reported.
 func TestHandlerConnectionLossIsNotAnAttempt(t *testing.T) {
 	t.Parallel()
-	for _, md := range []mode{modes[0], modes[3]} {
+	for _, md := range baseModes {
 		t.Run(md.name, func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, 1)

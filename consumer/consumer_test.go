@@ -146,6 +146,12 @@ var modes = []mode{
 	{name: "default"}, // nothing set: adaptive batches of what is already fetched
 }
 
+// baseModes are the two modes every consumer test runs in at least: one
+// transaction per message (BatchSize 1) and what a user who configures
+// nothing gets (adaptive batches of the messages already fetched). Tests
+// about how messages share transactions run in all modes.
+var baseModes = []mode{modes[0], modes[3]}
+
 // outcomes counts what the Outcome hook reports and signals when a total is reached.
 type outcomes struct {
 	mu     sync.Mutex
@@ -367,44 +373,54 @@ func TestMissingID(t *testing.T) {
 
 	t.Run("stops without OnFailure", func(t *testing.T) {
 		t.Parallel()
-		e := newEnv(t, 1)
-		e.produce(msg("a", "k", 1), msg("", "k", 1), msg("b", "k", 1))
-		r, err := consumer.New(e.config(modes[0], nil))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-		defer cancel()
-		err = r.Run(ctx)
-		var merr *consumer.MessageError
-		if !errors.As(err, &merr) || !errors.Is(err, consumer.ErrMissingID) || merr.Offset != 1 {
-			t.Fatalf("Run returned %v, want a MessageError for offset 1 wrapping ErrMissingID", err)
-		}
-		if runs := e.runs(); len(runs) != 1 || runs["a"] != 1 {
-			t.Fatalf("effects %v, want only a (b must wait behind the failure)", runs)
-		}
-		pos, err := e.store.Positions(context.Background(), e.db.Pool, e.group, e.topic)
-		if err != nil || pos[0] != 1 {
-			t.Fatalf("position %v (%v): want 1, the failed message not skipped", pos, err)
+		for _, md := range baseModes {
+			t.Run(md.name, func(t *testing.T) {
+				t.Parallel()
+				e := newEnv(t, 1)
+				e.produce(msg("a", "k", 1), msg("", "k", 1), msg("b", "k", 1))
+				r, err := consumer.New(e.config(md, nil))
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+				defer cancel()
+				err = r.Run(ctx)
+				var merr *consumer.MessageError
+				if !errors.As(err, &merr) || !errors.Is(err, consumer.ErrMissingID) || merr.Offset != 1 {
+					t.Fatalf("Run returned %v, want a MessageError for offset 1 wrapping ErrMissingID", err)
+				}
+				if runs := e.runs(); len(runs) != 1 || runs["a"] != 1 {
+					t.Fatalf("effects %v, want only a (b must wait behind the failure)", runs)
+				}
+				pos, err := e.store.Positions(context.Background(), e.db.Pool, e.group, e.topic)
+				if err != nil || pos[0] != 1 {
+					t.Fatalf("position %v (%v): want 1, the failed message not skipped", pos, err)
+				}
+			})
 		}
 	})
 
 	t.Run("coordinates", func(t *testing.T) {
 		t.Parallel()
-		e := newEnv(t, 1)
-		e.produce(msg("a", "k", 1), msg("", "k", 1))
-		oc := newOutcomes(2)
-		cfg := e.config(modes[0], nil)
-		cfg.MissingID = consumer.MissingIDUseCoordinates
-		cfg.Hooks.Outcome = oc.hook
-		stop := run(t, cfg)
-		wait(t, oc.done, "both messages")
-		if err := stop(); err != nil {
-			t.Fatalf("Run: %v", err)
-		}
-		want := e.topic + "/0/1"
-		if runs := e.runs(); runs["a"] != 1 || runs[want] != 1 {
-			t.Fatalf("effects %v, want a and %s once", runs, want)
+		for _, md := range baseModes {
+			t.Run(md.name, func(t *testing.T) {
+				t.Parallel()
+				e := newEnv(t, 1)
+				e.produce(msg("a", "k", 1), msg("", "k", 1))
+				oc := newOutcomes(2)
+				cfg := e.config(md, nil)
+				cfg.MissingID = consumer.MissingIDUseCoordinates
+				cfg.Hooks.Outcome = oc.hook
+				stop := run(t, cfg)
+				wait(t, oc.done, "both messages")
+				if err := stop(); err != nil {
+					t.Fatalf("Run: %v", err)
+				}
+				want := e.topic + "/0/1"
+				if runs := e.runs(); runs["a"] != 1 || runs[want] != 1 {
+					t.Fatalf("effects %v, want a and %s once", runs, want)
+				}
+			})
 		}
 	})
 }
@@ -647,52 +663,57 @@ func TestNonBlockingKeepsPerKeyOrder(t *testing.T) {
 // holds only its own partition.
 func TestOtherPartitionsFlow(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 2)
-	// Keys "k0" and "k1" hash to different partitions of two (checked below).
-	var msgs []kafka.Message
-	for i := range 10 {
-		msgs = append(msgs, msg(fmt.Sprintf("x%d", i), "k0", 1), msg(fmt.Sprintf("y%d", i), "k1", 1))
-	}
-	e.produce(msgs...)
-	healed := make(chan struct{})
-	var sawOthers atomic.Bool
-	oc := newOutcomes(len(msgs))
-	cfg := e.config(modes[0], func(ctx context.Context, m *consumer.Message) error {
-		if m.ID == "x0" {
-			select {
-			case <-healed:
-				return nil
-			default:
-				return errors.New("down")
+	for _, md := range baseModes {
+		t.Run(md.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, 2)
+			// Keys "k0" and "k1" hash to different partitions of two (checked below).
+			var msgs []kafka.Message
+			for i := range 10 {
+				msgs = append(msgs, msg(fmt.Sprintf("x%d", i), "k0", 1), msg(fmt.Sprintf("y%d", i), "k1", 1))
 			}
-		}
-		return nil
-	})
-	cfg.Retry = &retry.Policy{InitialInterval: 50 * time.Millisecond, MaxInterval: 50 * time.Millisecond, MaxAttempts: -1}
-	var mu sync.Mutex
-	parts := map[string]int{}
-	cfg.Hooks.Outcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
-		mu.Lock()
-		parts[string(m.Key)] = m.Partition
-		mu.Unlock()
-		if m.ID == "y9" && !sawOthers.Swap(true) {
-			close(healed)
-		}
-		oc.hook(ctx, m, o)
-	}
-	stop := run(t, cfg)
-	wait(t, oc.done, "all messages")
-	if err := stop(); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
-	if parts["k0"] == parts["k1"] {
-		t.Fatalf("test setup: both keys landed on partition %d", parts["k0"])
-	}
-	if !sawOthers.Load() {
-		t.Fatal("the other partition did not finish while x0 was failing")
-	}
-	if order := e.appliedOrder(); order[len(order)-10] != "x0" {
-		t.Fatalf("x0 should follow all of y: order %v", order)
+			e.produce(msgs...)
+			healed := make(chan struct{})
+			var sawOthers atomic.Bool
+			oc := newOutcomes(len(msgs))
+			cfg := e.config(md, func(ctx context.Context, m *consumer.Message) error {
+				if m.ID == "x0" {
+					select {
+					case <-healed:
+						return nil
+					default:
+						return errors.New("down")
+					}
+				}
+				return nil
+			})
+			cfg.Retry = &retry.Policy{InitialInterval: 50 * time.Millisecond, MaxInterval: 50 * time.Millisecond, MaxAttempts: -1}
+			var mu sync.Mutex
+			parts := map[string]int{}
+			cfg.Hooks.Outcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
+				mu.Lock()
+				parts[string(m.Key)] = m.Partition
+				mu.Unlock()
+				if m.ID == "y9" && !sawOthers.Swap(true) {
+					close(healed)
+				}
+				oc.hook(ctx, m, o)
+			}
+			stop := run(t, cfg)
+			wait(t, oc.done, "all messages")
+			if err := stop(); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			if parts["k0"] == parts["k1"] {
+				t.Fatalf("test setup: both keys landed on partition %d", parts["k0"])
+			}
+			if !sawOthers.Load() {
+				t.Fatal("the other partition did not finish while x0 was failing")
+			}
+			if order := e.appliedOrder(); order[len(order)-10] != "x0" {
+				t.Fatalf("x0 should follow all of y: order %v", order)
+			}
+		})
 	}
 }
 
@@ -702,79 +723,84 @@ func TestOtherPartitionsFlow(t *testing.T) {
 // once, without counting a handler failure.
 func TestDeadlockRerunsTheTransaction(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 2)
-	ctx := context.Background()
-	rows := e.db.Table("rows")
-	if _, err := e.db.Pool.Exec(ctx, `CREATE TABLE `+rows+` (id text PRIMARY KEY, n int NOT NULL);
+	for _, md := range baseModes {
+		t.Run(md.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, 2)
+			ctx := context.Background()
+			rows := e.db.Table("rows")
+			if _, err := e.db.Pool.Exec(ctx, `CREATE TABLE `+rows+` (id text PRIMARY KEY, n int NOT NULL);
 		INSERT INTO `+rows+` VALUES ('a', 0), ('b', 0)`); err != nil {
-		t.Fatal(err)
-	}
-	// Keys k0 and k1 land on different partitions of two (checked below).
-	e.produce(msg("x", "k0", 1), msg("y", "k1", 1))
+				t.Fatal(err)
+			}
+			// Keys k0 and k1 land on different partitions of two (checked below).
+			e.produce(msg("x", "k0", 1), msg("y", "k1", 1))
 
-	var attempts sync.Map
-	var deadlocks atomic.Int32
-	firstLocked := make(chan struct{}, 2)
-	oc := newOutcomes(2)
-	cfg := e.config(modes[0], nil)
-	// No handler retries: only the transaction rerun may save the deadlock victim.
-	cfg.Retry = &retry.Policy{MaxAttempts: 1}
-	cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		n, _ := attempts.LoadOrStore(m.ID, new(atomic.Int32))
-		attempt := n.(*atomic.Int32).Add(1)
-		first, second := "a", "b"
-		if m.ID == "y" {
-			first, second = "b", "a"
-		}
-		if _, err := tx.Exec(ctx, `UPDATE `+rows+` SET n = n + 1 WHERE id = $1`, first); err != nil {
-			return fmt.Errorf("lock %s: %w", first, err)
-		}
-		if attempt == 1 { // both hold their first row before either asks for the second
-			firstLocked <- struct{}{}
-			for len(firstLocked) < 2 {
-				time.Sleep(time.Millisecond)
+			var attempts sync.Map
+			var deadlocks atomic.Int32
+			firstLocked := make(chan struct{}, 2)
+			oc := newOutcomes(2)
+			cfg := e.config(md, nil)
+			// No handler retries: only the transaction rerun may save the deadlock victim.
+			cfg.Retry = &retry.Policy{MaxAttempts: 1}
+			cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+				n, _ := attempts.LoadOrStore(m.ID, new(atomic.Int32))
+				attempt := n.(*atomic.Int32).Add(1)
+				first, second := "a", "b"
+				if m.ID == "y" {
+					first, second = "b", "a"
+				}
+				if _, err := tx.Exec(ctx, `UPDATE `+rows+` SET n = n + 1 WHERE id = $1`, first); err != nil {
+					return fmt.Errorf("lock %s: %w", first, err)
+				}
+				if attempt == 1 { // both hold their first row before either asks for the second
+					firstLocked <- struct{}{}
+					for len(firstLocked) < 2 {
+						time.Sleep(time.Millisecond)
+					}
+				}
+				if _, err := tx.Exec(ctx, `UPDATE `+rows+` SET n = n + 1 WHERE id = $1`, second); err != nil {
+					var pgErr *pgconn.PgError
+					if errors.As(err, &pgErr) && pgErr.Code == "40P01" {
+						deadlocks.Add(1)
+					}
+					return fmt.Errorf("lock %s: %w", second, err)
+				}
+				return e.effect(ctx, tx, m)
+			})
+			parts := sync.Map{}
+			cfg.Hooks.Outcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
+				parts.Store(m.ID, m.Partition)
+				oc.hook(ctx, m, o)
 			}
-		}
-		if _, err := tx.Exec(ctx, `UPDATE `+rows+` SET n = n + 1 WHERE id = $1`, second); err != nil {
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Code == "40P01" {
-				deadlocks.Add(1)
+			stop := run(t, cfg)
+			wait(t, oc.done, "both messages")
+			if err := stop(); err != nil {
+				t.Fatalf("Run: %v", err)
 			}
-			return fmt.Errorf("lock %s: %w", second, err)
-		}
-		return e.effect(ctx, tx, m)
-	})
-	parts := sync.Map{}
-	cfg.Hooks.Outcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
-		parts.Store(m.ID, m.Partition)
-		oc.hook(ctx, m, o)
-	}
-	stop := run(t, cfg)
-	wait(t, oc.done, "both messages")
-	if err := stop(); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
-	px, _ := parts.Load("x")
-	py, _ := parts.Load("y")
-	if px == py {
-		t.Fatalf("test setup: both messages on partition %v", px)
-	}
-	if runs := e.runs(); runs["x"] != 1 || runs["y"] != 1 {
-		t.Fatalf("effects %v, want x and y once", runs)
-	}
-	// One of the two was the deadlock's victim; with no handler retries
-	// (MaxAttempts 1) only the transaction's rerun brought it through: Run
-	// did not stop and both effects are there. (A rebalance under load may
-	// cancel and rerun an attempt too, so the handler's runs are not
-	// counted exactly.)
-	ax, _ := attempts.Load("x")
-	ay, _ := attempts.Load("y")
-	if d, total := deadlocks.Load(), ax.(*atomic.Int32).Load()+ay.(*atomic.Int32).Load(); d != 1 || total < 3 {
-		t.Fatalf("%d deadlocks in %d handler runs, want one deadlock and its transaction run again", d, total)
-	}
-	var a, b int
-	if err := e.db.Pool.QueryRow(ctx, `SELECT (SELECT n FROM `+rows+` WHERE id='a'), (SELECT n FROM `+rows+` WHERE id='b')`).Scan(&a, &b); err != nil || a != 2 || b != 2 {
-		t.Fatalf("rows a=%d b=%d (%v), want 2 and 2: the aborted attempt left nothing", a, b, err)
+			px, _ := parts.Load("x")
+			py, _ := parts.Load("y")
+			if px == py {
+				t.Fatalf("test setup: both messages on partition %v", px)
+			}
+			if runs := e.runs(); runs["x"] != 1 || runs["y"] != 1 {
+				t.Fatalf("effects %v, want x and y once", runs)
+			}
+			// One of the two was the deadlock's victim; with no handler retries
+			// (MaxAttempts 1) only the transaction's rerun brought it through: Run
+			// did not stop and both effects are there. (A rebalance under load may
+			// cancel and rerun an attempt too, so the handler's runs are not
+			// counted exactly.)
+			ax, _ := attempts.Load("x")
+			ay, _ := attempts.Load("y")
+			if d, total := deadlocks.Load(), ax.(*atomic.Int32).Load()+ay.(*atomic.Int32).Load(); d != 1 || total < 3 {
+				t.Fatalf("%d deadlocks in %d handler runs, want one deadlock and its transaction run again", d, total)
+			}
+			var a, b int
+			if err := e.db.Pool.QueryRow(ctx, `SELECT (SELECT n FROM `+rows+` WHERE id='a'), (SELECT n FROM `+rows+` WHERE id='b')`).Scan(&a, &b); err != nil || a != 2 || b != 2 {
+				t.Fatalf("rows a=%d b=%d (%v), want 2 and 2: the aborted attempt left nothing", a, b, err)
+			}
+		})
 	}
 }
 
@@ -782,17 +808,22 @@ func TestDeadlockRerunsTheTransaction(t *testing.T) {
 // one is a clear error rather than a silent wait.
 func TestMissingTopicIsAnError(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
-	cfg := e.config(modes[0], nil)
-	cfg.Topic = testenv.Name(t, "missing")
-	r, err := consumer.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := r.Run(ctx); !errors.Is(err, consumer.ErrTopicNotFound) || !strings.Contains(err.Error(), cfg.Topic) {
-		t.Fatalf("Run on a missing topic: %v, want ErrTopicNotFound naming it", err)
+	for _, md := range baseModes {
+		t.Run(md.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, 1)
+			cfg := e.config(md, nil)
+			cfg.Topic = testenv.Name(t, "missing")
+			r, err := consumer.New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := r.Run(ctx); !errors.Is(err, consumer.ErrTopicNotFound) || !strings.Contains(err.Error(), cfg.Topic) {
+				t.Fatalf("Run on a missing topic: %v, want ErrTopicNotFound naming it", err)
+			}
+		})
 	}
 }
 
@@ -800,63 +831,68 @@ func TestMissingTopicIsAnError(t *testing.T) {
 // older than it, and only those; a redelivery of a purged ID counts as new.
 func TestRetentionPurge(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
-	ctx := context.Background()
-	processed := e.db.Table(migrate.ProcessedMessagesDefault)
-	err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
-		for _, id := range []string{"old-1", "old-2", "recent"} {
-			if _, err := e.store.ClaimTx(ctx, tx, dedup.Claim{Consumer: e.group, MessageID: id, Topic: e.topic}); err != nil {
+	for _, md := range baseModes {
+		t.Run(md.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, 1)
+			ctx := context.Background()
+			processed := e.db.Table(migrate.ProcessedMessagesDefault)
+			err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
+				for _, id := range []string{"old-1", "old-2", "recent"} {
+					if _, err := e.store.ClaimTx(ctx, tx, dedup.Claim{Consumer: e.group, MessageID: id, Topic: e.topic}); err != nil {
+						return err
+					}
+				}
+				_, err := tx.Exec(ctx, `UPDATE `+processed+` SET processed_at = now() - interval '2 hours' WHERE message_id LIKE 'old-%'`)
 				return err
+			})
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
-		_, err := tx.Exec(ctx, `UPDATE `+processed+` SET processed_at = now() - interval '2 hours' WHERE message_id LIKE 'old-%'`)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.produce(msg("old-1", "k", 1), msg("recent", "k", 1))
+			e.produce(msg("old-1", "k", 1), msg("recent", "k", 1))
 
-	purged := make(chan int64, 10)
-	oc := newOutcomes(2)
-	cfg := e.config(modes[0], nil)
-	cfg.Retention = time.Hour
-	cfg.PurgeInterval = 20 * time.Millisecond
-	cfg.Hooks.Purged = func(n int64) {
-		select { // hooks run on the runner's goroutines: never block them
-		case purged <- n:
-		default:
-		}
-	}
-	first := make(chan struct{})
-	cfg.Hooks.Assigned = func(string, int, int64) {
-		// Let the first purge finish before any message is handled.
-		<-first
-	}
-	cfg.Hooks.Outcome = oc.hook
-	stop := run(t, cfg)
-	var once sync.Once
-	release := func() { once.Do(func() { close(first) }) }
-	t.Cleanup(release) // runs before run's cleanup stops the runner
-	select {
-	case n := <-purged:
-		if n != 2 {
-			t.Fatalf("first purge deleted %d records, want the 2 older than the retention", n)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("no purge")
-	}
-	release()
-	wait(t, oc.done, "both messages")
-	if err := stop(); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
-	oc.mu.Lock()
-	defer oc.mu.Unlock()
-	if got := oc.ids["old-1"]; len(got) != 1 || got[0] != consumer.Applied {
-		t.Fatalf("old-1 after its record was purged: %v, want applied (it counts as new)", got)
-	}
-	if got := oc.ids["recent"]; len(got) != 1 || got[0] != consumer.Duplicate {
-		t.Fatalf("recent: %v, want duplicate (its record is kept)", got)
+			purged := make(chan int64, 10)
+			oc := newOutcomes(2)
+			cfg := e.config(md, nil)
+			cfg.Retention = time.Hour
+			cfg.PurgeInterval = 20 * time.Millisecond
+			cfg.Hooks.Purged = func(n int64) {
+				select { // hooks run on the runner's goroutines: never block them
+				case purged <- n:
+				default:
+				}
+			}
+			first := make(chan struct{})
+			cfg.Hooks.Assigned = func(string, int, int64) {
+				// Let the first purge finish before any message is handled.
+				<-first
+			}
+			cfg.Hooks.Outcome = oc.hook
+			stop := run(t, cfg)
+			var once sync.Once
+			release := func() { once.Do(func() { close(first) }) }
+			t.Cleanup(release) // runs before run's cleanup stops the runner
+			select {
+			case n := <-purged:
+				if n != 2 {
+					t.Fatalf("first purge deleted %d records, want the 2 older than the retention", n)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("no purge")
+			}
+			release()
+			wait(t, oc.done, "both messages")
+			if err := stop(); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			oc.mu.Lock()
+			defer oc.mu.Unlock()
+			if got := oc.ids["old-1"]; len(got) != 1 || got[0] != consumer.Applied {
+				t.Fatalf("old-1 after its record was purged: %v, want applied (it counts as new)", got)
+			}
+			if got := oc.ids["recent"]; len(got) != 1 || got[0] != consumer.Duplicate {
+				t.Fatalf("recent: %v, want duplicate (its record is kept)", got)
+			}
+		})
 	}
 }

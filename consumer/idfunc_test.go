@@ -20,29 +20,39 @@ import (
 // its panic becomes the message's error (ErrMissingID, to OnFailure), as a
 // handler's does. Found: IDFunc runs unrecovered in the prefetch goroutine,
 // and the panic kills the process. The runner runs in a child process so
-// the crash can be observed.
+// the crash can be observed; IDEMKIT_TEST_IDFUNC_CHILD names its mode.
 func TestIDFuncPanic(t *testing.T) {
-	if os.Getenv("IDEMKIT_TEST_IDFUNC_CHILD") == "1" {
-		idFuncChild(t)
-		return
+	if name := os.Getenv("IDEMKIT_TEST_IDFUNC_CHILD"); name != "" {
+		for _, md := range baseModes {
+			if md.name == name {
+				idFuncChild(t, md)
+				return
+			}
+		}
+		t.Fatalf("IDEMKIT_TEST_IDFUNC_CHILD=%q names no mode", name)
 	}
 	t.Parallel()
-	cmd := exec.Command(os.Args[0], "-test.run", "^TestIDFuncPanic$", "-test.v")
-	cmd.Env = append(os.Environ(), "IDEMKIT_TEST_IDFUNC_CHILD=1")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		i := strings.Index(string(out), "panic:")
-		if i < 0 {
-			i = 0
-		}
-		t.Fatalf("the runner's process died: %v\n%.600s", err, out[i:])
+	for _, md := range baseModes {
+		t.Run(md.name, func(t *testing.T) {
+			t.Parallel()
+			cmd := exec.Command(os.Args[0], "-test.run", "^TestIDFuncPanic$", "-test.v")
+			cmd.Env = append(os.Environ(), "IDEMKIT_TEST_IDFUNC_CHILD="+md.name)
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				i := strings.Index(string(out), "panic:")
+				if i < 0 {
+					i = 0
+				}
+				t.Fatalf("the runner's process died: %v\n%.600s", err, out[i:])
+			}
+		})
 	}
 }
 
-func idFuncChild(t *testing.T) {
+func idFuncChild(t *testing.T, md mode) {
 	e := newEnv(t, 1)
 	e.produce(kafka.Message{Key: []byte("k"), Value: []byte("x")}, kafka.Message{Key: []byte("k"), Value: []byte("order-000042")})
-	cfg := e.config(modes[0], nil)
+	cfg := e.config(md, nil)
 	cfg.Handler = consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })
 	cfg.IDFunc = func(m *kafka.Message) (string, error) { return string(m.Value[:12]), nil }
 	failed := make(chan struct{}, 1)

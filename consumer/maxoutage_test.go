@@ -68,54 +68,59 @@ func (p *proxy) close() {
 // itself was taken for a new outage, and Run never returned).
 func TestMaxOutageBoundsPostgresOutage(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
-	u, err := url.Parse(testenv.DatabaseURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	px := newProxy(t, u.Host)
-	u.Host = px.ln.Addr().String()
-	pcfg, err := pgxpool.ParseConfig(u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcfg.ConnConfig.RuntimeParams["search_path"] = ""
-	pcfg.ConnConfig.ConnectTimeout = time.Second
-	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	for _, md := range baseModes {
+		t.Run(md.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, 1)
+			u, err := url.Parse(testenv.DatabaseURL(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			px := newProxy(t, u.Host)
+			u.Host = px.ln.Addr().String()
+			pcfg, err := pgxpool.ParseConfig(u.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			pcfg.ConnConfig.RuntimeParams["search_path"] = ""
+			pcfg.ConnConfig.ConnectTimeout = time.Second
+			pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
 
-	e.produce(msg("m1", "k", 1))
-	applied := make(chan struct{})
-	var once sync.Once
-	cfg := e.config(modes[0], nil)
-	cfg.Pool = pool
-	cfg.MaxOutage = 2 * time.Second
-	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}))
-	cfg.Hooks.AfterCommit = func(context.Context, []*consumer.Message) { once.Do(func() { close(applied) }) }
-	r, err := consumer.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	errc := make(chan error, 1)
-	go func() { errc <- r.Run(ctx) }()
-	wait(t, applied, "m1")
-	px.close()
-	e.produce(msg("m2", "k", 1))
-	start := time.Now()
-	select {
-	case err := <-errc:
-		t.Logf("Run returned after %v: %v", time.Since(start), err)
-		if !errors.Is(err, retry.ErrOutage) {
-			t.Fatalf("want ErrOutage")
-		}
-	case <-time.After(25 * time.Second):
-		cancel()
-		<-errc
-		t.Fatalf("Run did not return 25s after PostgreSQL went away with MaxOutage 2s")
+			e.produce(msg("m1", "k", 1))
+			applied := make(chan struct{})
+			var once sync.Once
+			cfg := e.config(md, nil)
+			cfg.Pool = pool
+			cfg.MaxOutage = 2 * time.Second
+			cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}))
+			cfg.Hooks.AfterCommit = func(context.Context, []*consumer.Message) { once.Do(func() { close(applied) }) }
+			r, err := consumer.New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			errc := make(chan error, 1)
+			go func() { errc <- r.Run(ctx) }()
+			wait(t, applied, "m1")
+			px.close()
+			e.produce(msg("m2", "k", 1))
+			start := time.Now()
+			select {
+			case err := <-errc:
+				t.Logf("Run returned after %v: %v", time.Since(start), err)
+				if !errors.Is(err, retry.ErrOutage) {
+					t.Fatalf("want ErrOutage")
+				}
+			case <-time.After(25 * time.Second):
+				cancel()
+				<-errc
+				t.Fatalf("Run did not return 25s after PostgreSQL went away with MaxOutage 2s")
+			}
+		})
 	}
 }

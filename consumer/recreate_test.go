@@ -24,80 +24,82 @@ import (
 func TestRecreatedWhileRunning(t *testing.T) {
 	t.Parallel()
 	for _, policy := range []consumer.RecreatedPolicy{consumer.RecreatedRestart, consumer.RecreatedStop} {
-		t.Run(fmt.Sprint(policy), func(t *testing.T) {
-			t.Parallel()
-			e := newEnv(t, 1)
-			var old []kafka.Message
-			for i := range 5 {
-				old = append(old, msg("", "k", 1))
-				_ = i
-			}
-			e.produce(old...)
-			cfg := e.config(modes[0], nil)
-			cfg.MissingID = consumer.MissingIDUseCoordinates
-			cfg.OnRecreated = policy
-			cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}))
-			var mu sync.Mutex
-			applied := map[string]int{}
-			cfg.Hooks.Outcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
-				mu.Lock()
-				defer mu.Unlock()
-				if o == consumer.Applied {
-					applied[m.ID]++
+		for _, md := range baseModes {
+			t.Run(fmt.Sprint(policy)+"/"+md.name, func(t *testing.T) {
+				t.Parallel()
+				e := newEnv(t, 1)
+				var old []kafka.Message
+				for i := range 5 {
+					old = append(old, msg("", "k", 1))
+					_ = i
 				}
-			}
-			count := func() int { mu.Lock(); defer mu.Unlock(); return len(applied) }
-			r, err := consumer.New(cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			errc := make(chan error, 1)
-			go func() { errc <- r.Run(ctx) }()
-			deadline := time.Now().Add(60 * time.Second)
-			for count() < 5 {
-				if time.Now().After(deadline) {
-					t.Fatal("old messages not applied")
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
-			e.recreateTopic(1)
-			var fresh []kafka.Message
-			for range 8 {
-				fresh = append(fresh, msg("", "k", 1))
-			}
-			e.produce(fresh...)
-			deadline = time.Now().Add(60 * time.Second)
-			for {
-				select {
-				case err := <-errc:
-					t.Logf("Run returned: %v; applied %v", err, applied)
-					if policy == consumer.RecreatedStop && errors.Is(err, consumer.ErrTopicRecreated) {
-						return
-					}
-					t.Fatalf("Run returned %v", err)
-				default:
-				}
-				if policy == consumer.RecreatedRestart && count() == 13 {
-					cancel()
-					<-errc
+				e.produce(old...)
+				cfg := e.config(md, nil)
+				cfg.MissingID = consumer.MissingIDUseCoordinates
+				cfg.OnRecreated = policy
+				cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}))
+				var mu sync.Mutex
+				applied := map[string]int{}
+				cfg.Hooks.Outcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
 					mu.Lock()
 					defer mu.Unlock()
-					for id, n := range applied {
-						if n != 1 {
-							t.Fatalf("%s applied %d times", id, n)
-						}
+					if o == consumer.Applied {
+						applied[m.ID]++
 					}
-					return
 				}
-				if time.Now().After(deadline) {
-					mu.Lock()
-					t.Fatalf("60s after the recreation: applied %d IDs %v (want 13 with Restart, or Run to return ErrTopicRecreated with Stop)", len(applied), applied)
+				count := func() int { mu.Lock(); defer mu.Unlock(); return len(applied) }
+				r, err := consumer.New(cfg)
+				if err != nil {
+					t.Fatal(err)
 				}
-				time.Sleep(50 * time.Millisecond)
-			}
-		})
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				errc := make(chan error, 1)
+				go func() { errc <- r.Run(ctx) }()
+				deadline := time.Now().Add(60 * time.Second)
+				for count() < 5 {
+					if time.Now().After(deadline) {
+						t.Fatal("old messages not applied")
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+				e.recreateTopic(1)
+				var fresh []kafka.Message
+				for range 8 {
+					fresh = append(fresh, msg("", "k", 1))
+				}
+				e.produce(fresh...)
+				deadline = time.Now().Add(60 * time.Second)
+				for {
+					select {
+					case err := <-errc:
+						t.Logf("Run returned: %v; applied %v", err, applied)
+						if policy == consumer.RecreatedStop && errors.Is(err, consumer.ErrTopicRecreated) {
+							return
+						}
+						t.Fatalf("Run returned %v", err)
+					default:
+					}
+					if policy == consumer.RecreatedRestart && count() == 13 {
+						cancel()
+						<-errc
+						mu.Lock()
+						defer mu.Unlock()
+						for id, n := range applied {
+							if n != 1 {
+								t.Fatalf("%s applied %d times", id, n)
+							}
+						}
+						return
+					}
+					if time.Now().After(deadline) {
+						mu.Lock()
+						t.Fatalf("60s after the recreation: applied %d IDs %v (want 13 with Restart, or Run to return ErrTopicRecreated with Stop)", len(applied), applied)
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+			})
+		}
 	}
 }
 
@@ -107,79 +109,84 @@ func TestRecreatedWhileRunning(t *testing.T) {
 // that remain; it neither returns nor stalls.
 func TestRecordsDeletedWhileRunning(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
-	big := make([]byte, 200<<10)
-	for i := range 60 {
-		m := msg(fmt.Sprintf("m%d", i), "k", 1)
-		m.Value = big
-		e.produce(m) // one record batch each
-	}
-	cfg := e.config(modes[0], nil)
-	cfg.Handler = consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error {
-		time.Sleep(30 * time.Millisecond)
-		return nil
-	})
-	cfg.MaxBufferedBytes = 1 // prefetch one message at a time
-	var mu sync.Mutex
-	applied := map[string]int{}
-	var moved []*consumer.PositionError
-	cfg.Hooks.Outcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
-		mu.Lock()
-		defer mu.Unlock()
-		applied[m.ID]++
-	}
-	cfg.Hooks.PositionMoved = func(err *consumer.PositionError) {
-		mu.Lock()
-		defer mu.Unlock()
-		moved = append(moved, err)
-	}
-	r, err := consumer.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	errc := make(chan error, 1)
-	go func() { errc <- r.Run(ctx) }()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		mu.Lock()
-		n := len(applied)
-		mu.Unlock()
-		if n >= 5 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no progress")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	testenv.DeleteRecords(t, e.topic, 0, 40)
-	deadline = time.Now().Add(60 * time.Second)
-	for {
-		select {
-		case err := <-errc:
-			t.Fatalf("Run returned: %v", err)
-		default:
-		}
-		mu.Lock()
-		last := applied["m59"]
-		mu.Unlock()
-		if last == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
+	for _, md := range baseModes {
+		t.Run(md.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, 1)
+			big := make([]byte, 200<<10)
+			for i := range 60 {
+				m := msg(fmt.Sprintf("m%d", i), "k", 1)
+				m.Value = big
+				e.produce(m) // one record batch each
+			}
+			cfg := e.config(md, nil)
+			cfg.Handler = consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error {
+				time.Sleep(30 * time.Millisecond)
+				return nil
+			})
+			cfg.MaxBufferedBytes = 1 // prefetch one message at a time
+			var mu sync.Mutex
+			applied := map[string]int{}
+			var moved []*consumer.PositionError
+			cfg.Hooks.Outcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
+				mu.Lock()
+				defer mu.Unlock()
+				applied[m.ID]++
+			}
+			cfg.Hooks.PositionMoved = func(err *consumer.PositionError) {
+				mu.Lock()
+				defer mu.Unlock()
+				moved = append(moved, err)
+			}
+			r, err := consumer.New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			errc := make(chan error, 1)
+			go func() { errc <- r.Run(ctx) }()
+			deadline := time.Now().Add(60 * time.Second)
+			for {
+				mu.Lock()
+				n := len(applied)
+				mu.Unlock()
+				if n >= 5 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("no progress")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			testenv.DeleteRecords(t, e.topic, 0, 40)
+			deadline = time.Now().Add(60 * time.Second)
+			for {
+				select {
+				case err := <-errc:
+					t.Fatalf("Run returned: %v", err)
+				default:
+				}
+				mu.Lock()
+				last := applied["m59"]
+				mu.Unlock()
+				if last == 1 {
+					break
+				}
+				if time.Now().After(deadline) {
+					mu.Lock()
+					t.Fatalf("m59 not applied 60s after the deletion; applied %d, moved %v", len(applied), moved)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			cancel()
+			<-errc
 			mu.Lock()
-			t.Fatalf("m59 not applied 60s after the deletion; applied %d, moved %v", len(applied), moved)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	cancel()
-	<-errc
-	mu.Lock()
-	defer mu.Unlock()
-	t.Logf("applied %d messages; position moves %v", len(applied), moved)
-	if len(moved) == 0 {
-		t.Fatalf("no PositionMoved report of the deleted range")
+			defer mu.Unlock()
+			t.Logf("applied %d messages; position moves %v", len(applied), moved)
+			if len(moved) == 0 {
+				t.Fatalf("no PositionMoved report of the deleted range")
+			}
+		})
 	}
 }

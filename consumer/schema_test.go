@@ -24,33 +24,38 @@ import (
 // in NonBlocking mode stops Run with a raw SQLSTATE 42703.
 func TestSchemaBehindFailsAtStart(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
-	m, err := migrate.New(e.db.Pool, &migrate.Config{Schema: e.db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Down(context.Background(), 8); err != nil {
-		t.Fatal(err)
-	}
-	e.produce(msg("m1", "A", 1), msg("m2", "B", 1), msg("bad", "C", 1))
-	cfg := e.config(modes[0], func(_ context.Context, m *consumer.Message) error {
-		if m.ID == "bad" {
-			return errors.New("transient")
-		}
-		return nil
-	})
-	cfg.FailureMode = consumer.NonBlocking
-	cfg.Retry = &retry.Policy{MaxAttempts: 1}
-	r, err := consumer.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	err = r.Run(ctx)
-	t.Logf("Run: %v; effects before it returned: %v", err, e.runs())
-	if !errors.Is(err, consumer.ErrNotMigrated) || !strings.Contains(err.Error(), "migrat") || len(e.runs()) > 0 {
-		t.Fatalf("want Run to refuse at start, before any message, with an error that says to migrate")
+	for _, md := range baseModes {
+		t.Run(md.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, 1)
+			m, err := migrate.New(e.db.Pool, &migrate.Config{Schema: e.db.Schema})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := m.Down(context.Background(), 8); err != nil {
+				t.Fatal(err)
+			}
+			e.produce(msg("m1", "A", 1), msg("m2", "B", 1), msg("bad", "C", 1))
+			cfg := e.config(md, func(_ context.Context, m *consumer.Message) error {
+				if m.ID == "bad" {
+					return errors.New("transient")
+				}
+				return nil
+			})
+			cfg.FailureMode = consumer.NonBlocking
+			cfg.Retry = &retry.Policy{MaxAttempts: 1}
+			r, err := consumer.New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			err = r.Run(ctx)
+			t.Logf("Run: %v; effects before it returned: %v", err, e.runs())
+			if !errors.Is(err, consumer.ErrNotMigrated) || !strings.Contains(err.Error(), "migrat") || len(e.runs()) > 0 {
+				t.Fatalf("want Run to refuse at start, before any message, with an error that says to migrate")
+			}
+		})
 	}
 }
 
@@ -59,23 +64,28 @@ func TestSchemaBehindFailsAtStart(t *testing.T) {
 // idemhttp do with ErrNotMigrated), not a raw SQLSTATE 42P01.
 func TestUnmigratedSchemaError(t *testing.T) {
 	t.Parallel()
-	db := testenv.NewDB(t, func(context.Context, *pgxpool.Pool, string) error { return nil })
-	store, err := dedup.New(&dedup.Config{Schema: db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	topic := testenv.NewTopic(t, 1)
-	r, err := consumer.New(&consumer.Config{Brokers: testenv.Brokers(t), Topic: topic, GroupID: testenv.Name(t, "g"),
-		Pool: db.Pool, Store: store,
-		Handler: consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	err = r.Run(ctx)
-	t.Logf("Run: %v", err)
-	if !errors.Is(err, consumer.ErrNotMigrated) || !strings.Contains(strings.ReplaceAll(err.Error(), db.Schema, ""), "migrat") {
-		t.Fatalf("want an error that says to run the migrations")
+	for _, md := range baseModes {
+		t.Run(md.name, func(t *testing.T) {
+			t.Parallel()
+			db := testenv.NewDB(t, func(context.Context, *pgxpool.Pool, string) error { return nil })
+			store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+			if err != nil {
+				t.Fatal(err)
+			}
+			topic := testenv.NewTopic(t, 1)
+			r, err := consumer.New(&consumer.Config{Brokers: testenv.Brokers(t), Topic: topic, GroupID: testenv.Name(t, "g"),
+				Pool: db.Pool, Store: store, BatchSize: md.batch,
+				Handler: consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			err = r.Run(ctx)
+			t.Logf("Run: %v", err)
+			if !errors.Is(err, consumer.ErrNotMigrated) || !strings.Contains(strings.ReplaceAll(err.Error(), db.Schema, ""), "migrat") {
+				t.Fatalf("want an error that says to run the migrations")
+			}
+		})
 	}
 }

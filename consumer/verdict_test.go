@@ -18,25 +18,30 @@ import (
 // for ever as a "server unreachable").
 func TestPermanentErrorWrappingEOFStops(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
-	e.produce(msg("poison", "k", 1))
-	calls := 0
-	cfg := e.config(modes[0], func(context.Context, *consumer.Message) error {
-		calls++
-		return retry.Permanent(io.ErrUnexpectedEOF)
-	})
-	var outages int
-	cfg.Hooks.OutageStarted = func(string, error) { outages++ }
-	r, err := consumer.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	err = r.Run(ctx)
-	t.Logf("Run = %v after %d handler calls, %d outages reported", err, calls, outages)
-	var merr *consumer.MessageError
-	if !errors.As(err, &merr) || calls != 1 || outages != 0 {
-		t.Fatalf("Run = %v after %d handler calls and %d outages; want the *MessageError after 1 call, no outage", err, calls, outages)
+	for _, md := range baseModes {
+		t.Run(md.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, 1)
+			e.produce(msg("poison", "k", 1))
+			calls := 0
+			cfg := e.config(md, func(context.Context, *consumer.Message) error {
+				calls++
+				return retry.Permanent(io.ErrUnexpectedEOF)
+			})
+			var outages int
+			cfg.Hooks.OutageStarted = func(string, error) { outages++ }
+			r, err := consumer.New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			err = r.Run(ctx)
+			t.Logf("Run = %v after %d handler calls, %d outages reported", err, calls, outages)
+			var merr *consumer.MessageError
+			if !errors.As(err, &merr) || calls != 1 || outages != 0 {
+				t.Fatalf("Run = %v after %d handler calls and %d outages; want the *MessageError after 1 call, no outage", err, calls, outages)
+			}
+		})
 	}
 }

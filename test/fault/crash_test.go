@@ -35,7 +35,7 @@ const (
 	childSchema = "IDEMKIT_FAULT_SCHEMA" // schema of the dedup and effects tables
 	childCrash  = "IDEMKIT_FAULT_CRASH"  // "before-commit:ID", "after-commit:ID" or "after-dlq:ID": SIGKILL there
 	childFail   = "IDEMKIT_FAULT_FAIL"   // this message ID fails permanently and goes to the dead-letter topic
-	childBatch  = "IDEMKIT_FAULT_BATCH"  // batch size
+	childBatch  = "IDEMKIT_FAULT_BATCH"  // batch size; 0: the default (adaptive batches)
 	childUntil  = "IDEMKIT_FAULT_UNTIL"  // exit 0 once the Kafka offset reaches this
 )
 
@@ -165,12 +165,15 @@ func TestCrashBetweenCommits(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
 		point        string
-		batch        int
+		batch        int  // 1: one transaction per message; 0: the default (adaptive batches)
 		dropPosition bool // forget the Postgres position: the message is redelivered and dedup stops it
 	}{
-		{name: "after db commit", point: "after-commit"},
-		{name: "after db commit, no position", point: "after-commit", dropPosition: true},
-		{name: "before db commit", point: "before-commit"},
+		{name: "after db commit", point: "after-commit", batch: 1},
+		{name: "after db commit, no position", point: "after-commit", batch: 1, dropPosition: true},
+		{name: "before db commit", point: "before-commit", batch: 1},
+		{name: "default after db commit", point: "after-commit"},
+		{name: "default after db commit, no position", point: "after-commit", dropPosition: true},
+		{name: "default before db commit", point: "before-commit"},
 		{name: "batched after db commit, no position", point: "after-commit", batch: 4, dropPosition: true},
 		{name: "batched before db commit", point: "before-commit", batch: 4},
 	} {
@@ -181,7 +184,7 @@ func TestCrashBetweenCommits(t *testing.T) {
 			group := testenv.Name(t, "g")
 			produce(t, topic, "m-", 0, n, 3)
 			env := []string{childTopic + "=" + topic, childGroup + "=" + group, childSchema + "=" + db.Schema,
-				childBatch + "=" + strconv.Itoa(max(tc.batch, 1)), childUntil + "=" + strconv.Itoa(n)}
+				childBatch + "=" + strconv.Itoa(tc.batch), childUntil + "=" + strconv.Itoa(n)}
 
 			_, killed := startChild(t, append(env, childCrash+"="+tc.point+":m-5"))
 			if !killed {
@@ -233,68 +236,76 @@ func TestCrashBetweenCommits(t *testing.T) {
 // letter (same origin and round), and a replay applies it once.
 func TestCrashAfterDeadLetterWrite(t *testing.T) {
 	t.Parallel()
-	const n = 6
-	db := newDB(t)
-	topic := testenv.NewTopic(t, 1)
-	testenv.CreateTopic(t, topic+dlq.TopicSuffixDefault, 1)
-	group := testenv.Name(t, "g")
-	produce(t, topic, "m-", 0, n, 2)
-	env := []string{childTopic + "=" + topic, childGroup + "=" + group, childSchema + "=" + db.Schema,
-		childBatch + "=1", childUntil + "=" + strconv.Itoa(n), childFail + "=m-2"}
+	for _, md := range []struct {
+		name  string
+		batch int // 1: one transaction per message; 0: the default (adaptive batches)
+	}{{"per-message", 1}, {"default", 0}} {
+		t.Run(md.name, func(t *testing.T) {
+			t.Parallel()
+			const n = 6
+			db := newDB(t)
+			topic := testenv.NewTopic(t, 1)
+			testenv.CreateTopic(t, topic+dlq.TopicSuffixDefault, 1)
+			group := testenv.Name(t, "g")
+			produce(t, topic, "m-", 0, n, 2)
+			env := []string{childTopic + "=" + topic, childGroup + "=" + group, childSchema + "=" + db.Schema,
+				childBatch + "=" + strconv.Itoa(md.batch), childUntil + "=" + strconv.Itoa(n), childFail + "=m-2"}
 
-	if _, killed := startChild(t, append(env, childCrash+"=after-dlq:m-2")); !killed {
-		t.Fatal("the consumer process was not killed after the dead-letter write")
-	}
-	if _, killed := startChild(t, env); killed {
-		t.Fatal("the restarted consumer was killed")
-	}
-	runs := effectRuns(t, db)
-	for i := range n {
-		id := "m-" + strconv.Itoa(i)
-		want := 1
-		if id == "m-2" {
-			want = 0
-		}
-		if runs[id] != want {
-			t.Fatalf("%s ran %d times, want %d", id, runs[id], want)
-		}
-	}
-	var copies []*dlq.DeadLetter
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	err := dlq.Scan(ctx, testenv.Brokers(t), topic+dlq.TopicSuffixDefault, func(m kafka.Message) error {
-		d, err := dlq.Parse(m)
-		if err == nil {
-			copies = append(copies, d)
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(copies) < 1 || len(copies) > 2 {
-		t.Fatalf("%d dead letters for m-2, want 1 or 2", len(copies))
-	}
-	for _, d := range copies {
-		if d.MessageID != "m-2" || d.Origin != copies[0].Origin || d.Round != 0 {
-			t.Fatalf("dead letter %+v differs from %+v", d, copies[0])
-		}
-	}
-	table := db.Table("effects")
-	rp, err := dlq.NewReprocessor(&dlq.ReprocessorConfig{Brokers: testenv.Brokers(t), Topic: topic + dlq.TopicSuffixDefault,
-		Mode: dlq.Redrive, Pool: db.Pool, Tables: migrate.Config{Schema: db.Schema},
-		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-			return applyEffect(ctx, tx, table, m)
-		})})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rp.Close()
-	sum, err := rp.Run(ctx)
-	if err != nil || sum[dlq.Applied] != 1 || sum[dlq.AlreadyReplayed] != len(copies)-1 {
-		t.Fatalf("replay: %v %v", sum, err)
-	}
-	if runs := effectRuns(t, db); runs["m-2"] != 1 {
-		t.Fatalf("after replay m-2 ran %d times, want 1", runs["m-2"])
+			if _, killed := startChild(t, append(env, childCrash+"=after-dlq:m-2")); !killed {
+				t.Fatal("the consumer process was not killed after the dead-letter write")
+			}
+			if _, killed := startChild(t, env); killed {
+				t.Fatal("the restarted consumer was killed")
+			}
+			runs := effectRuns(t, db)
+			for i := range n {
+				id := "m-" + strconv.Itoa(i)
+				want := 1
+				if id == "m-2" {
+					want = 0
+				}
+				if runs[id] != want {
+					t.Fatalf("%s ran %d times, want %d", id, runs[id], want)
+				}
+			}
+			var copies []*dlq.DeadLetter
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			err := dlq.Scan(ctx, testenv.Brokers(t), topic+dlq.TopicSuffixDefault, func(m kafka.Message) error {
+				d, err := dlq.Parse(m)
+				if err == nil {
+					copies = append(copies, d)
+				}
+				return err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(copies) < 1 || len(copies) > 2 {
+				t.Fatalf("%d dead letters for m-2, want 1 or 2", len(copies))
+			}
+			for _, d := range copies {
+				if d.MessageID != "m-2" || d.Origin != copies[0].Origin || d.Round != 0 {
+					t.Fatalf("dead letter %+v differs from %+v", d, copies[0])
+				}
+			}
+			table := db.Table("effects")
+			rp, err := dlq.NewReprocessor(&dlq.ReprocessorConfig{Brokers: testenv.Brokers(t), Topic: topic + dlq.TopicSuffixDefault,
+				Mode: dlq.Redrive, Pool: db.Pool, Tables: migrate.Config{Schema: db.Schema},
+				Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+					return applyEffect(ctx, tx, table, m)
+				})})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rp.Close()
+			sum, err := rp.Run(ctx)
+			if err != nil || sum[dlq.Applied] != 1 || sum[dlq.AlreadyReplayed] != len(copies)-1 {
+				t.Fatalf("replay: %v %v", sum, err)
+			}
+			if runs := effectRuns(t, db); runs["m-2"] != 1 {
+				t.Fatalf("after replay m-2 ran %d times, want 1", runs["m-2"])
+			}
+		})
 	}
 }

@@ -27,6 +27,7 @@ func TestInstancesJoinAndLeave(t *testing.T) {
 		set   bool
 	}{
 		{name: "per-message", batch: 1},
+		{name: "default"}, // adaptive batches
 		{name: "batched", batch: 100},
 		{name: "batch-handler", batch: 100, set: true},
 	} {

@@ -206,49 +206,51 @@ func TestConsumerCommittedOnly(t *testing.T) {
 func TestConsumerHeldByOpenTransaction(t *testing.T) {
 	t.Parallel()
 	for _, commit := range []bool{true, false} {
-		t.Run(map[bool]string{true: "commit", false: "abort"}[commit], func(t *testing.T) {
-			t.Parallel()
-			topic := testenv.NewTopic(t, 1)
-			jp := txproducer.Start(t, bootstrap(t))
-			open := jp.Producer("", txproducer.None)
-			var before, held, opened want
-			before.add(0, produce(t, topic, 0, 0, "n1"), "n1")
-			open.Begin()
-			sendAll(open, topic, 0, "h1", "h2")
-			opened.add(0, open.Flush(), "h1", "h2")
-			held.add(0, produce(t, topic, 0, 0, "n2"), "n2")
+		for _, md := range consumerModes[:2] { // per-message and default
+			t.Run(map[bool]string{true: "commit", false: "abort"}[commit]+"/"+md.name, func(t *testing.T) {
+				t.Parallel()
+				topic := testenv.NewTopic(t, 1)
+				jp := txproducer.Start(t, bootstrap(t))
+				open := jp.Producer("", txproducer.None)
+				var before, held, opened want
+				before.add(0, produce(t, topic, 0, 0, "n1"), "n1")
+				open.Begin()
+				sendAll(open, topic, 0, "h1", "h2")
+				opened.add(0, open.Flush(), "h1", "h2")
+				held.add(0, produce(t, topic, 0, 0, "n2"), "n2")
 
-			c := newConsumerDB(t)
-			cfg := c.config(t, consumerModes[0], topic)
-			cfg.HeldWarnAfter = 500 * time.Millisecond
-			var reported atomic.Int64
-			cfg.Hooks.HeldByTransaction = func(_ string, _ int, lastStable, _ int64, _ time.Duration) { reported.Store(lastStable + 1) }
-			r, err := consumer.New(cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			errc := make(chan error, 1)
-			go func() { errc <- r.Run(ctx) }()
-			defer func() {
-				cancel()
-				if err := <-errc; err != nil {
-					t.Errorf("Run: %v", err)
+				c := newConsumerDB(t)
+				cfg := c.config(t, md, topic)
+				cfg.HeldWarnAfter = 500 * time.Millisecond
+				var reported atomic.Int64
+				cfg.Hooks.HeldByTransaction = func(_ string, _ int, lastStable, _ int64, _ time.Duration) { reported.Store(lastStable + 1) }
+				r, err := consumer.New(cfg)
+				if err != nil {
+					t.Fatal(err)
 				}
-			}()
-			waitUntil(t, "the hold reported", func() bool { return reported.Load() == opened[0].Offset+1 })
-			equalRecs(t, "applied while the transaction is open", c.applied(t), before.sorted())
+				ctx, cancel := context.WithCancel(context.Background())
+				errc := make(chan error, 1)
+				go func() { errc <- r.Run(ctx) }()
+				defer func() {
+					cancel()
+					if err := <-errc; err != nil {
+						t.Errorf("Run: %v", err)
+					}
+				}()
+				waitUntil(t, "the hold reported", func() bool { return reported.Load() == opened[0].Offset+1 })
+				equalRecs(t, "applied while the transaction is open", c.applied(t), before.sorted())
 
-			expect := append(append(want{}, before...), held...)
-			if commit {
-				open.Commit()
-				expect = append(expect, opened...)
-			} else {
-				open.Abort()
-			}
-			waitUntil(t, "the records after the transaction", func() bool { return len(c.applied(t)) == len(expect) })
-			equalRecs(t, "applied after the transaction ended", c.applied(t), expect.sorted())
-		})
+				expect := append(append(want{}, before...), held...)
+				if commit {
+					open.Commit()
+					expect = append(expect, opened...)
+				} else {
+					open.Abort()
+				}
+				waitUntil(t, "the records after the transaction", func() bool { return len(c.applied(t)) == len(expect) })
+				equalRecs(t, "applied after the transaction ended", c.applied(t), expect.sorted())
+			})
+		}
 	}
 }
 
