@@ -121,6 +121,13 @@ func child() int {
 					stop()
 				}
 			},
+			// A run that starts at the end (the previous one, in the
+			// default mode, committed up to it) has nothing to commit.
+			Assigned: func(_ string, _ int, start int64) {
+				if start >= until {
+					stop()
+				}
+			},
 		},
 	})
 	if err != nil {
