@@ -490,7 +490,7 @@ func (s *Store) Purge(ctx context.Context, db *pgxpool.Pool, batchSize int) (int
 
 // reservation is the outcome of reserve: either this request holds the key
 // (reserved, with token, from leaseStart on), or the other fields describe
-// the existing record.
+// the existing record (token is then its holder's).
 type reservation struct {
 	reserved bool
 	token    int64
@@ -592,6 +592,7 @@ func (s *Store) reserve(ctx context.Context, db DBTX, a reserveArgs) (reservatio
 			return taken, nil
 		}
 		res.state = State(state)
+		res.token = existingToken
 		res.fingerprint = fingerprint
 		if lockedUntil != nil {
 			res.lockedUntil = *lockedUntil
