@@ -313,7 +313,10 @@ func (s *Store) Get(ctx context.Context, db DBTX, account, operation, key string
 
 // FindStuck returns up to limit records still PROCESSING after their lease
 // ended, longest overdue first (limit <= 0 means FindLimitDefault). Their
-// holder crashed, hung, or is slow; see Reconcile. In transaction mode the
+// holder crashed, hung, or is slow; see Reconcile. Since migration 11 no
+// index tells PROCESSING records apart (it would stop completions from
+// being HOT updates), so it reads the whole table: call it every few
+// minutes, not per request. In transaction mode the
 // next request with such a record's key takes it over (Config.NoLeaseTakeover).
 func (s *Store) FindStuck(ctx context.Context, db DBTX, limit int) ([]Record, error) {
 	if limit <= 0 {
