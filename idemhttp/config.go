@@ -120,7 +120,11 @@ type Config struct {
 	// Wait is how long a request whose key is in flight waits for the first
 	// request to finish (then it is answered with the replay, or runs the
 	// handler if the first released the key) before it gets 409
-	// request_in_flight. Defaults to 0: 409 at once.
+	// request_in_flight. It is woken by the holder's end, not by polling
+	// (see the package documentation, Waiting), and holds a pooled
+	// connection while it waits. Set it on every middleware of an operation:
+	// a holder takes the lock waiters wait on only when its own Wait is set.
+	// Defaults to 0: 409 at once.
 	Wait time.Duration
 
 	// RetryAfter is the Retry-After sent with 409 request_in_flight and

@@ -26,14 +26,18 @@
 // frees a key whose request never completed.
 //
 // Execution. The handler then runs in a transaction the middleware begins
-// (Tx returns it). After the handler returns, the middleware stores the
-// response and marks the record COMPLETED with an UPDATE that matches the
-// token, in that same transaction, and commits: the business writes, the
+// on the connection the key was reserved on (Tx returns it): one pooled
+// connection serves the whole request, and is held until it is answered.
+// After the handler returns, the middleware stores the response and marks
+// the record COMPLETED with an UPDATE that matches the token, in that same
+// transaction, and commits, in one round trip: the business writes, the
 // outbox messages and the COMPLETED record commit together or not at all.
 // If the token no longer matches (after its lease ended, the record was
-// taken over by another request or handed to the reconciler), the
-// transaction is rolled back and the client gets 409 lease_lost: a holder
-// that lost its lease cannot complete.
+// taken over by another request or handed to the reconciler), the UPDATE
+// fails, the transaction is rolled back and the client gets 409 lease_lost:
+// a holder that lost its lease cannot complete. The completing UPDATE
+// changes no indexed column when it comes within the lease, so PostgreSQL
+// makes it a HOT update (migration 11).
 // The response is buffered and sent only after the commit, so a client never
 // sees a success that was not committed. With Config.NoTx the handler runs
 // without a transaction and the record is completed by its own statement.
@@ -49,10 +53,10 @@
 //
 //   - other fingerprint: 422 idempotency_key_reused, nothing executed (this
 //     check comes first, whatever the record's state);
-//   - PROCESSING: 409 request_in_flight with Retry-After, or, with
-//     Config.Wait, the replay once the first request finishes; once its
-//     lease ended, in transaction mode, the request takes it over and runs
-//     (see Leases);
+//   - PROCESSING: 409 request_in_flight with Retry-After at once, or, with
+//     Config.Wait, the answer once the first request finishes (see Waiting);
+//     once its lease ended, in transaction mode, the request takes it over
+//     and runs (see Leases);
 //   - COMPLETED: the stored status, allow-listed headers and body, with
 //     Idempotent-Replayed: true;
 //   - FAILED or UNKNOWN (set by a reconciler): 409 operation_failed or
@@ -77,6 +81,25 @@
 // than 1024 bytes, invalid UTF-8 or NUL: a default operation holds the URL
 // path the client sent), 401 when Config.Account fails, 413 past
 // Config.MaxRequestBytes, 503 store_unavailable when PostgreSQL fails.
+//
+// # Waiting
+//
+// By default a request whose key is in flight is answered 409 at once, and
+// the client retries. With Config.Wait, it waits instead, at most Wait: in
+// transaction mode the holder takes a PostgreSQL advisory lock on its
+// record's token in its transaction, and the waiter waits on that lock
+// (lock_timeout bounds it), so PostgreSQL wakes it the moment the holder
+// commits, rolls back or loses its connection, without polling. The waiter
+// then looks at the record again: COMPLETED gives the replay; a key released
+// by a failed holder (5xx, panic) is reserved by the waiter, which runs the
+// handler itself; a record taken over makes it wait for the new holder.
+// When Wait ends first, it gets 409 request_in_flight. A holder running
+// with Config.NoTx holds no transaction during its handler, so its waiters
+// look at the record again after a pause that doubles up to 50ms; so do
+// waiters in the instants between a holder's reservation and its lock, or
+// between its rollback and its release. Each waiting request holds a
+// pooled connection while it waits: size the pool for the waiters you
+// expect, or keep Wait short.
 //
 // # Leases, takeover, reconciliation and expiry
 //
@@ -127,8 +150,11 @@
 // `idemkit idemhttp stuck` lists stuck records. A reconciler also works
 // alongside takeover, for keys no client retries.
 //
-// A record expires Config.TTL (default 24 hours) after it was reserved or
-// taken over, and again TTL after it completed. From then on its key is
+// A record expires Config.TTL (default 24 hours) after its lease would end
+// (Lease + TTL after it was reserved or taken over), or TTL after it
+// completed if that is later: a completed record always lives at least TTL
+// after its completion. (The expiry set at the reservation covers a
+// completion within the lease, so that completing does not change it.) From then on its key is
 // unknown: a request with it runs the handler anew, whatever the record's
 // state. This is the contract, not a cache detail: choose a TTL longer than
 // any retry you expect, and back critical effects with a business
@@ -156,7 +182,9 @@
 //
 // # Tables
 //
-// The table is created by package migrate (version 3); StoreConfig and
+// The table is created by package migrate (version 3, and version 11 for
+// the layout this package expects: without the index of stuck records, so
+// Store.FindStuck reads the whole table, and with fillfactor 70); StoreConfig and
 // migrate.Config must name the same schema and table. Nothing in this
 // package runs DDL: without the table, Store methods return errors matching
 // ErrNotMigrated, and the middleware answers 503 store_unavailable and logs

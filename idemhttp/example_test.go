@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -126,4 +128,60 @@ func ExampleStore_Reconcile() {
 	fmt.Println("settled:", n, err)
 	// Output:
 	// settled: 0 <nil>
+}
+
+// With Config.Wait, a retry that arrives while the first request is still
+// running waits for it and gets its answer, instead of 409 at once.
+func ExampleConfig_wait() {
+	pool, schema, drop := exampleDB()
+	defer drop()
+
+	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: schema})
+	if err != nil {
+		panic(err)
+	}
+	mw, err := idemhttp.New(pool, &idemhttp.Config{
+		Store:   store,
+		Account: func(*http.Request) (string, error) { return "acct-1", nil },
+		Wait:    10 * time.Second, // woken when the first request commits
+	})
+	if err != nil {
+		panic(err)
+	}
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int32
+	srv := httptest.NewServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			close(entered)
+			<-proceed // the first request is slow
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintln(w, "charged once")
+	})))
+	defer srv.Close()
+
+	send := func(out chan<- string) {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(`{}`))
+		req.Header.Set("Idempotency-Key", "c1b7a1e2-5a2d-4a5e-9d53-0f3c1f4b2f10")
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			panic(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		out <- fmt.Sprintf("%d replayed=%q %s", resp.StatusCode, resp.Header.Get(idemhttp.HeaderReplayed), b)
+	}
+	first, retry := make(chan string, 1), make(chan string, 1)
+	go send(first)
+	<-entered
+	go send(retry) // waits for the first
+	time.Sleep(100 * time.Millisecond)
+	close(proceed)
+	fmt.Print(<-first)
+	fmt.Print(<-retry)
+	fmt.Println("handler calls:", calls.Load())
+	// Output:
+	// 201 replayed="" charged once
+	// 201 replayed="true" charged once
+	// handler calls: 1
 }

@@ -133,13 +133,28 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	a.fingerprint = fingerprint(a.operation, intent)
 
-	res, err := m.reserveOrWait(r.Context(), a)
+	// One connection serves the request: the reservation, the wait for a
+	// request in flight, the handler's transaction and its completion.
+	conn, err := m.pool.Acquire(r.Context())
+	if err != nil {
+		log.ErrorContext(r.Context(), "idemhttp: acquire a connection failed", slog.Any("error", err))
+		m.fail(w, r, http.StatusServiceUnavailable, CodeStoreUnavailable, "the idempotency store is unavailable")
+		return
+	}
+	defer func() {
+		if conn != nil {
+			conn.Release()
+		}
+	}()
+	res, err := m.reserveOrWait(r.Context(), conn, a)
 	if err != nil {
 		log.ErrorContext(r.Context(), "idemhttp: reserve failed", slog.Any("error", err))
 		m.fail(w, r, http.StatusServiceUnavailable, CodeStoreUnavailable, "the idempotency store is unavailable")
 		return
 	}
 	if !res.reserved {
+		conn.Release()
+		conn = nil
 		m.answerExisting(w, r, a, res)
 		return
 	}
@@ -148,7 +163,12 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			slog.Int64("previous_token", res.prevToken), slog.Time("lease_ended", res.prevLockedUntil))
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
-	m.execute(w, r, next, a, res, log)
+	if m.cfg.NoTx {
+		// The handler runs without a transaction: it holds no connection.
+		conn.Release()
+		conn = nil
+	}
+	m.execute(w, r, next, a, res, conn, log)
 }
 
 func readBody(r *http.Request, limit int64) ([]byte, error) {
@@ -159,14 +179,28 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 	return io.ReadAll(http.MaxBytesReader(nil, r.Body, limit))
 }
 
-// reserveOrWait reserves the key, or returns the existing record; while
-// that record is PROCESSING and Config.Wait allows, it polls until the
-// record is completed or released.
-func (m *Middleware) reserveOrWait(ctx context.Context, a reserveArgs) (reservation, error) {
+// pollMax bounds the pause between two looks at a record whose holder's
+// transaction ended without settling it (see reserveOrWait).
+const pollMax = 50 * time.Millisecond
+
+// reserveOrWait reserves the key, or returns the existing record. While
+// that record is PROCESSING with the request's fingerprint and Config.Wait
+// allows, it waits for the holder's transaction to end, on the advisory
+// lock the holder takes on its token (Store.hold): PostgreSQL wakes the
+// waiter when the holder commits or rolls back, or its connection ends. It
+// then looks at the record again: completed (the replay), released (this
+// request reserves the key and runs), taken over (it waits for the new
+// holder). A record whose holder's lock was free and that did not move (the
+// holder is in the instant between its reservation and its lock, or
+// between its rollback and its release, or runs without a transaction:
+// Config.NoTx) is looked at again after a short pause, doubling up to
+// pollMax.
+func (m *Middleware) reserveOrWait(ctx context.Context, db DBTX, a reserveArgs) (reservation, error) {
 	deadline := time.Now().Add(m.cfg.Wait)
-	pause := 5 * time.Millisecond
+	pause := time.Millisecond
+	var waited int64 // the token whose holder's lock this request got
 	for {
-		res, err := m.store.reserve(ctx, m.pool, a)
+		res, err := m.store.reserve(ctx, db, a)
 		if err != nil || res.reserved || res.state != StateProcessing ||
 			!bytes.Equal(res.fingerprint, a.fingerprint) || m.cfg.Wait <= 0 {
 			return res, err
@@ -175,14 +209,29 @@ func (m *Middleware) reserveOrWait(ctx context.Context, a reserveArgs) (reservat
 		if left <= 0 {
 			return res, nil
 		}
-		t := time.NewTimer(min(pause, left))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return res, nil // answered 409; the client is gone anyway
-		case <-t.C:
+		if res.token == waited {
+			t := time.NewTimer(min(pause, left))
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return res, nil // answered 409; the client is gone anyway
+			case <-t.C:
+			}
+			pause = min(2*pause, pollMax)
+			waited = 0
+			continue
 		}
-		pause = min(2*pause, 200*time.Millisecond)
+		ok, err := m.store.awaitHolder(ctx, db, res.token, left)
+		if ctx.Err() != nil {
+			return res, nil
+		}
+		if err != nil {
+			return reservation{}, err
+		}
+		if !ok {
+			return res, nil // Wait is over: 409
+		}
+		waited = res.token
 	}
 }
 
@@ -214,9 +263,11 @@ func (m *Middleware) answerExisting(w http.ResponseWriter, r *http.Request, a re
 	}
 }
 
-// execute runs the handler for a reserved key and settles the record.
+// execute runs the handler for a reserved key and settles the record. In
+// transaction mode conn is the connection the key was reserved on; with
+// NoTx it is nil.
 func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, a reserveArgs, res reservation,
-	log *slog.Logger) {
+	conn *pgxpool.Conn, log *slog.Logger) {
 	token := res.token
 	finish := func() (context.Context, context.CancelFunc) {
 		return context.WithTimeout(context.WithoutCancel(r.Context()), finishTimeout)
@@ -224,7 +275,11 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	release := func(why string) {
 		ctx, cancel := finish()
 		defer cancel()
-		if err := m.store.release(ctx, m.pool, a, token); err != nil {
+		var db DBTX = m.pool
+		if conn != nil && !conn.Conn().IsClosed() {
+			db = conn // after the rollback: no second connection needed
+		}
+		if err := m.store.release(ctx, db, a, token); err != nil {
 			// The record stays PROCESSING until its lease ends, then the
 			// reconciler sees it.
 			log.ErrorContext(ctx, "idemhttp: release failed", slog.String("reason", why), slog.Any("error", err))
@@ -237,9 +292,14 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	hctx, cancel := context.WithDeadline(r.Context(), res.leaseStart.Add(m.cfg.Lease))
 	defer cancel()
 	var tx pgx.Tx
-	if !m.cfg.NoTx {
+	if conn != nil {
 		var err error
-		tx, err = m.pool.Begin(hctx)
+		tx, err = conn.Begin(hctx)
+		if err == nil && m.cfg.Wait > 0 {
+			if err = m.store.hold(hctx, tx, token); err != nil {
+				_ = tx.Rollback(context.WithoutCancel(hctx))
+			}
+		}
 		if err != nil {
 			log.ErrorContext(hctx, "idemhttp: begin failed", slog.Any("error", err))
 			release("begin failed")
@@ -313,16 +373,13 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		rec.writeTo(w)
 		return
 	}
-	ok, err := m.store.complete(ctx, tx, a, token, resp)
+	ok, err := m.store.completeAndCommit(ctx, tx, a, token, resp)
 	if err == nil && !ok {
 		rollback()
 		log.WarnContext(ctx, "idemhttp: lease lost before completion; transaction rolled back")
 		m.fail(w, r, http.StatusConflict, CodeLeaseLost,
 			"this request's hold on the Idempotency-Key ended before it completed; nothing was committed; retry with the same key")
 		return
-	}
-	if err == nil {
-		err = tx.Commit(ctx)
 	}
 	if err != nil {
 		rollback()

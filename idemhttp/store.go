@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -94,6 +96,7 @@ type Store struct {
 	takeoverSQL     string
 	leaseSQL        string
 	completeSQL     string
+	completeTxSQL   string
 	releaseSQL      string
 	getSQL          string
 	stuckSQL        string
@@ -149,10 +152,25 @@ WHERE ` + key + ` AND token = $9 AND expires_at <= $6`,
 		leaseSQL: `UPDATE ` + t + ` SET token = $5, locked_until = $7, updated_at = $6, expires_at = $8
 WHERE ` + key + ` AND token = $9 AND state = 'PROCESSING' AND locked_until <= $6 AND fingerprint = $4`,
 
-		completeSQL: `UPDATE ` + t + ` SET state = 'COMPLETED', locked_until = NULL,
-	response_status = $5, response_headers = $6, response_body = $7,
-	updated_at = $8, completed_at = $8, expires_at = $9
+		// The completion changes no indexed column when it comes within the
+		// lease: the reservation set expires_at to the lease end plus the TTL,
+		// which GREATEST keeps. So it is a HOT update (migration 11 dropped
+		// the index on state and locked_until).
+		completeSQL: `UPDATE ` + t + ` SET ` + completeSet + `
 WHERE ` + key + ` AND token = $4 AND state = 'PROCESSING'`,
+
+		// completeTxSQL is completeSQL for the middleware's transaction,
+		// sent in one round trip with COMMIT: when the record is no longer
+		// held with the token it fails (leaseLostMarker), so that the
+		// transaction is aborted and the COMMIT after it rolls back. The
+		// cast of a text built from count(*) is evaluated per execution, never
+		// folded at planning.
+		completeTxSQL: `WITH done AS (
+	UPDATE ` + t + ` SET ` + completeSet + `
+	WHERE ` + key + ` AND token = $4 AND state = 'PROCESSING'
+	RETURNING 1
+)
+SELECT CASE count(*) WHEN 1 THEN 1 ELSE ('` + leaseLostMarker + `' || count(*))::int END FROM done`,
 
 		releaseSQL: `DELETE FROM ` + t + ` WHERE ` + key + ` AND token = $4 AND state = 'PROCESSING'`,
 
@@ -218,6 +236,25 @@ FROM ` + t + `
 WHERE account = $1 AND operation = $2 AND idempotency_key = $3 AND NOT EXISTS (SELECT 1 FROM ins)`
 }
 
+// completeSet is the SET list of the completing UPDATE: $5 status, $6
+// headers, $7 body, $8 now, $9 the expiry TTL after now. expires_at only
+// grows: a completion within the lease leaves it at the lease end plus the
+// TTL, set by the reservation, so that the UPDATE changes no indexed column.
+const completeSet = `state = 'COMPLETED', locked_until = NULL,
+	response_status = $5, response_headers = $6, response_body = $7,
+	updated_at = $8, completed_at = $8, expires_at = GREATEST(expires_at, $9)`
+
+// leaseLostMarker is in the error completeTxSQL raises when the record is no
+// longer held with the request's token.
+const leaseLostMarker = "idemhttp_lease_lost:"
+
+// isLeaseLost reports whether err is the error completeTxSQL raises when the
+// record is no longer held with the token.
+func isLeaseLost(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "22P02" && strings.Contains(pgErr.Message, leaseLostMarker)
+}
+
 // Record is an idempotency record without its stored response body.
 type Record struct {
 	Account   string
@@ -276,7 +313,10 @@ func (s *Store) Get(ctx context.Context, db DBTX, account, operation, key string
 
 // FindStuck returns up to limit records still PROCESSING after their lease
 // ended, longest overdue first (limit <= 0 means FindLimitDefault). Their
-// holder crashed, hung, or is slow; see Reconcile. In transaction mode the
+// holder crashed, hung, or is slow; see Reconcile. Since migration 11 no
+// index tells PROCESSING records apart (it would stop completions from
+// being HOT updates), so it reads the whole table: call it every few
+// minutes, not per request. In transaction mode the
 // next request with such a record's key takes it over (Config.NoLeaseTakeover).
 func (s *Store) FindStuck(ctx context.Context, db DBTX, limit int) ([]Record, error) {
 	if limit <= 0 {
@@ -453,7 +493,7 @@ func (s *Store) Purge(ctx context.Context, db *pgxpool.Pool, batchSize int) (int
 
 // reservation is the outcome of reserve: either this request holds the key
 // (reserved, with token, from leaseStart on), or the other fields describe
-// the existing record.
+// the existing record (token is then its holder's).
 type reservation struct {
 	reserved bool
 	token    int64
@@ -521,7 +561,7 @@ func (s *Store) reserve(ctx context.Context, db DBTX, a reserveArgs) (reservatio
 			existingToken          int64
 		)
 		err := db.QueryRow(ctx, sql, a.account, a.operation, a.key, a.fingerprint, token,
-			now, now.Add(a.lease), now.Add(a.ttl)).
+			now, now.Add(a.lease), now.Add(a.lease+a.ttl)).
 			Scan(&reserved, &state, &fingerprint, &existingToken, &lockedUntil, &expiresAt, &status, &headerJSON, &body)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // the conflicting row committed after this statement's snapshot
@@ -541,7 +581,7 @@ func (s *Store) reserve(ctx context.Context, db DBTX, a reserveArgs) (reservatio
 				stmt, what = s.leaseSQL, "record whose lease ended"
 			}
 			tag, err := db.Exec(ctx, stmt, a.account, a.operation, a.key, a.fingerprint, token,
-				now, now.Add(a.lease), now.Add(a.ttl), existingToken)
+				now, now.Add(a.lease), now.Add(a.lease+a.ttl), existingToken)
 			if err != nil {
 				return reservation{}, fmt.Errorf("idemhttp: reserve: take over %s: %w", what, translate(err))
 			}
@@ -555,6 +595,7 @@ func (s *Store) reserve(ctx context.Context, db DBTX, a reserveArgs) (reservatio
 			return taken, nil
 		}
 		res.state = State(state)
+		res.token = existingToken
 		res.fingerprint = fingerprint
 		if lockedUntil != nil {
 			res.lockedUntil = *lockedUntil
@@ -591,6 +632,94 @@ func (s *Store) complete(ctx context.Context, db DBTX, a reserveArgs, token int6
 		return false, fmt.Errorf("idemhttp: complete: %w", translate(err))
 	}
 	return tag.RowsAffected() == 1, nil
+}
+
+// completeAndCommit stores resp, marks the record COMPLETED and commits tx,
+// in one round trip, provided the record is still held with token. ok is
+// false when it is not (the lease was taken over, or the reconciler settled
+// the record): then tx was rolled back. On any other error the caller rolls
+// tx back.
+func (s *Store) completeAndCommit(ctx context.Context, tx pgx.Tx, a reserveArgs, token int64, resp storedResponse) (ok bool, err error) {
+	headerJSON, err := json.Marshal(resp.header)
+	if err != nil {
+		return false, fmt.Errorf("idemhttp: complete: %w", err)
+	}
+	body := resp.body
+	if body == nil {
+		body = []byte{}
+	}
+	now := s.now()
+	b := &pgx.Batch{}
+	b.Queue(s.completeTxSQL, a.account, a.operation, a.key, token, resp.status, headerJSON, body, now, now.Add(a.ttl))
+	b.Queue("COMMIT")
+	br := tx.SendBatch(ctx, b)
+	_, err = br.Exec()
+	var tag pgconn.CommandTag
+	if err == nil {
+		tag, err = br.Exec()
+		if err != nil {
+			err = fmt.Errorf("commit: %w", err)
+		}
+	}
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	switch {
+	case isLeaseLost(err):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("idemhttp: complete: %w", translate(err))
+	case tag.String() != "COMMIT":
+		// PostgreSQL answers COMMIT of a failed transaction with ROLLBACK.
+		return false, fmt.Errorf("idemhttp: complete: %w", pgx.ErrTxCommitRollback)
+	}
+	return true, nil
+}
+
+// holdSQL takes the advisory lock of a reservation's token for the rest of
+// the transaction: a request waiting for the holder (Config.Wait) waits on
+// it, and wakes when the holder's transaction ends. The one-bigint form of
+// the advisory locks, on a random 63-bit token, meets an application's own
+// advisory lock keys practically never; when it does, a waiter waits longer.
+const holdSQL = `SELECT pg_catalog.pg_advisory_xact_lock($1)`
+
+// hold takes the advisory lock of token in tx.
+func (s *Store) hold(ctx context.Context, tx pgx.Tx, token int64) error {
+	if _, err := tx.Exec(ctx, holdSQL, token); err != nil {
+		return fmt.Errorf("idemhttp: lock reservation: %w", err)
+	}
+	return nil
+}
+
+// awaitHolder waits until the holder of token ended its transaction (its
+// advisory lock is free), at most timeout. It reports false when the timeout
+// passed first. The lock is taken shared, so that waiters do not queue
+// behind each other, in a transaction of its own that ends at once.
+func (s *Store) awaitHolder(ctx context.Context, db DBTX, token int64, timeout time.Duration) (bool, error) {
+	ms := max(1, (timeout+time.Millisecond-1)/time.Millisecond) // lock_timeout 0 means none
+	b := &pgx.Batch{}
+	b.Queue(`SELECT pg_catalog.set_config('lock_timeout', $1, true)`, strconv.FormatInt(int64(ms), 10))
+	b.Queue(`SELECT pg_catalog.pg_advisory_xact_lock_shared($1)`, token)
+	err := sendBatch(ctx, db, b)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available: lock_timeout
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("idemhttp: wait for the request in flight: %w", err)
+	}
+	return true, nil
+}
+
+// sendBatch runs b on db, which must be able to send batches.
+func sendBatch(ctx context.Context, db DBTX, b *pgx.Batch) error {
+	bs, ok := db.(interface {
+		SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
+	})
+	if !ok {
+		return fmt.Errorf("idemhttp: %T cannot send batches", db)
+	}
+	return bs.SendBatch(ctx, b).Close()
 }
 
 // release deletes the record if it is still PROCESSING with token.

@@ -56,4 +56,8 @@
 //   - 10 (010_position_epoch): consumer positions count their seeks, so
 //     that a consumer removed by a forced seek cannot move a position on
 //     after it. See dedup.Store.SeekTx.
+//   - 11 (011_idempotency_hot): HTTP idempotency records lose the index of
+//     records held past their lease, and their table leaves room on each
+//     page (fillfactor 70), so that completing a record is a HOT update.
+//     Existing records are kept as they are. See package idemhttp.
 package migrate

@@ -294,13 +294,13 @@ func TestOutboxScanIndexes(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Down(4): %v", err)
 	}
-	wantInts(t, "Down(4) reverted", reverted, 10, 9, 8, 7, 6, 5)
+	wantInts(t, "Down(4) reverted", reverted, 11, 10, 9, 8, 7, 6, 5)
 	check("after Down(4)", want2)
 	applied, err := m.Up(ctx)
 	if err != nil {
 		t.Fatalf("Up again: %v", err)
 	}
-	wantInts(t, "Up again applied", applied, 5, 6, 7, 8, 9, 10)
+	wantInts(t, "Up again applied", applied, 5, 6, 7, 8, 9, 10, 11)
 	check("after Up again", want5)
 }
 
