@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/migrate"
 )
 
@@ -212,5 +213,48 @@ func TestPositionWritePaths(t *testing.T) {
 	// One row per partition, whichever path wrote it.
 	if n := count(t, db.Pool, "SELECT count(*) FROM "+db.Table(migrate.ConsumerPositionsDefault)); n != 1 {
 		t.Fatalf("%d position rows, want 1", n)
+	}
+}
+
+// TestNotMigrated: every store method on a schema without idemkit's tables
+// says so with ErrNotMigrated (not a raw SQLSTATE); bad input does not.
+func TestNotMigrated(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.NewDB(t) // a schema with nothing migrated
+	s, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := dedup.Claim{Consumer: "billing", MessageID: "m", Topic: "orders"}
+	check := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, dedup.ErrNotMigrated) {
+			t.Errorf("%s: %v, want ErrNotMigrated", what, err)
+		}
+	}
+	tx := func(f func(tx pgx.Tx) error) error {
+		tx, err := db.Pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		return f(tx)
+	}
+	check("ClaimTx", tx(func(tx pgx.Tx) error { _, err := s.ClaimTx(ctx, tx, c); return err }))
+	check("ClaimWithPositionTx", tx(func(tx pgx.Tx) error { _, err := s.ClaimWithPositionTx(ctx, tx, c); return err }))
+	check("ClaimBatchTx", tx(func(tx pgx.Tx) error { _, err := s.ClaimBatchTx(ctx, tx, []dedup.Claim{c}); return err }))
+	check("SavePositionTx", tx(func(tx pgx.Tx) error { return s.SavePositionTx(ctx, tx, "billing", "orders", 0, 1, time.Time{}, 0) }))
+	_, err = s.Positions(ctx, db.Pool, "billing", "orders")
+	check("Positions", err)
+	_, err = s.ListPositions(ctx, db.Pool, "billing", "orders")
+	check("ListPositions", err)
+	_, err = s.Processed(ctx, db.Pool, "billing", "m")
+	check("Processed", err)
+	_, err = s.Purge(ctx, db.Pool, time.Hour, 100)
+	check("Purge", err)
+	// Bad input is bad input, whatever the schema.
+	if err := tx(func(tx pgx.Tx) error { _, err := s.ClaimTx(ctx, tx, dedup.Claim{}); return err }); errors.Is(err, dedup.ErrNotMigrated) || !errors.Is(err, dedup.ErrInvalidInput) {
+		t.Errorf("empty claim: %v, want ErrInvalidInput only", err)
 	}
 }

@@ -66,16 +66,16 @@ func (s *Store) ListPositions(ctx context.Context, db DBTX, consumer, topic stri
 		return nil, fmt.Errorf("dedup: list positions: %w", &inputError{err: err})
 	}
 	if err := validateTopic(topic); err != nil {
-		return nil, fmt.Errorf("dedup: list positions: %w", err)
+		return nil, fail("list positions", err)
 	}
 	rows, err := db.Query(ctx, `SELECT `+positionColumns+` FROM `+s.positionsTable()+`
 	WHERE consumer = $1 AND topic = $2 ORDER BY kafka_partition`, consumer, topic)
 	if err != nil {
-		return nil, fmt.Errorf("dedup: list positions: %w", err)
+		return nil, fail("list positions", err)
 	}
 	out, err := scanPositions(rows)
 	if err != nil {
-		return nil, fmt.Errorf("dedup: list positions: %w", err)
+		return nil, fail("list positions", err)
 	}
 	return out, nil
 }
@@ -110,7 +110,7 @@ func (s *Store) SeekTx(ctx context.Context, tx pgx.Tx, consumer, topic string, t
 		return nil, nil, fmt.Errorf("dedup: seek: %w", &inputError{err: err})
 	}
 	if err := validateTopic(topic); err != nil {
-		return nil, nil, fmt.Errorf("dedup: seek: %w", err)
+		return nil, nil, fail("seek", err)
 	}
 	if len(to) == 0 {
 		return nil, nil, fmt.Errorf("dedup: seek: %w", invalid("no partition to move"))
@@ -118,7 +118,7 @@ func (s *Store) SeekTx(ctx context.Context, tx pgx.Tx, consumer, topic string, t
 	partitions := slices.Sorted(maps.Keys(to))
 	for _, p := range partitions {
 		if err := validatePartition(p); err != nil {
-			return nil, nil, fmt.Errorf("dedup: seek: %w", err)
+			return nil, nil, fail("seek", err)
 		}
 		if to[p] < 0 {
 			return nil, nil, fmt.Errorf("dedup: seek: %w", invalid("invalid next offset %d for partition %d", to[p], p))
@@ -131,11 +131,11 @@ func (s *Store) SeekTx(ctx context.Context, tx pgx.Tx, consumer, topic string, t
 	rows, err := tx.Query(ctx, `SELECT `+positionColumns+` FROM `+s.positionsTable()+`
 	WHERE consumer = $1 AND topic = $2 ORDER BY kafka_partition FOR UPDATE`, consumer, topic)
 	if err != nil {
-		return nil, nil, fmt.Errorf("dedup: seek: %w", err)
+		return nil, nil, fail("seek", err)
 	}
 	locked, err := scanPositions(rows)
 	if err != nil {
-		return nil, nil, fmt.Errorf("dedup: seek: %w", err)
+		return nil, nil, fail("seek", err)
 	}
 	var top int64
 	current := map[int]Position{}
@@ -169,11 +169,11 @@ SET next_offset = EXCLUDED.next_offset, incarnation = EXCLUDED.incarnation, anch
 	epoch = p.epoch + 1, updated_at = now()
 RETURNING `+positionColumns, consumer, topic, ids, next, incarnations)
 	if err != nil {
-		return nil, nil, fmt.Errorf("dedup: seek: %w", err)
+		return nil, nil, fail("seek", err)
 	}
 	after, err = scanPositions(rows)
 	if err != nil {
-		return nil, nil, fmt.Errorf("dedup: seek: %w", err)
+		return nil, nil, fail("seek", err)
 	}
 	slices.SortFunc(after, func(a, b Position) int { return a.Partition - b.Partition })
 	return before, after, nil

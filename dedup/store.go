@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idemkit/internal/pgexec"
@@ -260,14 +261,14 @@ func (s *Store) Tables() migrate.Config { return s.tables }
 // ErrInvalidInput before any SQL runs.
 func (s *Store) ClaimTx(ctx context.Context, tx pgx.Tx, c Claim) (duplicate bool, err error) {
 	if err := c.validate(); err != nil {
-		return false, fmt.Errorf("dedup: claim: %w", err)
+		return false, fail("claim", err)
 	}
 	if tx == nil {
 		return false, errors.New("dedup: claim: nil tx")
 	}
 	tag, err := tx.Exec(ctx, s.claimSQL, c.Consumer, c.MessageID, c.Topic, c.Partition, c.Offset)
 	if err != nil {
-		return false, fmt.Errorf("dedup: claim: %w", err)
+		return false, fail("claim", err)
 	}
 	return tag.RowsAffected() == 0, nil
 }
@@ -278,14 +279,14 @@ func (s *Store) ClaimTx(ctx context.Context, tx pgx.Tx, c Claim) (duplicate bool
 // recorded for duplicates too: the message is done either way.
 func (s *Store) ClaimWithPositionTx(ctx context.Context, tx pgx.Tx, c Claim) (duplicate bool, err error) {
 	if err := c.validate(); err != nil {
-		return false, fmt.Errorf("dedup: claim: %w", err)
+		return false, fail("claim", err)
 	}
 	if tx == nil {
 		return false, errors.New("dedup: claim: nil tx")
 	}
 	err = tx.QueryRow(ctx, s.claimWithPositionSQL, s.claimWithPositionArgs(c)...).Scan(&duplicate)
 	if err != nil {
-		return false, fmt.Errorf("dedup: claim: %w", err)
+		return false, fail("claim", err)
 	}
 	return duplicate, nil
 }
@@ -300,18 +301,20 @@ func (s *Store) claimWithPositionArgs(c Claim) []any {
 // in one round trip (b.BeginTx must come first, as pgx requires). The
 // outcome is stored in *duplicate when b's results are read
 // (pgx.BatchResults.Close); an error of the statement is returned from
-// there, wrapped. Invalid input returns an error matching ErrInvalidInput
-// and queues nothing.
+// there, wrapped (but pgx may fail the batch before running it, for example
+// preparing it on a schema that is not migrated: that error is pgx's).
+// Invalid input returns an error matching ErrInvalidInput and queues
+// nothing.
 func (s *Store) QueueClaimWithPosition(b *pgx.Batch, c Claim, duplicate *bool) error {
 	if err := c.validate(); err != nil {
-		return fmt.Errorf("dedup: claim: %w", err)
+		return fail("claim", err)
 	}
 	if b == nil || duplicate == nil {
 		return errors.New("dedup: claim: nil batch or result")
 	}
 	b.Queue(s.claimWithPositionSQL, s.claimWithPositionArgs(c)...).QueryRow(func(row pgx.Row) error {
 		if err := row.Scan(duplicate); err != nil {
-			return fmt.Errorf("dedup: claim: %w", err)
+			return fail("claim", err)
 		}
 		return nil
 	})
@@ -345,7 +348,7 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, claims []Claim) (du
 	}
 	rows, err := tx.Query(ctx, q.sql, q.args...)
 	if err != nil {
-		return nil, fmt.Errorf("dedup: claim batch: %w", err)
+		return nil, fail("claim batch", err)
 	}
 	return q.result(rows)
 }
@@ -477,7 +480,7 @@ func (s *Store) batchClaim(claims []Claim) (*claimBatch, error) {
 func (q *claimBatch) result(rows pgx.Rows) ([]bool, error) {
 	claimed, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {
-		return nil, fmt.Errorf("dedup: claim batch: %w", err)
+		return nil, fail("claim batch", err)
 	}
 	duplicate := make([]bool, q.n)
 	for i := range duplicate {
@@ -516,10 +519,10 @@ func (s *Store) SavePositionTx(ctx context.Context, tx pgx.Tx, consumer, topic s
 		return fmt.Errorf("dedup: save position: %w", &inputError{err: err})
 	}
 	if err := validateTopic(topic); err != nil {
-		return fmt.Errorf("dedup: save position: %w", err)
+		return fail("save position", err)
 	}
 	if err := validatePartition(partition); err != nil {
-		return fmt.Errorf("dedup: save position: %w", err)
+		return fail("save position", err)
 	}
 	if next < 0 {
 		return fmt.Errorf("dedup: save position: %w", invalid("invalid next offset %d", next))
@@ -528,7 +531,7 @@ func (s *Store) SavePositionTx(ctx context.Context, tx pgx.Tx, consumer, topic s
 		return errors.New("dedup: save position: nil tx")
 	}
 	if _, err := tx.Exec(ctx, s.savePositionSQL, consumer, topic, partition, next, anchor(anchorTime), epoch); err != nil {
-		return fmt.Errorf("dedup: save position: %w", err)
+		return fail("save position", err)
 	}
 	return nil
 }
@@ -541,7 +544,7 @@ func (s *Store) Positions(ctx context.Context, db DBTX, consumer, topic string) 
 		return nil, fmt.Errorf("dedup: positions: %w", &inputError{err: err})
 	}
 	if err := validateTopic(topic); err != nil {
-		return nil, fmt.Errorf("dedup: positions: %w", err)
+		return nil, fail("positions", err)
 	}
 	records, err := s.ListPositions(ctx, db, consumer, topic)
 	if err != nil {
@@ -566,7 +569,7 @@ func (s *Store) Processed(ctx context.Context, db DBTX, consumer, messageID stri
 	}
 	var ok bool
 	if err := db.QueryRow(ctx, s.processedSQL, consumer, messageID).Scan(&ok); err != nil {
-		return false, fmt.Errorf("dedup: processed: %w", err)
+		return false, fail("processed", err)
 	}
 	return ok, nil
 }
@@ -604,7 +607,7 @@ func (s *Store) purge(ctx context.Context, db *pgxpool.Pool, consumer string, ol
 	var cutoff time.Time
 	if err := db.QueryRow(ctx, `SELECT now() - $1::bigint * interval '1 microsecond'`,
 		olderThan.Microseconds()).Scan(&cutoff); err != nil {
-		return 0, fmt.Errorf("dedup: purge: %w", err)
+		return 0, fail("purge", err)
 	}
 	var deleted int64
 	var err error
@@ -614,7 +617,21 @@ func (s *Store) purge(ctx context.Context, db *pgxpool.Pool, consumer string, ol
 		deleted, err = pgexec.DeleteInBatches(ctx, db, s.purgeConsumerSQL, batchSize, consumer, cutoff)
 	}
 	if err != nil {
-		return deleted, fmt.Errorf("dedup: purge: %w", err)
+		return deleted, fail("purge", err)
 	}
 	return deleted, nil
+}
+
+// ErrNotMigrated means the store's tables are missing or older than the
+// store needs (PostgreSQL's undefined_table or undefined_column): run
+// package migrate (`idemkit migrate up`) with the same schema and names.
+var ErrNotMigrated = errors.New("dedup: tables missing or not migrated: run migrate.Up")
+
+// fail wraps err for op, marking a schema that is not migrated.
+func fail(op string, err error) error {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) && (pg.Code == "42P01" || pg.Code == "42703") {
+		return fmt.Errorf("dedup: %s: %w: %w", op, ErrNotMigrated, err)
+	}
+	return fmt.Errorf("dedup: %s: %w", op, err)
 }
