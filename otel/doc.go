@@ -1,0 +1,2 @@
+// Package idemotel turns idemkit's seams into OpenTelemetry traces and metrics.
+package idemotel
