@@ -47,6 +47,12 @@ const (
 	AttrRetryDelay   = attribute.Key("idemkit.retry.delay")
 )
 
+// MaxLinks bounds the links of a batch's span: the first MaxLinks messages
+// that carry a trace context get one. It is the SDK's default limit
+// (sdktrace.SpanLimits.LinkCountLimit), past which the SDK would drop the
+// earlier links one by one at a cost that grows with the batch.
+const MaxLinks = 128
+
 // EventRetry is the span event that opens the span of a transaction run
 // again after a handler failure (consumer.Hooks.Retry): it carries the failed
 // attempt's number, class, delay and error message (AttrRetryAttempt,
@@ -341,6 +347,9 @@ func (c *Consumer) txStart(ctx context.Context, msgs []*consumer.Message, attemp
 		attributes = append(attributes, semconv.MessagingBatchMessageCount(len(msgs)))
 		var links []trace.Link
 		for _, m := range msgs {
+			if len(links) == MaxLinks {
+				break
+			}
 			if !c.hasFields(m.Headers) {
 				continue
 			}
