@@ -94,12 +94,18 @@
 //
 // # Cost
 //
-// Per transaction: one span (with a link per traced message of a batch),
-// two histogram records and, per message, one counter add with attribute
-// sets built once; per handler call one histogram record. Messages without
-// trace headers are not run through the propagator. Measured by
-// BenchmarkOverhead (see the module's NOTES): within the bounds of
-// 5% (batched) and 10% (one transaction per message).
+// Per transaction: one span (with a link per traced message of a batch, at
+// most MaxLinks), two histogram records and, per message, one counter add,
+// with attribute sets built once; per handler call one histogram record.
+// Messages without trace headers are not run through the propagator. With
+// the SDK recording every span and metric this is about 12 µs of CPU per
+// one-message transaction and 1 µs per message of a batch of 500
+// (BenchmarkHooks), against a transaction that costs a PostgreSQL round
+// trip or more. BenchmarkOverhead compares the consumer's throughput on the
+// test servers with telemetry on and off, in interleaved runs over the same
+// messages:
+//
+//	go test -run '^$' -bench Overhead -benchtime 5x ./otel
 //
 // # Adding components
 //

@@ -40,11 +40,11 @@ type Config struct {
 	// to otel.GetMeterProvider().
 	MeterProvider metric.MeterProvider
 	// Propagator reads the trace context of consumed messages from their
-	// Kafka headers and writes it into produced ones (Inject). Defaults to
-	// W3C Trace Context and W3C Baggage (headers "traceparent",
-	// "tracestate", "baggage"), whatever the global propagator is: a
-	// consumer must not lose its producers' traces because a program forgot
-	// otel.SetTextMapPropagator.
+	// Kafka headers and writes it into produced ones (Inject). The global
+	// propagator is not the default: a consumer must not lose its
+	// producers' traces because a program forgot otel.SetTextMapPropagator.
+	// Defaults to W3C Trace Context and W3C Baggage (headers "traceparent",
+	// "tracestate", "baggage").
 	Propagator propagation.TextMapPropagator
 	// QueryInterval is how long a gauge that reads PostgreSQL (the oldest
 	// processed record, the oldest parked message) reuses its answer, so
