@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
@@ -251,5 +252,31 @@ func BenchmarkHooks(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*size), "ns/msg")
 		})
+	}
+}
+
+// BenchmarkHooksMetricsOnly is BenchmarkHooks with traces off (the no-op
+// tracer provider).
+func BenchmarkHooksMetricsOnly(b *testing.B) {
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+	defer mp.Shutdown(context.Background())
+	tel, err := idemotel.New(&idemotel.Config{TracerProvider: tracenoop.NewTracerProvider(), MeterProvider: mp})
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg := consumer.Config{Topic: "orders", GroupID: "bench",
+		Handler: consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })}
+	if _, err := tel.Consumer(&cfg); err != nil {
+		b.Fatal(err)
+	}
+	msgs := []*consumer.Message{{ID: "m"}}
+	outcomes := []consumer.Outcome{consumer.Applied}
+	handler := cfg.Middleware[0](cfg.Handler)
+	b.ReportAllocs()
+	for b.Loop() {
+		ctx := cfg.Hooks.TxStart(context.Background(), msgs, 1)
+		_ = handler.Handle(ctx, nil, msgs[0])
+		cfg.Hooks.TxEnd(ctx, msgs, outcomes, nil, time.Millisecond)
+		cfg.Hooks.Outcome(ctx, msgs[0], consumer.Applied)
 	}
 }

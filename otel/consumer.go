@@ -324,7 +324,7 @@ func (c *Consumer) opLabel(op string) string {
 type txKey struct{}
 
 func (c *Consumer) txStart(ctx context.Context, msgs []*consumer.Message, attempt int) context.Context {
-	if len(msgs) == 0 {
+	if len(msgs) == 0 || c.t.noTraces {
 		return ctx
 	}
 	first := msgs[0]

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // ScopeName is the instrumentation scope of every tracer and meter the
@@ -33,7 +34,8 @@ var ErrInvalidConfig = errors.New("idemotel: invalid config")
 type Config struct {
 	// TracerProvider creates the spans; traces are on as soon as it (or the
 	// global provider) is a real one. Pass noop.NewTracerProvider() (package
-	// go.opentelemetry.io/otel/trace/noop) to turn traces off. Defaults to
+	// go.opentelemetry.io/otel/trace/noop) to turn traces off: the consumer
+	// then neither starts spans nor reads trace headers. Defaults to
 	// otel.GetTracerProvider().
 	TracerProvider trace.TracerProvider
 	// MeterProvider creates the instruments; likewise for metrics. Defaults
@@ -71,6 +73,7 @@ type Telemetry struct {
 	tracer   trace.Tracer
 	meter    metric.Meter
 	prop     propagation.TextMapPropagator
+	noTraces bool // the TracerProvider is the no-op one: no span, no header read
 	consumer consumerInstruments
 	dlq      dlqInstruments
 }
@@ -102,6 +105,7 @@ func New(cfg *Config) (*Telemetry, error) {
 		meter:  c.MeterProvider.Meter(ScopeName, metric.WithSchemaURL(semconv.SchemaURL)),
 		prop:   c.Propagator,
 	}
+	_, t.noTraces = c.TracerProvider.(noop.TracerProvider)
 	var err error
 	if t.consumer, err = newConsumerInstruments(t.meter); err != nil {
 		return nil, fmt.Errorf("idemotel: consumer instruments: %w", err)
