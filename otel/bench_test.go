@@ -27,8 +27,8 @@ import (
 )
 
 var (
-	benchBatched    = flag.Int("idemotel.batched", 20000, "messages per run of BenchmarkOverhead/batched")
-	benchPerMessage = flag.Int("idemotel.permessage", 2000, "messages per run of BenchmarkOverhead/per-message")
+	benchBatched    = flag.Int("idemotel.batched", 40000, "messages per run of BenchmarkOverhead/batched")
+	benchPerMessage = flag.Int("idemotel.permessage", 4000, "messages per run of BenchmarkOverhead/per-message")
 )
 
 // discard is a span exporter that drops what it gets: the cost measured is
@@ -160,13 +160,17 @@ func benchmarkOverhead(b *testing.B, batch, n int) {
 	var off, on time.Duration
 	b.ResetTimer()
 	for i := range b.N {
+		var dOff, dOn time.Duration
 		if i%2 == 0 {
-			off += run(false)
-			on += run(true)
+			dOff = run(false)
+			dOn = run(true)
 		} else {
-			on += run(true)
-			off += run(false)
+			dOn = run(true)
+			dOff = run(false)
 		}
+		off, on = off+dOff, on+dOn
+		b.Logf("round %d: off %v, on %v, on/off throughput %.3f", i, dOff.Round(time.Millisecond), dOn.Round(time.Millisecond),
+			dOff.Seconds()/dOn.Seconds())
 		// A scrape per round, as a Prometheus server would do.
 		rm := new(metricdata.ResourceMetrics)
 		_ = reader.Collect(context.Background(), rm)

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -118,7 +119,8 @@ type retryNote struct {
 // The counters of the consumer's label sets start at zero here, so that
 // alert rules see their first increase. Gauges need the runner: call
 // Observe once consumer.New returned it. To count dead letters, set
-// cfg.OnFailure to DeadLetters(w) before consumer.New.
+// cfg.OnFailure to DeadLetters(w) before consumer.New. Call Consumer once per
+// configuration: a second call would wire everything in twice.
 func (t *Telemetry) Consumer(cfg *consumer.Config) (*Consumer, error) {
 	switch {
 	case cfg == nil:
@@ -184,10 +186,12 @@ func (t *Telemetry) Consumer(cfg *consumer.Config) (*Consumer, error) {
 	in.outageActive.Add(ctx, 0, c.consumerOnly.add...)
 
 	c.chainHooks(&cfg.Hooks)
+	// Clipped, so that a middleware slice shared with another config is
+	// copied, not written into.
 	if cfg.Handler != nil {
-		cfg.Middleware = append(cfg.Middleware, c.middleware)
+		cfg.Middleware = append(slices.Clip(cfg.Middleware), c.middleware)
 	} else {
-		cfg.BatchMiddleware = append(cfg.BatchMiddleware, c.batchMiddleware)
+		cfg.BatchMiddleware = append(slices.Clip(cfg.BatchMiddleware), c.batchMiddleware)
 	}
 	return c, nil
 }
