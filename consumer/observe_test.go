@@ -290,6 +290,47 @@ func TestPartitionsStatus(t *testing.T) {
 	}
 }
 
+// TestPartitionsStatusBeforeFirstCommit: a partition with no position yet
+// shows the offset its first fetch began at, not the StartOffset sentinel,
+// while its first message is being handled.
+func TestPartitionsStatusBeforeFirstCommit(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	e.produce(msg("a", "k1", 1), msg("b", "k1", 1), msg("c", "k1", 1))
+	gate := make(chan struct{})
+	blocked := make(chan struct{})
+	var once sync.Once
+	cfg := e.config(modes[0], func(ctx context.Context, m *consumer.Message) error {
+		if m.ID == "a" {
+			once.Do(func() { close(blocked) })
+			select {
+			case <-gate:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	})
+	r, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- r.Run(ctx) }()
+	defer func() { cancel(); <-errc }()
+	wait(t, blocked, "the handler of a")
+	waitFor(t, "the position at a with lag 3", func() (bool, string) {
+		ps := r.Partitions()
+		return len(ps) == 1 && ps[0].Next == 0 && ps[0].LastStable == 3 && ps[0].Lag == 3, fmt.Sprintf("%+v", ps)
+	})
+	close(gate)
+	waitFor(t, "no lag", func() (bool, string) {
+		ps := r.Partitions()
+		return len(ps) == 1 && ps[0].Next == 3 && ps[0].Lag == 0, fmt.Sprintf("%+v", ps)
+	})
+}
+
 // waitFor polls cond until it holds, or fails with its last description.
 func waitFor(t *testing.T, what string, cond func() (bool, string)) {
 	t.Helper()

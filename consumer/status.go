@@ -14,12 +14,14 @@ type PartitionStatus struct {
 	Partition int
 	// Next is the offset of the first message whose effects this runner
 	// has not committed: where the partition started, then the position
-	// of its last committed transaction.
+	// of its last committed transaction. A partition with no position yet
+	// shows Config.StartOffset (kafka.FirstOffset or kafka.LastOffset, both
+	// negative) until its first fetch answered.
 	Next int64
 	// LastStable and HighWatermark are the partition's as of the last fetch
 	// (-1 until the first fetch answered). Lag is LastStable - Next (the
 	// messages a consumer in read_committed can see and has not processed),
-	// never below 0; 0 until the first fetch.
+	// never below 0; 0 until the first fetch (and while Next is negative).
 	LastStable, HighWatermark int64
 	Lag                       int64
 	// Parked counts the partition's messages waiting in the parked table
@@ -49,6 +51,15 @@ func newPartitionState(partition int, start int64) *partitionState {
 	s.hwm.Store(-1)
 	s.advanced.Store(s.assigned.UnixNano())
 	return s
+}
+
+// started replaces a start sentinel (kafka.FirstOffset, kafka.LastOffset:
+// no position yet) by the offset the first fetch began at, so that Next and
+// Lag are offsets before the first transaction commits.
+func (s *partitionState) started(offset int64) {
+	if n := s.next.Load(); n < 0 && offset >= 0 {
+		s.next.CompareAndSwap(n, offset)
+	}
 }
 
 func (s *partitionState) moved(next int64) {
@@ -93,7 +104,7 @@ func (r *Runner) Partitions() []PartitionStatus {
 		st := PartitionStatus{Topic: r.cfg.Topic, Partition: s.partition, Next: s.next.Load(),
 			LastStable: s.lastStable.Load(), HighWatermark: s.hwm.Load(), Parked: int(s.parked.Load()),
 			Assigned: s.assigned, Advanced: time.Unix(0, s.advanced.Load())}
-		if st.LastStable > st.Next {
+		if st.Next >= 0 && st.LastStable > st.Next {
 			st.Lag = st.LastStable - st.Next
 		}
 		out = append(out, st)

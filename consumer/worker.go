@@ -229,6 +229,11 @@ func (w *worker) prefetch(ctx context.Context, reader *kread.Reader) {
 			}
 			return
 		}
+		begin := f.Next
+		if len(f.Records) > 0 {
+			begin = f.Records[0].Offset
+		}
+		w.state.started(begin)
 		for _, m := range f.Records {
 			msg := w.message(m)
 			if !w.bytes.acquire(ctx, messageBytes(msg)) || !w.send(ctx, msg) {

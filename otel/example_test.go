@@ -1,0 +1,204 @@
+package idemotel_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"net/http"
+	"os"
+	"os/signal"
+	"sort"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/segmentio/kafka-go"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/dlq"
+	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/migrate"
+	"github.com/idemkit/idemkit/otel"
+)
+
+// A consumer with metrics on /metrics (OpenTelemetry's Prometheus exporter)
+// and traces through the program's tracer provider.
+func Example() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+
+	exporter, err := otelprom.New() // registers with prometheus.DefaultRegisterer
+	if err != nil {
+		log.Fatal(err)
+	}
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+	defer mp.Shutdown(context.Background())
+	tp := sdktrace.NewTracerProvider() // add your exporter: sdktrace.WithBatcher(…)
+	defer tp.Shutdown(context.Background())
+	http.Handle("/metrics", promhttp.Handler())
+	go func() { log.Println(http.ListenAndServe("127.0.0.1:9464", nil)) }()
+
+	tel, err := idemotel.New(&idemotel.Config{TracerProvider: tp, MeterProvider: mp})
+	if err != nil {
+		log.Fatal(err)
+	}
+	brokers := []string{"127.0.0.1:9092"}
+	dead, err := dlq.NewWriter(&dlq.WriterConfig{Brokers: brokers, Group: "order-service"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer dead.Close()
+	cfg := consumer.Config{
+		Brokers: brokers, Topic: "payments", GroupID: "order-service", Pool: pool,
+		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+			// ctx carries the transaction's span: spans started here are its children.
+			_, err := tx.Exec(ctx, `UPDATE orders SET status = 'paid' WHERE id = $1`, string(msg.Key))
+			return err
+		}),
+	}
+	c, err := tel.Consumer(&cfg) // spans, counters and histograms
+	if err != nil {
+		log.Fatal(err)
+	}
+	cfg.OnFailure = c.DeadLetters(dead) // dead.OnFailure, counted
+	r, err := consumer.New(&cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := c.Observe(r); err != nil { // lag, position, parked, ages, retention
+		log.Fatal(err)
+	}
+	defer c.Close()
+	if err := r.Run(ctx); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// A producer retry sends payment pay-1 twice: the counters say two applied
+// and one duplicate, and each of the three transactions has a span.
+func ExampleTelemetry_Consumer() {
+	pool, schema, drop := testenv.ExampleSchema() // a pool and a fresh schema on the test server
+	defer drop()
+	brokers, topic, dropTopic := testenv.ExampleTopic(1)
+	defer dropTopic()
+	ctx := context.Background()
+	m, err := migrate.New(pool, &migrate.Config{Schema: schema})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := m.Up(ctx); err != nil {
+		log.Fatal(err)
+	}
+	store, err := dedup.New(&dedup.Config{Schema: schema})
+	if err != nil {
+		log.Fatal(err)
+	}
+	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, RequiredAcks: kafka.RequireAll}
+	var msgs []kafka.Message
+	for _, id := range []string{"pay-1", "pay-2", "pay-1"} { // the third is a producer retry
+		msgs = append(msgs, kafka.Message{Value: []byte(id), Headers: []kafka.Header{{Key: "message-id", Value: []byte(id)}}})
+	}
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		log.Fatal(err)
+	}
+	_ = w.Close()
+
+	// In-memory telemetry, to print it.
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	tel, err := idemotel.New(&idemotel.Config{TracerProvider: tp, MeterProvider: mp})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	runCtx, stop := context.WithCancel(ctx)
+	seen := 0
+	cfg := consumer.Config{
+		Brokers: brokers, Topic: topic, GroupID: topic + "-payments", Pool: pool, Store: store, BatchSize: 1,
+		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+			return nil // the business write goes here, in tx
+		}),
+		Hooks: consumer.Hooks{Outcome: func(context.Context, *consumer.Message, consumer.Outcome) {
+			if seen++; seen == 3 {
+				stop()
+			}
+		}},
+	}
+	c, err := tel.Consumer(&cfg) // chains the Outcome hook above
+	if err != nil {
+		log.Fatal(err)
+	}
+	r, err := consumer.New(&cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := c.Observe(r); err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	if err := r.Run(runCtx); err != nil {
+		log.Fatal(err)
+	}
+
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(ctx, &rm); err != nil {
+		log.Fatal(err)
+	}
+	var lines []string
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "idemkit.consumer.messages" {
+				for _, p := range sum.DataPoints {
+					outcome, _ := p.Attributes.Value("outcome")
+					lines = append(lines, fmt.Sprintf("%s %s: %d", m.Name, outcome.AsString(), p.Value))
+				}
+			}
+		}
+	}
+	sort.Strings(lines)
+	for _, l := range lines {
+		fmt.Println(l)
+	}
+	fmt.Println("spans:", len(spans.Ended()))
+	// Output:
+	// idemkit.consumer.messages applied: 2
+	// idemkit.consumer.messages duplicate: 1
+	// idemkit.consumer.messages failed: 0
+	// idemkit.consumer.messages parked: 0
+	// spans: 3
+}
+
+// A producer stamps the current trace context into the message's headers;
+// the consumer's span continues that trace.
+func ExampleTelemetry_Inject() {
+	tp := sdktrace.NewTracerProvider()
+	defer tp.Shutdown(context.Background())
+	tel, err := idemotel.New(&idemotel.Config{TracerProvider: tp})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx, span := tp.Tracer("checkout").Start(context.Background(), "pay")
+	defer span.End()
+
+	msg := kafka.Message{Value: []byte("pay-1"), Headers: []kafka.Header{{Key: "message-id", Value: []byte("pay-1")}}}
+	tel.Inject(ctx, &msg.Headers)
+	for _, h := range msg.Headers {
+		fmt.Println(h.Key)
+	}
+	// Output:
+	// message-id
+	// traceparent
+}

@@ -1,0 +1,166 @@
+package idemotel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/idemkit/idemkit/consumer"
+)
+
+// ErrObserving is returned by Consumer.Observe when the consumer already
+// observes a runner.
+var ErrObserving = errors.New("idemotel: consumer already observes a runner")
+
+// Observe registers the consumer's gauges, read at each collection (each
+// scrape, with the Prometheus exporter):
+//
+//   - idemkit_consumer_lag and idemkit_consumer_position per partition r
+//     holds, and idemkit_consumer_parked_messages, from r.Partitions (no
+//     I/O; nothing while r holds no partition);
+//   - idemkit_consumer_parked_oldest_age_seconds and
+//     idemkit_dedup_oldest_record_age_seconds, from PostgreSQL through the
+//     consumer's Pool: each a min() over an index of the consumer's rows,
+//     run at most once per Config.QueryInterval and bounded by
+//     Config.QueryTimeout (0 when there is no row);
+//   - idemkit_dedup_retention_seconds, the consumer's Config.Retention, when
+//     it is set (without it nothing purges, and the gauge is absent so that
+//     a retention alert does not compare with 0).
+//
+// r must be the runner made from the consumer.Config given to
+// Telemetry.Consumer. Close unregisters the gauges.
+func (c *Consumer) Observe(r *consumer.Runner) error {
+	if r == nil {
+		return fmt.Errorf("%w: nil runner", ErrInvalidConfig)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.reg != nil {
+		return ErrObserving
+	}
+	in := &c.t.consumer
+	observed := []metric.Observable{in.lag, in.position, in.parked}
+	if c.pool != nil {
+		observed = append(observed, in.parkedOldestAge, in.oldestRecordAge)
+	}
+	if c.retention > 0 {
+		observed = append(observed, in.retention)
+	}
+	reg, err := c.t.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		c.observe(ctx, o, r)
+		return nil
+	}, observed...)
+	if err != nil {
+		return fmt.Errorf("idemotel: register the consumer's gauges: %w", err)
+	}
+	c.reg = reg
+	return nil
+}
+
+// Close unregisters the gauges Observe registered. The hooks and the
+// middleware stay in the consumer's configuration: they count as long as
+// the runner runs.
+func (c *Consumer) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.reg == nil {
+		return nil
+	}
+	err := c.reg.Unregister()
+	c.reg = nil
+	return err
+}
+
+func (c *Consumer) observe(ctx context.Context, o metric.Observer, r *consumer.Runner) {
+	in := &c.t.consumer
+	if parts := r.Partitions(); len(parts) > 0 {
+		var parked int64
+		for _, p := range parts {
+			opts := c.partitionAttrs(p.Partition)
+			o.ObserveInt64(in.lag, p.Lag, opts.obs...)
+			if p.Next >= 0 { // a start sentinel (first or last offset) is no position
+				o.ObserveInt64(in.position, p.Next, opts.obs...)
+			}
+			parked += int64(p.Parked)
+		}
+		o.ObserveInt64(in.parked, parked, c.base.obs...)
+	}
+	if c.pool != nil {
+		if age, ok := c.parkedAge.get(ctx, c.pool, c.t.cfg.QueryInterval, c.t.cfg.QueryTimeout); ok {
+			o.ObserveFloat64(in.parkedOldestAge, age, c.base.obs...)
+		}
+		if age, ok := c.oldest.get(ctx, c.pool, c.t.cfg.QueryInterval, c.t.cfg.QueryTimeout); ok {
+			o.ObserveFloat64(in.oldestRecordAge, age, c.consumerOnly.obs...)
+		}
+	}
+	if c.retention > 0 {
+		o.ObserveFloat64(in.retention, c.retention.Seconds(), c.consumerOnly.obs...)
+	}
+}
+
+// partitionAttrs returns the attributes of a partition's series, made once
+// per partition. Only the callback calls it, under no lock of ours: the SDK
+// runs one collection at a time per reader, but several readers may collect
+// at once.
+func (c *Consumer) partitionAttrs(partition int) attrOpts {
+	c.partMu.Lock()
+	defer c.partMu.Unlock()
+	opts, ok := c.partitions[partition]
+	if !ok {
+		opts = attrs(keyConsumer, c.name, keyTopic, c.topic, keyPartition, strconv.Itoa(partition))
+		c.partitions[partition] = opts
+	}
+	return opts
+}
+
+// ageQuery is a gauge's query for the age in seconds of the oldest row
+// (NULL when there is none), cached.
+type ageQuery struct {
+	what string // for errors
+	sql  string
+	args []any
+
+	mu   sync.Mutex // one query at a time, whatever the scrapes
+	at   time.Time  // when the last answer (or failure) came
+	age  float64    // the answer, as of at
+	ok   bool       // the last query succeeded
+	none bool       // … and found no row
+}
+
+// get returns the age now: the cached answer plus the time since it came,
+// or a new answer when the cached one is older than interval. false means
+// the last query failed (reported to otel.Handle): the gauge is left out
+// until the next query, an interval later.
+func (q *ageQuery) get(ctx context.Context, pool *pgxpool.Pool, interval, timeout time.Duration) (float64, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.at.IsZero() || time.Since(q.at) >= interval {
+		qctx, cancel := context.WithTimeout(ctx, timeout)
+		var age *float64
+		err := pool.QueryRow(qctx, q.sql, q.args...).Scan(&age)
+		cancel()
+		q.at, q.ok = time.Now(), err == nil
+		if err != nil {
+			otel.Handle(fmt.Errorf("idemotel: query the %s: %w", q.what, err))
+			return 0, false
+		}
+		q.none = age == nil
+		if age != nil {
+			q.age = max(*age, 0)
+		}
+	}
+	switch {
+	case !q.ok:
+		return 0, false
+	case q.none:
+		return 0, true
+	}
+	return q.age + time.Since(q.at).Seconds(), true
+}

@@ -1,0 +1,174 @@
+package idemotel_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/retry"
+)
+
+// eventually collects until ok accepts the values of the named metric, or
+// fails the test after 30s.
+func (e *env) eventually(name, what string, ok func(map[string]float64) bool) map[string]float64 {
+	e.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got := points(e.t, e.collect(), name)
+		if ok(got) {
+			return got
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%s: %v, want %s", name, got, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestLagAndPositionFollowABlockedHandler: while the handler is blocked on
+// the first of five messages, the partition's lag is 5 and its position 0;
+// once it is released, the lag is 0 and the position 5. After Close the
+// gauges are gone.
+func TestLagAndPositionFollowABlockedHandler(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	e.produce(msg("a", "k"), msg("b", "k"), msg("c", "k"), msg("d", "k"), msg("e", "k"))
+	release := make(chan struct{})
+	blocked := make(chan struct{}, 1)
+	cfg := e.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID == "a" {
+			select {
+			case blocked <- struct{}{}:
+			default:
+			}
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return e.effect(ctx, tx, m)
+	})
+	cfg.BatchSize = 1
+	cfg.Retention = time.Hour
+	oc := newOutcomes(5)
+	cfg.Hooks.Outcome = oc.hook
+	c, err := e.tel.Consumer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Observe(r); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Observe(r); err == nil {
+		t.Error("a second Observe succeeded")
+	}
+	stop := run(t, r)
+	wait(t, blocked, "the handler to block")
+
+	part := lbl("consumer", e.group, "partition", "0", "topic", e.topic)
+	e.eventually("idemkit.consumer.lag", "lag 5 while blocked", func(m map[string]float64) bool { return m[part] == 5 })
+	if got := points(t, e.collect(), "idemkit.consumer.position"); got[part] != 0 || len(got) != 1 {
+		t.Errorf("position while blocked = %v, want 0", got)
+	}
+	close(release)
+	wait(t, oc.done, "5 outcomes")
+	e.eventually("idemkit.consumer.lag", "lag 0 once released", func(m map[string]float64) bool { return m[part] == 0 })
+	rm := e.collect()
+	if got := points(t, rm, "idemkit.consumer.position"); got[part] != 5 {
+		t.Errorf("position after = %v, want 5", got)
+	}
+	consumerOnly := lbl("consumer", e.group)
+	if got := points(t, rm, "idemkit.dedup.retention"); got[consumerOnly] != 3600 {
+		t.Errorf("retention = %v, want 3600", got)
+	}
+	if got, ok := points(t, rm, "idemkit.dedup.oldest_record_age")[consumerOnly]; !ok || got <= 0 || got > 60 {
+		t.Errorf("oldest record age = %v (present %v), want a few seconds", got, ok)
+	}
+	base := lbl("consumer", e.group, "topic", e.topic)
+	if got := points(t, rm, "idemkit.consumer.parked_messages"); got[base] != 0 || len(got) != 1 {
+		t.Errorf("parked = %v, want 0", got)
+	}
+	if got, ok := points(t, rm, "idemkit.consumer.parked_oldest_age")[base]; !ok || got != 0 {
+		t.Errorf("parked oldest age = %v (present %v), want 0", got, ok)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"idemkit.consumer.lag", "idemkit.dedup.retention", "idemkit.dedup.oldest_record_age"} {
+		if got := points(t, e.collect(), name); len(got) != 0 {
+			t.Errorf("%s after Close = %v, want nothing", name, got)
+		}
+	}
+}
+
+// TestParkedGauges: in NonBlocking mode a failing message and the later
+// message of its key are parked; the gauges count them and age the oldest.
+func TestParkedGauges(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	e.produce(msg("p1", "stuck"), msg("x", "other"), msg("p2", "stuck"))
+	cfg := e.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID == "p1" {
+			return errors.New("still failing")
+		}
+		return e.effect(ctx, tx, m)
+	})
+	cfg.BatchSize = 1
+	cfg.FailureMode = consumer.NonBlocking
+	cfg.Retry.MaxAttempts = 1
+	cfg.ParkedRetry = &retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour}
+	parked := make(chan struct{}, 3)
+	cfg.Hooks.Outcome = func(_ context.Context, _ *consumer.Message, o consumer.Outcome) {
+		if o == consumer.Parked {
+			parked <- struct{}{}
+		}
+	}
+	c, err := e.tel.Consumer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Observe(r); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	run(t, r)
+	wait(t, parked, "p1 parked")
+	wait(t, parked, "p2 parked")
+
+	base := lbl("consumer", e.group, "topic", e.topic)
+	e.eventually("idemkit.consumer.parked_messages", "2 parked", func(m map[string]float64) bool { return m[base] == 2 })
+	time.Sleep(10 * time.Millisecond)
+	if got := points(t, e.collect(), "idemkit.consumer.parked_oldest_age")[base]; got <= 0 || got > 60 {
+		t.Errorf("parked oldest age = %v, want a few seconds", got)
+	}
+	rm := e.collect()
+	want := map[string]float64{
+		lbl("consumer", e.group, "topic", e.topic, "outcome", "parked"):    2,
+		lbl("consumer", e.group, "topic", e.topic, "outcome", "applied"):   1,
+		lbl("consumer", e.group, "topic", e.topic, "outcome", "duplicate"): 0,
+		lbl("consumer", e.group, "topic", e.topic, "outcome", "failed"):    0,
+	}
+	got := points(t, rm, "idemkit.consumer.messages")
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("messages = %v, want %v", got, want)
+			break
+		}
+	}
+}

@@ -1,0 +1,124 @@
+package idemotel
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+)
+
+// ScopeName is the instrumentation scope of every tracer and meter the
+// package uses (the otel_scope_name label of its Prometheus series).
+const ScopeName = "github.com/idemkit/idemkit/otel"
+
+// Defaults of Config.
+const (
+	// QueryIntervalDefault is how long a gauge that reads the database
+	// reuses its answer.
+	QueryIntervalDefault = 10 * time.Second
+	// QueryTimeoutDefault bounds each query of such a gauge.
+	QueryTimeoutDefault = 2 * time.Second
+)
+
+// ErrInvalidConfig is wrapped by every configuration error of the package.
+var ErrInvalidConfig = errors.New("idemotel: invalid config")
+
+// Config configures a Telemetry. Every field is optional.
+type Config struct {
+	// TracerProvider creates the spans; traces are on as soon as it (or the
+	// global provider) is a real one. Pass noop.NewTracerProvider() (package
+	// go.opentelemetry.io/otel/trace/noop) to turn traces off: the consumer
+	// then neither starts spans nor reads trace headers. Defaults to
+	// otel.GetTracerProvider().
+	TracerProvider trace.TracerProvider
+	// MeterProvider creates the instruments; likewise for metrics. Defaults
+	// to otel.GetMeterProvider().
+	MeterProvider metric.MeterProvider
+	// Propagator reads the trace context of consumed messages from their
+	// Kafka headers and writes it into produced ones (Inject). The global
+	// propagator is not the default: a consumer must not lose its
+	// producers' traces because a program forgot otel.SetTextMapPropagator.
+	// Defaults to W3C Trace Context and W3C Baggage (headers "traceparent",
+	// "tracestate", "baggage").
+	Propagator propagation.TextMapPropagator
+	// QueryInterval is how long a gauge that reads PostgreSQL (the oldest
+	// processed record, the oldest parked message) reuses its answer, so
+	// that scrapes, however frequent or many, cost the database at most one
+	// query per gauge and consumer per interval. The age reported meanwhile
+	// keeps growing with the clock. Defaults to 10s.
+	QueryInterval time.Duration
+	// QueryTimeout bounds each of those queries; a query that fails or times
+	// out leaves its gauge out of that collection and is reported to
+	// otel.Handle. Defaults to 2s.
+	QueryTimeout time.Duration
+}
+
+// Telemetry holds the tracer, the propagator and the instruments that the
+// adapters of the package share: one per program (or per MeterProvider),
+// used for every consumer, writer and reprocessor. It is safe for concurrent
+// use.
+//
+// Each component gets one method that wires the telemetry into its
+// configuration: Consumer, Reprocessor (and, once they are reworked, the
+// outbox relay and the idemhttp middleware, which will get theirs).
+type Telemetry struct {
+	cfg      Config
+	tracer   trace.Tracer
+	meter    metric.Meter
+	prop     propagation.TextMapPropagator
+	noTraces bool // the TracerProvider is the no-op one: no span, no header read
+	consumer consumerInstruments
+	dlq      dlqInstruments
+}
+
+// New validates cfg (nil means every default), creates the instruments and
+// returns a Telemetry.
+func New(cfg *Config) (*Telemetry, error) {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.QueryInterval < 0 || c.QueryTimeout < 0 {
+		return nil, fmt.Errorf("%w: QueryInterval and QueryTimeout must not be negative", ErrInvalidConfig)
+	}
+	c.QueryInterval = cmp.Or(c.QueryInterval, QueryIntervalDefault)
+	c.QueryTimeout = cmp.Or(c.QueryTimeout, QueryTimeoutDefault)
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
+	}
+	if c.MeterProvider == nil {
+		c.MeterProvider = otel.GetMeterProvider()
+	}
+	if c.Propagator == nil {
+		c.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	}
+	t := &Telemetry{
+		cfg:    c,
+		tracer: c.TracerProvider.Tracer(ScopeName, trace.WithSchemaURL(semconv.SchemaURL)),
+		meter:  c.MeterProvider.Meter(ScopeName, metric.WithSchemaURL(semconv.SchemaURL)),
+		prop:   c.Propagator,
+	}
+	_, t.noTraces = c.TracerProvider.(noop.TracerProvider)
+	var err error
+	if t.consumer, err = newConsumerInstruments(t.meter); err != nil {
+		return nil, fmt.Errorf("idemotel: consumer instruments: %w", err)
+	}
+	if t.dlq, err = newDLQInstruments(t.meter); err != nil {
+		return nil, fmt.Errorf("idemotel: dlq instruments: %w", err)
+	}
+	return t, nil
+}
+
+// Bucket boundaries of the histograms (the SDK's defaults suit
+// milliseconds, not seconds or message counts).
+var (
+	durationBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}
+	batchBuckets    = []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000}
+)
