@@ -20,7 +20,11 @@
 //
 // Usage:
 //
-//	go run ./examples/orders [-database-url URL] [-brokers host:port,...]
+//	cd examples && go run ./orders [-database-url URL] [-brokers host:port,...] [-metrics ADDR] [-linger D]
+//
+// It serves its metrics on http://127.0.0.1:9464/metrics (OpenTelemetry's
+// Prometheus exporter, via the module github.com/idemkit/idemkit/otel) while
+// it runs, -linger longer, and prints the trace of one event at the end.
 //
 // The flags default to IDEMKIT_DATABASE_URL and IDEMKIT_KAFKA_BROKERS (as
 // scripts/demo sets them), else IDEMKIT_TEST_DATABASE_URL and
@@ -51,18 +55,43 @@ func run() int {
 	brokers := flag.String("brokers", cmp.Or(os.Getenv("IDEMKIT_KAFKA_BROKERS"),
 		os.Getenv("IDEMKIT_TEST_KAFKA_BROKERS"), "127.0.0.1:19092"),
 		"comma-separated Kafka bootstrap addresses")
+	metrics := flag.String("metrics", "127.0.0.1:9464", "serve /metrics (OpenTelemetry's Prometheus exporter) here; empty: no telemetry")
+	linger := flag.Duration("linger", 0, "keep serving /metrics this long after the demo (for a scrape or a curl)")
 	flag.Parse()
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	sigCtx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	ctx, cancel := context.WithTimeout(sigCtx, 2*time.Minute)
 	defer cancel()
 
 	fmt.Printf("idemkit demo: an order service marks orders paid, once per OrderPaid event\n")
-	fmt.Printf("PostgreSQL %s, Kafka %s\n\n", *dbURL, *brokers)
-	if _, err := scenario(ctx, *dbURL, strings.Split(*brokers, ","), schema, os.Stdout); err != nil {
+	fmt.Printf("PostgreSQL %s, Kafka %s\n", *dbURL, *brokers)
+	var obs *telemetry
+	if *metrics != "" {
+		var err error
+		if obs, err = startTelemetry(*metrics); err != nil {
+			fmt.Fprintln(os.Stderr, "orders:", err, "(pass -metrics '' to run without telemetry)")
+			return 1
+		}
+		defer func() { _ = obs.shutdown(context.Background()) }()
+		fmt.Printf("metrics: curl -s http://%s/metrics | grep ^idemkit_\n", obs.addr)
+	}
+	fmt.Println()
+	res, err := scenario(ctx, *dbURL, strings.Split(*brokers, ","), schema, os.Stdout, obs)
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "orders:", err)
 		return 1
+	}
+	if obs != nil {
+		fmt.Printf("\n6. the trace of %s (sent twice): its producer span, and the consumer's spans that continued it\n", res.Retried)
+		obs.printTrace(os.Stdout, res.Retried)
+		if *linger > 0 {
+			fmt.Printf("\nserving http://%s/metrics for %s (Ctrl-C to stop)\n", obs.addr, *linger)
+			select {
+			case <-time.After(*linger):
+			case <-sigCtx.Done():
+			}
+		}
 	}
 	fmt.Printf("\nlook around: psql %q -c 'TABLE %s.orders' -c 'TABLE %s.processed_messages'\n",
 		*dbURL, schema, schema)

@@ -23,7 +23,7 @@ func TestScenario(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
-	res, err := scenario(ctx, testenv.DatabaseURL(t), testenv.Brokers(t), db.Schema, t.Output())
+	res, err := scenario(ctx, testenv.DatabaseURL(t), testenv.Brokers(t), db.Schema, t.Output(), nil)
 	if err != nil {
 		t.Fatalf("scenario: %v", err)
 	}

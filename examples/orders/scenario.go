@@ -22,6 +22,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/migrate"
+	"github.com/idemkit/idemkit/otel"
 )
 
 // order is one of the demo's orders, pending until its OrderPaid event is
@@ -72,7 +73,11 @@ var errNotExactlyOnce = errors.New("not every payment was applied exactly once")
 // scenario runs the demo against the given servers, in schema (dropped and
 // recreated first) and in a new topic (deleted at the end), and writes what
 // happens to w.
-func scenario(ctx context.Context, dbURL string, brokers []string, schema string, w io.Writer) (res *result, err error) {
+func scenario(ctx context.Context, dbURL string, brokers []string, schema string, w io.Writer, obs *telemetry) (res *result, err error) {
+	var tel *idemotel.Telemetry
+	if obs != nil {
+		tel = obs.tel
+	}
 	out := &syncWriter{w: w}
 	say := func(format string, args ...any) { fmt.Fprintf(out, format+"\n", args...) }
 	// The library logs only what needs attention; the story is printed below.
@@ -105,6 +110,13 @@ func scenario(ctx context.Context, dbURL string, brokers []string, schema string
 	events := make([]kafka.Message, len(orders))
 	for i, o := range orders {
 		events[i] = orderPaid(o)
+		if tel != nil {
+			// The producer's trace context travels in the headers: the
+			// consumer's span for this event continues its trace.
+			pctx, span := obs.tracer.Start(ctx, "send OrderPaid")
+			tel.Inject(pctx, &events[i].Headers)
+			span.End()
+		}
 	}
 	if err := writer.WriteMessages(ctx, events...); err != nil {
 		return nil, fmt.Errorf("produce: %w", err)
@@ -119,7 +131,7 @@ func scenario(ctx context.Context, dbURL string, brokers []string, schema string
 
 	seen := newTally(out)
 	newRunner := func(group string, hooks consumer.Hooks) (*consumer.Runner, error) {
-		return consumer.New(&consumer.Config{
+		cfg := &consumer.Config{
 			Brokers: brokers, Topic: topic, GroupID: group, Name: consumerName,
 			Pool: pool, Store: store, Handler: consumer.HandlerFunc(markPaid),
 			// One transaction per message, so that the demo's stop lands
@@ -127,7 +139,19 @@ func scenario(ctx context.Context, dbURL string, brokers []string, schema string
 			// every event already fetched into one transaction).
 			BatchSize: 1,
 			Logger:    logger, Hooks: hooks,
-		})
+		}
+		if tel == nil {
+			return consumer.New(cfg)
+		}
+		c, err := tel.Consumer(cfg) // spans and metrics, chained to the hooks above
+		if err != nil {
+			return nil, err
+		}
+		r, err := consumer.New(cfg)
+		if err != nil {
+			return nil, err
+		}
+		return r, c.Observe(r) // lag, position, parked gauges
 	}
 
 	group1 := consumerName + "-" + suffix + "-1"
