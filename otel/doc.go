@@ -51,6 +51,14 @@
 // Telemetry.Inject writes the current trace context into headers to be
 // produced, so that the consumer continues the trace.
 //
+// # Logs
+//
+// LogHandler wraps a slog.Handler so that records logged with a context
+// carrying a span get trace_id and span_id. The consumer logs what concerns
+// one message (a retry, a failure for good, parking) with the context of the
+// transaction that failed, so with a consumer instrumented here those lines
+// carry the message's trace.
+//
 // # Metrics
 //
 // The instruments are named so that OpenTelemetry's Prometheus exporter
