@@ -22,7 +22,9 @@ func LogHandler(h slog.Handler) slog.Handler { return &logHandler{h: h} }
 
 type logHandler struct{ h slog.Handler }
 
-func (l *logHandler) Enabled(ctx context.Context, level slog.Level) bool { return l.h.Enabled(ctx, level) }
+func (l *logHandler) Enabled(ctx context.Context, level slog.Level) bool {
+	return l.h.Enabled(ctx, level)
+}
 
 func (l *logHandler) Handle(ctx context.Context, r slog.Record) error {
 	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
