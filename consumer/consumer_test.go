@@ -793,8 +793,11 @@ func TestDeadlockRerunsTheTransaction(t *testing.T) {
 			// counted exactly.)
 			ax, _ := attempts.Load("x")
 			ay, _ := attempts.Load("y")
-			if d, total := deadlocks.Load(), ax.(*atomic.Int32).Load()+ay.(*atomic.Int32).Load(); d != 1 || total < 3 {
-				t.Fatalf("%d deadlocks in %d handler runs, want one deadlock and its transaction run again", d, total)
+			// Under load a rebalance may also rerun both attempts concurrently,
+			// without the handshake above, and deadlock them again: each
+			// deadlock costs its victim one more run.
+			if d, total := deadlocks.Load(), ax.(*atomic.Int32).Load()+ay.(*atomic.Int32).Load(); d < 1 || total < 2+d {
+				t.Fatalf("%d deadlocks in %d handler runs, want a deadlock and its transaction run again", d, total)
 			}
 			var a, b int
 			if err := e.db.Pool.QueryRow(ctx, `SELECT (SELECT n FROM `+rows+` WHERE id='a'), (SELECT n FROM `+rows+` WHERE id='b')`).Scan(&a, &b); err != nil || a != 2 || b != 2 {

@@ -365,6 +365,11 @@ func (r *Runner) startGeneration(ctx context.Context, gen *kafka.Generation, cli
 			})
 		}
 		gen.Start(commits.run)
+		ids := make([]int, len(assigned))
+		for i, a := range assigned {
+			ids[i] = a.ID
+		}
+		gen.Start(func(genCtx context.Context) { r.refreshLogEnds(genCtx, client, ids) })
 	})
 }
 

@@ -1,10 +1,15 @@
 package consumer
 
 import (
+	"context"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/idemkit/internal/kafkaoffsets"
 )
 
 // PartitionStatus is what a running Runner knows of a partition it holds:
@@ -59,6 +64,52 @@ func newPartitionState(partition int, start int64) *partitionState {
 func (s *partitionState) started(offset int64) {
 	if n := s.next.Load(); n < 0 && offset >= 0 {
 		s.next.CompareAndSwap(n, offset)
+	}
+}
+
+// observeEnds records the partition's last stable offset and high
+// watermark, as a fetch or the log-end refresher saw them; they only grow.
+func (s *partitionState) observeEnds(lastStable, highWatermark int64) {
+	storeMax(&s.lastStable, lastStable)
+	storeMax(&s.hwm, highWatermark)
+}
+
+func storeMax(a *atomic.Int64, v int64) {
+	for {
+		old := a.Load()
+		if v <= old || a.CompareAndSwap(old, v) {
+			return
+		}
+	}
+}
+
+// logEndInterval is how often a runner reads its partitions' log ends for
+// Partitions, besides what fetches tell: a partition whose handler is stuck
+// stops fetching once its buffer is full, and its lag must still grow.
+const logEndInterval = 2 * time.Second
+
+// refreshLogEnds reads the partitions' log ends every logEndInterval until
+// the generation ends.
+func (r *Runner) refreshLogEnds(genCtx context.Context, client *kafka.Client, partitions []int) {
+	t := time.NewTicker(logEndInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-genCtx.Done():
+			return
+		case <-t.C:
+		}
+		ranges, err := kafkaoffsets.LogRange(genCtx, client, r.cfg.Topic, partitions...)
+		if err != nil {
+			continue // the fetches and the outage waits report what is wrong
+		}
+		r.states.mu.Lock()
+		for p, rg := range ranges {
+			if s := r.states.parts[p]; s != nil {
+				s.observeEnds(rg.Stable, rg.End)
+			}
+		}
+		r.states.mu.Unlock()
 	}
 }
 

@@ -249,8 +249,7 @@ func (w *worker) prefetch(ctx context.Context, reader *kread.Reader) {
 		}
 		// An open transaction holds the partition at its first offset:
 		// nothing after it can be read until it ends.
-		w.state.lastStable.Store(f.LastStable)
-		w.state.hwm.Store(f.HighWatermark)
+		w.state.observeEnds(f.LastStable, f.HighWatermark)
 		held := len(f.Records) == 0 && f.LastStable < f.HighWatermark && f.Next >= f.LastStable
 		switch {
 		case held && heldSince.IsZero():
@@ -842,16 +841,29 @@ func connectionLost(tx pgx.Tx, err error) error {
 		err = herr.err
 	}
 	var pgErr *pgconn.PgError
-	closed := tx.Conn().IsClosed()
-	if !closed && !(errors.As(err, &pgErr) && retry.IsConnection(err)) {
+	isPg := errors.As(err, &pgErr)
+	switch {
+	case retry.IsPermanent(err):
+		return nil // the handler's verdict, whatever it wraps
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		// The handler's own deadline (pgx closes a connection whose
+		// statement's context ended), or the runner stopping: not an outage.
 		return nil
+	case isPg && retry.IsConnection(err):
+		return fmt.Errorf("consumer: connection to PostgreSQL lost during the handler: %w", err)
+	case isPg:
+		// PostgreSQL said why, and it is not an outage (for example 25P03,
+		// the handler outlived idle_in_transaction_session_timeout): the
+		// handler's verdict, even if the server closed the connection.
+		return nil
+	case !tx.Conn().IsClosed():
+		return nil // the handler's own error (an io.EOF of its own is no outage)
+	case retry.IsConnection(err):
+		return fmt.Errorf("consumer: connection to PostgreSQL lost during the handler: %w", err)
 	}
-	if !retry.IsConnection(err) {
-		// The connection died under the handler; say so in a way
-		// retry.IsConnection recognises.
-		return fmt.Errorf("consumer: connection to PostgreSQL lost during the handler (%w): %w", err, errConnClosed)
-	}
-	return fmt.Errorf("consumer: connection to PostgreSQL lost during the handler: %w", err)
+	// The connection died under the handler; say so in a way
+	// retry.IsConnection recognises.
+	return fmt.Errorf("consumer: connection to PostgreSQL lost during the handler (%w): %w", err, errConnClosed)
 }
 
 // errConnClosed is recognised by retry.IsConnection.
