@@ -273,6 +273,16 @@ func (f *statusFlags) consumers(ctx context.Context, pool *pgxpool.Pool, client 
 			}
 			ends[k.topic] = r
 		}
+		// Partitions of the topic without a position row yet (nothing
+		// committed there: a first message stuck in its handler, or never
+		// read) wait from the log start.
+		for id, rg := range r {
+			if !slices.ContainsFunc(cs.Partitions, func(p partitionStatus) bool { return p.Partition == id }) {
+				cs.Partitions = append(cs.Partitions, partitionStatus{Partition: id, Position: rg.Start,
+					Note: "no position yet: counted from the log start"})
+			}
+		}
+		slices.SortFunc(cs.Partitions, func(a, b partitionStatus) int { return a.Partition - b.Partition })
 		for i := range cs.Partitions {
 			p := &cs.Partitions[i]
 			rg, ok := r[p.Partition]
