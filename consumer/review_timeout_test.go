@@ -2,11 +2,14 @@ package consumer_test
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/retry"
@@ -62,4 +65,54 @@ func TestReviewHandlerTimeoutIsAnAttempt(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestReviewLagWhileStuck: Lag is LastStable - Next with LastStable stored
+// only after a fetch's records all went into the prefetch buffer. When the
+// handler is stuck and the buffer is full, prefetch blocks inside a fetch
+// and LastStable freezes: Lag stops growing however many messages arrive.
+// (idemkit_consumer_lag then under-reports exactly when a partition is
+// stuck; IdemkitConsumerLagGrowing's delta > 0 never holds for it.)
+func TestReviewLagWhileStuck(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	e.produce(msg("first", "k", 1))
+	gate := make(chan struct{})
+	blocked := make(chan struct{})
+	var once sync.Once
+	cfg := e.config(modes[0], func(ctx context.Context, m *consumer.Message) error {
+		if m.ID == "first" {
+			once.Do(func() { close(blocked) })
+			select {
+			case <-gate:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	})
+	cfg.MaxBufferedBytes = 4 * consumer.MessageOverhead // a few small messages
+	r, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- r.Run(ctx) }()
+	defer func() { close(gate); cancel(); <-errc }()
+	wait(t, blocked, "the handler of first")
+	var more []kafka.Message
+	for i := range 50 {
+		more = append(more, msg(fmt.Sprintf("m%d", i), "k", 1))
+	}
+	e.produce(more...)
+	deadline := time.Now().Add(5 * time.Second)
+	var ps []consumer.PartitionStatus
+	for time.Now().Before(deadline) {
+		if ps = r.Partitions(); len(ps) == 1 && ps[0].Lag == 51 {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("FAILS: 51 messages wait behind a stuck handler; Partitions reports %+v (Lag frozen at the last fetch that fit in the buffer)", ps)
 }
