@@ -236,7 +236,8 @@ func (w *worker) prefetch(ctx context.Context, reader *kread.Reader) {
 		w.state.started(begin)
 		for _, m := range f.Records {
 			msg := w.message(m)
-			if !w.bytes.acquire(ctx, messageBytes(msg)) || !w.send(ctx, msg) {
+			msg.size = messageBytes(msg)
+			if !w.bytes.acquire(ctx, msg.size) || !w.send(ctx, msg) {
 				return
 			}
 			sent = m.Offset + 1
@@ -306,10 +307,12 @@ func messageBytes(m *Message) int64 {
 	return n
 }
 
+// batchBytes is what msgs acquired from the budget when they were fetched
+// (not recomputed: a handler or middleware may change a message).
 func batchBytes(msgs []*Message) int64 {
 	var n int64
 	for _, m := range msgs {
-		n += messageBytes(m)
+		n += m.size
 	}
 	return n
 }
