@@ -116,3 +116,56 @@ func TestReviewLagWhileStuck(t *testing.T) {
 	}
 	t.Fatalf("FAILS: 51 messages wait behind a stuck handler; Partitions reports %+v (Lag frozen at the last fetch that fit in the buffer)", ps)
 }
+
+// TestReviewIdleInTransactionTimeoutIsAnAttempt: a handler that waits on
+// something slow with the transaction open (an HTTP call) past the server's
+// idle_in_transaction_session_timeout (a common production setting) has
+// its session terminated by the server (FATAL 25P03). That is the
+// message's doing. Since c387227 connectionLost drops the handler mark and
+// returns an error that wraps both the 25P03 PgError and errConnClosed;
+// retry.IsConnection looks at the PgError first, says "not a connection
+// error", so it is neither an attempt nor an outage: Run returns it and the
+// whole runner stops (OnFailure set or not). Restarted, it stops again on
+// the same message. Before c387227 the message went through the retry
+// policy to OnFailure (this test passes with the 3-line hunk reverted).
+func TestReviewIdleInTransactionTimeoutIsAnAttempt(t *testing.T) {
+	t.Parallel()
+	for _, md := range baseModes {
+		t.Run(md.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, 1)
+			e.produce(msg("slow", "k", 1), msg("next", "k", 1))
+			var calls atomic.Int32
+			cfg := e.config(md, nil)
+			cfg.Retry = &retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 2}
+			cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+				if m.ID == "slow" {
+					calls.Add(1)
+					if _, err := tx.Exec(ctx, `SET LOCAL idle_in_transaction_session_timeout = '100ms'`); err != nil {
+						return err
+					}
+					time.Sleep(400 * time.Millisecond) // the slow external call
+					_, err := tx.Exec(ctx, `SELECT 1`)
+					return err
+				}
+				return e.effect(ctx, tx, m)
+			})
+			var failed atomic.Int32
+			cfg.OnFailure = func(context.Context, *consumer.Message, error) error { failed.Add(1); return nil }
+			var outages atomic.Int32
+			cfg.Hooks.OutageStarted = func(string, error) { outages.Add(1) }
+			oc := newOutcomes(2)
+			cfg.Hooks.Outcome = oc.hook
+			stop := run(t, cfg)
+			select {
+			case <-oc.done:
+			case <-time.After(20 * time.Second):
+				t.Fatalf("FAILS: after 20s the slow message is not given up: %d handler calls, %d to OnFailure, %d outages reported; Run: %v",
+					calls.Load(), failed.Load(), outages.Load(), stop())
+			}
+			if err := stop(); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+		})
+	}
+}
