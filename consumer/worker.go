@@ -845,8 +845,17 @@ func connectionLost(tx pgx.Tx, err error) error {
 		err = herr.err
 	}
 	var pgErr *pgconn.PgError
+	isPg := errors.As(err, &pgErr)
 	closed := tx.Conn().IsClosed()
-	if !closed && !(errors.As(err, &pgErr) && retry.IsConnection(err)) {
+	if !closed && !(isPg && retry.IsConnection(err)) {
+		return nil
+	}
+	// The handler's own doing, which would happen again on every run: its
+	// statement's deadline (pgx closes a connection whose statement's
+	// context expired), or the server ending the session for what the
+	// transaction did (idle_in_transaction_session_timeout, 25P03). Those
+	// are the handler's verdict, charged as attempts.
+	if errors.Is(err, context.DeadlineExceeded) || (isPg && !retry.IsConnection(err)) {
 		return nil
 	}
 	if !retry.IsConnection(err) {
