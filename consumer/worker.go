@@ -846,8 +846,10 @@ func connectionLost(tx pgx.Tx, err error) error {
 	}
 	var pgErr *pgconn.PgError
 	isPg := errors.As(err, &pgErr)
-	closed := tx.Conn().IsClosed()
-	if !closed && !(isPg && retry.IsConnection(err)) {
+	if !tx.Conn().IsClosed() {
+		// The server answered on this connection (class 53 included, such
+		// as 53400 for temp_file_limit): the handler's verdict, which the
+		// retry policy classifies.
 		return nil
 	}
 	// The handler's own doing, which would happen again on every run: its
