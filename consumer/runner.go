@@ -34,6 +34,7 @@ type Message struct {
 
 	idErr  error // why no usable ID was found, when ID is empty
 	skipTo int64 // > 0: not a message; the position may move to skipTo
+	size   int64 // what the message acquired from the byte budget
 }
 
 // Runner consumes one topic with a consumer group and runs the handler once

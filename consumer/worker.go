@@ -236,7 +236,8 @@ func (w *worker) prefetch(ctx context.Context, reader *kread.Reader) {
 		w.state.started(begin)
 		for _, m := range f.Records {
 			msg := w.message(m)
-			if !w.bytes.acquire(ctx, messageBytes(msg)) || !w.send(ctx, msg) {
+			msg.size = messageBytes(msg)
+			if !w.bytes.acquire(ctx, msg.size) || !w.send(ctx, msg) {
 				return
 			}
 			sent = m.Offset + 1
@@ -305,10 +306,12 @@ func messageBytes(m *Message) int64 {
 	return n
 }
 
+// batchBytes is what msgs acquired from the budget when they were fetched
+// (not recomputed: a handler or middleware may change a message).
 func batchBytes(msgs []*Message) int64 {
 	var n int64
 	for _, m := range msgs {
-		n += messageBytes(m)
+		n += m.size
 	}
 	return n
 }
@@ -843,21 +846,23 @@ func connectionLost(tx pgx.Tx, err error) error {
 	var pgErr *pgconn.PgError
 	isPg := errors.As(err, &pgErr)
 	switch {
+	case !tx.Conn().IsClosed():
+		// The server answered on this connection (class 53 included, such
+		// as 53400 for temp_file_limit), or the handler failed by itself
+		// (an io.EOF of its own is no outage): the handler's verdict, which
+		// the retry policy classifies.
+		return nil
 	case retry.IsPermanent(err):
 		return nil // the handler's verdict, whatever it wraps
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		// The handler's own deadline (pgx closes a connection whose
 		// statement's context ended), or the runner stopping: not an outage.
 		return nil
-	case isPg && retry.IsConnection(err):
-		return fmt.Errorf("consumer: connection to PostgreSQL lost during the handler: %w", err)
-	case isPg:
-		// PostgreSQL said why, and it is not an outage (for example 25P03,
-		// the handler outlived idle_in_transaction_session_timeout): the
-		// handler's verdict, even if the server closed the connection.
+	case isPg && !retry.IsConnection(err):
+		// The server ended the session for what the transaction did (25P03,
+		// idle_in_transaction_session_timeout): it would happen again on
+		// every run, the handler's verdict, charged as an attempt.
 		return nil
-	case !tx.Conn().IsClosed():
-		return nil // the handler's own error (an io.EOF of its own is no outage)
 	case retry.IsConnection(err):
 		return fmt.Errorf("consumer: connection to PostgreSQL lost during the handler: %w", err)
 	}

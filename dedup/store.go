@@ -178,11 +178,21 @@ func New(cfg *Config) (*Store, error) {
 	RETURNING p.consumer, p.topic, p.kafka_partition
 )`
 	}
-	positionInsert := `INSERT INTO ` + positions + ` (consumer, topic, kafka_partition, next_offset, anchor_time, anchor_offset, epoch)
+	//
+	// A row the UPDATE did not move either does not exist, is ahead, has
+	// another epoch, or was inserted by a transaction that committed after
+	// the statement's snapshot (two first writers during a rebalance): ON
+	// CONFLICT DO UPDATE rechecks the committed row, so the last case still
+	// moves it (DO NOTHING dropped that write).
+	positionInsert := `INSERT INTO ` + positions + ` AS p (consumer, topic, kafka_partition, next_offset, anchor_time, anchor_offset, epoch)
 	SELECT c, t, k, n, a, CASE WHEN a IS NULL THEN NULL ELSE n - 1 END, e FROM position_input AS v
 	WHERE NOT EXISTS (SELECT 1 FROM position_moved AS m
 		WHERE m.consumer = v.c AND m.topic = v.t AND m.kafka_partition = v.k)
-	ON CONFLICT (consumer, topic, kafka_partition) DO NOTHING`
+	ON CONFLICT (consumer, topic, kafka_partition) DO UPDATE
+	SET next_offset = EXCLUDED.next_offset,
+		anchor_offset = CASE WHEN EXCLUDED.anchor_time IS NULL THEN p.anchor_offset ELSE EXCLUDED.anchor_offset END,
+		anchor_time = coalesce(EXCLUDED.anchor_time, p.anchor_time), updated_at = now()
+	WHERE p.next_offset < EXCLUDED.next_offset AND p.epoch = EXCLUDED.epoch`
 	withPosition := func(input string) string {
 		return positionCTEs(input) + `, position_new AS (
 	` + positionInsert + `
