@@ -268,8 +268,11 @@ type Config struct {
 
 // Hooks are optional callbacks for metrics, tracing and tests. They run
 // synchronously on the partition's goroutine (the committer's, for offset
-// commits): keep them fast. The context they get is the transaction's (see
-// TxStart) where there is one.
+// commits): keep them fast, and do not panic in them (unlike a handler's or
+// a middleware's, a hook's panic is not recovered). The context they get is
+// the transaction's (see TxStart) where there is one; a context TxStart
+// returns must derive from the one it got, or cancellation (a rebalance, a
+// shutdown) no longer reaches the transaction.
 type Hooks struct {
 	// TxStart runs before a transaction for msgs begins: one message, or a
 	// batch of one partition in offset order. attempt counts the handler

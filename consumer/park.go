@@ -175,7 +175,7 @@ func (p *parker) park(ctx context.Context, msg *Message, f failure) error {
 	p.w.log.WarnContext(f.logCtx(ctx), "message parked; its key waits, other keys flow", "offset", msg.Offset, "message_id", msg.ID,
 		"attempts", f.attempts, "retry_in", delay, "err", f.err)
 	if h := cfg.Hooks.Outcome; h != nil {
-		h(ctx, msg, Parked)
+		h(f.logCtx(ctx), msg, Parked)
 	}
 	return nil
 }

@@ -654,7 +654,7 @@ func (w *worker) giveUp(ctx context.Context, msg *Message, f failure, savePositi
 		}
 	}
 	if h := cfg.Hooks.Outcome; h != nil {
-		h(ctx, msg, Failed)
+		h(lctx, msg, Failed)
 	}
 	return nil
 }

@@ -311,7 +311,8 @@ func (s *Store) claimWithPositionArgs(c Claim) []any {
 // in one round trip (b.BeginTx must come first, as pgx requires). The
 // outcome is stored in *duplicate when b's results are read
 // (pgx.BatchResults.Close); an error of the statement is returned from
-// there, wrapped (but pgx may fail the batch before running it, for example
+// there, wrapped, and *duplicate then means nothing (pgx may also fail the
+// batch before running it, for example
 // preparing it on a schema that is not migrated: that error is pgx's).
 // Invalid input returns an error matching ErrInvalidInput and queues
 // nothing.

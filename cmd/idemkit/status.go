@@ -58,6 +58,7 @@ type statusFlags struct {
 	maxStuck     int
 	maxDLQ       int64
 	retention    time.Duration
+	noPositions  bool // the positions table is missing
 }
 
 // statusReport is what `idemkit status -json` prints.
@@ -158,6 +159,9 @@ func statusCmd(ctx context.Context, args []string, out io.Writer) error {
 	if err := f.records(ctx, pool, rep); err != nil {
 		return err
 	}
+	if rep.Outbox == nil && rep.Idempotency == nil && len(rep.Consumers) == 0 && f.noPositions {
+		return fmt.Errorf("schema %s has none of idemkit's tables: a wrong -schema? (run idemkit migrate up to create them)", f.schema)
+	}
 	f.check(rep)
 	if f.json {
 		enc := json.NewEncoder(out)
@@ -191,6 +195,7 @@ func (f *statusFlags) consumers(ctx context.Context, pool *pgxpool.Pool, client 
 	if err != nil {
 		if missingTable(err) {
 			rep.Notes = append(rep.Notes, "no consumer positions table: run idemkit migrate up")
+			f.noPositions = true
 			return nil
 		}
 		return fmt.Errorf("read consumer positions: %w", err)
@@ -246,10 +251,18 @@ func (f *statusFlags) consumers(ctx context.Context, pool *pgxpool.Pool, client 
 		if _, done := oldest[k.consumer]; done {
 			continue
 		}
+		// The index is on processed_at alone: behind other consumers' older
+		// records the walk can be long. Bounded, and reported unknown.
 		var age *float64
-		err := pool.QueryRow(ctx, `SELECT extract(epoch FROM now() - processed_at)::float8 FROM `+
+		qctx, cancel := context.WithTimeout(ctx, oldestRecordTimeout)
+		err := pool.QueryRow(qctx, `SELECT extract(epoch FROM now() - processed_at)::float8 FROM `+
 			f.table(migrate.ProcessedMessagesDefault)+` WHERE consumer = $1 ORDER BY processed_at LIMIT 1`, k.consumer).Scan(&age)
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		cancel()
+		switch {
+		case err == nil, errors.Is(err, pgx.ErrNoRows):
+		case qctx.Err() != nil && ctx.Err() == nil:
+			rep.Notes = append(rep.Notes, fmt.Sprintf("the oldest processed record of %s took longer than %s to find: not shown", k.consumer, oldestRecordTimeout))
+		default:
 			return fmt.Errorf("read the oldest processed record of %s: %w", k.consumer, err)
 		}
 		oldest[k.consumer] = age
@@ -351,6 +364,9 @@ func (f *statusFlags) outbox(ctx context.Context, pool *pgxpool.Pool, rep *statu
 		Parked: int64(st.Parked)}
 	return nil
 }
+
+// oldestRecordTimeout bounds the search for a consumer's oldest record.
+const oldestRecordTimeout = 5 * time.Second
 
 // stuckLimit bounds the stuck records counted.
 const stuckLimit = 10000

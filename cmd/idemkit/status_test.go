@@ -146,11 +146,27 @@ func TestStatus(t *testing.T) {
 		t.Errorf("a threshold reported as crossed:\n%s", out)
 	}
 
-	// A schema with nothing migrated: notes, not errors.
+	// A schema with none of the tables (a typo in -schema): a failure, so
+	// that a probe does not pass on it.
 	bare := testenv.NewDB(t)
 	out, errOut, code = cli(t, bin, env, "status", "-json", "-schema", bare.Schema, "-dlq-suffix", suffix)
-	if code != 0 || !strings.Contains(out, "no consumer positions table") || !strings.Contains(out, "no outbox table") {
-		t.Fatalf("unmigrated schema: exit %d\n%s%s", code, out, errOut)
+	if code != 1 || !strings.Contains(errOut, "has none of idemkit's tables") {
+		t.Fatalf("unmigrated schema: exit %d, want 1\n%s%s", code, out, errOut)
+	}
+	// Some tables missing (only the consumer's migrated): notes, not errors.
+	if _, err := bare.Pool.Exec(ctx, `DROP SCHEMA `+pgx.Identifier{bare.Schema}.Sanitize()+` CASCADE; CREATE SCHEMA `+
+		pgx.Identifier{bare.Schema}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	if err := testenv.Migrate(ctx, bare.Pool, bare.Schema); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bare.Pool.Exec(ctx, `DROP TABLE `+bare.Table(migrate.OutboxDefault)+`, `+bare.Table(migrate.IdempotencyRecordsDefault)); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code = cli(t, bin, env, "status", "-json", "-schema", bare.Schema, "-dlq-suffix", suffix)
+	if code != 0 || !strings.Contains(out, "no outbox table") || !strings.Contains(out, "no idempotency records table") {
+		t.Fatalf("partly migrated schema: exit %d\n%s%s", code, out, errOut)
 	}
 }
 
