@@ -144,7 +144,35 @@ type engine struct {
 	cfg   loopConfig
 	d     deliverer
 	log   *slog.Logger
+	// rounds runs the rounds; nil means the classic rounds of engine.round
+	// (the dispatcher's). The relay sets its own (relayloop.go).
+	rounds rounder
 }
+
+// rounder is what deliverLoop drives.
+type rounder interface {
+	// round runs one round.
+	round(ctx context.Context) (roundResult, error)
+	// idle waits, after a round with nothing more to do, for a wake-up,
+	// PollInterval or the end of ctx.
+	idle(ctx context.Context, wake <-chan struct{})
+	// broken is called after a round failed: drop what the round relied on.
+	broken(ctx context.Context)
+	// close releases everything when the loop ends.
+	close(ctx context.Context)
+}
+
+// classic is the rounder of engine.round: one transaction per round.
+type classic struct{ e *engine }
+
+func (c classic) round(ctx context.Context) (roundResult, error) {
+	res, err := c.e.round(ctx)
+	res.more = res.delivered > 0
+	return res, err
+}
+func (c classic) idle(ctx context.Context, wake <-chan struct{}) { sleep(ctx, c.e.cfg.pollInterval, wake) }
+func (classic) broken(context.Context)                           {}
+func (classic) close(context.Context)                            {}
 
 // run is the body of Relay.Run and Dispatcher.Run.
 func (e *engine) run(ctx context.Context) error {
@@ -209,13 +237,18 @@ func (e *engine) waiter(server string) *outage.Waiter {
 // and once when it ends; past MaxOutage the loop returns the
 // *retry.OutageError. Other failures are logged and retried with backoff.
 func (e *engine) deliverLoop(ctx context.Context, wake chan struct{}) error {
+	rr := e.rounds
+	if rr == nil {
+		rr = classic{e}
+	}
+	defer rr.close(ctx)
 	bo := e.newBackOff()
 	pgOutage, kafkaOutage := e.waiter("postgres"), e.waiter("kafka")
 	for {
 		if ctx.Err() != nil {
 			return nil
 		}
-		res, err := e.round(ctx)
+		res, err := rr.round(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -223,6 +256,7 @@ func (e *engine) deliverLoop(ctx context.Context, wake chan struct{}) error {
 			return fmt.Errorf("outbox: %s: %w", e.cfg.name, err)
 		}
 		if err != nil {
+			rr.broken(ctx)
 			werr := pgOutage.Wait(ctx, err)
 			var oerr *retry.OutageError
 			switch {
@@ -262,8 +296,8 @@ func (e *engine) deliverLoop(ctx context.Context, wake chan struct{}) error {
 			kafkaOutage.Ok()
 		}
 		bo.Reset()
-		if res.delivered == 0 {
-			sleep(ctx, e.cfg.pollInterval, wake)
+		if !res.more {
+			rr.idle(ctx, wake)
 		} // else there may be more: go again at once
 	}
 }
@@ -275,6 +309,8 @@ type roundResult struct {
 	// being the first such error.
 	attempted, transient, stalled bool
 	err                           error
+	// more: there may be more to do at once.
+	more bool
 }
 
 // update is one row's entry in markFailed.

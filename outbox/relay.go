@@ -12,7 +12,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 )
@@ -22,6 +21,7 @@ const (
 	BatchSizeDefault       = 500
 	MaxBatchBytesDefault   = 1 << 20 // kafka-go's and Kafka's default limit
 	PollIntervalDefault    = 500 * time.Millisecond
+	WakeDelayDefault       = 5 * time.Millisecond
 	PublishTimeoutDefault  = 10 * time.Second
 	HandlerTimeoutDefault  = 30 * time.Second
 	RetryInitialDefault    = 100 * time.Millisecond
@@ -63,6 +63,13 @@ type RelayConfig struct {
 	// notification woke it (delayed messages, retries, a lost LISTEN).
 	// Defaults to 500ms.
 	PollInterval time.Duration
+	// WakeDelay is how long an idle relay waits, after the NOTIFY of a
+	// commit woke it, before it reads: the commits of a burst then cost one
+	// round, and a steady trickle one round per WakeDelay at most. It adds
+	// up to WakeDelay to the latency of a message that finds the relay
+	// idle; a relay that is busy (its last round was full) does not wait.
+	// Negative means no wait. Defaults to 5ms.
+	WakeDelay time.Duration
 	// PublishTimeout bounds one round's Kafka writes. Defaults to 10s.
 	PublishTimeout time.Duration
 	// RetryInitial is the wait after a message's first failed attempt; it
@@ -156,6 +163,9 @@ type Relay struct {
 	store *Store
 	cfg   RelayConfig
 	loop  loopConfig
+	// onRound, for tests (export_test.go), runs after each round that read
+	// rows, with the number it delivered.
+	onRound func(delivered int)
 }
 
 // NewRelay validates cfg, applies its defaults and returns a Relay. It does
@@ -174,6 +184,7 @@ func NewRelay(pool *pgxpool.Pool, store *Store, cfg *RelayConfig) (*Relay, error
 	c := *cfg
 	c.MaxBatchBytes = cmp.Or(c.MaxBatchBytes, MaxBatchBytesDefault)
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, PublishTimeoutDefault)
+	c.WakeDelay = cmp.Or(c.WakeDelay, WakeDelayDefault)
 	if c.MaxBatchBytes < 1024 {
 		return nil, fmt.Errorf("%w: MaxBatchBytes %d < 1024", ErrInvalidConfig, c.MaxBatchBytes)
 	}
@@ -218,8 +229,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	defer w.Close()
 	log := r.loop.logger.With("component", "outbox.relay")
-	e := &engine{pool: r.pool, store: r.store, cfg: r.loop, log: log,
-		d: &kafkaDeliverer{w: w, store: r.store, maxBytes: r.cfg.MaxBatchBytes, timeout: r.cfg.PublishTimeout}}
+	e := &engine{pool: r.pool, store: r.store, cfg: r.loop, log: log}
+	e.rounds = &relayRounds{e: e, wakeDelay: r.cfg.WakeDelay, onRound: r.onRound,
+		k: &kafkaDeliverer{w: w, store: r.store, maxBytes: r.cfg.MaxBatchBytes, timeout: r.cfg.PublishTimeout}}
 	return e.run(ctx)
 }
 
@@ -228,10 +240,6 @@ type kafkaDeliverer struct {
 	store    *Store
 	maxBytes int
 	timeout  time.Duration
-}
-
-func (k *kafkaDeliverer) scan(ctx context.Context, tx pgx.Tx, limit int) ([]scanned, error) {
-	return scanRows(ctx, tx, k.store.sql.scanKafka, limit)
 }
 
 // size over-estimates the bytes kafka-go counts for a message.
