@@ -256,14 +256,15 @@ func (r *relayRounds) round(ctx context.Context) (roundResult, error) {
 		fails = append(fails, u)
 		failures = append(failures, failure{rec: w.rec, err: err, parked: park})
 	}
-	if h := r.e.cfg.hooks.AfterPublish; h != nil && len(done) > 0 {
-		h(ctx, done)
-	}
-
-	// The previous round's marks must be committed before this round's
-	// start (one mark in flight at a time).
+	// The previous round's marks, which ran while this round read and
+	// published, are committed before this round's marks start (one mark
+	// in flight at a time) and before AfterPublish: what a crash there
+	// delivers again is this round's rows only.
 	if err := r.finishMark(ctx); err != nil {
 		return res, err
+	}
+	if h := r.e.cfg.hooks.AfterPublish; h != nil && len(done) > 0 {
+		h(ctx, done)
 	}
 	if len(done) > 0 {
 		r.startMark(ctx, doneSeqs, done)
