@@ -54,8 +54,10 @@ WHERE blocked_by IN (SELECT id FROM w) AND parked_at IS NULL AND published_at IS
 
 	// read returns the first $1 ready rows of the held shards in enqueue
 	// order, from one index (migrate version 11). For each it probes the
-	// index of waiting rows (usually empty) for the first row of its key
-	// before it that waits: the row is then held behind that one. Nothing
+	// index of waiting rows for the first row of its key before it that
+	// waits: the row is then held behind that one. When no row waits at all
+	// (the usual case: one probe, evaluated once), the per-row probes are
+	// skipped. Nothing
 	// is locked: the shard lease makes this relay the only one to publish
 	// these keys.
 	sq.read = `SELECT o.seq, o.id::text, o.lock_key, o.topic, o.msg_key, o.value, o.headers, o.attempts, o.created_at,
@@ -63,7 +65,10 @@ WHERE blocked_by IN (SELECT id FROM w) AND parked_at IS NULL AND published_at IS
 FROM ` + t + ` AS o
 LEFT JOIN LATERAL (
 	SELECT w.id, w.parked_at IS NOT NULL AS parked FROM ` + t + ` AS w
-	WHERE w.lock_key = o.lock_key AND w.seq < o.seq
+	WHERE (SELECT lock_key FROM ` + t + `
+	       WHERE published_at IS NULL AND blocked_by IS NULL AND waiting AND handler IS NULL
+	       ORDER BY lock_key, seq LIMIT 1) IS NOT NULL
+	  AND w.lock_key = o.lock_key AND w.seq < o.seq
 	  AND w.published_at IS NULL AND w.blocked_by IS NULL AND w.waiting AND w.handler IS NULL
 	ORDER BY w.seq
 	LIMIT 1
@@ -126,13 +131,13 @@ WHERE locktype = 'advisory' AND granted AND objsubid = 2
 
 // relayRounds is the relay's rounder. Between rounds it holds a dedicated
 // connection (the lease) with the session advisory locks of its shards. A
-// round, on that connection: wake the waiting rows whose time has come and
-// read the first ready rows of its shards (one round trip); hold the rows
-// behind a waiting row of their key; publish the rest in one go; then mark
-// them published in a statement of their own on a pool connection, which
-// runs while the next round reads and publishes (its rows are left out of
-// that read). Failures, rows found not due and held rows are written on the
-// lease connection before the next read.
+// round is one round trip on that connection, one implicit transaction:
+// write the outcome of the previous round (rows published, failed, found
+// not due, held behind a waiting row), wake the waiting rows whose time has
+// come, and read the first ready rows of its shards; then hold the rows
+// behind a waiting row of their key and publish the rest in one go. Its
+// outcome is written by the next round's round trip, or before the relay
+// waits (flush).
 type relayRounds struct {
 	e *engine
 	k *kafkaDeliverer
@@ -144,14 +149,78 @@ type relayRounds struct {
 	held      uint64    // mask of the shards held on conn
 	nextLease time.Time
 
-	marking *markCall // the previous round's marks, in flight
+	out outcome // the last round's outcome, not written yet
 }
 
-// markCall is one round's "published" marks running on a pool connection.
-type markCall struct {
-	seqs map[int64]bool
-	recs []Record
-	done chan error
+// outcome is what a round leaves to write.
+type outcome struct {
+	doneSeqs   []int64
+	done       []Record
+	fails      []update
+	blockSeqs  []int64
+	blockHeads []string
+}
+
+func (o *outcome) empty() bool { return len(o.doneSeqs)+len(o.fails)+len(o.blockSeqs) == 0 }
+
+// queue adds the outcome's statements to b and returns how many it added.
+func (r *relayRounds) queue(b *pgx.Batch, o *outcome) int {
+	n := 0
+	if len(o.doneSeqs) > 0 {
+		b.Queue(r.e.store.sql.markDone, o.doneSeqs)
+		n++
+	}
+	if len(o.fails) > 0 {
+		k := len(o.fails)
+		var (
+			seqs   = make([]int64, k)
+			adds   = make([]int32, k)
+			errs   = make([]pgtype.Text, k)
+			delays = make([]pgtype.Int8, k)
+			parks  = make([]bool, k)
+		)
+		for i, u := range o.fails {
+			seqs[i], adds[i], errs[i], parks[i] = u.seq, u.add, u.err, u.park
+			delays[i] = pgtype.Int8{Int64: u.delayUS, Valid: u.delayUS >= 0 && !u.park}
+		}
+		b.Queue(r.e.store.sql.fail, seqs, adds, errs, delays, parks)
+		n++
+	}
+	if len(o.blockSeqs) > 0 {
+		b.Queue(r.e.store.sql.block, o.blockSeqs, o.blockHeads)
+		n++
+	}
+	return n
+}
+
+// written runs the Published hook once an outcome is committed.
+func (r *relayRounds) written(o *outcome) {
+	if h := r.e.cfg.hooks.Published; h != nil && len(o.done) > 0 {
+		h(o.done)
+	}
+}
+
+// flush writes the pending outcome on its own. When it fails, the rows
+// published stay unpublished and are published again (duplicates with the
+// same IDs, after later messages of their keys: the first delivery of every
+// message was in order).
+func (r *relayRounds) flush(ctx context.Context) error {
+	if r.out.empty() || r.conn == nil {
+		r.out = outcome{}
+		return nil
+	}
+	o := r.out
+	r.out = outcome{}
+	// Delivered: record it even if the run is being cancelled.
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	b := &pgx.Batch{}
+	r.queue(b, &o)
+	if err := r.conn.SendBatch(mctx, b).Close(); err != nil {
+		return fmt.Errorf("write the round's outcome: %w", err)
+	}
+	r.written(&o)
+	return nil
 }
 
 func (r *relayRounds) round(ctx context.Context) (roundResult, error) {
@@ -160,17 +229,16 @@ func (r *relayRounds) round(ctx context.Context) (roundResult, error) {
 		return res, err
 	}
 	if r.held == 0 {
-		return res, nil // a standby: every shard is taken by other relays
+		return res, r.flush(ctx) // a standby: every shard is taken by other relays
 	}
 	batch := r.e.cfg.batchSize
-	var inflight map[int64]bool
-	if r.marking != nil {
-		inflight = r.marking.seqs
-	}
-	rows, err := r.read(ctx, batch+len(inflight), inflight)
+	prev := r.out
+	r.out = outcome{}
+	rows, err := r.read(ctx, &prev)
 	if err != nil {
 		return res, err
 	}
+	r.written(&prev)
 
 	// Per key, in seq order: a row held behind a waiting row is blocked
 	// (with every later row of its key, which the read holds behind the
@@ -178,9 +246,7 @@ func (r *relayRounds) round(ctx context.Context) (roundResult, error) {
 	// this round (the next read holds the rest behind it).
 	var (
 		deliverable []*row
-		fails       []update
-		blockSeqs   []int64
-		blockHeads  []string
+		out         outcome
 		stopped     map[int64]bool
 		changed     bool
 	)
@@ -189,23 +255,22 @@ func (r *relayRounds) round(ctx context.Context) (roundResult, error) {
 		case stopped[w.lockKey]:
 			changed = true
 		case w.heldBy != "":
-			blockSeqs = append(blockSeqs, w.seq)
-			blockHeads = append(blockHeads, w.heldBy)
+			out.blockSeqs = append(out.blockSeqs, w.seq)
+			out.blockHeads = append(out.blockHeads, w.heldBy)
+			changed = true
 		case !w.due:
-			fails = append(fails, update{seq: w.seq, delayUS: -1})
+			out.fails = append(out.fails, update{seq: w.seq, delayUS: -1})
 			if stopped == nil {
 				stopped = map[int64]bool{}
 			}
 			stopped[w.lockKey] = true
+			changed = true
 		default:
 			deliverable = append(deliverable, &w.row)
 		}
 	}
 	full := len(rows) >= batch
 	// Rows are in enqueue order: any cut keeps a prefix of every key.
-	if len(deliverable) > batch {
-		deliverable, full = deliverable[:batch], true
-	}
 	if n := r.k.cut(deliverable); n < len(deliverable) {
 		deliverable, full = deliverable[:n], true
 	}
@@ -216,8 +281,6 @@ func (r *relayRounds) round(ctx context.Context) (roundResult, error) {
 	}
 	cancelled := ctx.Err() != nil
 	var (
-		done     []Record
-		doneSeqs = map[int64]bool{}
 		failedK  = map[int64]bool{}
 		failures []failure
 	)
@@ -225,17 +288,18 @@ func (r *relayRounds) round(ctx context.Context) (roundResult, error) {
 	for i, w := range deliverable {
 		if failedK[w.lockKey] {
 			// Behind a failure of its key: left ready; the next read
-			// holds it behind the failed row, which now waits.
+			// holds it behind the failed row, which then waits.
 			continue
 		}
 		err := errs[i]
 		if err == nil {
-			doneSeqs[w.seq] = true
-			done = append(done, w.rec)
+			out.doneSeqs = append(out.doneSeqs, w.seq)
+			out.done = append(out.done, w.rec)
 			allTransient = false
 			continue
 		}
 		failedK[w.lockKey] = true
+		changed = true
 		if cancelled {
 			continue // shutting down: nothing recorded, the row stays as it was
 		}
@@ -253,49 +317,30 @@ func (r *relayRounds) round(ctx context.Context) (roundResult, error) {
 		if !park {
 			u.delayUS = r.e.rowDelay(w.rec.Attempt).Microseconds()
 		}
-		fails = append(fails, u)
+		out.fails = append(out.fails, u)
 		failures = append(failures, failure{rec: w.rec, err: err, parked: park})
 	}
-	// The previous round's marks, which ran while this round read and
-	// published, are committed before this round's marks start (one mark
-	// in flight at a time) and before AfterPublish: what a crash there
-	// delivers again is this round's rows only.
-	if err := r.finishMark(ctx); err != nil {
-		return res, err
+	if h := r.e.cfg.hooks.AfterPublish; h != nil && len(out.done) > 0 {
+		h(ctx, out.done)
 	}
-	if h := r.e.cfg.hooks.AfterPublish; h != nil && len(done) > 0 {
-		h(ctx, done)
-	}
-	if len(done) > 0 {
-		r.startMark(ctx, doneSeqs, done)
-	}
-	// Failures, rows not due and held rows: written now, before the next
-	// read, which must see them.
-	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	if len(fails) > 0 {
-		if err := r.writeFails(mctx, fails); err != nil {
-			return res, fmt.Errorf("mark failed: %w", err)
-		}
-		changed = true
-	}
-	if len(blockSeqs) > 0 {
-		if _, err := r.conn.Exec(mctx, r.e.store.sql.block, blockSeqs, blockHeads); err != nil {
-			return res, fmt.Errorf("hold rows: %w", err)
-		}
-		changed = true
-	}
+	r.out = out
 
-	res.delivered = len(done)
+	res.delivered = len(out.done)
 	res.attempted = len(deliverable) > 0 && !cancelled
 	res.stalled = allTransient && !cancelled
 	// Go again at once when the batch was full, or rows were held back only
-	// for this round. A stalled round backs off instead (deliverLoop).
+	// for this round. Otherwise idle flushes the outcome and waits. A
+	// stalled round backs off instead (deliverLoop), after a flush.
 	res.more = full || changed
-	if r.onRound != nil && len(rows) > 0 {
-		r.onRound(len(done))
+	if res.stalled || cancelled {
+		if err := r.flush(ctx); err != nil {
+			return res, err
+		}
 	}
-	r.e.report(failures, len(done), res.stalled)
+	if r.onRound != nil && len(rows) > 0 {
+		r.onRound(len(out.done))
+	}
+	r.e.report(failures, len(out.done), res.stalled)
 	return res, nil
 }
 
@@ -332,14 +377,20 @@ type readRow struct {
 	heldBy string // ID of the waiting row of its key it is held behind
 }
 
-// read wakes the due waiting rows and reads up to limit ready rows, in one
-// round trip, leaving out the rows whose marks are in flight.
-func (r *relayRounds) read(ctx context.Context, limit int, inflight map[int64]bool) ([]*readRow, error) {
+// read writes the previous round's outcome, wakes the due waiting rows and
+// reads up to BatchSize ready rows, in one round trip.
+func (r *relayRounds) read(ctx context.Context, prev *outcome) ([]*readRow, error) {
 	b := &pgx.Batch{}
+	writes := r.queue(b, prev)
 	b.Queue(r.e.store.sql.promote, r.e.cfg.batchSize, int64(r.held))
-	b.Queue(r.e.store.sql.read, limit, int64(r.held))
+	b.Queue(r.e.store.sql.read, r.e.cfg.batchSize, int64(r.held))
 	br := r.conn.SendBatch(ctx, b)
 	defer br.Close()
+	for range writes {
+		if _, err := br.Exec(); err != nil {
+			return nil, fmt.Errorf("write the round's outcome: %w", translate(err))
+		}
+	}
 	if _, err := br.Exec(); err != nil {
 		return nil, fmt.Errorf("wake waiting rows: %w", translate(err))
 	}
@@ -360,9 +411,6 @@ func (r *relayRounds) read(ctx context.Context, limit int, inflight map[int64]bo
 	)
 	_, err = pgx.ForEachRow(rs, []any{&seq, &id, &lockKey, &topic, &key, &value, &hdrs, &attempts, &at,
 		&due, &heldBy, &heldParked}, func() error {
-		if inflight[seq] {
-			return nil // published by the previous round, mark in flight
-		}
 		w := &readRow{heldBy: heldBy.String, row: row{seq: seq, lockKey: lockKey, due: due, rec: Record{
 			ID: id, Topic: topic, Attempt: attempts + 1, EnqueuedAt: at,
 			Key: cloneOrNil(key), Value: cloneOrNil(value),
@@ -383,69 +431,17 @@ func (r *relayRounds) read(ctx context.Context, limit int, inflight map[int64]bo
 	if err != nil {
 		return nil, fmt.Errorf("read: %w", translate(err))
 	}
-	return out, br.Close()
-}
-
-func (r *relayRounds) writeFails(ctx context.Context, us []update) error {
-	n := len(us)
-	var (
-		seqs   = make([]int64, n)
-		adds   = make([]int32, n)
-		errs   = make([]pgtype.Text, n)
-		delays = make([]pgtype.Int8, n)
-		parks  = make([]bool, n)
-	)
-	for i, u := range us {
-		seqs[i], adds[i], errs[i], parks[i] = u.seq, u.add, u.err, u.park
-		delays[i] = pgtype.Int8{Int64: u.delayUS, Valid: u.delayUS >= 0 && !u.park}
+	if err := br.Close(); err != nil {
+		return nil, fmt.Errorf("read: %w", translate(err))
 	}
-	_, err := r.conn.Exec(ctx, r.e.store.sql.fail, seqs, adds, errs, delays, parks)
-	return err
-}
-
-// startMark marks a round's delivered rows published on a pool connection,
-// in the background; finishMark waits for it.
-func (r *relayRounds) startMark(ctx context.Context, seqs map[int64]bool, recs []Record) {
-	m := &markCall{seqs: seqs, recs: recs, done: make(chan error, 1)}
-	list := make([]int64, 0, len(seqs))
-	for s := range seqs {
-		list = append(list, s)
-	}
-	// Delivered: record it even if the run is being cancelled.
-	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	go func() {
-		defer cancel()
-		_, err := r.e.pool.Exec(mctx, r.e.store.sql.markDone, list)
-		m.done <- err
-	}()
-	r.marking = m
-}
-
-// finishMark waits for the marks in flight, if any, and runs the Published
-// hook. When they failed, the rows stay unpublished and are published again
-// (duplicates with the same IDs, after later messages of their keys: the
-// first delivery of every message was in order).
-func (r *relayRounds) finishMark(ctx context.Context) error {
-	m := r.marking
-	if m == nil {
-		return nil
-	}
-	err := <-m.done // bounded by the mark's own timeout
-	r.marking = nil
-	if err != nil {
-		return fmt.Errorf("mark delivered: %w", err)
-	}
-	if h := r.e.cfg.hooks.Published; h != nil {
-		h(m.recs)
-	}
-	return nil
+	return out, nil
 }
 
 // lease connects the lease connection when needed and, every
 // leaseInterval, takes or gives back shards so that each of the n relays
 // running on the table holds about shardCount/n of them. A shard is given
-// back only with no marks in flight, so the relay that takes it next sees
-// every row this one published as published.
+// back only after the outcome of the rounds is written, so the relay that
+// takes it next sees every row this one published as published.
 func (r *relayRounds) lease(ctx context.Context) error {
 	if r.conn == nil {
 		pc, err := r.e.pool.Acquire(ctx)
@@ -485,7 +481,7 @@ func (r *relayRounds) lease(ctx context.Context) error {
 	have := bits.OnesCount64(r.held)
 	switch {
 	case have > target:
-		if err := r.finishMark(ctx); err != nil {
+		if err := r.flush(ctx); err != nil {
 			return err
 		}
 		var give []int32
@@ -518,13 +514,16 @@ func (r *relayRounds) lease(ctx context.Context) error {
 	return nil
 }
 
-// idle flushes the marks in flight, then waits for a NOTIFY, PollInterval
+// idle writes the last round's outcome, then waits for a NOTIFY, PollInterval
 // or the end of ctx. After a NOTIFY it waits WakeDelay more, so that the
 // commits of a burst cost one round; the wake-ups that came meanwhile are
 // dropped (that round reads their rows).
 func (r *relayRounds) idle(ctx context.Context, wake <-chan struct{}) {
-	if err := r.finishMark(ctx); err != nil {
-		r.e.logUnlessOutage(err, "marking delivered messages failed; they will be delivered again", "err", err)
+	if err := r.flush(ctx); err != nil {
+		// The next round meets the same trouble and handles it.
+		r.e.logUnlessOutage(err, "writing a round's outcome failed; its messages will be delivered again", "err", err)
+		r.dropConn(ctx)
+		return
 	}
 	wait := r.e.cfg.pollInterval
 	if r.conn != nil && r.held == 0 {
@@ -549,17 +548,17 @@ func (r *relayRounds) idle(ctx context.Context, wake <-chan struct{}) {
 	}
 }
 
-// broken drops the lease after a failed round: the marks in flight are
-// awaited, the connection is closed (which releases the shards), and the
-// next round connects again.
+// broken drops the lease after a failed round: the connection is closed
+// (which releases the shards) and the next round connects again. An
+// outcome not written is dropped: its rows are delivered again.
 func (r *relayRounds) broken(ctx context.Context) {
-	_ = r.finishMark(ctx)
+	r.out = outcome{}
 	r.dropConn(ctx)
 }
 
 func (r *relayRounds) close(ctx context.Context) {
-	if err := r.finishMark(ctx); err != nil && ctx.Err() == nil {
-		r.e.logUnlessOutage(err, "marking delivered messages failed; they will be delivered again", "err", err)
+	if err := r.flush(ctx); err != nil {
+		r.e.logUnlessOutage(err, "writing a round's outcome failed; its messages will be delivered again", "err", err)
 	}
 	r.dropConn(ctx)
 }
@@ -575,3 +574,5 @@ func (r *relayRounds) dropConn(ctx context.Context) {
 }
 
 var _ rounder = (*relayRounds)(nil)
+
+
