@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"sync"
 	"syscall"
 	"time"
 
@@ -213,106 +212,12 @@ func (r *Relay) Run(ctx context.Context) error {
 		defer t.CloseIdleConnections()
 		transport = t
 	}
-	w := &kafka.Writer{
-		Addr:                   kafka.TCP(r.cfg.Brokers...),
-		Balancer:               &kafka.Hash{},
-		RequiredAcks:           kafka.RequireAll,
-		AllowAutoTopicCreation: false,
-		// One round's share of a partition fits one batch: all or nothing.
-		BatchSize:    r.loop.batchSize,
-		BatchBytes:   int64(r.cfg.MaxBatchBytes),
-		BatchTimeout: time.Millisecond, // a synchronous write flushes at once
-		MaxAttempts:  3,
-		WriteTimeout: r.cfg.PublishTimeout,
-		ReadTimeout:  r.cfg.PublishTimeout,
-		Transport:    transport,
-	}
-	defer w.Close()
 	log := r.loop.logger.With("component", "outbox.relay")
 	e := &engine{pool: r.pool, store: r.store, cfg: r.loop, log: log}
 	e.rounds = &relayRounds{e: e, wakeDelay: r.cfg.WakeDelay, onRound: r.onRound,
-		k: &kafkaDeliverer{w: w, store: r.store, maxBytes: r.cfg.MaxBatchBytes, timeout: r.cfg.PublishTimeout}}
+		k: &kafkaDeliverer{transport: transport, addr: kafka.TCP(r.cfg.Brokers...), maxBytes: r.cfg.MaxBatchBytes,
+			timeout: r.cfg.PublishTimeout}}
 	return e.run(ctx)
-}
-
-type kafkaDeliverer struct {
-	w        *kafka.Writer
-	store    *Store
-	maxBytes int
-	timeout  time.Duration
-}
-
-// size over-estimates the bytes kafka-go counts for a message.
-func size(r *row) int {
-	n := 64 + len(r.rec.Key) + len(r.rec.Value) + len(HeaderID) + 36
-	for _, h := range r.rec.Headers {
-		n += 10 + len(h.Key) + len(h.Value)
-	}
-	return n
-}
-
-func (k *kafkaDeliverer) cut(rows []*row) int {
-	total := 0
-	for i, r := range rows {
-		s := size(r)
-		if s > k.maxBytes {
-			continue // rejected alone in deliver
-		}
-		if total+s > k.maxBytes {
-			return i
-		}
-		total += s
-	}
-	return len(rows)
-}
-
-func (k *kafkaDeliverer) deliver(ctx context.Context, rows []*row) []error {
-	errs := make([]error, len(rows))
-	held := map[int64]bool{}
-	byTopic := map[string][]int{}
-	for i, r := range rows {
-		switch {
-		case held[r.lockKey]:
-			errs[i] = errHeld
-		case size(r) > k.maxBytes:
-			errs[i] = fmt.Errorf("%w: about %d bytes, limit %d", ErrMessageTooLarge, size(r), k.maxBytes)
-			held[r.lockKey] = true
-		default:
-			byTopic[r.rec.Topic] = append(byTopic[r.rec.Topic], i)
-		}
-	}
-	// One write per topic, at once: a topic that fails as a whole (missing,
-	// unauthorized) fails only its own messages.
-	var wg sync.WaitGroup
-	for topic, idx := range byTopic {
-		wg.Go(func() {
-			msgs := make([]kafka.Message, len(idx))
-			for j, i := range idx {
-				r := rows[i]
-				hs := make([]kafka.Header, 0, len(r.rec.Headers)+1)
-				hs = append(hs, r.rec.Headers...)
-				hs = append(hs, kafka.Header{Key: HeaderID, Value: []byte(r.rec.ID)})
-				msgs[j] = kafka.Message{Topic: topic, Key: r.rec.Key, Value: r.rec.Value, Headers: hs}
-			}
-			wctx, cancel := context.WithTimeout(ctx, k.timeout)
-			defer cancel()
-			err := k.w.WriteMessages(wctx, msgs...)
-			var werrs kafka.WriteErrors
-			switch {
-			case err == nil:
-			case errors.As(err, &werrs) && len(werrs) == len(msgs):
-				for j, i := range idx {
-					errs[i] = werrs[j]
-				}
-			default:
-				for _, i := range idx {
-					errs[i] = err
-				}
-			}
-		})
-	}
-	wg.Wait()
-	return errs
 }
 
 // classify: broker and network trouble is transient (never parks); a
