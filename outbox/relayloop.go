@@ -30,11 +30,14 @@ const leaseInterval = time.Second
 // relay holds, so that relays can count each other in pg_locks.
 const memberShard = -1
 
-// relaySQL adds the relay's statements to sq. $mask is a bigint whose bit s
-// is set when the relay holds shard s; the shard filter tests it with one
-// shift, whatever the number of shards held.
+// relaySQL adds the relay's statements to sq. $2 is a bigint whose bit s is
+// set when the relay holds shard s; the shard filter tests it with one
+// shift, whatever the number of shards held. It is written "<> 0", which
+// the planner takes for a filter that lets most rows through (as it does
+// with one relay, or a few): with "= 1" it expects 0.5% and, rather than
+// walking the index in order to the LIMIT, reads and sorts every ready row.
 func relaySQL(t string, sq *storeSQL) {
-	const mine = `((($2::bigint >> (lock_key & 63)::int) & 1) = 1)`
+	const mine = `((($2::bigint >> (lock_key & 63)::int) & 1) <> 0)`
 	// promote makes the waiting rows whose time has come ready again (at
 	// most $1, in the order of their times) and releases the rows deferred
 	// behind them. Parked rows never wake up: Store.Retry does that.
@@ -74,7 +77,7 @@ LEFT JOIN LATERAL (
 	LIMIT 1
 ) AS h ON true
 WHERE o.published_at IS NULL AND o.blocked_by IS NULL AND o.parked_at IS NULL AND NOT o.waiting AND o.handler IS NULL
-  AND ` + `((($2::bigint >> (o.lock_key & 63)::int) & 1) = 1)` + `
+  AND ` + `((($2::bigint >> (o.lock_key & 63)::int) & 1) <> 0)` + `
 ORDER BY o.seq
 LIMIT $1`
 
@@ -131,13 +134,12 @@ WHERE locktype = 'advisory' AND granted AND objsubid = 2
 
 // relayRounds is the relay's rounder. Between rounds it holds a dedicated
 // connection (the lease) with the session advisory locks of its shards. A
-// round is one round trip on that connection, one implicit transaction:
-// write the outcome of the previous round (rows published, failed, found
-// not due, held behind a waiting row), wake the waiting rows whose time has
-// come, and read the first ready rows of its shards; then hold the rows
-// behind a waiting row of their key and publish the rest in one go. Its
-// outcome is written by the next round's round trip, or before the relay
-// waits (flush).
+// round is two round trips on that connection: write the outcome of the
+// previous round (rows published, failed, found not due, held behind a
+// waiting row: one transaction); wake the waiting rows whose time has come
+// and read the first ready rows of its shards (another); then publish the
+// deliverable rows in one go. Its outcome is written at the start of the
+// next round, or before the relay waits (flush).
 type relayRounds struct {
 	e *engine
 	k *kafkaDeliverer
@@ -232,13 +234,17 @@ func (r *relayRounds) round(ctx context.Context) (roundResult, error) {
 		return res, r.flush(ctx) // a standby: every shard is taken by other relays
 	}
 	batch := r.e.cfg.batchSize
-	prev := r.out
-	r.out = outcome{}
-	rows, err := r.read(ctx, &prev)
+	// The previous round's outcome is committed on its own, before the
+	// read: written in the read's transaction, the rows it marks would
+	// still be read (their old versions, deleted by a transaction in
+	// progress) and walked again by the next read.
+	if err := r.flush(ctx); err != nil {
+		return res, err
+	}
+	rows, err := r.read(ctx)
 	if err != nil {
 		return res, err
 	}
-	r.written(&prev)
 
 	// Per key, in seq order: a row held behind a waiting row is blocked
 	// (with every later row of its key, which the read holds behind the
@@ -377,20 +383,14 @@ type readRow struct {
 	heldBy string // ID of the waiting row of its key it is held behind
 }
 
-// read writes the previous round's outcome, wakes the due waiting rows and
-// reads up to BatchSize ready rows, in one round trip.
-func (r *relayRounds) read(ctx context.Context, prev *outcome) ([]*readRow, error) {
+// read wakes the due waiting rows and reads up to BatchSize ready rows, in
+// one round trip.
+func (r *relayRounds) read(ctx context.Context) ([]*readRow, error) {
 	b := &pgx.Batch{}
-	writes := r.queue(b, prev)
 	b.Queue(r.e.store.sql.promote, r.e.cfg.batchSize, int64(r.held))
 	b.Queue(r.e.store.sql.read, r.e.cfg.batchSize, int64(r.held))
 	br := r.conn.SendBatch(ctx, b)
 	defer br.Close()
-	for range writes {
-		if _, err := br.Exec(); err != nil {
-			return nil, fmt.Errorf("write the round's outcome: %w", translate(err))
-		}
-	}
 	if _, err := br.Exec(); err != nil {
 		return nil, fmt.Errorf("wake waiting rows: %w", translate(err))
 	}
