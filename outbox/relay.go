@@ -215,6 +215,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	log := r.loop.logger.With("component", "outbox.relay")
 	e := &engine{pool: r.pool, store: r.store, cfg: r.loop, log: log}
 	e.rounds = &relayRounds{e: e, wakeDelay: r.cfg.WakeDelay, onRound: r.onRound,
+		promoteEvery: min(r.loop.pollInterval, r.loop.retryInitial),
 		k: &kafkaDeliverer{transport: transport, addr: kafka.TCP(r.cfg.Brokers...), maxBytes: r.cfg.MaxBatchBytes,
 			timeout: r.cfg.PublishTimeout}}
 	return e.run(ctx)

@@ -24,7 +24,7 @@ const shardCount = 64
 
 // leaseInterval is how often a relay counts the relays on its table and
 // takes or gives back shards to hold its share.
-const leaseInterval = time.Second
+const leaseInterval = 250 * time.Millisecond
 
 // memberShard is the second key of the shared advisory lock every running
 // relay holds, so that relays can count each other in pg_locks.
@@ -133,13 +133,16 @@ WHERE locktype = 'advisory' AND granted AND objsubid = 2
 }
 
 // relayRounds is the relay's rounder. Between rounds it holds a dedicated
-// connection (the lease) with the session advisory locks of its shards. A
-// round is two round trips on that connection: write the outcome of the
-// previous round (rows published, failed, found not due, held behind a
-// waiting row: one transaction); wake the waiting rows whose time has come
-// and read the first ready rows of its shards (another); then publish the
-// deliverable rows in one go. Its outcome is written at the start of the
-// next round, or before the relay waits (flush).
+// connection (the lease) with the session advisory locks of its shards.
+// Rounds are pipelined: while round k's rows are being published, one round
+// trip on the lease connection commits the transaction of round k-1 (whose
+// rows Kafka has acknowledged) and, in a new transaction T(k), writes round
+// k's holds, marks round k's rows published (optimistically: T(k) commits
+// only once Kafka acknowledged them, in round k+1's round trip or before
+// the relay waits), wakes the waiting rows whose time has come and reads
+// round k+1's rows, which therefore leave out round k's. When a delivery of
+// round k fails, T(k) is rolled back (with the rows it read) and round k's
+// true outcome is written in a new transaction before the next read.
 type relayRounds struct {
 	e *engine
 	k *kafkaDeliverer
@@ -151,13 +154,28 @@ type relayRounds struct {
 	held      uint64    // mask of the shards held on conn
 	nextLease time.Time
 
-	out outcome // the last round's outcome, not written yet
+	inTx       bool       // a transaction is open on conn
+	ahead      []*readRow // rows read in it, for the next round
+	haveAhead  bool
+	unreported []Record // marked published in the open transaction: Published runs at its commit
+
+	// The outcome of the last round, when no transaction is open, waits
+	// for the next round's read (one round trip and one transaction for
+	// both) or, if none comes within deferMax, is written on its own.
+	pending     outcome
+	pendingDone []Record
+
+	promoteEvery time.Duration
+	nextPromote  time.Time
 }
 
-// outcome is what a round leaves to write.
+// deferMax bounds how long an idle relay keeps the outcome of its last
+// round unwritten, waiting for a round to carry it.
+const deferMax = 50 * time.Millisecond
+
+// outcome is what a round writes in its transaction.
 type outcome struct {
 	doneSeqs   []int64
-	done       []Record
 	fails      []update
 	blockSeqs  []int64
 	blockHeads []string
@@ -168,8 +186,8 @@ func (o *outcome) empty() bool { return len(o.doneSeqs)+len(o.fails)+len(o.block
 // queue adds the outcome's statements to b and returns how many it added.
 func (r *relayRounds) queue(b *pgx.Batch, o *outcome) int {
 	n := 0
-	if len(o.doneSeqs) > 0 {
-		b.Queue(r.e.store.sql.markDone, o.doneSeqs)
+	if len(o.blockSeqs) > 0 {
+		b.Queue(r.e.store.sql.block, o.blockSeqs, o.blockHeads)
 		n++
 	}
 	if len(o.fails) > 0 {
@@ -188,40 +206,126 @@ func (r *relayRounds) queue(b *pgx.Batch, o *outcome) int {
 		b.Queue(r.e.store.sql.fail, seqs, adds, errs, delays, parks)
 		n++
 	}
-	if len(o.blockSeqs) > 0 {
-		b.Queue(r.e.store.sql.block, o.blockSeqs, o.blockHeads)
+	if len(o.doneSeqs) > 0 {
+		b.Queue(r.e.store.sql.markDone, o.doneSeqs)
 		n++
 	}
 	return n
 }
 
-// written runs the Published hook once an outcome is committed.
-func (r *relayRounds) written(o *outcome) {
-	if h := r.e.cfg.hooks.Published; h != nil && len(o.done) > 0 {
-		h(o.done)
+// committed runs the Published hook for the rows of the transaction that
+// just committed.
+func (r *relayRounds) committed() {
+	recs := r.unreported
+	r.unreported = nil
+	if h := r.e.cfg.hooks.Published; h != nil && len(recs) > 0 {
+		h(recs)
 	}
 }
 
-// flush writes the pending outcome on its own. When it fails, the rows
-// published stay unpublished and are published again (duplicates with the
-// same IDs, after later messages of their keys: the first delivery of every
-// message was in order).
+// exchange is a round's round trip: commit the open transaction, begin
+// another, write o in it, wake the due waiting rows and read up to
+// BatchSize ready rows.
+func (r *relayRounds) exchange(ctx context.Context, o *outcome) ([]*readRow, error) {
+	b := &pgx.Batch{}
+	commit := r.inTx
+	if commit {
+		b.Queue("COMMIT")
+	}
+	b.Queue("BEGIN")
+	writes := r.queue(b, o)
+	b.Queue(r.e.store.sql.promote, r.e.cfg.batchSize, int64(r.held))
+	b.Queue(r.e.store.sql.read, r.e.cfg.batchSize, int64(r.held))
+	br := r.conn.SendBatch(ctx, b)
+	defer br.Close()
+	if commit {
+		if _, err := br.Exec(); err != nil {
+			r.unreported = nil
+			return nil, fmt.Errorf("commit: %w", err)
+		}
+		r.inTx = false
+		r.committed()
+	}
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	r.inTx = true
+	for range writes {
+		if _, err := br.Exec(); err != nil {
+			return nil, fmt.Errorf("write the round's outcome: %w", translate(err))
+		}
+	}
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("wake waiting rows: %w", translate(err))
+	}
+	rs, err := br.Query()
+	if err != nil {
+		return nil, fmt.Errorf("read: %w", translate(err))
+	}
+	rows, err := scanReadRows(rs)
+	if err != nil {
+		return nil, fmt.Errorf("read: %w", translate(err))
+	}
+	if err := br.Close(); err != nil {
+		return nil, fmt.Errorf("read: %w", translate(err))
+	}
+	return rows, nil
+}
+
+// promoteDue reports whether this read should wake the waiting rows whose
+// time has come: at most every min(PollInterval, RetryInitial), sooner when
+// a retry this relay scheduled is due. (A read of a full batch always
+// does.) Waiting rows therefore become ready at most that late.
+func (r *relayRounds) promoteDue() bool {
+	now := time.Now()
+	if now.Before(r.nextPromote) {
+		return false
+	}
+	r.nextPromote = now.Add(r.promoteEvery)
+	return true
+}
+
+// retryAt notes that a row of this relay becomes due after d.
+func (r *relayRounds) retryAt(d time.Duration) {
+	if t := time.Now().Add(d); t.Before(r.nextPromote) {
+		r.nextPromote = t
+	}
+}
+
+// flush commits the open transaction, if any, and forgets the rows read in
+// it. When the commit fails, the rows it marked stay unpublished and are
+// published again (duplicates with the same IDs, after later messages of
+// their keys: the first delivery of every message was in order).
 func (r *relayRounds) flush(ctx context.Context) error {
-	if r.out.empty() || r.conn == nil {
-		r.out = outcome{}
+	r.ahead, r.haveAhead = nil, false
+	if r.conn == nil {
+		r.pending, r.pendingDone, r.unreported = outcome{}, nil, nil
 		return nil
 	}
-	o := r.out
-	r.out = outcome{}
 	// Delivered: record it even if the run is being cancelled.
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	b := &pgx.Batch{}
-	r.queue(b, &o)
-	if err := r.conn.SendBatch(mctx, b).Close(); err != nil {
-		return fmt.Errorf("write the round's outcome: %w", err)
+	if r.inTx {
+		_, err := r.conn.Exec(mctx, "COMMIT")
+		r.inTx = false
+		if err != nil {
+			r.unreported = nil
+			return fmt.Errorf("commit: %w", err)
+		}
+		r.committed()
 	}
-	r.written(&o)
+	if !r.pending.empty() {
+		b := &pgx.Batch{}
+		r.queue(b, &r.pending)
+		r.pending = outcome{}
+		err := r.conn.SendBatch(mctx, b).Close()
+		r.unreported, r.pendingDone = r.pendingDone, nil
+		if err != nil {
+			r.unreported = nil
+			return fmt.Errorf("write the round's outcome: %w", err)
+		}
+		r.committed()
+	}
 	return nil
 }
 
@@ -233,17 +337,17 @@ func (r *relayRounds) round(ctx context.Context) (roundResult, error) {
 	if r.held == 0 {
 		return res, r.flush(ctx) // a standby: every shard is taken by other relays
 	}
-	batch := r.e.cfg.batchSize
-	// The previous round's outcome is committed on its own, before the
-	// read: written in the read's transaction, the rows it marks would
-	// still be read (their old versions, deleted by a transaction in
-	// progress) and walked again by the next read.
-	if err := r.flush(ctx); err != nil {
-		return res, err
+	if !r.haveAhead {
+		rows, err := r.readNow(ctx)
+		if err != nil {
+			return res, err
+		}
+		r.ahead = rows
 	}
-	rows, err := r.read(ctx)
-	if err != nil {
-		return res, err
+	rows := r.ahead
+	r.ahead, r.haveAhead = nil, false
+	if len(rows) == 0 {
+		return res, nil // idle commits the transaction and waits
 	}
 
 	// Per key, in seq order: a row held behind a waiting row is blocked
@@ -254,42 +358,103 @@ func (r *relayRounds) round(ctx context.Context) (roundResult, error) {
 		deliverable []*row
 		out         outcome
 		stopped     map[int64]bool
-		changed     bool
 	)
 	for _, w := range rows {
 		switch {
 		case stopped[w.lockKey]:
-			changed = true
 		case w.heldBy != "":
 			out.blockSeqs = append(out.blockSeqs, w.seq)
 			out.blockHeads = append(out.blockHeads, w.heldBy)
-			changed = true
 		case !w.due:
 			out.fails = append(out.fails, update{seq: w.seq, delayUS: -1})
 			if stopped == nil {
 				stopped = map[int64]bool{}
 			}
 			stopped[w.lockKey] = true
-			changed = true
 		default:
 			deliverable = append(deliverable, &w.row)
 		}
 	}
-	full := len(rows) >= batch
 	// Rows are in enqueue order: any cut keeps a prefix of every key.
-	if n := r.k.cut(deliverable); n < len(deliverable) {
-		deliverable, full = deliverable[:n], true
+	deliverable = deliverable[:r.k.cut(deliverable)]
+	if len(rows) < r.e.cfg.batchSize {
+		// Not a full batch: the backlog is drained; no read ahead.
+		return r.last(ctx, rows, deliverable, out, len(stopped) > 0)
 	}
 
+	// Publish, and meanwhile mark the rows published in a new transaction
+	// and read the next round's rows.
 	var errs []error
-	if len(deliverable) > 0 {
-		errs = r.k.deliver(ctx, deliverable)
+	published := make(chan struct{})
+	go func() {
+		defer close(published)
+		if len(deliverable) > 0 {
+			errs = r.k.deliver(ctx, deliverable)
+		}
+	}()
+	optimistic := out
+	for _, w := range deliverable {
+		optimistic.doneSeqs = append(optimistic.doneSeqs, w.seq)
 	}
-	cancelled := ctx.Err() != nil
-	var (
-		failedK  = map[int64]bool{}
-		failures []failure
-	)
+	next, dberr := r.exchange(ctx, &optimistic)
+	<-published
+	if dberr != nil {
+		// Published (or not) but not marked: published again later.
+		return res, dberr
+	}
+
+	done, failures, ok, cancelled := r.evaluate(ctx, deliverable, errs, &out, &res)
+	if !ok {
+		// The optimistic transaction marked rows that were not published,
+		// and read behind them: roll it back, write the true outcome.
+		mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if _, err := r.conn.Exec(mctx, "ROLLBACK"); err != nil {
+			return res, fmt.Errorf("rollback: %w", err)
+		}
+		r.inTx = false
+		if cancelled {
+			b := &pgx.Batch{}
+			b.Queue("BEGIN")
+			r.queue(b, &out)
+			b.Queue("COMMIT")
+			if err := r.conn.SendBatch(mctx, b).Close(); err != nil {
+				return res, fmt.Errorf("write the round's outcome: %w", err)
+			}
+			r.unreported = done
+			r.committed()
+			return res, nil
+		}
+		next, dberr = r.exchange(mctx, &out)
+		if dberr != nil {
+			return res, dberr
+		}
+	}
+	r.unreported = done
+	r.ahead, r.haveAhead = next, true
+	res.more = len(next) > 0
+	if res.stalled {
+		// deliverLoop backs off: no transaction stays open meanwhile.
+		if err := r.flush(ctx); err != nil {
+			return res, err
+		}
+	}
+	if r.onRound != nil && len(rows) > 0 {
+		r.onRound(len(done))
+	}
+	r.e.report(failures, len(done), res.stalled)
+	return res, nil
+}
+
+// evaluate reads the delivery errors of a round: rows delivered go to
+// out.doneSeqs, failures to out.fails (not when ctx was cancelled: a
+// shutdown records nothing for them); the rows behind a failure of their
+// key stay as they are. It runs AfterPublish and fills res.
+func (r *relayRounds) evaluate(ctx context.Context, deliverable []*row, errs []error, out *outcome,
+	res *roundResult) (done []Record, failures []failure, ok, cancelled bool) {
+	cancelled = ctx.Err() != nil
+	ok = true
+	failedK := map[int64]bool{}
 	allTransient := len(deliverable) > 0
 	for i, w := range deliverable {
 		if failedK[w.lockKey] {
@@ -300,12 +465,12 @@ func (r *relayRounds) round(ctx context.Context) (roundResult, error) {
 		err := errs[i]
 		if err == nil {
 			out.doneSeqs = append(out.doneSeqs, w.seq)
-			out.done = append(out.done, w.rec)
+			done = append(done, w.rec)
 			allTransient = false
 			continue
 		}
+		ok = false
 		failedK[w.lockKey] = true
-		changed = true
 		if cancelled {
 			continue // shutting down: nothing recorded, the row stays as it was
 		}
@@ -321,33 +486,94 @@ func (r *relayRounds) round(ctx context.Context) (roundResult, error) {
 		park := v == permanentFailure || v == countedFailure && w.rec.Attempt >= r.e.cfg.parkAfter
 		u := update{seq: w.seq, add: 1, err: pgtype.Text{String: pgtext.Text(err.Error(), maxErrorText), Valid: true}, park: park}
 		if !park {
-			u.delayUS = r.e.rowDelay(w.rec.Attempt).Microseconds()
+			d := r.e.rowDelay(w.rec.Attempt)
+			u.delayUS = d.Microseconds()
+			r.retryAt(d)
 		}
 		out.fails = append(out.fails, u)
 		failures = append(failures, failure{rec: w.rec, err: err, parked: park})
 	}
-	if h := r.e.cfg.hooks.AfterPublish; h != nil && len(out.done) > 0 {
-		h(ctx, out.done)
+	if h := r.e.cfg.hooks.AfterPublish; h != nil && len(done) > 0 {
+		h(ctx, done)
 	}
-	r.out = out
-
-	res.delivered = len(out.done)
+	res.delivered = len(done)
 	res.attempted = len(deliverable) > 0 && !cancelled
 	res.stalled = allTransient && !cancelled
-	// Go again at once when the batch was full, or rows were held back only
-	// for this round. Otherwise idle flushes the outcome and waits. A
-	// stalled round backs off instead (deliverLoop), after a flush.
-	res.more = full || changed
-	if res.stalled || cancelled {
+	return done, failures, ok, cancelled
+}
+
+// last is a round that is not followed by another at once (its batch was
+// not full): publish, then write the outcome in one transaction, with the
+// commit of the open transaction if any, in one round trip.
+func (r *relayRounds) last(ctx context.Context, rows []*readRow, deliverable []*row, out outcome, reread bool) (roundResult, error) {
+	var res roundResult
+	var errs []error
+	if len(deliverable) > 0 {
+		errs = r.k.deliver(ctx, deliverable)
+	}
+	done, failures, _, cancelled := r.evaluate(ctx, deliverable, errs, &out, &res)
+	// The outcome rides with the next read, or is written by idle
+	// (flush) if none comes soon; written now when there is a
+	// transaction to commit, the run ends or a backoff follows.
+	r.pending, r.pendingDone = out, done
+	if r.inTx || cancelled || res.stalled || reread {
 		if err := r.flush(ctx); err != nil {
 			return res, err
 		}
 	}
+	// Rows found not due were made waiting: read again at once, so that
+	// the rows behind them are held.
+	res.more = reread
 	if r.onRound != nil && len(rows) > 0 {
-		r.onRound(len(out.done))
+		r.onRound(len(done))
 	}
-	r.e.report(failures, len(out.done), res.stalled)
+	r.e.report(failures, len(done), res.stalled)
 	return res, nil
+}
+
+// readNow wakes the due waiting rows and reads up to BatchSize ready rows
+// outside any transaction (one implicit transaction), in one round trip.
+func (r *relayRounds) readNow(ctx context.Context) ([]*readRow, error) {
+	if r.inTx {
+		if err := r.flush(ctx); err != nil {
+			return nil, err
+		}
+	}
+	b := &pgx.Batch{}
+	writes := r.queue(b, &r.pending)
+	promote := r.promoteDue()
+	if promote {
+		b.Queue(r.e.store.sql.promote, r.e.cfg.batchSize, int64(r.held))
+	}
+	b.Queue(r.e.store.sql.read, r.e.cfg.batchSize, int64(r.held))
+	done := r.pendingDone
+	r.pending, r.pendingDone = outcome{}, nil
+	br := r.conn.SendBatch(ctx, b)
+	defer br.Close()
+	for range writes {
+		if _, err := br.Exec(); err != nil {
+			return nil, fmt.Errorf("write the round's outcome: %w", translate(err))
+		}
+	}
+	if promote {
+		if _, err := br.Exec(); err != nil {
+			return nil, fmt.Errorf("wake waiting rows: %w", translate(err))
+		}
+	}
+	rs, err := br.Query()
+	if err != nil {
+		return nil, fmt.Errorf("read: %w", translate(err))
+	}
+	rows, err := scanReadRows(rs)
+	if err != nil {
+		return nil, fmt.Errorf("read: %w", translate(err))
+	}
+	if err := br.Close(); err != nil {
+		return nil, fmt.Errorf("read: %w", translate(err))
+	}
+	r.unreported = done
+	r.committed()
+	return rows, nil
 }
 
 // failure is a record whose delivery failed in a round.
@@ -383,21 +609,8 @@ type readRow struct {
 	heldBy string // ID of the waiting row of its key it is held behind
 }
 
-// read wakes the due waiting rows and reads up to BatchSize ready rows, in
-// one round trip.
-func (r *relayRounds) read(ctx context.Context) ([]*readRow, error) {
-	b := &pgx.Batch{}
-	b.Queue(r.e.store.sql.promote, r.e.cfg.batchSize, int64(r.held))
-	b.Queue(r.e.store.sql.read, r.e.cfg.batchSize, int64(r.held))
-	br := r.conn.SendBatch(ctx, b)
-	defer br.Close()
-	if _, err := br.Exec(); err != nil {
-		return nil, fmt.Errorf("wake waiting rows: %w", translate(err))
-	}
-	rs, err := br.Query()
-	if err != nil {
-		return nil, fmt.Errorf("read: %w", translate(err))
-	}
+// scanReadRows collects the rows of the read statement.
+func scanReadRows(rs pgx.Rows) ([]*readRow, error) {
 	var (
 		out              []*readRow
 		seq, lockKey     int64
@@ -409,7 +622,7 @@ func (r *relayRounds) read(ctx context.Context) ([]*readRow, error) {
 		heldBy           pgtype.Text
 		heldParked       pgtype.Bool
 	)
-	_, err = pgx.ForEachRow(rs, []any{&seq, &id, &lockKey, &topic, &key, &value, &hdrs, &attempts, &at,
+	_, err := pgx.ForEachRow(rs, []any{&seq, &id, &lockKey, &topic, &key, &value, &hdrs, &attempts, &at,
 		&due, &heldBy, &heldParked}, func() error {
 		w := &readRow{heldBy: heldBy.String, row: row{seq: seq, lockKey: lockKey, due: due, rec: Record{
 			ID: id, Topic: topic, Attempt: attempts + 1, EnqueuedAt: at,
@@ -428,13 +641,7 @@ func (r *relayRounds) read(ctx context.Context) ([]*readRow, error) {
 		out = append(out, w)
 		return nil
 	})
-	if err != nil {
-		return nil, fmt.Errorf("read: %w", translate(err))
-	}
-	if err := br.Close(); err != nil {
-		return nil, fmt.Errorf("read: %w", translate(err))
-	}
-	return out, nil
+	return out, err
 }
 
 // lease connects the lease connection when needed and, every
@@ -519,11 +726,9 @@ func (r *relayRounds) lease(ctx context.Context) error {
 // commits of a burst cost one round; the wake-ups that came meanwhile are
 // dropped (that round reads their rows).
 func (r *relayRounds) idle(ctx context.Context, wake <-chan struct{}) {
-	if err := r.flush(ctx); err != nil {
-		// The next round meets the same trouble and handles it.
-		r.e.logUnlessOutage(err, "writing a round's outcome failed; its messages will be delivered again", "err", err)
-		r.dropConn(ctx)
-		return
+	r.ahead, r.haveAhead = nil, false
+	if r.inTx {
+		r.flushOrDrop(ctx)
 	}
 	wait := r.e.cfg.pollInterval
 	if r.conn != nil && r.held == 0 {
@@ -532,12 +737,24 @@ func (r *relayRounds) idle(ctx context.Context, wake <-chan struct{}) {
 	}
 	t := time.NewTimer(wait)
 	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return
-	case <-t.C:
-		return
-	case <-wake:
+	var deferred <-chan time.Time
+	if !r.pending.empty() {
+		dt := time.NewTimer(deferMax)
+		defer dt.Stop()
+		deferred = dt.C
+	}
+	for woken := false; !woken; {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			return
+		case <-deferred:
+			r.flushOrDrop(ctx)
+			deferred = nil
+		case <-wake:
+			woken = true
+		}
 	}
 	if r.wakeDelay > 0 {
 		sleep(ctx, r.wakeDelay, nil)
@@ -548,11 +765,22 @@ func (r *relayRounds) idle(ctx context.Context, wake <-chan struct{}) {
 	}
 }
 
+// flushOrDrop writes what waits to be written; on failure it drops the
+// connection (the next round connects again, and the rows not marked are
+// published again).
+func (r *relayRounds) flushOrDrop(ctx context.Context) {
+	if err := r.flush(ctx); err != nil {
+		r.e.logUnlessOutage(err, "writing a round's outcome failed; its messages will be delivered again", "err", err)
+		r.dropConn(ctx)
+	}
+}
+
 // broken drops the lease after a failed round: the connection is closed
 // (which releases the shards) and the next round connects again. An
 // outcome not written is dropped: its rows are delivered again.
 func (r *relayRounds) broken(ctx context.Context) {
-	r.out = outcome{}
+	r.unreported, r.ahead, r.haveAhead = nil, nil, false
+	r.pending, r.pendingDone = outcome{}, nil
 	r.dropConn(ctx)
 }
 
@@ -570,7 +798,8 @@ func (r *relayRounds) dropConn(ctx context.Context) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	_ = r.conn.Close(cctx)
-	r.conn, r.held = nil, 0
+	r.conn, r.held, r.inTx = nil, 0, false
+	r.pending, r.pendingDone, r.unreported = outcome{}, nil, nil
 }
 
 var _ rounder = (*relayRounds)(nil)
