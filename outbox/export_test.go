@@ -11,3 +11,7 @@ func HandlerScanSQL(s *Store) string { return s.sql.scanHandler }
 // OnRound sets a hook that runs after each relay round that read rows, with
 // the number of messages it delivered. Call it before Run.
 func OnRound(r *Relay, f func(delivered int)) { r.onRound = f }
+
+// ShardNamespace is the first key of the advisory locks of the relays'
+// shards on the store's table.
+func ShardNamespace(s *Store) int32 { return s.shardNS }
