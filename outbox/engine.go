@@ -43,8 +43,9 @@ type Record struct {
 // on its own): keep them fast.
 type Hooks struct {
 	// AfterPublish runs after records were delivered (acknowledged by every
-	// in-sync replica, or handled) and before they are marked in the
-	// database. A crash here delivers them again later, with the same IDs.
+	// in-sync replica, or handled) and before their marks are committed in
+	// the database. A crash here delivers them again later, with the same
+	// IDs.
 	AfterPublish func(ctx context.Context, recs []Record)
 	// Published runs after the delivered records were marked and committed.
 	Published func(recs []Record)
@@ -170,9 +171,11 @@ func (c classic) round(ctx context.Context) (roundResult, error) {
 	res.more = res.delivered > 0
 	return res, err
 }
-func (c classic) idle(ctx context.Context, wake <-chan struct{}) { sleep(ctx, c.e.cfg.pollInterval, wake) }
-func (classic) broken(context.Context)                           {}
-func (classic) close(context.Context)                            {}
+func (c classic) idle(ctx context.Context, wake <-chan struct{}) {
+	sleep(ctx, c.e.cfg.pollInterval, wake)
+}
+func (classic) broken(context.Context) {}
+func (classic) close(context.Context)  {}
 
 // run is the body of Relay.Run and Dispatcher.Run.
 func (e *engine) run(ctx context.Context) error {

@@ -53,8 +53,8 @@ type RelayConfig struct {
 	// Defaults to 500.
 	BatchSize int
 	// MaxBatchBytes bounds one round's messages, in bytes as Kafka counts
-	// them (roughly), so that each partition's share goes out as a single
-	// produce request, all or nothing. A bigger message is parked with
+	// them (roughly): a round goes out as one produce request per partition
+	// leader, with one record batch per partition, each all or nothing. A bigger message is parked with
 	// ErrMessageTooLarge. It must not exceed the broker's message.max.bytes.
 	// Defaults to 1 MiB.
 	MaxBatchBytes int

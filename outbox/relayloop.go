@@ -803,5 +803,3 @@ func (r *relayRounds) dropConn(ctx context.Context) {
 }
 
 var _ rounder = (*relayRounds)(nil)
-
-

@@ -507,8 +507,9 @@ func (s *Store) Parked(ctx context.Context, db DBTX) ([]ParkedMessage, error) {
 // again in their original order, before any later message of their key. It
 // runs in its own READ COMMITTED transaction on db (a savepoint when db is a
 // pgx.Tx: then the caller's transaction must be READ COMMITTED too) and
-// waits for a relay that is publishing one of their keys. It returns how
-// many messages it requeued; ErrNotFound when none of ids is parked.
+// waits for a dispatcher that is handling one of their keys, or a relay
+// that is parking messages behind them. It returns how many messages it
+// requeued; ErrNotFound when none of ids is parked.
 func (s *Store) Retry(ctx context.Context, db TxBeginner, ids ...string) (int64, error) {
 	for _, id := range ids {
 		if !validID(id) {
