@@ -66,8 +66,8 @@
 // table's namespace and the shard) on a connection of its own, the lease,
 // held across rounds; a shard has one holder at a time. Every relay also
 // holds a shared "member" lock, so relays count each other in pg_locks;
-// every 250ms each takes free shards or gives back shards until it holds
-// its share, ceil(64/relays). A relay gives a shard back only after
+// every 50ms (10ms while it holds less than its share) each takes free
+// shards or gives back shards until it holds its share, ceil(64/relays). A relay gives a shard back only after
 // everything it published is committed as published; the next holder
 // acquires the lock after that and reads in later statements, so it sees
 // those marks. A relay whose lease connection is lost loses its shards with

@@ -23,8 +23,13 @@ import (
 const shardCount = 64
 
 // leaseInterval is how often a relay counts the relays on its table and
-// takes or gives back shards to hold its share.
-const leaseInterval = 250 * time.Millisecond
+// takes or gives back shards to hold its share; hungryInterval, how often
+// while it holds less than its share (a relay that just started, or one
+// whose peer stopped), until the others gave back theirs.
+const (
+	leaseInterval  = 50 * time.Millisecond
+	hungryInterval = 10 * time.Millisecond
+)
 
 // memberShard is the second key of the shared advisory lock every running
 // relay holds, so that relays can count each other in pg_locks.
@@ -716,6 +721,9 @@ func (r *relayRounds) lease(ctx context.Context) error {
 			return nil
 		}); err != nil {
 			return err
+		}
+		if bits.OnesCount64(r.held) < target {
+			r.nextLease = now.Add(hungryInterval)
 		}
 	}
 	return nil
