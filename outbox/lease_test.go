@@ -2,8 +2,10 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -337,4 +339,26 @@ VALUES
 	}
 	pub.wait(t, 30*time.Second, id(6), id(7))
 	checkKeyOrder(t, readAll(t, testenv.Brokers(t), topic), map[string]int{"a": 4, "b": 3, "c": 2})
+}
+
+// A relay on a schema without version 11 stops at once with ErrNotMigrated
+// (it would otherwise fail at every round), and says which version.
+func TestRelayNeedsVersion11(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, store := newDB(t)
+	m, err := migrate.New(db.Pool, &migrate.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Down(ctx, 10); err != nil {
+		t.Fatal(err)
+	}
+	r := newRelay(t, db, store, outbox.RelayConfig{})
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	err = r.Run(rctx)
+	if !errors.Is(err, outbox.ErrNotMigrated) || !strings.Contains(err.Error(), "version 11") {
+		t.Fatalf("Run = %v, want ErrNotMigrated naming version 11", err)
+	}
 }
