@@ -401,7 +401,11 @@ func (r *relayRounds) round(ctx context.Context) (roundResult, error) {
 	for _, w := range deliverable {
 		optimistic.doneSeqs = append(optimistic.doneSeqs, w.seq)
 	}
-	next, dberr := r.exchange(ctx, &optimistic)
+	// Not cancelled with the run: a shutdown during the publication still
+	// records what Kafka acknowledged (bounded like every write).
+	xctx, xcancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer xcancel()
+	next, dberr := r.exchange(xctx, &optimistic)
 	<-published
 	if dberr != nil {
 		// Published (or not) but not marked: published again later.
