@@ -70,7 +70,7 @@ func main() {
 
 type options struct {
 	messages, keys, tx, batch, rate, partitions, repeat int
-	duration, loopPoll                                  time.Duration
+	duration, loopPoll, wakeDelay                       time.Duration
 	only                                                string
 }
 
@@ -90,6 +90,7 @@ func run() error {
 	flag.IntVar(&o.repeat, "repeat", 3, "runs of each scenario (the table shows medians)")
 	flag.DurationVar(&o.duration, "duration", 20*time.Second, "length of the steady run")
 	flag.DurationVar(&o.loopPoll, "loop-poll", 100*time.Millisecond, "the SKIP LOCKED loop's poll interval when it finds nothing")
+	flag.DurationVar(&o.wakeDelay, "wake-delay", 0, "the idemkit relay's WakeDelay (0: its default)")
 	flag.StringVar(&o.only, "only", "", "run only this implementation (idemkit or loop)")
 	flag.Parse()
 
@@ -340,7 +341,7 @@ func (b *bench) startRelays(ctx context.Context, impl, schema, topic string, n i
 		app := fmt.Sprintf("outbox-bench-%s-%d", strings.TrimPrefix(schema, "bench_"), i)
 		cmd := exec.CommandContext(ctx, self, "relay", "-impl", impl, "-schema", schema, "-topic", topic,
 			"-batch", strconv.Itoa(b.o.batch), "-app", app, "-acks", acks,
-			"-poll", b.o.loopPoll.String())
+			"-poll", b.o.loopPoll.String(), "-wake-delay", b.o.wakeDelay.String())
 		cmd.Stderr = os.Stderr
 		stdin, err := cmd.StdinPipe()
 		if err != nil {
@@ -725,6 +726,7 @@ func child(args []string) error {
 	app := fs.String("app", "", "application_name of the connections")
 	acks := fs.String("acks", "", `report acknowledgements on stdout: "ids" or "count"`)
 	poll := fs.Duration("poll", 100*time.Millisecond, "the loop's poll interval")
+	wakeDelay := fs.Duration("wake-delay", 0, "the relay's WakeDelay")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -782,7 +784,7 @@ func child(args []string) error {
 	if *impl == implLoop {
 		return loop(ctx, pool, store.Table(), brokers, tr, *batch, *poll, report)
 	}
-	relay, err := outbox.NewRelay(pool, store, &outbox.RelayConfig{Brokers: brokers, Transport: tr, BatchSize: *batch,
+	relay, err := outbox.NewRelay(pool, store, &outbox.RelayConfig{Brokers: brokers, Transport: tr, BatchSize: *batch, WakeDelay: *wakeDelay,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		Hooks: outbox.Hooks{AfterPublish: func(_ context.Context, recs []outbox.Record) {
 			ids := make([]string, len(recs))
