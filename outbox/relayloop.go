@@ -415,43 +415,32 @@ func (r *relayRounds) round(ctx context.Context) (roundResult, error) {
 	done, failures, ok, cancelled := r.evaluate(ctx, deliverable, errs, &out, &res)
 	if !ok {
 		// The optimistic transaction marked rows that were not published,
-		// and read behind them: roll it back, write the true outcome.
+		// and read behind them: roll it back, write the true outcome and
+		// commit it (the Failed and Parked hooks run after that), and read
+		// again in the next round.
 		mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
 		if _, err := r.conn.Exec(mctx, "ROLLBACK"); err != nil {
 			return res, fmt.Errorf("rollback: %w", err)
 		}
 		r.inTx = false
-		if cancelled {
-			b := &pgx.Batch{}
-			b.Queue("BEGIN")
-			r.queue(b, &out)
-			b.Queue("COMMIT")
-			if err := r.conn.SendBatch(mctx, b).Close(); err != nil {
-				return res, fmt.Errorf("write the round's outcome: %w", err)
-			}
-			r.unreported = done
-			r.committed()
-			return res, nil
+		r.pending, r.pendingDone = out, done
+		if err := r.flush(ctx); err != nil {
+			return res, err
 		}
-		next, dberr = r.exchange(mctx, &out)
-		if dberr != nil {
-			return res, dberr
+		res.more = !cancelled && !res.stalled
+		if r.onRound != nil {
+			r.onRound(len(done))
 		}
+		r.e.report(failures, len(done), res.stalled)
+		return res, nil
 	}
 	r.unreported = done
 	r.ahead, r.haveAhead = next, true
 	res.more = len(next) > 0
-	if res.stalled {
-		// deliverLoop backs off: no transaction stays open meanwhile.
-		if err := r.flush(ctx); err != nil {
-			return res, err
-		}
-	}
-	if r.onRound != nil && len(rows) > 0 {
+	if r.onRound != nil {
 		r.onRound(len(done))
 	}
-	r.e.report(failures, len(done), res.stalled)
 	return res, nil
 }
 
@@ -523,9 +512,11 @@ func (r *relayRounds) last(ctx context.Context, rows []*readRow, deliverable []*
 	done, failures, _, cancelled := r.evaluate(ctx, deliverable, errs, &out, &res)
 	// The outcome rides with the next read, or is written by idle
 	// (flush) if none comes soon; written now when there is a
-	// transaction to commit, the run ends or a backoff follows.
+	// transaction to commit, the run ends, a backoff follows, or a
+	// failure is to be reported (the Failed and Parked hooks run once it
+	// is recorded).
 	r.pending, r.pendingDone = out, done
-	if r.inTx || cancelled || res.stalled || reread {
+	if r.inTx || cancelled || res.stalled || reread || len(failures) > 0 {
 		if err := r.flush(ctx); err != nil {
 			return res, err
 		}
