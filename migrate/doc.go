@@ -60,4 +60,9 @@
 //     records held past their lease, and their table leaves room on each
 //     page (fillfactor 70), so that completing a record is a HOT update.
 //     Existing records are kept as they are. See package idemhttp.
+//   - 12 (012_outbox_ready): the outbox relay reads ready rows in enqueue
+//     order from one partial index; rows that wait (not due, retrying,
+//     parked heads: the new waiting column) and rows held behind them are
+//     kept out of it. Unsent rows are kept, in order. Stop the relays,
+//     migrate, start the new relays. See package outbox.
 package migrate

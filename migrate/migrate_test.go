@@ -274,6 +274,20 @@ func TestOutboxScanIndexes(t *testing.T) {
 		"_pkey":          want5["_pkey"],
 		"_id_key":        want5["_id_key"],
 	}
+	// Version 12: the relay's ready, waiting and wake-up indexes, the index
+	// of rows held behind another; the key index serves dispatcher rows only.
+	want11 := map[string]string{
+		"_handler_due_idx": want5["_handler_due_idx"],
+		"_key_idx":         "USING btree (lock_key, seq) WHERE ((published_at IS NULL) AND (blocked_by IS NULL) AND (handler IS NOT NULL))",
+		"_ready_idx":       "USING btree (seq) INCLUDE (lock_key) WHERE ((published_at IS NULL) AND (blocked_by IS NULL) AND (parked_at IS NULL) AND (NOT waiting) AND (handler IS NULL))",
+		"_waiting_idx":     "USING btree (lock_key, seq) WHERE ((published_at IS NULL) AND (blocked_by IS NULL) AND waiting AND (handler IS NULL))",
+		"_wake_idx":        "USING btree (available_at) WHERE ((published_at IS NULL) AND (blocked_by IS NULL) AND (parked_at IS NULL) AND waiting AND (handler IS NULL))",
+		"_blocked_idx":     "USING btree (blocked_by) WHERE ((blocked_by IS NOT NULL) AND (published_at IS NULL))",
+		"_published_idx":   want5["_published_idx"],
+		"_parked_idx":      want5["_parked_idx"],
+		"_pkey":            want5["_pkey"],
+		"_id_key":          want5["_id_key"],
+	}
 	check := func(when string, want map[string]string) {
 		t.Helper()
 		got := indexes(t, db.Pool, outbox)
@@ -289,19 +303,25 @@ func TestOutboxScanIndexes(t *testing.T) {
 	if _, err := m.Up(ctx); err != nil {
 		t.Fatalf("Up: %v", err)
 	}
-	check("after Up", want5)
-	reverted, err := m.Down(ctx, 4)
+	check("after Up", want11)
+	reverted, err := m.Down(ctx, 10)
+	if err != nil {
+		t.Fatalf("Down(10): %v", err)
+	}
+	wantInts(t, "Down(10) reverted", reverted, 12, 11)
+	check("after Down(10)", want5)
+	reverted, err = m.Down(ctx, 4)
 	if err != nil {
 		t.Fatalf("Down(4): %v", err)
 	}
-	wantInts(t, "Down(4) reverted", reverted, 11, 10, 9, 8, 7, 6, 5)
+	wantInts(t, "Down(4) reverted", reverted, 10, 9, 8, 7, 6, 5)
 	check("after Down(4)", want2)
 	applied, err := m.Up(ctx)
 	if err != nil {
 		t.Fatalf("Up again: %v", err)
 	}
-	wantInts(t, "Up again applied", applied, 5, 6, 7, 8, 9, 10, 11)
-	check("after Up again", want5)
+	wantInts(t, "Up again applied", applied, 5, 6, 7, 8, 9, 10, 11, 12)
+	check("after Up again", want11)
 }
 
 func TestCustomSchemaAndOddNames(t *testing.T) {

@@ -51,77 +51,127 @@
 //     set and an outage lasts longer: a *retry.OutageError.
 //   - Published rows are deleted by each relay after Retention (default 24h),
 //     in batches of CleanupBatch; parked and pending rows are never deleted.
-//     The table and its indexes are created by package migrate (versions 2
-//     and 5): no DDL at run time.
+//     The table and its indexes are created by package migrate (versions 2,
+//     5 and 11): no DDL at run time. Relay.Run returns an error wrapping
+//     ErrNotMigrated when the table or version 12 is missing.
 //
-// # Design: per-key order, late commits and several relays
+// # Design of the relay: shards, ready rows, pipelined rounds
 //
 // Every row has a seq from an identity column (cache 1, so it grows with
 // time across sessions) and a lock_key: a 64-bit hash of the table, the
-// destination and the key (of the ID when there is no key). A relay works in
-// rounds; each round is one transaction:
+// destination and the key (of the ID when there is no key).
 //
-//  1. Scan. Walk the due rows, the longest-waiting first (available_at,
-//     then seq), and try pg_try_advisory_xact_lock(lock_key) for each,
-//     stopping after BatchSize rows whose lock this transaction holds. A key
-//     another relay holds is passed over at once, like SKIP LOCKED at the
-//     granularity of a key: relays never wait for each other and take
-//     disjoint keys. The walk is a range that ends at now() of a partial
-//     index (migrate version 5): rows that are not due yet (not-before,
-//     retry backoff) are never read, nor are the dispatcher's rows (the
-//     relay's index holds Kafka rows only; the dispatcher's is ordered by
-//     handler, and it scans its handlers one after the other).
-//  2. Read. With the locks held, a new statement reads the unpublished rows
-//     of the locked keys in seq order, in a new snapshot (rounds begin as
-//     READ COMMITTED, whatever default_transaction_isolation says): each
-//     key's first BatchSize/keys rows (at least one), and the due rows the
-//     scan found. A relay that held a key before has committed its marks
-//     before its lock was released, so this snapshot sees them: a row is
-//     never published twice by relays in turn, and never published while
-//     another relay publishes its key.
-//  3. Prefix. For each key, only the rows up to the first row that is
-//     parked or not due (not-before, backoff) are deliverable; the rest wait
-//     for it: rows behind a parked row are parked as blocked by it, due rows
-//     behind a row that is not due are deferred to its time (so the scan
-//     does not meet them again meanwhile). A due row the scan found past its
-//     key's first rows, with no such row among them, waits for a later
-//     round: a key that waits never holds back the others.
-//  4. Deliver the prefixes — one Kafka write per topic, rows in seq order,
-//     at most BatchSize messages and MaxBatchBytes bytes, so kafka-go sends
-//     each partition's share as one produce request: all or nothing. A key
-//     stops at its first failed message.
-//  5. Mark delivered rows published, record failures (attempts, error, next
-//     time, parking), commit. The commit releases the key locks.
+// Shards. The Kafka keys are split into 64 shards (lock_key & 63). A relay
+// leases shards with session advisory locks (pg_try_advisory_lock of the
+// table's namespace and the shard) on a connection of its own, the lease,
+// held across rounds; a shard has one holder at a time. Every relay also
+// holds a shared "member" lock, so relays count each other in pg_locks;
+// every 50ms (10ms while it holds less than its share) each takes free
+// shards or gives back shards until it holds its share, ceil(64/relays). A relay gives a shard back only after
+// everything it published is committed as published; the next holder
+// acquires the lock after that and reads in later statements, so it sees
+// those marks. A relay whose lease connection is lost loses its shards with
+// it (PostgreSQL releases them), and stops at its next statement on it.
+// There is no lock per row or per round: this is what makes a round cost
+// about what a plain SKIP LOCKED loop's does.
 //
-// A crash anywhere before the commit rolls the transaction back: the locks
-// go with the connection and the rows are untouched, so another relay (or
-// the restarted one) delivers them again with the same IDs.
+// Ready rows. A Kafka row is ready when it is pending (not published, not
+// parked), not held behind another row (blocked_by) and not waiting. A row
+// waits when it has a time of its own — enqueued with NotBefore, or in
+// retry backoff — or when it is parked (a parked head). A relay reads the
+// first BatchSize ready rows of its shards in seq order from one partial
+// index (migrate version 12); waiting rows and rows held behind another are
+// not in that index, so they cost nothing. The rows of a key are kept a
+// prefix: for each ready row the read probes the index of waiting rows (a
+// usually empty index, and when it is empty the probes are skipped) for the
+// first waiting row of its key with a lower seq; if there is one, the row
+// is held behind it — deferred (blocked_by set) behind a row that waits for
+// a time, parked behind a parked row — and leaves the ready index. Waiting
+// rows whose time has come are made ready again by the relay (at most
+// every min(PollInterval, RetryInitial), and at once when a retry it
+// scheduled is due), together with the rows deferred behind them; Retry
+// does it for a parked row and the rows parked behind it. A ready row that
+// is not due (written by an older EnqueueTx) is made waiting on sight and
+// holds its key like any waiting row.
 //
-// Late commits: nothing ever reads the table with a "last seen seq" cursor.
-// A row of a transaction that has not committed is invisible, not skipped:
-// every round scans all due rows from the lowest available_at (a row's
-// enqueue time, the start of its transaction, unless it was delayed), so the
-// row is found as soon as its transaction commits, whatever was published
-// meanwhile. Commit order equals seq order for transactions that do not
-// overlap (the later one took its seq after the earlier one committed), and
-// a key's rows are published in seq order by one relay at a time, which
-// gives the order guarantee above. (Ordering overlapping transactions by seq
-// too would require the relay to wait for every transaction that might still
-// commit a lower seq, e.g. with xid8 and pg_snapshot_xmin, which would let
-// any long transaction in the database stall the outbox; idemkit does not.)
+// Rounds. A round publishes the rows of one read, all topics and
+// partitions at once: one produce request per partition leader, one record
+// batch per partition with that partition's rows in seq order, all or
+// nothing (MaxBatchBytes keeps a round within one request). While a full
+// batch is being published, one round trip on the lease commits the
+// previous round's transaction (its rows were acknowledged) and, in a new
+// transaction, writes this round's holds, marks this round's rows
+// published, wakes due waiting rows and reads the next round's rows, which
+// therefore leave out this round's. That transaction commits only after
+// Kafka acknowledged the round: in the next round's round trip, or before
+// the relay waits. If a delivery failed, it is rolled back (with the rows
+// it read) and the round's true outcome — rows published, the failure
+// recorded (attempts, error, backoff: the row waits; or parked), nothing
+// for the rows of its key after it, which the next read holds behind it —
+// is written before the next read. A round that drains the backlog (its
+// read was not a full batch) writes its outcome with the next round's
+// read, in one round trip, or on its own within 50ms if none comes.
 //
-// Latency: EnqueueTx sends pg_notify(Store.Channel()) in its statement, which
-// PostgreSQL delivers at commit; each relay LISTENs on a connection of its
-// own and starts a round at once. PollInterval is the fallback (a lost
-// connection, delayed and retried messages). A round that delivered
-// something is followed by another at once; an empty one waits.
+// Order. Take two messages a before b of one key, b's transaction having
+// begun after a's committed, or a before b in one transaction: then a's
+// seq is lower. Whenever b is published, a was published before or in the
+// same round, in front of it: the round that publishes b read it as a
+// ready row, in a read that scans the ready rows of b's shard from the
+// lowest seq (no cursor) in a snapshot taken after a's commit (b's
+// transaction began after it). In that snapshot a is published (its first
+// delivery happened earlier), or ready (then it is read before b, as the
+// read takes a prefix in seq order, and published before b: same
+// partition, same record batch or an earlier round's, acknowledged first),
+// or waiting or held (then b is held behind it, or behind a waiting row
+// before it: the probe finds the first waiting row of the key below b).
+// Only the holder of b's shard publishes b's key, and a new holder starts
+// after the previous one's marks are committed. Rows made ready again
+// (woken up, retried) go back to their place in seq order, before any row
+// of their key that was held behind them. Overlapping transactions that
+// write the same key have no defined relative order (each message goes
+// out once its own transaction has committed). A duplicate — a crash
+// between the acknowledgement and the commit, a lost lease connection —
+// may come after later messages of its key; the first delivery of every
+// message is in order.
+//
+// Late commits. Nothing reads the table with a "last seen seq" cursor, and
+// nothing skips a row: a row of a transaction that has not committed is
+// invisible to a read, not passed over; every read starts from the lowest
+// ready seq, so the first read after the commit finds it, whatever was
+// published meanwhile. Rows read ahead are published only if they were
+// read after the commit of the round before them, and a round whose
+// delivery failed drops what it read ahead. (Ordering overlapping
+// transactions by seq too would require the relay to wait for every
+// transaction that might still commit a lower seq, e.g. with xid8 and
+// pg_snapshot_xmin, which would let any long transaction in the database
+// stall the outbox; idemkit does not.)
+//
+// A crash anywhere rolls back the open transaction: the rows are untouched
+// (their marks were not committed), the shard locks go with the
+// connection, and another relay (or the restarted one) publishes them
+// again with the same IDs.
+//
+// Wake-ups. EnqueueTx sends pg_notify(Store.Channel()) in its statement,
+// which PostgreSQL delivers at commit; each relay LISTENs on a connection
+// of its own. An idle relay woken by a notification waits WakeDelay (5ms
+// by default) more before it reads, and drops the notifications that came
+// meanwhile: a burst of commits costs one round, a steady trickle at most
+// a round per WakeDelay plus the round itself. A relay drains (one round
+// after another, pipelined) as long as its reads return full batches,
+// then waits again. PollInterval is the fallback (a lost connection,
+// waiting rows whose time has come).
 //
 // # Dispatcher
 //
 // A Message with Handler set is not for Kafka: a Dispatcher that registered
-// that handler name claims it with the same rounds, locks and order, and
-// calls the handler after the enqueuing transaction committed, while its
-// round's transaction holds the key. A round scans the dispatcher's handlers
+// that handler name claims it and calls the handler after the enqueuing
+// transaction committed. The dispatcher keeps version 5's rounds: each
+// round is one transaction that walks the due rows of its handlers by
+// available_at, takes without waiting the transaction-level advisory lock
+// of each row's key (like SKIP LOCKED at the granularity of a key), reads
+// the locked keys' first rows in seq order and delivers each key's prefix
+// of due rows while the transaction holds the key, then marks them and
+// commits, which releases the keys. A round scans the dispatcher's handlers
 // one after the other, starting with the next one each round, so that a
 // handler's backlog delays another handler's messages by a round at most. The handler may run more than once for
 // one message (a crash after it returned, a lost commit): it must pass
@@ -134,6 +184,7 @@
 // Hooks.Stats reports, every StatsInterval, the backlog (pending messages),
 // the age of the oldest one, and the number of parked messages (also
 // available on demand with Store.Stats). Hooks.AfterPublish runs between
-// delivery and marking, the point where a crash causes a redelivery; the
-// fault tests kill the process there.
+// delivery and the commit of the marks, the point where a crash causes a
+// redelivery; the fault tests kill the process there. Hooks.Published runs
+// once the marks are committed.
 package outbox

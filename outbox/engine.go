@@ -42,8 +42,9 @@ type Record struct {
 // on its own): keep them fast.
 type Hooks struct {
 	// AfterPublish runs after records were delivered (acknowledged by every
-	// in-sync replica, or handled) and before they are marked in the
-	// database. A crash here delivers them again later, with the same IDs.
+	// in-sync replica, or handled) and before their marks are committed in
+	// the database. A crash here delivers them again later, with the same
+	// IDs.
 	AfterPublish func(ctx context.Context, recs []Record)
 	// Published runs after the delivered records were marked and committed.
 	Published func(recs []Record)
@@ -143,7 +144,37 @@ type engine struct {
 	cfg   loopConfig
 	d     deliverer
 	log   *slog.Logger
+	// rounds runs the rounds; nil means the classic rounds of engine.round
+	// (the dispatcher's). The relay sets its own (relayloop.go).
+	rounds rounder
 }
+
+// rounder is what deliverLoop drives.
+type rounder interface {
+	// round runs one round.
+	round(ctx context.Context) (roundResult, error)
+	// idle waits, after a round with nothing more to do, for a wake-up,
+	// PollInterval or the end of ctx.
+	idle(ctx context.Context, wake <-chan struct{})
+	// broken is called after a round failed: drop what the round relied on.
+	broken(ctx context.Context)
+	// close releases everything when the loop ends.
+	close(ctx context.Context)
+}
+
+// classic is the rounder of engine.round: one transaction per round.
+type classic struct{ e *engine }
+
+func (c classic) round(ctx context.Context) (roundResult, error) {
+	res, err := c.e.round(ctx)
+	res.more = res.delivered > 0
+	return res, err
+}
+func (c classic) idle(ctx context.Context, wake <-chan struct{}) {
+	sleep(ctx, c.e.cfg.pollInterval, wake)
+}
+func (classic) broken(context.Context) {}
+func (classic) close(context.Context)  {}
 
 // run is the body of Relay.Run and Dispatcher.Run.
 func (e *engine) run(ctx context.Context) error {
@@ -208,13 +239,18 @@ func (e *engine) waiter(server string) *outage.Waiter {
 // and once when it ends; past MaxOutage the loop returns the
 // *retry.OutageError. Other failures are logged and retried with backoff.
 func (e *engine) deliverLoop(ctx context.Context, wake chan struct{}) error {
+	rr := e.rounds
+	if rr == nil {
+		rr = classic{e}
+	}
+	defer rr.close(ctx)
 	bo := e.newBackOff()
 	pgOutage, kafkaOutage := e.waiter("postgres"), e.waiter("kafka")
 	for {
 		if ctx.Err() != nil {
 			return nil
 		}
-		res, err := e.round(ctx)
+		res, err := rr.round(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -222,6 +258,7 @@ func (e *engine) deliverLoop(ctx context.Context, wake chan struct{}) error {
 			return fmt.Errorf("outbox: %s: %w", e.cfg.name, err)
 		}
 		if err != nil {
+			rr.broken(ctx)
 			werr := pgOutage.Wait(ctx, err)
 			var oerr *retry.OutageError
 			switch {
@@ -261,8 +298,8 @@ func (e *engine) deliverLoop(ctx context.Context, wake chan struct{}) error {
 			kafkaOutage.Ok()
 		}
 		bo.Reset()
-		if res.delivered == 0 {
-			sleep(ctx, e.cfg.pollInterval, wake)
+		if !res.more {
+			rr.idle(ctx, wake)
 		} // else there may be more: go again at once
 	}
 }
@@ -274,6 +311,8 @@ type roundResult struct {
 	// being the first such error.
 	attempted, transient, stalled bool
 	err                           error
+	// more: there may be more to do at once.
+	more bool
 }
 
 // update is one row's entry in markFailed.

@@ -8,11 +8,9 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"sync"
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 )
@@ -22,6 +20,7 @@ const (
 	BatchSizeDefault       = 500
 	MaxBatchBytesDefault   = 1 << 20 // kafka-go's and Kafka's default limit
 	PollIntervalDefault    = 500 * time.Millisecond
+	WakeDelayDefault       = 5 * time.Millisecond
 	PublishTimeoutDefault  = 10 * time.Second
 	HandlerTimeoutDefault  = 30 * time.Second
 	RetryInitialDefault    = 100 * time.Millisecond
@@ -54,8 +53,8 @@ type RelayConfig struct {
 	// Defaults to 500.
 	BatchSize int
 	// MaxBatchBytes bounds one round's messages, in bytes as Kafka counts
-	// them (roughly), so that each partition's share goes out as a single
-	// produce request, all or nothing. A bigger message is parked with
+	// them (roughly): a round goes out as one produce request per partition
+	// leader, with one record batch per partition, each all or nothing. A bigger message is parked with
 	// ErrMessageTooLarge. It must not exceed the broker's message.max.bytes.
 	// Defaults to 1 MiB.
 	MaxBatchBytes int
@@ -63,6 +62,13 @@ type RelayConfig struct {
 	// notification woke it (delayed messages, retries, a lost LISTEN).
 	// Defaults to 500ms.
 	PollInterval time.Duration
+	// WakeDelay is how long an idle relay waits, after the NOTIFY of a
+	// commit woke it, before it reads: the commits of a burst then cost one
+	// round, and a steady trickle one round per WakeDelay at most. It adds
+	// up to WakeDelay to the latency of a message that finds the relay
+	// idle; a relay that is busy (its last round was full) does not wait.
+	// Negative means no wait. Defaults to 5ms.
+	WakeDelay time.Duration
 	// PublishTimeout bounds one round's Kafka writes. Defaults to 10s.
 	PublishTimeout time.Duration
 	// RetryInitial is the wait after a message's first failed attempt; it
@@ -156,6 +162,9 @@ type Relay struct {
 	store *Store
 	cfg   RelayConfig
 	loop  loopConfig
+	// onRound, for tests (export_test.go), runs after each round that read
+	// rows, with the number it delivered.
+	onRound func(delivered int)
 }
 
 // NewRelay validates cfg, applies its defaults and returns a Relay. It does
@@ -174,6 +183,7 @@ func NewRelay(pool *pgxpool.Pool, store *Store, cfg *RelayConfig) (*Relay, error
 	c := *cfg
 	c.MaxBatchBytes = cmp.Or(c.MaxBatchBytes, MaxBatchBytesDefault)
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, PublishTimeoutDefault)
+	c.WakeDelay = cmp.Or(c.WakeDelay, WakeDelayDefault)
 	if c.MaxBatchBytes < 1024 {
 		return nil, fmt.Errorf("%w: MaxBatchBytes %d < 1024", ErrInvalidConfig, c.MaxBatchBytes)
 	}
@@ -202,109 +212,13 @@ func (r *Relay) Run(ctx context.Context) error {
 		defer t.CloseIdleConnections()
 		transport = t
 	}
-	w := &kafka.Writer{
-		Addr:                   kafka.TCP(r.cfg.Brokers...),
-		Balancer:               &kafka.Hash{},
-		RequiredAcks:           kafka.RequireAll,
-		AllowAutoTopicCreation: false,
-		// One round's share of a partition fits one batch: all or nothing.
-		BatchSize:    r.loop.batchSize,
-		BatchBytes:   int64(r.cfg.MaxBatchBytes),
-		BatchTimeout: time.Millisecond, // a synchronous write flushes at once
-		MaxAttempts:  3,
-		WriteTimeout: r.cfg.PublishTimeout,
-		ReadTimeout:  r.cfg.PublishTimeout,
-		Transport:    transport,
-	}
-	defer w.Close()
 	log := r.loop.logger.With("component", "outbox.relay")
-	e := &engine{pool: r.pool, store: r.store, cfg: r.loop, log: log,
-		d: &kafkaDeliverer{w: w, store: r.store, maxBytes: r.cfg.MaxBatchBytes, timeout: r.cfg.PublishTimeout}}
+	e := &engine{pool: r.pool, store: r.store, cfg: r.loop, log: log}
+	e.rounds = &relayRounds{e: e, wakeDelay: r.cfg.WakeDelay, onRound: r.onRound,
+		promoteEvery: min(r.loop.pollInterval, r.loop.retryInitial),
+		k: &kafkaDeliverer{transport: transport, addr: kafka.TCP(r.cfg.Brokers...), maxBytes: r.cfg.MaxBatchBytes,
+			timeout: r.cfg.PublishTimeout}}
 	return e.run(ctx)
-}
-
-type kafkaDeliverer struct {
-	w        *kafka.Writer
-	store    *Store
-	maxBytes int
-	timeout  time.Duration
-}
-
-func (k *kafkaDeliverer) scan(ctx context.Context, tx pgx.Tx, limit int) ([]scanned, error) {
-	return scanRows(ctx, tx, k.store.sql.scanKafka, limit)
-}
-
-// size over-estimates the bytes kafka-go counts for a message.
-func size(r *row) int {
-	n := 64 + len(r.rec.Key) + len(r.rec.Value) + len(HeaderID) + 36
-	for _, h := range r.rec.Headers {
-		n += 10 + len(h.Key) + len(h.Value)
-	}
-	return n
-}
-
-func (k *kafkaDeliverer) cut(rows []*row) int {
-	total := 0
-	for i, r := range rows {
-		s := size(r)
-		if s > k.maxBytes {
-			continue // rejected alone in deliver
-		}
-		if total+s > k.maxBytes {
-			return i
-		}
-		total += s
-	}
-	return len(rows)
-}
-
-func (k *kafkaDeliverer) deliver(ctx context.Context, rows []*row) []error {
-	errs := make([]error, len(rows))
-	held := map[int64]bool{}
-	byTopic := map[string][]int{}
-	for i, r := range rows {
-		switch {
-		case held[r.lockKey]:
-			errs[i] = errHeld
-		case size(r) > k.maxBytes:
-			errs[i] = fmt.Errorf("%w: about %d bytes, limit %d", ErrMessageTooLarge, size(r), k.maxBytes)
-			held[r.lockKey] = true
-		default:
-			byTopic[r.rec.Topic] = append(byTopic[r.rec.Topic], i)
-		}
-	}
-	// One write per topic, at once: a topic that fails as a whole (missing,
-	// unauthorized) fails only its own messages.
-	var wg sync.WaitGroup
-	for topic, idx := range byTopic {
-		wg.Go(func() {
-			msgs := make([]kafka.Message, len(idx))
-			for j, i := range idx {
-				r := rows[i]
-				hs := make([]kafka.Header, 0, len(r.rec.Headers)+1)
-				hs = append(hs, r.rec.Headers...)
-				hs = append(hs, kafka.Header{Key: HeaderID, Value: []byte(r.rec.ID)})
-				msgs[j] = kafka.Message{Topic: topic, Key: r.rec.Key, Value: r.rec.Value, Headers: hs}
-			}
-			wctx, cancel := context.WithTimeout(ctx, k.timeout)
-			defer cancel()
-			err := k.w.WriteMessages(wctx, msgs...)
-			var werrs kafka.WriteErrors
-			switch {
-			case err == nil:
-			case errors.As(err, &werrs) && len(werrs) == len(msgs):
-				for j, i := range idx {
-					errs[i] = werrs[j]
-				}
-			default:
-				for _, i := range idx {
-					errs[i] = err
-				}
-			}
-		})
-	}
-	wg.Wait()
-	return errs
 }
 
 // classify: broker and network trouble is transient (never parks); a

@@ -123,13 +123,16 @@ type Store struct {
 	table   string // schema-qualified, quoted
 	ident   string // raw "schema"."table", hashed into lock keys and the channel
 	channel string // NOTIFY channel
+	shardNS int32  // first key of the relays' shard advisory locks
 	sql     storeSQL
 }
 
 type storeSQL struct {
-	enqueue, parked, retryLock, retry, stats, cleanup string
+	enqueue, parked, retryLock, retryRows, retry, stats, cleanup string
 	// The relay's and the dispatcher's statements.
-	scanKafka, scanHandler, keyRows, markDone, markFailed string
+	scanHandler, keyRows, markDone, markFailed string
+	// The relay's statements (see relayloop.go).
+	promote, read, fail, block, acquire, release, migrated, join, members string
 }
 
 // New returns a Store for the table cfg names. cfg may be nil, meaning every
@@ -152,6 +155,10 @@ func New(cfg *Config) (*Store, error) {
 	h.Write([]byte(s.ident))
 	s.channel = fmt.Sprintf("idemkit_outbox_%016x", h.Sum64())
 	s.sql = buildSQL(s.table)
+	relaySQL(s.table, &s.sql)
+	h.Reset()
+	h.Write([]byte("shards:" + s.ident))
+	s.shardNS = int32(h.Sum64())
 	return s, nil
 }
 
@@ -181,8 +188,9 @@ LIMIT $1`
 	}
 	return storeSQL{
 		enqueue: `WITH ins AS (
-	INSERT INTO ` + t + ` (id, handler, topic, msg_key, value, headers, lock_key, available_at)
-	SELECT id, handler, topic, msg_key, value, headers, lock_key, COALESCE(not_before, now())
+	INSERT INTO ` + t + ` (id, handler, topic, msg_key, value, headers, lock_key, available_at, waiting)
+	SELECT id, handler, topic, msg_key, value, headers, lock_key, COALESCE(not_before, now()),
+		handler IS NULL AND COALESCE(not_before > now(), false)
 	FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::bytea[], $6::jsonb[], $7::bigint[], $8::timestamptz[])
 		WITH ORDINALITY AS m (id, handler, topic, msg_key, value, headers, lock_key, not_before, ord)
 	ORDER BY ord
@@ -190,7 +198,6 @@ LIMIT $1`
 )
 SELECT count(*), pg_notify($9, '') FROM ins`,
 
-		scanKafka: scan(`handler IS NULL`),
 		// One handler at a time: the dispatcher calls it for each of its
 		// handlers, so it never reads the rows of a handler it does not run.
 		scanHandler: scan(`handler = $2`),
@@ -215,7 +222,7 @@ WHERE seq = ANY(ARRAY(
 	SELECT w.seq FROM unnest($1::bigint[]) AS k (lock_key)
 	CROSS JOIN LATERAL (
 		SELECT seq FROM ` + t + `
-		WHERE lock_key = k.lock_key AND published_at IS NULL AND blocked_by IS NULL
+		WHERE lock_key = k.lock_key AND published_at IS NULL AND blocked_by IS NULL AND handler IS NOT NULL
 		ORDER BY seq
 		LIMIT $2
 	) w
@@ -247,15 +254,19 @@ LIMIT $1`,
 
 		// retryLock takes the advisory locks of the keys of the named
 		// messages (sorted, so two Retry calls cannot deadlock) and waits for
-		// a relay that holds one; retry, a later statement of the same
-		// transaction, then sees everything that relay committed.
+		// a dispatcher that holds one, then locks the named rows themselves,
+		// which waits for a relay that is parking rows behind one of them
+		// (its block statement holds them FOR SHARE); retry, a later
+		// statement of the same transaction, then sees everything they
+		// committed, and a relay that comes after sees the rows ready again.
 		retryLock: `SELECT pg_advisory_xact_lock(lock_key) FROM (
 	SELECT DISTINCT lock_key FROM ` + t + ` WHERE id = ANY($1::uuid[]) AND parked_at IS NOT NULL
 	ORDER BY lock_key
 ) k`,
-		retry: `UPDATE ` + t + ` SET parked_at = NULL, blocked_by = NULL, attempts = 0, available_at = now()
-WHERE parked_at IS NOT NULL AND published_at IS NULL
-  AND (id = ANY($1::uuid[]) OR blocked_by = ANY($1::uuid[]))`,
+		retryRows: `SELECT seq FROM ` + t + ` WHERE id = ANY($1::uuid[]) AND parked_at IS NOT NULL ORDER BY seq FOR UPDATE`,
+		retry: `UPDATE ` + t + ` SET parked_at = NULL, blocked_by = NULL, waiting = false, attempts = 0, available_at = now()
+WHERE published_at IS NULL
+  AND (id = ANY($1::uuid[]) AND parked_at IS NOT NULL OR blocked_by = ANY($1::uuid[]))`,
 
 		// stats counts the pending rows through the scans' partial indexes
 		// (Kafka rows, handler rows) and the parked rows through theirs.
@@ -496,8 +507,9 @@ func (s *Store) Parked(ctx context.Context, db DBTX) ([]ParkedMessage, error) {
 // again in their original order, before any later message of their key. It
 // runs in its own READ COMMITTED transaction on db (a savepoint when db is a
 // pgx.Tx: then the caller's transaction must be READ COMMITTED too) and
-// waits for a relay that is publishing one of their keys. It returns how
-// many messages it requeued; ErrNotFound when none of ids is parked.
+// waits for a dispatcher that is handling one of their keys, or a relay
+// that is parking messages behind them. It returns how many messages it
+// requeued; ErrNotFound when none of ids is parked.
 func (s *Store) Retry(ctx context.Context, db TxBeginner, ids ...string) (int64, error) {
 	for _, id := range ids {
 		if !validID(id) {
@@ -510,6 +522,9 @@ func (s *Store) Retry(ctx context.Context, db TxBeginner, ids ...string) (int64,
 	var n int64
 	retry := func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, s.sql.retryLock, ids); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, s.sql.retryRows, ids); err != nil {
 			return err
 		}
 		tag, err := tx.Exec(ctx, s.sql.retry, ids)
