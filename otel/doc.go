@@ -49,7 +49,10 @@
 // batch).
 //
 // Telemetry.Inject writes the current trace context into headers to be
-// produced, so that the consumer continues the trace.
+// produced, so that the consumer continues the trace. Telemetry.Outbox does
+// it for every message an outbox.Store enqueues (outbox.Config.ContextHeaders):
+// the trace of the request that enqueued it continues in the consumer of
+// what the relay published.
 //
 // # Logs
 //

@@ -2,9 +2,12 @@ package idemotel
 
 import (
 	"context"
+	"errors"
 
 	"github.com/segmentio/kafka-go"
 	"go.opentelemetry.io/otel/propagation"
+
+	"github.com/idemkit/idemkit/outbox"
 )
 
 // HeaderCarrier adapts Kafka headers to propagation.TextMapCarrier, for use
@@ -60,4 +63,28 @@ func (t *Telemetry) Inject(ctx context.Context, headers *[]kafka.Header) {
 // (a remote span context: a span started from the result is its child).
 func (t *Telemetry) Extract(ctx context.Context, headers []kafka.Header) context.Context {
 	return t.prop.Extract(ctx, (*HeaderCarrier)(&headers))
+}
+
+// Outbox makes the outbox stamp the trace context (and baggage) of each
+// EnqueueTx's context on the messages it enqueues (cfg.ContextHeaders,
+// chained after one already set): the relay publishes them, and a consumer
+// instrumented by Consumer continues the trace. It does nothing with the
+// no-op tracer provider.
+func (t *Telemetry) Outbox(cfg *outbox.Config) error {
+	if cfg == nil {
+		return errors.New("idemotel: nil outbox config")
+	}
+	if t.noTraces {
+		return nil
+	}
+	prev := cfg.ContextHeaders
+	cfg.ContextHeaders = func(ctx context.Context) []kafka.Header {
+		var hs []kafka.Header
+		if prev != nil {
+			hs = prev(ctx)
+		}
+		t.Inject(ctx, &hs)
+		return hs
+	}
+	return nil
 }

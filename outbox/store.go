@@ -99,6 +99,14 @@ type Config struct {
 	// Table is the outbox table. Defaults to "idemkit_outbox"
 	// (migrate.OutboxDefault).
 	Table string
+	// ContextHeaders, when set, is called once per EnqueueTx with its
+	// context; the headers it returns are added to every message enqueued
+	// (after the message's own, skipping a key the message already has):
+	// the current trace context, for example (see the module
+	// github.com/idemkit/idemkit/otel), so that the relay publishes it and
+	// the consumer continues the trace. A header named HeaderID is an
+	// error of EnqueueTx.
+	ContextHeaders func(ctx context.Context) []kafka.Header
 }
 
 // DBTX runs queries: a pgx.Tx, a *pgxpool.Pool and a *pgx.Conn all satisfy it.
@@ -125,6 +133,7 @@ type Store struct {
 	channel string // NOTIFY channel
 	shardNS int32  // first key of the relays' shard advisory locks
 	sql     storeSQL
+	stamp   func(ctx context.Context) []kafka.Header
 }
 
 type storeSQL struct {
@@ -150,6 +159,7 @@ func New(cfg *Config) (*Store, error) {
 	s := &Store{
 		table: pgx.Identifier{mc.Schema, mc.Tables.Outbox}.Sanitize(),
 		ident: pgx.Identifier{mc.Schema, mc.Tables.Outbox}.Sanitize(),
+		stamp: c.ContextHeaders,
 	}
 	h := fnv.New64a()
 	h.Write([]byte(s.ident))
@@ -389,6 +399,15 @@ func (s *Store) EnqueueTx(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]st
 	if len(msgs) == 0 {
 		return []string{}, nil
 	}
+	var stamped []kafka.Header
+	if s.stamp != nil {
+		stamped = s.stamp(ctx)
+		for _, h := range stamped {
+			if h.Key == HeaderID {
+				return nil, fmt.Errorf("outbox: enqueue: ContextHeaders returned the header %q, which the relay sets", HeaderID)
+			}
+		}
+	}
 	n := len(msgs)
 	var (
 		ids       = make([]string, n)
@@ -413,10 +432,15 @@ func (s *Store) EnqueueTx(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]st
 			keys[i] = m.Key
 		}
 		values[i] = m.Value
-		if len(m.Headers) > 0 {
-			hs := make([]storedHeader, len(m.Headers))
+		if len(m.Headers) > 0 || len(stamped) > 0 {
+			hs := make([]storedHeader, len(m.Headers), len(m.Headers)+len(stamped))
 			for j, h := range m.Headers {
 				hs[j] = storedHeader{Key: h.Key, Value: h.Value}
+			}
+			for _, h := range stamped {
+				if !slices.ContainsFunc(m.Headers, func(o kafka.Header) bool { return o.Key == h.Key }) {
+					hs = append(hs, storedHeader{Key: h.Key, Value: h.Value})
+				}
 			}
 			b, err := json.Marshal(hs)
 			if err != nil {

@@ -1,0 +1,82 @@
+package idemotel_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/outbox"
+)
+
+// TestOutboxCarriesTheTrace: a message enqueued in a span's context is
+// published by the relay with that trace context, and the consumer's span
+// for it belongs to the same trace, as a child of the enqueuing span.
+func TestOutboxCarriesTheTrace(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	ocfg := &outbox.Config{Schema: e.db.Schema}
+	if err := e.tel.Outbox(ocfg); err != nil {
+		t.Fatal(err)
+	}
+	store, err := outbox.New(ocfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay, err := outbox.NewRelay(e.db.Pool, store, &outbox.RelayConfig{Brokers: testenv.Brokers(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancelRelay := context.WithCancel(context.Background())
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- relay.Run(rctx) }()
+	defer func() { cancelRelay(); <-relayDone }()
+
+	ctx, span := e.tp.Tracer("http").Start(context.Background(), "POST /payments")
+	if err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
+		_, err := store.EnqueueTx(ctx, tx, outbox.Message{Topic: e.topic, Key: []byte("acct-1"), Value: []byte("PaymentCreated"),
+			Headers: nil})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	span.End()
+
+	cfg := e.config(nil)
+	cfg.IDHeader = outbox.HeaderID // the relay's stable ID
+	oc := newOutcomes(1)
+	cfg.Hooks.Outcome = oc.hook
+	if _, err := e.tel.Consumer(cfg); err != nil {
+		t.Fatal(err)
+	}
+	r, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, r)
+	select {
+	case <-oc.done:
+	case <-time.After(90 * time.Second):
+		t.Fatal("the outbox message was not consumed")
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	var found bool
+	for _, s := range e.spans.Ended() {
+		if s.SpanKind().String() != "consumer" {
+			continue
+		}
+		found = true
+		if s.SpanContext().TraceID() != span.SpanContext().TraceID() || s.Parent().SpanID() != span.SpanContext().SpanID() {
+			t.Fatalf("consumer span trace %s parent %s, want trace %s parent %s", s.SpanContext().TraceID(), s.Parent().SpanID(),
+				span.SpanContext().TraceID(), span.SpanContext().SpanID())
+		}
+	}
+	if !found {
+		t.Fatal("no consumer span")
+	}
+}
