@@ -76,6 +76,7 @@ type Telemetry struct {
 	noTraces bool // the TracerProvider is the no-op one: no span, no header read
 	consumer consumerInstruments
 	dlq      dlqInstruments
+	outbox   outboxInstruments
 }
 
 // New validates cfg (nil means every default), creates the instruments and
@@ -112,6 +113,9 @@ func New(cfg *Config) (*Telemetry, error) {
 	}
 	if t.dlq, err = newDLQInstruments(t.meter); err != nil {
 		return nil, fmt.Errorf("idemotel: dlq instruments: %w", err)
+	}
+	if t.outbox, err = newOutboxInstruments(t.meter); err != nil {
+		return nil, fmt.Errorf("idemotel: outbox instruments: %w", err)
 	}
 	return t, nil
 }

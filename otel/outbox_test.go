@@ -80,3 +80,61 @@ func TestOutboxCarriesTheTrace(t *testing.T) {
 		t.Fatal("no consumer span")
 	}
 }
+
+// TestRelayMetrics: a relay wired with Telemetry.Relay counts what it
+// published and reports its backlog, under the names of the docs.
+func TestRelayMetrics(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	store, err := outbox.New(&outbox.Config{Schema: e.db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rcfg := &outbox.RelayConfig{Brokers: testenv.Brokers(t), StatsInterval: 20 * time.Millisecond}
+	published := make(chan int, 16)
+	rcfg.Hooks.Published = func(recs []outbox.Record) { published <- len(recs) } // the user's own hook
+	rel, err := e.tel.Relay(rcfg, "idemkit_outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rel.Close()
+	relay, err := outbox.NewRelay(e.db.Pool, store, rcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if err := pgx.BeginFunc(context.Background(), e.db.Pool, func(tx pgx.Tx) error {
+			_, err := store.EnqueueTx(context.Background(), tx, outbox.Message{Topic: e.topic, Key: []byte("k"), Value: []byte{byte('a' + i)}})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(rctx) }()
+	defer func() { cancel(); <-done }()
+	n := 0
+	for n < 3 {
+		select {
+		case k := <-published:
+			n += k
+		case <-time.After(60 * time.Second):
+			t.Fatalf("%d of 3 published", n)
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		rm := e.collect()
+		pub := points(t, rm, "idemkit.outbox.messages")["outcome=published,table=idemkit_outbox"]
+		lat := points(t, rm, "idemkit.outbox.publish_latency")["table=idemkit_outbox"]
+		backlog, seen := points(t, rm, "idemkit.outbox.backlog_messages")["table=idemkit_outbox"]
+		if pub == 3 && lat == 3 && seen && backlog == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("published %v (want 3), latency samples %v (want 3), backlog %v seen %v (want 0)", pub, lat, backlog, seen)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -1,0 +1,124 @@
+package idemotel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/idemkit/idemkit/outbox"
+)
+
+// outboxInstruments are the outbox relay's instruments.
+type outboxInstruments struct {
+	messages  metric.Int64Counter           // idemkit_outbox_messages_total
+	latency   metric.Float64Histogram       // idemkit_outbox_publish_latency_seconds
+	backlog   metric.Int64ObservableGauge   // idemkit_outbox_backlog_messages
+	oldestAge metric.Float64ObservableGauge // idemkit_outbox_oldest_age_seconds
+}
+
+const keyTable = "table"
+
+func newOutboxInstruments(m metric.Meter) (outboxInstruments, error) {
+	var in outboxInstruments
+	var errs [4]error
+	in.messages, errs[0] = m.Int64Counter("idemkit.outbox.messages", metric.WithUnit("{message}"),
+		metric.WithDescription("Relay outcomes: published, failed (an attempt, tried again), parked."))
+	in.latency, errs[1] = m.Float64Histogram("idemkit.outbox.publish_latency", metric.WithUnit("s"),
+		metric.WithDescription("Enqueue (by the database clock) to publish acknowledged and marked."),
+		metric.WithExplicitBucketBoundaries(durationBuckets...))
+	in.backlog, errs[2] = m.Int64ObservableGauge("idemkit.outbox.backlog_messages", metric.WithUnit("{message}"),
+		metric.WithDescription("Messages not yet published and not parked, as of the relay's last Stats."))
+	in.oldestAge, errs[3] = m.Float64ObservableGauge("idemkit.outbox.oldest_age", metric.WithUnit("s"),
+		metric.WithDescription("Age of the oldest unpublished message, as of the relay's last Stats."))
+	return in, errors.Join(errs[:]...)
+}
+
+// Relay observes an outbox relay; Close stops its gauges.
+type Relay struct {
+	reg metric.Registration
+}
+
+// Relay wires the telemetry into cfg before outbox.NewRelay: it chains
+// cfg.Hooks (the hooks cfg already had run after) so that published, failed
+// and parked records count into idemkit_outbox_messages_total, each
+// published record's enqueue→publish time into
+// idemkit_outbox_publish_latency_seconds, and the relay's Stats (every
+// cfg.StatsInterval) feed idemkit_outbox_backlog_messages and
+// idemkit_outbox_oldest_age_seconds. table labels them: the outbox table's
+// name.
+func (t *Telemetry) Relay(cfg *outbox.RelayConfig, table string) (*Relay, error) {
+	if cfg == nil {
+		return nil, fmt.Errorf("%w: nil relay config", ErrInvalidConfig)
+	}
+	if table == "" {
+		return nil, fmt.Errorf("%w: empty outbox table label", ErrInvalidConfig)
+	}
+	in := &t.outbox
+	ctx := context.Background()
+	published := attrs(keyTable, table, keyOutcome, "published")
+	failed := attrs(keyTable, table, keyOutcome, "failed")
+	parked := attrs(keyTable, table, keyOutcome, "parked")
+	own := attrs(keyTable, table)
+	// Counters start at 0, so that increase() sees the first event.
+	for _, o := range []attrOpts{published, failed, parked} {
+		in.messages.Add(ctx, 0, o.add...)
+	}
+	var mu sync.Mutex
+	var last *outbox.Stats
+
+	h := &cfg.Hooks
+	prevPublished, prevFailed, prevParked, prevStats := h.Published, h.Failed, h.Parked, h.Stats
+	h.Published = func(recs []outbox.Record) {
+		now := time.Now()
+		in.messages.Add(ctx, int64(len(recs)), published.add...)
+		for _, r := range recs {
+			if !r.EnqueuedAt.IsZero() {
+				in.latency.Record(ctx, max(now.Sub(r.EnqueuedAt).Seconds(), 0), own.rec...)
+			}
+		}
+		if prevPublished != nil {
+			prevPublished(recs)
+		}
+	}
+	h.Failed = func(rec outbox.Record, err error) {
+		in.messages.Add(ctx, 1, failed.add...)
+		if prevFailed != nil {
+			prevFailed(rec, err)
+		}
+	}
+	h.Parked = func(rec outbox.Record, err error) {
+		in.messages.Add(ctx, 1, parked.add...)
+		if prevParked != nil {
+			prevParked(rec, err)
+		}
+	}
+	h.Stats = func(st outbox.Stats) {
+		mu.Lock()
+		last = &st
+		mu.Unlock()
+		if prevStats != nil {
+			prevStats(st)
+		}
+	}
+	reg, err := t.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		mu.Lock()
+		st := last
+		mu.Unlock()
+		if st != nil {
+			o.ObserveInt64(in.backlog, st.Backlog, own.obs...)
+			o.ObserveFloat64(in.oldestAge, st.OldestAge.Seconds(), own.obs...)
+		}
+		return nil
+	}, in.backlog, in.oldestAge)
+	if err != nil {
+		return nil, fmt.Errorf("idemotel: relay gauges: %w", err)
+	}
+	return &Relay{reg: reg}, nil
+}
+
+// Close unregisters the relay's gauges.
+func (r *Relay) Close() error { return r.reg.Unregister() }
