@@ -3,6 +3,7 @@ package idemhttp
 import (
 	"bytes"
 	"cmp"
+	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
@@ -159,6 +160,13 @@ type Config struct {
 	// WriteError writes the middleware's own error responses. Defaults to
 	// WriteErrorJSON.
 	WriteError func(w http.ResponseWriter, r *http.Request, e *Error)
+
+	// Observe, when set, is called once per request the middleware answered,
+	// after the answer, with what it did (Event: scope, Outcome, status,
+	// duration) and the request's context, which carries the span a tracing
+	// middleware in front started: metrics, logs and traces (see the module
+	// github.com/idemkit/idemkit/otel). It must not block.
+	Observe func(ctx context.Context, e Event)
 
 	// Logger receives what the middleware cannot tell the client: failed
 	// releases, recovered panics with their stack, lost leases. Defaults to

@@ -49,6 +49,9 @@ func (m *Middleware) Store() *Store { return m.store }
 
 // Handler returns next wrapped by the middleware.
 func (m *Middleware) Handler(next http.Handler) http.Handler {
+	if m.cfg.Observe != nil {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.observe(w, r, next) })
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(w, r, next) })
 }
 
@@ -72,6 +75,9 @@ func (managedTx) Commit(context.Context) error   { return ErrTxManaged }
 func (managedTx) Rollback(context.Context) error { return ErrTxManaged }
 
 func (m *Middleware) fail(w http.ResponseWriter, r *http.Request, status int, code, msg string) {
+	if o := observed(r); o != nil {
+		o.code = code
+	}
 	e := &Error{Status: status, Code: code, Message: msg}
 	switch code {
 	case CodeInFlight, CodeLeaseLost, CodeStoreUnavailable:
@@ -84,6 +90,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	key, err := ParseKey(r.Header.Values(HeaderKey))
 	switch {
 	case errors.Is(err, ErrKeyMissing) && m.cfg.Optional:
+		if o := observed(r); o != nil {
+			o.noKey = true
+		}
 		next.ServeHTTP(w, r)
 		return
 	case errors.Is(err, ErrKeyMissing):
@@ -110,6 +119,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		async: !m.cfg.NoTx, takeover: !m.cfg.NoTx && !m.cfg.NoLeaseTakeover}
 	log := m.cfg.Logger.With(slog.String("idempotency_key", key), slog.String("account", account),
 		slog.String("operation", a.operation))
+	noteScope(r, account, operation, key)
 
 	body, err := readBody(r, m.cfg.MaxRequestBytes)
 	if err != nil {

@@ -77,6 +77,7 @@ type Telemetry struct {
 	consumer consumerInstruments
 	dlq      dlqInstruments
 	outbox   outboxInstruments
+	http     httpInstruments
 }
 
 // New validates cfg (nil means every default), creates the instruments and
@@ -116,6 +117,9 @@ func New(cfg *Config) (*Telemetry, error) {
 	}
 	if t.outbox, err = newOutboxInstruments(t.meter); err != nil {
 		return nil, fmt.Errorf("idemotel: outbox instruments: %w", err)
+	}
+	if t.http, err = newHTTPInstruments(t.meter); err != nil {
+		return nil, fmt.Errorf("idemotel: http instruments: %w", err)
 	}
 	return t, nil
 }
