@@ -29,9 +29,15 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/idemkit/idemkit/idemhttp"
 	"github.com/idemkit/idemkit/migrate"
+	"github.com/idemkit/idemkit/otel"
 	"github.com/idemkit/idemkit/outbox"
 )
 
@@ -82,19 +88,41 @@ func run(ctx context.Context, dbURL, schema string, out io.Writer) error {
 		return fmt.Errorf("create payments table: %w", err)
 	}
 
-	events, err := outbox.New(&outbox.Config{Schema: schema})
+	// Metrics on /metrics (OpenTelemetry's Prometheus exporter) and a span
+	// per request whose trace the PaymentCreated event carries.
+	registry := prometheus.NewRegistry()
+	exporter, err := otelprom.New(otelprom.WithRegisterer(registry))
 	if err != nil {
 		return err
 	}
-	api, err := newAPI(pool, schema, events)
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+	defer func() { _ = mp.Shutdown(context.WithoutCancel(ctx)) }()
+	tp := sdktrace.NewTracerProvider()
+	defer func() { _ = tp.Shutdown(context.WithoutCancel(ctx)) }()
+	tel, err := idemotel.New(&idemotel.Config{TracerProvider: tp, MeterProvider: mp})
 	if err != nil {
 		return err
 	}
+	ocfg := &outbox.Config{Schema: schema}
+	if err := tel.Outbox(ocfg); err != nil { // the request's trace context goes with the event
+		return err
+	}
+	events, err := outbox.New(ocfg)
+	if err != nil {
+		return err
+	}
+	api, err := newAPI(pool, schema, events, tel)
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/", api)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: api, ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = srv.Serve(ln) })
 	defer func() {
@@ -104,7 +132,7 @@ func run(ctx context.Context, dbURL, schema string, out io.Writer) error {
 		wg.Wait()
 	}()
 	url := "http://" + ln.Addr().String() + "/payments"
-	fmt.Fprintf(out, "API listening on %s\n", url)
+	fmt.Fprintf(out, "API listening on %s, metrics on http://%s/metrics\n", url, ln.Addr())
 
 	// One intention, one key, created before the first attempt and reused
 	// by every retry. A random key keeps runs apart.
@@ -131,21 +159,50 @@ func run(ctx context.Context, dbURL, schema string, out io.Writer) error {
 	if charges != 1 || n != 1 {
 		return fmt.Errorf("want one charge and one event, got %d and %d", charges, n)
 	}
+	return printMetrics(ctx, "http://"+ln.Addr().String()+"/metrics", out)
+}
+
+// printMetrics prints the middleware's request counters from /metrics.
+func printMetrics(ctx context.Context, url string, out io.Writer) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	fmt.Fprintln(out, "metrics (curl -s .../metrics | grep ^idemkit_http_requests_total):")
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "idemkit_http_requests_total") {
+			fmt.Fprintln(out, "  "+line)
+		}
+	}
 	return nil
 }
 
 // newAPI returns the payments API: POST /payments behind the middleware.
-func newAPI(pool *pgxpool.Pool, schema string, events *outbox.Store) (http.Handler, error) {
+func newAPI(pool *pgxpool.Pool, schema string, events *outbox.Store, tel *idemotel.Telemetry) (http.Handler, error) {
 	records, err := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: schema})
 	if err != nil {
 		return nil, err
 	}
-	mw, err := idemhttp.New(pool, &idemhttp.Config{
+	cfg := &idemhttp.Config{
 		Store: records,
 		// A real API takes the account from its authentication.
 		Account: func(*http.Request) (string, error) { return "acct-demo", nil },
-		Logger:  slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	})
+		Logger:  slog.New(idemotel.LogHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))),
+	}
+	front, err := tel.HTTP(cfg) // a span per request; requests counted by outcome
+	if err != nil {
+		return nil, err
+	}
+	mw, err := idemhttp.New(pool, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -181,7 +238,7 @@ func newAPI(pool *pgxpool.Pool, schema string, events *outbox.Store) (http.Handl
 		w.Header().Set("Location", fmt.Sprintf("/payments/%d", id))
 		writeJSON(w, http.StatusCreated, map[string]any{"id": id, "orderId": p.OrderID, "status": "captured"})
 	})))
-	return mux, nil
+	return front(mux), nil
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

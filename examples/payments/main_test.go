@@ -25,9 +25,19 @@ func TestScenario(t *testing.T) {
 		"client: attempt 3 answered",
 		`Idempotent-Replayed: "true"`,
 		"charges for order-842: 1, PaymentCreated events in the outbox: 1",
+		// The attempts whose answers were lost were replays, counted as such.
+		`outcome="first"`,
+		`outcome="replay"`,
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	for _, line := range strings.Split(out.String(), "\n") {
+		switch {
+		case strings.Contains(line, `outcome="first"`) && !strings.HasSuffix(line, " 1"),
+			strings.Contains(line, `outcome="replay"`) && !strings.HasSuffix(line, " 2"):
+			t.Fatalf("want 1 first request and 2 replays counted: %s", line)
 		}
 	}
 	if strings.Count(out.String(), "the answer was lost") != 2 {
