@@ -147,7 +147,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	// request in flight, the handler's transaction and its completion.
 	conn, err := m.pool.Acquire(r.Context())
 	if err != nil {
-		log.ErrorContext(r.Context(), "idemhttp: acquire a connection failed", slog.Any("error", err))
+		log.ErrorContext(r.Context(), "idemhttp: acquire a connection failed", slog.Any("err", err))
 		m.fail(w, r, http.StatusServiceUnavailable, CodeStoreUnavailable, "the idempotency store is unavailable")
 		return
 	}
@@ -158,7 +158,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}()
 	res, err := m.reserveOrWait(r.Context(), conn, a)
 	if err != nil {
-		log.ErrorContext(r.Context(), "idemhttp: reserve failed", slog.Any("error", err))
+		log.ErrorContext(r.Context(), "idemhttp: reserve failed", slog.Any("err", err))
 		m.fail(w, r, http.StatusServiceUnavailable, CodeStoreUnavailable, "the idempotency store is unavailable")
 		return
 	}
@@ -292,7 +292,7 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		if err := m.store.release(ctx, db, a, token); err != nil {
 			// The record stays PROCESSING until its lease ends, then the
 			// reconciler sees it.
-			log.ErrorContext(ctx, "idemhttp: release failed", slog.String("reason", why), slog.Any("error", err))
+			log.ErrorContext(ctx, "idemhttp: release failed", slog.String("reason", why), slog.Any("err", err))
 		}
 	}
 
@@ -311,7 +311,7 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 			}
 		}
 		if err != nil {
-			log.ErrorContext(hctx, "idemhttp: begin failed", slog.Any("error", err))
+			log.ErrorContext(hctx, "idemhttp: begin failed", slog.Any("err", err))
 			release("begin failed")
 			m.fail(w, r, http.StatusServiceUnavailable, CodeStoreUnavailable, "the idempotency store is unavailable")
 			return
@@ -374,7 +374,7 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 		switch {
 		case err != nil:
 			log.ErrorContext(ctx, "idemhttp: complete failed; the record stays PROCESSING for the reconciler",
-				slog.Any("error", err))
+				slog.Any("err", err))
 		case !ok:
 			log.WarnContext(ctx, "idemhttp: lease lost before completion; the response was not stored")
 		}
@@ -393,7 +393,7 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	}
 	if err != nil {
 		rollback()
-		log.ErrorContext(ctx, "idemhttp: completing the transaction failed", slog.Any("error", err))
+		log.ErrorContext(ctx, "idemhttp: completing the transaction failed", slog.Any("err", err))
 		release("commit failed") // a no-op if the commit did happen: the record is COMPLETED
 		m.fail(w, r, http.StatusServiceUnavailable, CodeStoreUnavailable, "the idempotency store is unavailable")
 		return
