@@ -24,7 +24,8 @@ type PartitionStatus struct {
 	// negative) until its first fetch answered.
 	Next int64
 	// LastStable and HighWatermark are the partition's as of the last fetch
-	// (-1 until the first fetch answered). Lag is LastStable - Next (the
+	// or the last log-end read (every 2 s, so that a stuck partition's lag
+	// still grows); -1 until either answered. Lag is LastStable - Next (the
 	// messages a consumer in read_committed can see and has not processed),
 	// never below 0; 0 until the first fetch (and while Next is negative).
 	LastStable, HighWatermark int64
