@@ -285,13 +285,6 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Account == nil {
 		return c, fmt.Errorf("%w: Account is required", ErrInvalidConfig)
 	}
-	if c.Store == nil {
-		s, err := NewStore(nil)
-		if err != nil {
-			return c, err
-		}
-		c.Store = s
-	}
 	if c.Operation == nil {
 		c.Operation = OperationDefault
 	}

@@ -13,34 +13,41 @@
 // header. Accounts never see each other's records; the same key on two
 // operations is two keys.
 //
-// Reservation. The first request with a key reserves it in one autocommit
-// statement (INSERT … ON CONFLICT DO NOTHING, never SELECT-then-INSERT), as
-// PROCESSING with a lease (Config.Lease) and a fresh random token, so that
-// concurrent requests see the reservation at once. It is not made inside
-// the handler's transaction on purpose: an uncommitted reservation would
-// make concurrent requests wait on the unique index instead of being
-// answered. In transaction mode the reservation's commit does not wait for
-// its WAL flush (synchronous_commit off for that one statement): a record
-// can only become COMPLETED in the later, synchronous commit, which flushes
-// the reservation with it, and a reservation lost in a server crash only
-// frees a key whose request never completed.
+// Holding a key, in transaction mode (the default). A request holds its
+// key with a PostgreSQL advisory lock on it, taken in the transaction its
+// handler runs in: one round trip sends BEGIN,
+// pg_try_advisory_xact_lock(key) and the read of the record, in a statement
+// that starts after the lock was granted and so sees whatever an earlier
+// holder committed. Of concurrent requests with the key exactly one gets
+// the lock; the others are answered at once (409, or the replay of a
+// record already completed) without waiting on any row or index. The handler
+// then writes its effects in that transaction (Tx returns it), on the one
+// pooled connection the request uses until it is answered. After the
+// handler returns, the middleware inserts the COMPLETED record with the
+// stored response and commits, in one round trip: the business writes, the
+// outbox messages and the record commit together or not at all. A first
+// request so costs three round trips (the handler's statements aside) and
+// writes its record once, with no UPDATE. While a request is in flight its
+// key has no record: a duplicate with another body gets 409 until the first
+// completes, and 422 from then on. A holder whose process crashed holds
+// nothing: PostgreSQL ends its session, rolls its transaction back and
+// frees the lock, and the next request runs at once.
 //
-// Execution. The handler then runs in a transaction the middleware begins
-// on the connection the key was reserved on (Tx returns it): one pooled
-// connection serves the whole request, and is held until it is answered.
-// After the handler returns, the middleware stores the response and marks
-// the record COMPLETED with an UPDATE that matches the token, in that same
-// transaction, and commits, in one round trip: the business writes, the
-// outbox messages and the COMPLETED record commit together or not at all.
-// If the token no longer matches (after its lease ended, the record was
-// taken over by another request or handed to the reconciler), the UPDATE
-// fails, the transaction is rolled back and the client gets 409 lease_lost:
-// a holder that lost its lease cannot complete. The completing UPDATE
-// changes no indexed column when it comes within the lease, so PostgreSQL
-// makes it a HOT update (migration 11).
+// Holding a key with a record of its own, with Config.NoTx or
+// Config.NoLeaseTakeover. The first request reserves its key in one
+// autocommit statement (INSERT … ON CONFLICT DO NOTHING, never
+// SELECT-then-INSERT), as PROCESSING with a lease and a fresh random token,
+// committed before the handler runs, so that a holder that crashed leaves a
+// record for the reconciler. With NoLeaseTakeover the handler then runs in
+// a transaction on the same connection, and the completion (an UPDATE that
+// matches the token, a HOT update: it changes no indexed column) commits
+// with it; with NoTx it runs without one and the record is completed by its
+// own statement. If the token no longer matches (the reconciler settled the
+// record, or it expired and another request took it), the completion fails:
+// in a transaction it is rolled back and the client gets 409 lease_lost.
+//
 // The response is buffered and sent only after the commit, so a client never
-// sees a success that was not committed. With Config.NoTx the handler runs
-// without a transaction and the record is completed by its own statement.
+// sees a success that was not committed.
 //
 // Fingerprint. Each request has a fingerprint: the SHA-256 of the operation
 // and the request's intent (Config.Intent). By default the intent is the
@@ -85,55 +92,51 @@
 // # Waiting
 //
 // By default a request whose key is in flight is answered 409 at once, and
-// the client retries. With Config.Wait, it waits instead, at most Wait: in
-// transaction mode the holder takes a PostgreSQL advisory lock on its
-// record's token in its transaction, and the waiter waits on that lock
-// (lock_timeout bounds it), so PostgreSQL wakes it the moment the holder
-// commits, rolls back or loses its connection, without polling. The waiter
-// then looks at the record again: COMPLETED gives the replay; a key released
-// by a failed holder (5xx, panic) is reserved by the waiter, which runs the
-// handler itself; a record taken over makes it wait for the new holder.
-// When Wait ends first, it gets 409 request_in_flight. A holder running
-// with Config.NoTx holds no transaction during its handler, so its waiters
-// look at the record again after a pause that doubles up to 50ms; so do
-// waiters in the instants between a holder's reservation and its lock, or
-// between its rollback and its release. Each waiting request holds a
-// pooled connection while it waits: size the pool for the waiters you
-// expect, or keep Wait short.
+// the client retries. With Config.Wait, it waits instead, at most Wait, and
+// is woken by the holder's end, not by polling: in transaction mode it asks
+// for the key's lock with pg_advisory_xact_lock bounded by lock_timeout
+// (what is left of Wait; the handler's statements run with the configured
+// lock_timeout again), so PostgreSQL grants it the moment the holder
+// commits, rolls back or loses its connection; it then reads the record as
+// a first request does: COMPLETED gives the replay, no record (the holder
+// released the key: 5xx, panic) makes it run the handler itself, holding the
+// lock it got. With a record of its own (NoLeaseTakeover) the holder takes an
+// advisory lock on its record's token and waiters wait on that. When Wait
+// ends first, the request gets 409 request_in_flight. A holder running with
+// Config.NoTx holds no transaction during its handler, so its waiters look
+// at the record again after a pause that doubles up to 50ms. Each waiting
+// request holds a pooled connection while it waits: size the pool for the
+// waiters you expect, or keep Wait short.
 //
 // # Leases, takeover, reconciliation and expiry
 //
-// A request holds its key for Config.Lease (default 1 minute) from its
-// reservation, and its handler's context ends then. A record still
-// PROCESSING after its lease is stuck: its holder crashed, hung or is slow.
-// A holder past its lease that nobody took over still completes normally.
+// A request holds its key for Config.Lease (default 1 minute), and its
+// handler's context ends then.
 //
-// Takeover, in transaction mode (the default). The first request with the
-// key and the same fingerprint that finds the lease ended takes the record
-// over: one UPDATE, matching the token it read and the record still
-// PROCESSING past its lease, gives the record a new token, a new lease and
-// a new expiry (TTL from now), and the request runs the handler. The
-// takeover is a compare-and-set on the row, so of several requests racing
-// for one record exactly one takes it over; the others find a live lease
-// again (409 request_in_flight, or with Config.Wait the replay). A request
-// with another fingerprint still gets 422 and changes nothing. The old
-// holder is fenced out: if it is still running, its completion matches its
-// own token, which is gone, so it gets 409 lease_lost and its transaction,
-// with every business write and outbox message in it, is rolled back (its
-// release, after a failure, matches its token too and frees nothing). If it
-// completed before the takeover, the taker finds the record COMPLETED and
-// replays it. This is safe because every effect of the handler is in the
-// middleware's transaction: a crashed holder's transaction never commits
-// (PostgreSQL rolls it back when its connection ends), a live one can no
-// longer commit. Safety does not depend on clocks: a clock that runs ahead
-// only takes over early, and the early holder's work is lost, not doubled. A
+// Takeover, in transaction mode (the default). A handler still running when
+// its lease ends is fenced out: the middleware ends its PostgreSQL session
+// (pg_terminate_backend, from another pooled connection; the pool's role
+// must be allowed to, as it is for its own sessions), which rolls back its
+// transaction, with every business write and outbox message in it, and
+// frees the key. The next request with the key runs, and the old holder,
+// when its handler returns, gets 409 lease_lost; a holder can never commit
+// after its lease ended. Safety does not depend on clocks: the lock is the
+// fence, held by PostgreSQL for exactly as long as the holder's
+// transaction lives, and the lease only bounds how long that may be. A
 // holder whose host vanished without closing its connection keeps its
-// transaction, and the row locks of its writes, open until PostgreSQL ends
-// that session (TCP keepalives, idle_in_transaction_session_timeout): the
-// taker may wait on those locks, it never doubles the writes.
-// A takeover is logged (warning "lease ended", with the previous token).
+// lock until PostgreSQL ends that session (TCP keepalives,
+// idle_in_transaction_session_timeout); requests with its key get 409 until
+// then, and never double its writes. A record left PROCESSING by a
+// holder with a record of its own (an older version of this package, or a
+// middleware with NoLeaseTakeover on the same operation) whose lease ended
+// is taken over too, by the first request with the same fingerprint: its
+// completion replaces the record only if it still has the token that
+// request read (logged as a warning "lease ended", with the previous
+// token).
 //
-// Reconciliation, with Config.NoTx or Config.NoLeaseTakeover. Without the
+// Reconciliation, with Config.NoTx or Config.NoLeaseTakeover. A record
+// still PROCESSING after its lease is stuck: its holder crashed, hung or is
+// slow; a holder past its lease that nobody settled still completes. Without the
 // transaction, a stuck request's effects may have happened outside the
 // database (the card was charged, then the process died), and a live holder
 // may still be causing them: running the handler again could double them,
@@ -150,16 +153,17 @@
 // `idemkit idemhttp stuck` lists stuck records. A reconciler also works
 // alongside takeover, for keys no client retries.
 //
-// A record expires Config.TTL (default 24 hours) after its lease would end
-// (Lease + TTL after it was reserved or taken over), or TTL after it
-// completed if that is later: a completed record always lives at least TTL
-// after its completion. (The expiry set at the reservation covers a
-// completion within the lease, so that completing does not change it.) From then on its key is
+// A record expires Config.TTL (default 24 hours) after it completed (in
+// transaction mode), or after its lease would end (Lease + TTL after it was
+// reserved with a record of its own), or TTL after it completed if that is
+// later: a completed record always lives at least TTL after its
+// completion. From then on its key is
 // unknown: a request with it runs the handler anew, whatever the record's
 // state. This is the contract, not a cache detail: choose a TTL longer than
 // any retry you expect, and back critical effects with a business
 // constraint that does not expire (for example a unique order reference).
-// Store.Purge deletes expired records in batches; it only reclaims space.
+// Store.Purge deletes expired records in batches, walking the table by
+// ranges of pages; it only reclaims space.
 // Leases and expiry are measured on StoreConfig.Now (default time.Now): keep
 // the clocks of the processes sharing a table in step.
 //
@@ -180,13 +184,21 @@
 //   - Retry-After on 409, FAILED and UNKNOWN records, the lease, and the
 //     scope by account and operation go beyond the draft.
 //
+// # Backends
+//
+// The middleware keeps its records through the Backend interface: New wires
+// the PostgreSQL store of this package (the only one whose records commit
+// with the handler's writes), NewWithBackend another, such as the Redis
+// store of module github.com/idemkit/idemkit/redis, whose contract its own
+// documentation states.
+//
 // # Tables
 //
-// The table is created by package migrate (version 3, and version 11 for
-// the layout this package expects: without the index of stuck records, so
-// Store.FindStuck reads the whole table, and with fillfactor 70); StoreConfig and
-// migrate.Config must name the same schema and table. Nothing in this
-// package runs DDL: without the table, Store methods return errors matching
-// ErrNotMigrated, and the middleware answers 503 store_unavailable and logs
-// that error.
+// The table is created by package migrate (version 3, with version 11's
+// fillfactor 70 and version 13's layout: the primary key only, no index on
+// expiry or on stuck records, so Store.FindStuck and Store.Purge read the
+// whole table); StoreConfig and migrate.Config must name the same schema and
+// table. Nothing in this package runs DDL: without the table, Store methods
+// return errors matching ErrNotMigrated, and the middleware answers 503
+// store_unavailable and logs that error.
 package idemhttp

@@ -18,11 +18,19 @@ import (
 	"github.com/idemkit/idemkit/migrate"
 )
 
-// A completion within the lease changes no indexed column: PostgreSQL makes
-// it a HOT update (issue 17). The middleware runs on a pool of one
-// connection, so that this test can flush that backend's statistics.
+// A first request writes its record once (issue 17): in the default layout
+// one INSERT of the COMPLETED record with COMMIT and no UPDATE; with a
+// record of its own (NoLeaseTakeover) the completion changes no indexed
+// column, so PostgreSQL makes it a HOT update. The middleware runs on a
+// pool of one connection, so that this test can flush that backend's
+// statistics.
 func TestCompletionIsHOT(t *testing.T) {
 	t.Parallel()
+	t.Run("lock", func(t *testing.T) { t.Parallel(); testCompletionWrites(t, false) })
+	t.Run("record", func(t *testing.T) { t.Parallel(); testCompletionWrites(t, true) })
+}
+
+func testCompletionWrites(t *testing.T, record bool) {
 	ctx := context.Background()
 	db := testenv.NewDB(t, migrated)
 	cfg, err := pgxpool.ParseConfig(testenv.DatabaseURL(t))
@@ -41,7 +49,7 @@ func TestCompletionIsHOT(t *testing.T) {
 		t.Fatal(err)
 	}
 	mw, err := idemhttp.New(pool, &idemhttp.Config{Store: store, Account: accountFromHeader,
-		Logger: slog.New(slog.DiscardHandler)})
+		NoLeaseTakeover: record, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,17 +79,22 @@ func TestCompletionIsHOT(t *testing.T) {
 	if _, err := pool.Exec(ctx, "SELECT pg_catalog.pg_stat_force_next_flush()"); err != nil {
 		t.Fatal(err)
 	}
-	var upd, hot int64
-	if err := pool.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd FROM pg_catalog.pg_stat_user_tables
-		WHERE relid = $1::regclass`, db.Table("idempotency_records")).Scan(&upd, &hot); err != nil {
+	var ins, upd, hot int64
+	if err := pool.QueryRow(ctx, `SELECT n_tup_ins, n_tup_upd, n_tup_hot_upd FROM pg_catalog.pg_stat_user_tables
+		WHERE relid = $1::regclass`, db.Table("idempotency_records")).Scan(&ins, &upd, &hot); err != nil {
 		t.Fatal(err)
 	}
-	if upd != n || hot != n {
-		t.Fatalf("%d updates of the records, %d of them HOT; want %d and %d", upd, hot, n, n)
+	wantUpd := int64(0)
+	if record {
+		wantUpd = n
+	}
+	if ins != n || upd != wantUpd || hot != wantUpd {
+		t.Fatalf("%d inserts and %d updates of the records, %d of them HOT; want %d, %d and %d",
+			ins, upd, hot, n, wantUpd, wantUpd)
 	}
 }
 
-// Migration 11 keeps the records written before it: a completed record
+// Migrations 11 and 13 keep the records written before them: a completed record
 // still replays, a record whose holder crashed is still listed by FindStuck
 // and taken over; reverting it brings version 3's index back.
 func TestUpgradeKeepsRecords(t *testing.T) {
@@ -96,7 +109,7 @@ func TestUpgradeKeepsRecords(t *testing.T) {
 		t.Fatalf("Down(10): %v", err)
 	}
 	records := e.db.Table(migrate.IdempotencyRecordsDefault)
-	layout := func(when string, wantStuckIdx bool, wantFillfactor string) {
+	layout := func(when string, wantStuckIdx, wantExpiresIdx bool, wantFillfactor string) {
 		t.Helper()
 		rows, err := e.db.Pool.Query(ctx, `SELECT c.relname FROM pg_catalog.pg_index i
 			JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = $1::regclass`, records)
@@ -107,8 +120,11 @@ func TestUpgradeKeepsRecords(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if has := slices.ContainsFunc(names, func(n string) bool { return strings.HasSuffix(n, "_stuck_idx") }); has != wantStuckIdx || len(names) != 2+boolInt(wantStuckIdx) {
-			t.Fatalf("%s: indexes %v, want the stuck index: %v", when, names, wantStuckIdx)
+		hasStuck := slices.ContainsFunc(names, func(n string) bool { return strings.HasSuffix(n, "_stuck_idx") })
+		hasExpires := slices.ContainsFunc(names, func(n string) bool { return strings.HasSuffix(n, "_expires_at_idx") })
+		if hasStuck != wantStuckIdx || hasExpires != wantExpiresIdx ||
+			len(names) != 1+boolInt(wantStuckIdx)+boolInt(wantExpiresIdx) {
+			t.Fatalf("%s: indexes %v, want the stuck index: %v, the expiry index: %v", when, names, wantStuckIdx, wantExpiresIdx)
 		}
 		var opts []string
 		if err := e.db.Pool.QueryRow(ctx, `SELECT coalesce(reloptions, '{}') FROM pg_catalog.pg_class
@@ -119,7 +135,7 @@ func TestUpgradeKeepsRecords(t *testing.T) {
 			t.Fatalf("%s: reloptions %q, want %q", when, got, wantFillfactor)
 		}
 	}
-	layout("at version 10", true, "")
+	layout("at version 10", true, true, "")
 
 	done, stuck := newKey(), newKey()
 	first := e.post(done, "acct-1", payment)
@@ -127,10 +143,10 @@ func TestUpgradeKeepsRecords(t *testing.T) {
 	e.crashed(stuck, "acct-1", payment) // one more payment: the fingerprint's donor
 	wantPayments(t, e, 2)
 
-	if applied, err := m.Up(ctx); err != nil || !slices.Equal(applied, []int{11, 12}) {
-		t.Fatalf("Up = %v, %v; want [11 12]", applied, err)
+	if applied, err := m.Up(ctx); err != nil || !slices.Equal(applied, []int{11, 12, 13}) {
+		t.Fatalf("Up = %v, %v; want [11 12 13]", applied, err)
 	}
-	layout("at version 11", false, "fillfactor=70")
+	layout("at version 13", false, false, "fillfactor=70")
 	r := e.post(done, "acct-1", payment)
 	want(t, r, http.StatusCreated, true)
 	if r.body != first.body {
@@ -143,10 +159,10 @@ func TestUpgradeKeepsRecords(t *testing.T) {
 	want(t, e.post(stuck, "acct-1", payment), http.StatusCreated, false) // taken over
 	wantPayments(t, e, 3)
 
-	if reverted, err := m.Down(ctx, 10); err != nil || !slices.Equal(reverted, []int{12, 11}) {
-		t.Fatalf("Down(10) = %v, %v; want [12 11]", reverted, err)
+	if reverted, err := m.Down(ctx, 10); err != nil || !slices.Equal(reverted, []int{13, 12, 11}) {
+		t.Fatalf("Down(10) = %v, %v; want [13 12 11]", reverted, err)
 	}
-	layout("reverted to version 10", true, "")
+	layout("reverted to version 10", true, true, "")
 	want(t, e.post(done, "acct-1", payment), http.StatusCreated, true)
 	want(t, e.post(stuck, "acct-1", payment), http.StatusCreated, true)
 	wantPayments(t, e, 3)
@@ -157,4 +173,41 @@ func boolInt(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// Purge walks the whole table by ranges of pages (no index since migration
+// 13): on a table of many pages, with expired and live records mixed on
+// every page and more expired records per range than one statement
+// deletes, it deletes exactly the expired ones.
+func TestPurgeWalksTheTable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	records := e.db.Table(migrate.IdempotencyRecordsDefault)
+	now := e.clock.Now()
+	const n = 12000
+	// Every third record is live; the others expired an hour ago.
+	if _, err := e.db.Pool.Exec(ctx, `INSERT INTO `+records+` (account, operation, idempotency_key, fingerprint,
+		state, token, response_status, response_headers, response_body, created_at, updated_at, completed_at, expires_at)
+		SELECT 'acct-1', 'POST /payments', 'k' || i, '\x00', 'COMPLETED', i, 201, '{}', 'body', $1, $1, $1,
+			CASE WHEN i % 3 = 0 THEN $1::timestamptz + interval '1 hour' ELSE $1::timestamptz - interval '1 hour' END
+		FROM generate_series(1, $2::int) AS i`, now, n); err != nil {
+		t.Fatal(err)
+	}
+	var pages int64
+	if err := e.db.Pool.QueryRow(ctx, `SELECT pg_catalog.pg_relation_size($1::regclass) / 8192`, records).Scan(&pages); err != nil {
+		t.Fatal(err)
+	}
+	if pages < 3*64 {
+		t.Fatalf("the table has %d pages; the test needs several ranges of 64", pages)
+	}
+	deleted, err := e.store.Purge(ctx, e.db.Pool, 50)
+	if err != nil || deleted != n-n/3 {
+		t.Fatalf("Purge = %d, %v; want %d", deleted, err, n-n/3)
+	}
+	var left, live int
+	if err := e.db.Pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE expires_at > $1) FROM `+records, now).
+		Scan(&left, &live); err != nil || left != n/3 || live != n/3 {
+		t.Fatalf("records left = %d (%d live), %v; want %d, all live", left, live, err, n/3)
+	}
 }

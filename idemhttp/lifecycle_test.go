@@ -67,9 +67,13 @@ func holdFirst(e *env) (started chan struct{}, release func()) {
 // Issue test 4 (lease): a record whose lease ended is found and handed to
 // the reconciler; AllowRetry lets the next request run, and the old holder,
 // fenced out by its token, cannot complete: its writes roll back.
+//
+// The key is reserved by a record of its own (NoLeaseTakeover): in the
+// default layout a request in flight has no record, and its lease ending
+// frees the key by itself (TestLeaseTakeoverFencesLateHolder).
 func TestLeaseExpiryReconcileAllowRetry(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, func(c *idemhttp.Config) { c.Lease = 30 * time.Second })
+	e := newEnv(t, func(c *idemhttp.Config) { c.Lease = 30 * time.Second; c.NoLeaseTakeover = true })
 	ctx := context.Background()
 	key := newKey()
 	started, release := holdFirst(e)
@@ -110,10 +114,12 @@ func TestLeaseExpiryReconcileAllowRetry(t *testing.T) {
 }
 
 // An expired record is taken over by a new request; the old holder is
-// fenced out.
+// fenced out. (A record of its own, NoLeaseTakeover: in the default layout
+// a request in flight has no record to expire.)
 func TestExpiredRecordTakeoverFencesHolder(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, func(c *idemhttp.Config) {
+		c.NoLeaseTakeover = true
 		c.Lease = 30 * time.Second
 		c.TTL = time.Minute
 	})
@@ -153,8 +159,10 @@ func TestReconcileMarkFailedAndKeepUnknown(t *testing.T) {
 		t.Fatalf("Reconcile = %d, %v", n, err)
 	}
 
-	// Records that are stuck while the reconciler runs: held handlers.
-	e2 := newEnv(t, func(c *idemhttp.Config) { c.Lease = 10 * time.Second })
+	// Records that are stuck while the reconciler runs: held handlers of
+	// records of their own (in the default layout a request in flight has no
+	// record).
+	e2 := newEnv(t, func(c *idemhttp.Config) { c.Lease = 10 * time.Second; c.NoLeaseTakeover = true })
 	var releases []func()
 	var dones []chan response
 	for _, k := range []string{keyFailed, keyUnknown, keyError} {
@@ -219,7 +227,7 @@ func TestReconcileMarkFailedAndKeepUnknown(t *testing.T) {
 // A reconciler that panics leaves the record stuck and reports the panic.
 func TestReconcilerPanic(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, func(c *idemhttp.Config) { c.Lease = 10 * time.Second })
+	e := newEnv(t, func(c *idemhttp.Config) { c.Lease = 10 * time.Second; c.NoLeaseTakeover = true })
 	started, release := holdFirst(e)
 	done := make(chan response, 1)
 	key := newKey()

@@ -118,7 +118,7 @@ func accountFromHeader(r *http.Request) (string, error) {
 }
 
 // newEnv starts a server; tweak may change the Config before New.
-func newEnv(t *testing.T, tweak func(*idemhttp.Config)) *env {
+func newEnv(t *testing.T, tweaks ...func(*idemhttp.Config)) *env {
 	t.Helper()
 	e := &env{t: t, db: testenv.NewDB(t, migrated), clock: &clock{}, logs: &logBuffer{}}
 	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: e.db.Schema, Now: e.clock.Now})
@@ -131,8 +131,10 @@ func newEnv(t *testing.T, tweak func(*idemhttp.Config)) *env {
 		Account: accountFromHeader,
 		Logger:  slog.New(slog.NewTextHandler(e.logs, nil)),
 	}
-	if tweak != nil {
-		tweak(cfg)
+	for _, tweak := range tweaks {
+		if tweak != nil {
+			tweak(cfg)
+		}
 	}
 	mw, err := idemhttp.New(e.db.Pool, cfg)
 	if err != nil {
@@ -145,6 +147,26 @@ func newEnv(t *testing.T, tweak func(*idemhttp.Config)) *env {
 	t.Cleanup(e.srv.Close)
 	e.client = newClient(t)
 	return e
+}
+
+// forModes runs f in parallel subtests, once per way a request holds its key
+// in transaction mode: "lock" (the default: the key's advisory lock, the
+// record written at completion) and "record" (NoLeaseTakeover: a PROCESSING
+// record committed first).
+func forModes(t *testing.T, f func(t *testing.T, mode func(*idemhttp.Config))) {
+	t.Helper()
+	for _, m := range []struct {
+		name string
+		mode func(*idemhttp.Config)
+	}{
+		{"lock", func(*idemhttp.Config) {}},
+		{"record", func(c *idemhttp.Config) { c.NoLeaseTakeover = true }},
+	} {
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			f(t, m.mode)
+		})
+	}
 }
 
 type paymentRequest struct {

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -89,19 +88,22 @@ type StoreConfig struct {
 // Store reads and writes idempotency records. It holds no connection and no
 // state besides its SQL and clock: it is safe for concurrent use.
 type Store struct {
-	now func() time.Time
+	now   func() time.Time
+	table string // quoted schema.table: part of the advisory lock keys
 
-	reserveSQL      string
-	reserveAsyncSQL string
-	takeoverSQL     string
-	leaseSQL        string
-	completeSQL     string
-	completeTxSQL   string
-	releaseSQL      string
-	getSQL          string
-	stuckSQL        string
-	resolveSQL      string
-	purgeSQL        string
+	readSQL            string
+	insertCompletedSQL string
+	reserveSQL         string
+	takeoverSQL        string
+	leaseSQL           string
+	completeSQL        string
+	completeTxSQL      string
+	releaseSQL         string
+	getSQL             string
+	stuckSQL           string
+	resolveSQL         string
+	purgeSQL           string
+	pagesSQL           string
 }
 
 // NewStore returns a Store for the table cfg names. cfg may be nil, meaning
@@ -124,14 +126,43 @@ func NewStore(cfg *StoreConfig) (*Store, error) {
 		c.Now = time.Now
 	}
 	return &Store{
-		now: c.Now,
+		now:   c.Now,
+		table: t,
+
+		// The record of a key, live or not: read by a request in transaction
+		// mode once it holds the key's lock.
+		readSQL: `SELECT state, fingerprint, token, locked_until, expires_at,
+	response_status, response_headers, response_body
+FROM ` + t + ` WHERE ` + key,
+
+		// The record of a request in transaction mode, written once,
+		// COMPLETED, pipelined with COMMIT: it replaces an expired record or
+		// the PROCESSING record with token $12 whose lease ended (taken over;
+		// its created_at is kept). Any other record (one reserved meanwhile
+		// by a request of NoTx or NoLeaseTakeover, which takes no lock) makes
+		// it fail (leaseLostMarker), so that the COMMIT after it rolls back.
+		// $9 is the request's start, $10 now, $11 the expiry.
+		insertCompletedSQL: `WITH done AS (
+	INSERT INTO ` + t + ` AS r (account, operation, idempotency_key, fingerprint, state, token,
+		response_status, response_headers, response_body, created_at, updated_at, completed_at, expires_at)
+	VALUES ($1, $2, $3, $4, 'COMPLETED', $5, $6, $7, $8, $9, $10, $10, $11)
+	ON CONFLICT (account, operation, idempotency_key) DO UPDATE SET
+		fingerprint = EXCLUDED.fingerprint, state = 'COMPLETED', token = EXCLUDED.token, locked_until = NULL,
+		response_status = EXCLUDED.response_status, response_headers = EXCLUDED.response_headers,
+		response_body = EXCLUDED.response_body,
+		created_at = CASE WHEN r.expires_at <= $10 THEN EXCLUDED.created_at ELSE r.created_at END,
+		updated_at = $10, completed_at = $10, expires_at = EXCLUDED.expires_at
+	WHERE r.expires_at <= $10 OR (r.token = $12 AND r.state = 'PROCESSING' AND r.locked_until <= $10
+		AND r.fingerprint = EXCLUDED.fingerprint)
+	RETURNING 1
+)
+SELECT CASE count(*) WHEN 1 THEN 1 ELSE ('` + leaseLostMarker + `' || count(*))::int END FROM done`,
 
 		// One statement, one round trip: the insert reserves the key, or the
 		// existing record is returned. When the conflicting row was committed
 		// after this statement's snapshot, neither branch returns a row and
 		// the caller runs the statement again.
-		reserveSQL:      reserveSQL(t, false),
-		reserveAsyncSQL: reserveSQL(t, true),
+		reserveSQL: reserveSQL(t),
 
 		// An expired record counts as absent: a new request takes it over,
 		// provided nobody changed it since it was read ($9, the token seen).
@@ -193,13 +224,18 @@ LIMIT $2`,
 )
 SELECT (SELECT count(*) FROM del) + (SELECT count(*) FROM upd)`,
 
-		purgeSQL: `DELETE FROM ` + t + ` WHERE (account, operation, idempotency_key) IN (
-	SELECT account, operation, idempotency_key FROM ` + t + `
-	WHERE expires_at <= $1
-	ORDER BY expires_at
-	LIMIT $2
+		// Purges walk the heap in ranges of purgePages pages (a TID range
+		// scan, no index: migration 13 dropped the one on expires_at, whose
+		// right-most page every first request wrote to), $2 and $3 the
+		// range's first and end page, at most $4 rows per statement.
+		purgeSQL: `DELETE FROM ` + t + ` WHERE ctid = ANY (ARRAY(
+	SELECT ctid FROM ` + t + `
+	WHERE ctid >= pg_catalog.format('(%s,0)', $2::bigint)::tid AND ctid < pg_catalog.format('(%s,0)', $3::bigint)::tid
+		AND expires_at <= $1
+	LIMIT $4
 	FOR UPDATE SKIP LOCKED
-)`,
+))`,
+		pagesSQL: `SELECT pg_catalog.pg_relation_size($1::regclass) / pg_catalog.current_setting('block_size')::bigint`,
 	}, nil
 }
 
@@ -207,18 +243,7 @@ SELECT (SELECT count(*) FROM del) + (SELECT count(*) FROM upd)`,
 // round trip. The insert reserves the key, or the existing record is
 // returned. When the conflicting row was committed after this statement's
 // snapshot, neither branch returns a row and the caller runs it again.
-//
-// With async, the statement's own commit does not wait for the WAL flush
-// (synchronous_commit off for this transaction only). That is safe when the
-// record can only become COMPLETED in a later synchronous commit (the
-// middleware's transaction): flushing that commit flushes the reservation
-// before it, and a reservation lost in a server crash only frees a key whose
-// request never completed.
-func reserveSQL(t string, async bool) string {
-	cfg := ""
-	if async {
-		cfg = ", (SELECT pg_catalog.set_config('synchronous_commit', 'off', true)) AS cfg"
-	}
+func reserveSQL(t string) string {
 	return `WITH ins AS (
 	INSERT INTO ` + t + ` (account, operation, idempotency_key, fingerprint, state, token,
 		locked_until, created_at, updated_at, expires_at)
@@ -228,7 +253,7 @@ func reserveSQL(t string, async bool) string {
 )
 SELECT true, ''::text, ''::bytea, 0::bigint, NULL::timestamptz, NULL::timestamptz,
 	NULL::int, NULL::jsonb, NULL::bytea
-FROM ins` + cfg + `
+FROM ins
 UNION ALL
 SELECT false, state, fingerprint, token, locked_until, expires_at,
 	response_status, response_headers, response_body
@@ -316,8 +341,11 @@ func (s *Store) Get(ctx context.Context, db DBTX, account, operation, key string
 // holder crashed, hung, or is slow; see Reconcile. Since migration 11 no
 // index tells PROCESSING records apart (it would stop completions from
 // being HOT updates), so it reads the whole table: call it every few
-// minutes, not per request. In transaction mode the
-// next request with such a record's key takes it over (Config.NoLeaseTakeover).
+// minutes, not per request. Only requests that hold their key with a
+// record of their own (Config.NoTx, Config.NoLeaseTakeover) leave such
+// records: in the default transaction mode a request in flight has no
+// record, a crashed one leaves nothing, and one past its lease is fenced
+// out by the middleware.
 func (s *Store) FindStuck(ctx context.Context, db DBTX, limit int) ([]Record, error) {
 	if limit <= 0 {
 		limit = FindLimitDefault
@@ -470,13 +498,19 @@ func callReconciler(ctx context.Context, r Reconciler, rec Record) (d Decision, 
 	return r.Reconcile(ctx, rec)
 }
 
+// purgePages is the number of heap pages a purge statement looks at.
+const purgePages = 64
+
 // Purge deletes records whose expiry has passed (by the store's clock, read
 // when Purge starts), at most batchSize rows per statement, each statement
-// its own short transaction on db, until none is left or ctx ends. It
-// returns how many records it deleted, also with an error. batchSize <= 0
-// means PurgeBatchDefault. Rows locked by a concurrent Purge or request are
-// skipped. Expired records are already ignored by requests (their key runs
-// anew), so Purge only reclaims space.
+// its own short transaction on db, until none is left in the table as it
+// was when Purge started, or ctx ends. It returns how many records it
+// deleted, also with an error. batchSize <= 0 means PurgeBatchDefault. Rows
+// locked by a concurrent Purge or request are skipped. Expired records are
+// already ignored by requests (their key runs anew), so Purge only reclaims
+// space. It reads the table once, in ranges of pages (no index), so run it
+// every hour or so rather than per request; it needs PostgreSQL 14 or later
+// (TID range scans).
 func (s *Store) Purge(ctx context.Context, db *pgxpool.Pool, batchSize int) (int64, error) {
 	if db == nil {
 		return 0, errors.New("idemhttp: purge: nil pool")
@@ -484,9 +518,24 @@ func (s *Store) Purge(ctx context.Context, db *pgxpool.Pool, batchSize int) (int
 	if batchSize <= 0 {
 		batchSize = PurgeBatchDefault
 	}
-	deleted, err := pgexec.DeleteInBatches(ctx, db, s.purgeSQL, batchSize, s.now())
-	if err != nil {
-		return deleted, fmt.Errorf("idemhttp: purge: %w", translate(err))
+	now := s.now()
+	var pages int64
+	if err := db.QueryRow(ctx, s.pagesSQL, s.table).Scan(&pages); err != nil {
+		return 0, fmt.Errorf("idemhttp: purge: %w", translate(err))
+	}
+	var deleted int64
+	for p := int64(0); p < pages; {
+		if err := ctx.Err(); err != nil {
+			return deleted, fmt.Errorf("idemhttp: purge: %w", err)
+		}
+		tag, err := db.Exec(ctx, s.purgeSQL, now, p, p+purgePages, batchSize)
+		if err != nil {
+			return deleted, fmt.Errorf("idemhttp: purge: %w", translate(err))
+		}
+		deleted += tag.RowsAffected()
+		if tag.RowsAffected() < int64(batchSize) {
+			p += purgePages
+		}
 	}
 	return deleted, nil
 }
@@ -509,21 +558,13 @@ type reservation struct {
 	state       State
 	fingerprint []byte
 	lockedUntil time.Time
-	response    storedResponse
-}
-
-// storedResponse is what a completed record replays.
-type storedResponse struct {
-	status int
-	header http.Header
-	body   []byte
+	response    Response
 }
 
 type reserveArgs struct {
 	account, operation, key string
 	fingerprint             []byte
 	lease, ttl              time.Duration
-	async                   bool
 	// takeover lets reserve take over a PROCESSING record with the same
 	// fingerprint whose lease ended.
 	takeover bool
@@ -537,14 +578,8 @@ var errReserveRace = errors.New("idemhttp: reserve: the record kept changing")
 // every other request at once. An expired record counts as absent; with
 // a.takeover, a PROCESSING record with a.fingerprint whose lease ended is
 // taken over.
-//
-// With a.async the reservation's commit does not wait for the WAL flush; see
-// reserveSQL for when that is safe.
 func (s *Store) reserve(ctx context.Context, db DBTX, a reserveArgs) (reservation, error) {
 	sql := s.reserveSQL
-	if a.async {
-		sql = s.reserveAsyncSQL
-	}
 	for range 8 {
 		start := time.Now()
 		now := s.now()
@@ -601,10 +636,10 @@ func (s *Store) reserve(ctx context.Context, db DBTX, a reserveArgs) (reservatio
 			res.lockedUntil = *lockedUntil
 		}
 		if status != nil {
-			res.response.status = *status
-			res.response.body = body
+			res.response.Status = *status
+			res.response.Body = body
 			if len(headerJSON) > 0 {
-				if err := json.Unmarshal(headerJSON, &res.response.header); err != nil {
+				if err := json.Unmarshal(headerJSON, &res.response.Header); err != nil {
 					return reservation{}, fmt.Errorf("idemhttp: reserve: stored headers: %w", err)
 				}
 			}
@@ -616,18 +651,18 @@ func (s *Store) reserve(ctx context.Context, db DBTX, a reserveArgs) (reservatio
 
 // complete stores resp and marks the record COMPLETED, provided it is still
 // held with token. ok is false when it is not (the lease was taken over).
-func (s *Store) complete(ctx context.Context, db DBTX, a reserveArgs, token int64, resp storedResponse) (ok bool, err error) {
-	headerJSON, err := json.Marshal(resp.header)
+func (s *Store) complete(ctx context.Context, db DBTX, a reserveArgs, token int64, resp Response) (ok bool, err error) {
+	headerJSON, err := json.Marshal(resp.Header)
 	if err != nil {
 		return false, fmt.Errorf("idemhttp: complete: %w", err)
 	}
-	body := resp.body
+	body := resp.Body
 	if body == nil {
 		body = []byte{}
 	}
 	now := s.now()
 	tag, err := db.Exec(ctx, s.completeSQL, a.account, a.operation, a.key, token,
-		resp.status, headerJSON, body, now, now.Add(a.ttl))
+		resp.Status, headerJSON, body, now, now.Add(a.ttl))
 	if err != nil {
 		return false, fmt.Errorf("idemhttp: complete: %w", translate(err))
 	}
@@ -639,18 +674,18 @@ func (s *Store) complete(ctx context.Context, db DBTX, a reserveArgs, token int6
 // false when it is not (the lease was taken over, or the reconciler settled
 // the record): then tx was rolled back. On any other error the caller rolls
 // tx back.
-func (s *Store) completeAndCommit(ctx context.Context, tx pgx.Tx, a reserveArgs, token int64, resp storedResponse) (ok bool, err error) {
-	headerJSON, err := json.Marshal(resp.header)
+func (s *Store) completeAndCommit(ctx context.Context, tx pgx.Tx, a reserveArgs, token int64, resp Response) (ok bool, err error) {
+	headerJSON, err := json.Marshal(resp.Header)
 	if err != nil {
 		return false, fmt.Errorf("idemhttp: complete: %w", err)
 	}
-	body := resp.body
+	body := resp.Body
 	if body == nil {
 		body = []byte{}
 	}
 	now := s.now()
 	b := &pgx.Batch{}
-	b.Queue(s.completeTxSQL, a.account, a.operation, a.key, token, resp.status, headerJSON, body, now, now.Add(a.ttl))
+	b.Queue(s.completeTxSQL, a.account, a.operation, a.key, token, resp.Status, headerJSON, body, now, now.Add(a.ttl))
 	b.Queue("COMMIT")
 	br := tx.SendBatch(ctx, b)
 	_, err = br.Exec()

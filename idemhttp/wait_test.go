@@ -14,16 +14,20 @@ import (
 )
 
 // awaitLockWaiter returns once a request waits, in PostgreSQL, on the
-// advisory lock of the record's holder (the lock on its token), or fails
-// the test after 20 seconds.
+// advisory lock of the key's holder (in transaction mode the key's lock;
+// with a record of its own, the lock on its token), or fails the test after
+// 20 seconds.
 func (e *env) awaitLockWaiter(key string) {
 	e.t.Helper()
-	token := e.record(key).Token
+	token := e.store.LockKey("acct-1", "POST /payments", key)
+	if rec, err := e.store.Get(context.Background(), e.db.Pool, "acct-1", "POST /payments", key); err == nil {
+		token = rec.Token
+	}
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); {
 		var waiting int
 		if err := e.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_catalog.pg_locks
 			WHERE locktype = 'advisory' AND objsubid = 1 AND NOT granted
-			AND classid::bigint = $1 AND objid::bigint = $2`, token>>32, token&0xffffffff).Scan(&waiting); err != nil {
+			AND (classid::bigint << 32 | objid::bigint) = $1`, token).Scan(&waiting); err != nil {
 			e.t.Fatalf("pg_locks: %v", err)
 		}
 		if waiting > 0 {
@@ -53,27 +57,29 @@ func (e *env) awaitLockWaiter(key string) {
 // its response.
 func TestWaitWokenByHolder(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, func(c *idemhttp.Config) { c.Wait = 30 * time.Second })
-	key := newKey()
-	started, release := holdFirst(e)
-	first, second := make(chan response, 1), make(chan response, 1)
-	go func() { first <- e.post(key, "acct-1", payment) }()
-	<-started
-	go func() { second <- e.post(key, "acct-1", payment) }()
-	e.awaitLockWaiter(key)
-	select {
-	case r := <-second:
-		t.Fatalf("the duplicate was answered while the first is in flight: %v", r)
-	default:
-	}
-	release()
-	f, s := <-first, <-second
-	want(t, f, http.StatusCreated, false)
-	want(t, s, http.StatusCreated, true)
-	if s.body != f.body || s.header.Get("Location") != f.header.Get("Location") {
-		t.Fatalf("replay %v, want %v", s, f)
-	}
-	wantPayments(t, e, 1)
+	forModes(t, func(t *testing.T, mode func(*idemhttp.Config)) {
+		e := newEnv(t, mode, func(c *idemhttp.Config) { c.Wait = 30 * time.Second })
+		key := newKey()
+		started, release := holdFirst(e)
+		first, second := make(chan response, 1), make(chan response, 1)
+		go func() { first <- e.post(key, "acct-1", payment) }()
+		<-started
+		go func() { second <- e.post(key, "acct-1", payment) }()
+		e.awaitLockWaiter(key)
+		select {
+		case r := <-second:
+			t.Fatalf("the duplicate was answered while the first is in flight: %v", r)
+		default:
+		}
+		release()
+		f, s := <-first, <-second
+		want(t, f, http.StatusCreated, false)
+		want(t, s, http.StatusCreated, true)
+		if s.body != f.body || s.header.Get("Location") != f.header.Get("Location") {
+			t.Fatalf("replay %v, want %v", s, f)
+		}
+		wantPayments(t, e, 1)
+	})
 }
 
 // When Wait ends before the holder does, the duplicate gets the usual 409
@@ -109,42 +115,44 @@ func TestWaitExpires(t *testing.T) {
 // itself: one payment, from the duplicate.
 func TestWaitHolderFails(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, func(c *idemhttp.Config) { c.Wait = 30 * time.Second })
-	key := newKey()
-	var (
-		calls   atomic.Int32
-		started = make(chan struct{})
-		gate    = make(chan struct{})
-	)
-	open := sync.OnceFunc(func() { close(gate) })
-	t.Cleanup(open)
-	e.setHook(func(w http.ResponseWriter, r *http.Request) bool {
-		if calls.Add(1) > 1 {
-			return false // the duplicate runs normally
+	forModes(t, func(t *testing.T, mode func(*idemhttp.Config)) {
+		e := newEnv(t, mode, func(c *idemhttp.Config) { c.Wait = 30 * time.Second })
+		key := newKey()
+		var (
+			calls   atomic.Int32
+			started = make(chan struct{})
+			gate    = make(chan struct{})
+		)
+		open := sync.OnceFunc(func() { close(gate) })
+		t.Cleanup(open)
+		e.setHook(func(w http.ResponseWriter, r *http.Request) bool {
+			if calls.Add(1) > 1 {
+				return false // the duplicate runs normally
+			}
+			tx, _ := idemhttp.Tx(r.Context())
+			if _, err := tx.Exec(r.Context(), "INSERT INTO "+e.db.Table("payments")+
+				" (account, order_id, amount) VALUES ('acct-1', 'lost', 1)"); err != nil {
+				t.Errorf("insert: %v", err)
+			}
+			close(started)
+			<-gate
+			http.Error(w, "gateway down", http.StatusServiceUnavailable)
+			return true
+		})
+		first, second := make(chan response, 1), make(chan response, 1)
+		go func() { first <- e.post(key, "acct-1", payment) }()
+		<-started
+		go func() { second <- e.post(key, "acct-1", payment) }()
+		e.awaitLockWaiter(key)
+		open()
+		if r := <-first; r.status != http.StatusServiceUnavailable {
+			t.Fatalf("first = %v, want its 503", r)
 		}
-		tx, _ := idemhttp.Tx(r.Context())
-		if _, err := tx.Exec(r.Context(), "INSERT INTO "+e.db.Table("payments")+
-			" (account, order_id, amount) VALUES ('acct-1', 'lost', 1)"); err != nil {
-			t.Errorf("insert: %v", err)
+		want(t, <-second, http.StatusCreated, false)
+		if calls.Load() != 2 {
+			t.Fatalf("handler calls = %d, want 2", calls.Load())
 		}
-		close(started)
-		<-gate
-		http.Error(w, "gateway down", http.StatusServiceUnavailable)
-		return true
+		wantPayments(t, e, 1) // the first's insert rolled back, the duplicate's committed
+		want(t, e.post(key, "acct-1", payment), http.StatusCreated, true)
 	})
-	first, second := make(chan response, 1), make(chan response, 1)
-	go func() { first <- e.post(key, "acct-1", payment) }()
-	<-started
-	go func() { second <- e.post(key, "acct-1", payment) }()
-	e.awaitLockWaiter(key)
-	open()
-	if r := <-first; r.status != http.StatusServiceUnavailable {
-		t.Fatalf("first = %v, want its 503", r)
-	}
-	want(t, <-second, http.StatusCreated, false)
-	if calls.Load() != 2 {
-		t.Fatalf("handler calls = %d, want 2", calls.Load())
-	}
-	wantPayments(t, e, 1) // the first's insert rolled back, the duplicate's committed
-	want(t, e.post(key, "acct-1", payment), http.StatusCreated, true)
 }

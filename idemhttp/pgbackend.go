@@ -1,0 +1,522 @@
+package idemhttp
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// pgBackend is the PostgreSQL Backend: records in store's table, reached
+// through pool.
+//
+// In transaction mode (the default) a request holds its key with a
+// transaction-scoped advisory lock, taken in the transaction its handler
+// runs in and pipelined with BEGIN and the read of the record, and the
+// record is written once, COMPLETED, with COMMIT. With NoTx or NoTakeover
+// the key is reserved by a PROCESSING record committed on its own (see
+// reserveRecord).
+type pgBackend struct {
+	pool  *pgxpool.Pool
+	store *Store
+}
+
+// pollMax bounds the pause between two looks at a record held by a request
+// that holds no lock waiters can wait on (NoTx), or whose lock was free
+// while the record did not move.
+const pollMax = 50 * time.Millisecond
+
+// finishTimeout bounds the statements that settle a request (complete,
+// commit, rollback, release). They run detached from the request's context:
+// a client that hung up must not leave its record half done.
+const finishTimeout = 10 * time.Second
+
+func finishContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
+}
+
+func (b *pgBackend) Reserve(ctx context.Context, req *Request) (Reservation, error) {
+	if req.NoTx || req.NoTakeover {
+		return b.reserveRecord(ctx, req)
+	}
+	return b.reserveLocked(ctx, req)
+}
+
+// reserveLocked is the transaction mode's reservation: one round trip sends
+// BEGIN, takes the key's advisory lock (pg_try_advisory_xact_lock; with
+// Wait, pg_advisory_xact_lock bounded by lock_timeout) and reads the record
+// in a statement that starts after the lock was granted, so that it sees
+// whatever a previous holder committed. The lock is the hold: nobody else
+// runs the key while this transaction is open, and PostgreSQL frees it when
+// the transaction commits, rolls back or its connection ends (a crashed
+// holder frees its key at once). The record is written only at completion.
+func (b *pgBackend) reserveLocked(ctx context.Context, req *Request) (Reservation, error) {
+	deadline := time.Now().Add(req.Wait)
+	pause := time.Millisecond
+	lock := b.store.lockKey(req.Account, req.Operation, req.Key)
+	for {
+		conn, err := b.pool.Acquire(ctx)
+		if err != nil {
+			return Reservation{}, fmt.Errorf("idemhttp: reserve: acquire a connection: %w", err)
+		}
+		start := time.Now()
+		now := b.store.now()
+		wait := time.Until(deadline)
+		tx, locked, rec, err := b.store.beginLocked(ctx, conn, lock, req, wait)
+		if err != nil {
+			conn.Release()
+			return Reservation{}, err
+		}
+		end := func() {
+			fctx, cancel := finishContext(ctx)
+			defer cancel()
+			if tx != nil {
+				_ = tx.Rollback(fctx)
+			}
+			conn.Release()
+		}
+		live := rec != nil && rec.expiresAt.After(now)
+		switch {
+		case !locked && !live:
+			// A holder in flight (or, with Wait, one that did not finish in
+			// time); its fingerprint is not stored yet.
+			end()
+			return Reservation{State: StateProcessing}, nil
+		case !live, locked && rec.state == StateProcessing && !rec.lockedUntil.After(now) &&
+			bytes.Equal(rec.fingerprint, req.Fingerprint):
+			h := &pgLockHold{b: b, conn: conn, tx: tx, req: req, start: now, leaseEnd: start.Add(req.Lease)}
+			res := Reservation{Hold: h}
+			if live { // a PROCESSING record whose holder's lease ended: taken over
+				h.prevToken = rec.token
+				res.TakenOver, res.PreviousToken = true, rec.token
+			}
+			return res, nil
+		}
+		end()
+		res := rec.reservation()
+		if rec.state != StateProcessing || !bytes.Equal(rec.fingerprint, req.Fingerprint) || time.Until(deadline) <= 0 {
+			return res, nil
+		}
+		// Held by a request that reserved with a record of its own (NoTx,
+		// NoLeaseTakeover): it holds no lock this request can wait on.
+		t := time.NewTimer(min(pause, time.Until(deadline)))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return res, nil // answered 409; the client is gone anyway
+		case <-t.C:
+		}
+		pause = min(2*pause, pollMax)
+	}
+}
+
+// pgLockHold is a hold of the transaction mode: the advisory lock of the
+// transaction tx, on conn.
+type pgLockHold struct {
+	b         *pgBackend
+	conn      *pgxpool.Conn
+	tx        pgx.Tx
+	req       *Request
+	start     time.Time // store clock: created_at
+	leaseEnd  time.Time // real time
+	prevToken int64     // the PROCESSING record taken over, or 0
+
+	mu      sync.Mutex
+	running bool // the handler runs
+	fenced  bool // its session was ended at the lease's end
+}
+
+// Run runs f in the transaction until the lease ends. A handler still
+// running then is fenced: its session is terminated (pg_terminate_backend,
+// from another pooled connection), which rolls its transaction back and
+// frees the key for the next request; its completion then fails.
+func (h *pgLockHold) Run(ctx context.Context, f func(context.Context, pgx.Tx)) {
+	hctx, cancel := context.WithDeadline(ctx, h.leaseEnd)
+	defer cancel()
+	h.mu.Lock()
+	h.running = true
+	h.mu.Unlock()
+	fenced := make(chan struct{})
+	stop := context.AfterFunc(hctx, func() {
+		defer close(fenced)
+		if !errors.Is(hctx.Err(), context.DeadlineExceeded) || ctx.Err() != nil {
+			return
+		}
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if !h.running {
+			return
+		}
+		h.fenced = true
+		fctx, cancel := finishContext(ctx)
+		defer cancel()
+		_, _ = h.b.pool.Exec(fctx, `SELECT pg_catalog.pg_terminate_backend($1)`, h.conn.Conn().PgConn().PID())
+	})
+	defer func() {
+		h.mu.Lock()
+		h.running = false
+		h.mu.Unlock()
+		if !stop() {
+			<-fenced
+		}
+	}()
+	f(hctx, h.tx)
+}
+
+func (h *pgLockHold) Complete(ctx context.Context, resp Response) error {
+	defer h.conn.Release()
+	h.mu.Lock()
+	fenced := h.fenced
+	h.mu.Unlock()
+	if fenced || !time.Now().Before(h.leaseEnd) {
+		h.rollback(ctx)
+		return fmt.Errorf("%w: the lease ended before the completion", ErrLeaseLost)
+	}
+	err := h.b.store.insertAndCommit(ctx, h.tx, h.req, h.start, h.prevToken, resp)
+	if err != nil {
+		h.rollback(ctx)
+	}
+	return err
+}
+
+func (h *pgLockHold) Release(ctx context.Context) error {
+	h.rollback(ctx)
+	h.conn.Release()
+	return nil
+}
+
+func (h *pgLockHold) rollback(ctx context.Context) {
+	fctx, cancel := finishContext(ctx)
+	defer cancel()
+	_ = h.tx.Rollback(fctx)
+}
+
+// storedRecord is a record as the reservation read it.
+type storedRecord struct {
+	state       State
+	fingerprint []byte
+	token       int64
+	lockedUntil time.Time
+	expiresAt   time.Time
+	response    Response
+}
+
+func (r *storedRecord) reservation() Reservation {
+	return Reservation{State: r.state, Fingerprint: r.fingerprint, Response: r.response}
+}
+
+// lockKey is the advisory lock key of a scope: the first 8 bytes of the
+// SHA-256 of the table and the scope, so that two tables (or two scopes)
+// practically never share one. It can meet an application's own advisory
+// lock keys: then one of them waits for the other (or a request gets 409).
+func (s *Store) lockKey(account, operation, key string) int64 {
+	var b bytes.Buffer
+	b.WriteString("idemhttp/lock/1\n")
+	writeField(&b, []byte(s.table))
+	writeField(&b, []byte(account))
+	writeField(&b, []byte(operation))
+	writeField(&b, []byte(key))
+	sum := sha256.Sum256(b.Bytes())
+	return int64(binary.BigEndian.Uint64(sum[:8]))
+}
+
+// beginLocked begins a transaction on conn, takes the lock (waiting at most
+// wait, if positive) and reads the record of req's key, in one round trip.
+// tx is nil when the transaction did not begin; locked is false when the
+// lock was not granted (tx is then still open: the caller rolls it back).
+func (s *Store) beginLocked(ctx context.Context, conn *pgxpool.Conn, lock int64, req *Request, wait time.Duration) (
+	tx pgx.Tx, locked bool, rec *storedRecord, err error) {
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	if wait > 0 {
+		ms := max(1, (wait+time.Millisecond-1)/time.Millisecond) // lock_timeout 0 means none
+		b.Queue(`SELECT pg_catalog.set_config('lock_timeout', $1, true)`, strconv.FormatInt(int64(ms), 10))
+		b.Queue(`SELECT true FROM pg_catalog.pg_advisory_xact_lock($1)`, lock)
+		// The handler's statements run with the configured lock_timeout.
+		b.Queue(`SET LOCAL lock_timeout TO DEFAULT`)
+	} else {
+		b.Queue(`SELECT pg_catalog.pg_try_advisory_xact_lock($1)`, lock)
+	}
+	b.Queue(s.readSQL, req.Account, req.Operation, req.Key)
+	br := conn.SendBatch(ctx, b)
+	tx = br.Tx()
+	_, err = br.Exec() // BEGIN
+	if err == nil && wait > 0 {
+		_, err = br.Exec()
+	}
+	if err == nil {
+		err = br.QueryRow().Scan(&locked)
+	}
+	timedOut := false
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available: lock_timeout
+		err, timedOut = nil, true
+	}
+	if err == nil && !timedOut && wait > 0 {
+		_, err = br.Exec()
+	}
+	if err == nil && !timedOut {
+		rec, err = scanStored(br.QueryRow())
+	}
+	if cerr := br.Close(); err == nil && !timedOut {
+		err = cerr
+	}
+	if err != nil {
+		fctx, cancel := finishContext(ctx)
+		defer cancel()
+		_ = tx.Rollback(fctx)
+		return nil, false, nil, fmt.Errorf("idemhttp: reserve: %w", translate(err))
+	}
+	return tx, locked && !timedOut, rec, nil
+}
+
+// scanStored scans a row of readSQL; no row is a nil record.
+func scanStored(row pgx.Row) (*storedRecord, error) {
+	var (
+		r                      storedRecord
+		lockedUntil, expiresAt *time.Time
+		status                 *int
+		headerJSON             []byte
+		state                  string
+	)
+	err := row.Scan(&state, &r.fingerprint, &r.token, &lockedUntil, &expiresAt, &status, &headerJSON, &r.response.Body)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	r.state = State(state)
+	if lockedUntil != nil {
+		r.lockedUntil = *lockedUntil
+	}
+	if expiresAt != nil {
+		r.expiresAt = *expiresAt
+	}
+	if status != nil {
+		r.response.Status = *status
+		if len(headerJSON) > 0 {
+			if err := json.Unmarshal(headerJSON, &r.response.Header); err != nil {
+				return nil, fmt.Errorf("stored headers: %w", err)
+			}
+		}
+	}
+	return &r, nil
+}
+
+// insertAndCommit writes the COMPLETED record with resp and commits tx, in
+// one round trip. The record replaces an expired one, or the PROCESSING
+// record with prevToken that the request took over (prevToken 0: none);
+// any other live record makes it fail with ErrLeaseLost, nothing committed.
+func (s *Store) insertAndCommit(ctx context.Context, tx pgx.Tx, req *Request, start time.Time, prevToken int64, resp Response) error {
+	headerJSON, err := json.Marshal(resp.Header)
+	if err != nil {
+		return fmt.Errorf("idemhttp: complete: %w", err)
+	}
+	body := resp.Body
+	if body == nil {
+		body = []byte{}
+	}
+	fctx, cancel := finishContext(ctx)
+	defer cancel()
+	now := s.now()
+	b := &pgx.Batch{}
+	b.Queue(s.insertCompletedSQL, req.Account, req.Operation, req.Key, req.Fingerprint, newToken(),
+		resp.Status, headerJSON, body, start, now, now.Add(req.TTL), prevToken)
+	b.Queue("COMMIT")
+	return s.sendCompletion(fctx, tx, b)
+}
+
+// sendCompletion sends b, a completing statement and COMMIT, on tx, and
+// reads what became of them.
+func (s *Store) sendCompletion(ctx context.Context, tx pgx.Tx, b *pgx.Batch) error {
+	br := tx.SendBatch(ctx, b)
+	_, err := br.Exec()
+	var tag pgconn.CommandTag
+	if err == nil {
+		tag, err = br.Exec()
+		if err != nil {
+			err = fmt.Errorf("commit: %w", err)
+		}
+	}
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	switch {
+	case isLeaseLost(err):
+		return fmt.Errorf("%w: the record is held by another request", ErrLeaseLost)
+	case err != nil:
+		return fmt.Errorf("idemhttp: complete: %w", translate(err))
+	case tag.String() != "COMMIT":
+		// PostgreSQL answers COMMIT of a failed transaction with ROLLBACK.
+		return fmt.Errorf("idemhttp: complete: %w", pgx.ErrTxCommitRollback)
+	}
+	return nil
+}
+
+// reserveRecord is the reservation of NoTx and NoLeaseTakeover: the key is
+// reserved by a PROCESSING record committed on its own, visible to every
+// other request at once and left behind by a holder that crashed, for the
+// reconciler. While that record is PROCESSING with the request's
+// fingerprint and Wait allows, the request waits for the holder: on the
+// advisory lock a holder in a transaction takes on its token, else (NoTx)
+// by looking again after a pause doubling up to pollMax.
+func (b *pgBackend) reserveRecord(ctx context.Context, req *Request) (Reservation, error) {
+	a := reserveArgs{account: req.Account, operation: req.Operation, key: req.Key, fingerprint: req.Fingerprint,
+		lease: req.Lease, ttl: req.TTL, takeover: !req.NoTx && !req.NoTakeover}
+	conn, err := b.pool.Acquire(ctx)
+	if err != nil {
+		return Reservation{}, fmt.Errorf("idemhttp: reserve: acquire a connection: %w", err)
+	}
+	res, err := b.reserveOrWait(ctx, conn, a, req.Wait)
+	if err != nil || !res.reserved {
+		conn.Release()
+		if err != nil {
+			return Reservation{}, err
+		}
+		return Reservation{State: res.state, Fingerprint: res.fingerprint, Response: res.response}, nil
+	}
+	h := &pgRecordHold{b: b, a: a, token: res.token, leaseEnd: res.leaseStart.Add(req.Lease)}
+	out := Reservation{Hold: h, TakenOver: res.tookOver, PreviousToken: res.prevToken}
+	if req.NoTx {
+		// The handler runs without a transaction: it holds no connection.
+		conn.Release()
+		return out, nil
+	}
+	h.conn = conn
+	tx, err := conn.Begin(ctx)
+	if err == nil && req.Wait > 0 {
+		if err = b.store.hold(ctx, tx, res.token); err != nil {
+			fctx, cancel := finishContext(ctx)
+			_ = tx.Rollback(fctx)
+			cancel()
+		}
+	}
+	if err != nil {
+		_ = h.Release(ctx)
+		return Reservation{}, fmt.Errorf("idemhttp: begin: %w", err)
+	}
+	h.tx = tx
+	return out, nil
+}
+
+func (b *pgBackend) reserveOrWait(ctx context.Context, db DBTX, a reserveArgs, wait time.Duration) (reservation, error) {
+	deadline := time.Now().Add(wait)
+	pause := time.Millisecond
+	var waited int64 // the token whose holder's lock this request got
+	for {
+		res, err := b.store.reserve(ctx, db, a)
+		if err != nil || res.reserved || res.state != StateProcessing ||
+			!bytes.Equal(res.fingerprint, a.fingerprint) || wait <= 0 {
+			return res, err
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return res, nil
+		}
+		if res.token == waited {
+			t := time.NewTimer(min(pause, left))
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return res, nil // answered 409; the client is gone anyway
+			case <-t.C:
+			}
+			pause = min(2*pause, pollMax)
+			waited = 0
+			continue
+		}
+		ok, err := b.store.awaitHolder(ctx, db, res.token, left)
+		if ctx.Err() != nil {
+			return res, nil
+		}
+		if err != nil {
+			return reservation{}, err
+		}
+		if !ok {
+			return res, nil // Wait is over: 409
+		}
+		waited = res.token
+	}
+}
+
+// pgRecordHold is a hold by a PROCESSING record with token: with a
+// transaction on conn (NoLeaseTakeover), or none (NoTx).
+type pgRecordHold struct {
+	b        *pgBackend
+	a        reserveArgs
+	token    int64
+	leaseEnd time.Time
+	conn     *pgxpool.Conn // nil with NoTx
+	tx       pgx.Tx
+}
+
+func (h *pgRecordHold) Run(ctx context.Context, f func(context.Context, pgx.Tx)) {
+	hctx, cancel := context.WithDeadline(ctx, h.leaseEnd)
+	defer cancel()
+	var tx pgx.Tx
+	if h.tx != nil {
+		tx = h.tx
+	}
+	f(hctx, tx)
+}
+
+func (h *pgRecordHold) Complete(ctx context.Context, resp Response) error {
+	fctx, cancel := finishContext(ctx)
+	defer cancel()
+	if h.tx == nil {
+		ok, err := h.b.store.complete(fctx, h.b.pool, h.a, h.token, resp)
+		switch {
+		case err != nil:
+			return err
+		case !ok:
+			return fmt.Errorf("%w: the record is no longer held with this request's token", ErrLeaseLost)
+		}
+		return nil
+	}
+	defer h.conn.Release()
+	ok, err := h.b.store.completeAndCommit(fctx, h.tx, h.a, h.token, resp)
+	if err != nil || !ok {
+		_ = h.tx.Rollback(fctx)
+	}
+	switch {
+	case err != nil:
+		// A no-op if the commit did happen: the record is COMPLETED.
+		if rerr := h.b.store.release(fctx, h.b.pool, h.a, h.token); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+		return err
+	case !ok:
+		return fmt.Errorf("%w: the record is no longer held with this request's token", ErrLeaseLost)
+	}
+	return nil
+}
+
+// Release rolls the transaction back and deletes the record if it is
+// still PROCESSING with the hold's token. When that fails, the record stays
+// PROCESSING until its lease ends, then the reconciler sees it.
+func (h *pgRecordHold) Release(ctx context.Context) error {
+	fctx, cancel := finishContext(ctx)
+	defer cancel()
+	var db DBTX = h.b.pool
+	if h.conn != nil {
+		if h.tx != nil {
+			_ = h.tx.Rollback(fctx)
+		}
+		if !h.conn.Conn().IsClosed() {
+			db = h.conn // after the rollback: no second connection needed
+		}
+		defer h.conn.Release()
+	}
+	return h.b.store.release(fctx, db, h.a, h.token)
+}
