@@ -56,7 +56,11 @@ func NewWithBackend(b Backend, cfg *Config) (*Middleware, error) {
 	if c.Store != nil {
 		return nil, fmt.Errorf("%w: Store is set, but the records live in the backend", ErrInvalidConfig)
 	}
-	return &Middleware{backend: b, cfg: c}, nil
+	m := &Middleware{backend: b, cfg: c}
+	if pb, ok := b.(*pgBackend); ok {
+		m.store, m.cfg.Store = pb.store, pb.store
+	}
+	return m, nil
 }
 
 func validate(cfg *Config) (Config, error) {

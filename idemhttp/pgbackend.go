@@ -45,6 +45,16 @@ func finishContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 }
 
+// Backend returns the Backend of the records in s, reached through pool:
+// what New uses, for NewWithBackend and the conformance suite
+// (idemhttptest).
+func (s *Store) Backend(pool *pgxpool.Pool) (Backend, error) {
+	if pool == nil {
+		return nil, errors.New("idemhttp: nil pool")
+	}
+	return &pgBackend{pool: pool, store: s}, nil
+}
+
 func (b *pgBackend) Reserve(ctx context.Context, req *Request) (Reservation, error) {
 	if req.NoTx || req.NoTakeover {
 		return b.reserveRecord(ctx, req)
