@@ -104,7 +104,8 @@ func (b *pgBackend) reserveLocked(ctx context.Context, req *Request) (Reservatio
 			return Reservation{State: StateProcessing}, nil
 		case !live, locked && rec.state == StateProcessing && !rec.lockedUntil.After(now) &&
 			bytes.Equal(rec.fingerprint, req.Fingerprint):
-			h := &pgLockHold{b: b, conn: conn, tx: tx, req: req, start: now, leaseEnd: start.Add(req.Lease)}
+			h := &pgLockHold{b: b, conn: conn, tx: tx, req: req, start: now, leaseEnd: start.Add(req.Lease),
+				replace: rec != nil}
 			res := Reservation{Hold: h}
 			if live { // a PROCESSING record whose holder's lease ended: taken over
 				h.prevToken = rec.token
@@ -140,6 +141,7 @@ type pgLockHold struct {
 	start     time.Time // store clock: created_at
 	leaseEnd  time.Time // real time
 	prevToken int64     // the PROCESSING record taken over, or 0
+	replace   bool      // the key had a record (expired, or taken over)
 
 	mu      sync.Mutex
 	running bool // the handler runs
@@ -192,7 +194,7 @@ func (h *pgLockHold) Complete(ctx context.Context, resp Response) error {
 		h.rollback(ctx)
 		return fmt.Errorf("%w: the lease ended before the completion", ErrLeaseLost)
 	}
-	err := h.b.store.insertAndCommit(ctx, h.tx, h.req, h.start, h.prevToken, resp)
+	err := h.b.store.insertAndCommit(ctx, h.tx, h.req, h.start, h.replace, h.prevToken, resp)
 	if err != nil {
 		h.rollback(ctx)
 	}
@@ -254,29 +256,33 @@ func (s *Store) beginLocked(ctx context.Context, conn *pgxpool.Conn, lock int64,
 		b.Queue(`SELECT true FROM pg_catalog.pg_advisory_xact_lock($1)`, lock)
 		// The handler's statements run with the configured lock_timeout.
 		b.Queue(`SET LOCAL lock_timeout TO DEFAULT`)
+		b.Queue(s.readSQL, req.Account, req.Operation, req.Key)
 	} else {
-		b.Queue(`SELECT pg_catalog.pg_try_advisory_xact_lock($1)`, lock)
+		b.Queue(s.lockReadSQL, req.Account, req.Operation, req.Key, lock)
 	}
-	b.Queue(s.readSQL, req.Account, req.Operation, req.Key)
 	br := conn.SendBatch(ctx, b)
 	tx = br.Tx()
 	_, err = br.Exec() // BEGIN
-	if err == nil && wait > 0 {
-		_, err = br.Exec()
-	}
-	if err == nil {
-		err = br.QueryRow().Scan(&locked)
-	}
 	timedOut := false
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available: lock_timeout
-		err, timedOut = nil, true
-	}
-	if err == nil && !timedOut && wait > 0 {
-		_, err = br.Exec()
-	}
-	if err == nil && !timedOut {
-		rec, err = scanStored(br.QueryRow())
+	if wait > 0 {
+		if err == nil {
+			_, err = br.Exec()
+		}
+		if err == nil {
+			err = br.QueryRow().Scan(&locked)
+		}
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available: lock_timeout
+			err, timedOut = nil, true
+		}
+		if err == nil && !timedOut {
+			_, err = br.Exec()
+		}
+		if err == nil && !timedOut {
+			rec, err = scanStored(br.QueryRow())
+		}
+	} else if err == nil {
+		rec, err = scanStored(br.QueryRow(), &locked)
 	}
 	if cerr := br.Close(); err == nil && !timedOut {
 		err = cerr
@@ -290,23 +296,33 @@ func (s *Store) beginLocked(ctx context.Context, conn *pgxpool.Conn, lock int64,
 	return tx, locked && !timedOut, rec, nil
 }
 
-// scanStored scans a row of readSQL; no row is a nil record.
-func scanStored(row pgx.Row) (*storedRecord, error) {
+// scanStored scans a row of readSQL (or of lockReadSQL, whose columns
+// first go to first); no row, or NULL columns of lockReadSQL's outer join,
+// is a nil record.
+func scanStored(row pgx.Row, first ...any) (*storedRecord, error) {
 	var (
 		r                      storedRecord
 		lockedUntil, expiresAt *time.Time
 		status                 *int
+		token                  *int64
 		headerJSON             []byte
-		state                  string
+		state                  *string
 	)
-	err := row.Scan(&state, &r.fingerprint, &r.token, &lockedUntil, &expiresAt, &status, &headerJSON, &r.response.Body)
+	err := row.Scan(append(first, &state, &r.fingerprint, &token, &lockedUntil, &expiresAt, &status, &headerJSON,
+		&r.response.Body)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	r.state = State(state)
+	if state == nil {
+		return nil, nil
+	}
+	r.state = State(*state)
+	if token != nil {
+		r.token = *token
+	}
 	if lockedUntil != nil {
 		r.lockedUntil = *lockedUntil
 	}
@@ -325,10 +341,12 @@ func scanStored(row pgx.Row) (*storedRecord, error) {
 }
 
 // insertAndCommit writes the COMPLETED record with resp and commits tx, in
-// one round trip. The record replaces an expired one, or the PROCESSING
-// record with prevToken that the request took over (prevToken 0: none);
-// any other live record makes it fail with ErrLeaseLost, nothing committed.
-func (s *Store) insertAndCommit(ctx context.Context, tx pgx.Tx, req *Request, start time.Time, prevToken int64, resp Response) error {
+// one round trip. With replace, the record replaces an expired one, or the
+// PROCESSING record with prevToken that the request took over (prevToken 0:
+// none); without, it is inserted. Any other live record makes it fail with
+// ErrLeaseLost, nothing committed.
+func (s *Store) insertAndCommit(ctx context.Context, tx pgx.Tx, req *Request, start time.Time, replace bool,
+	prevToken int64, resp Response) error {
 	headerJSON, err := json.Marshal(resp.Header)
 	if err != nil {
 		return fmt.Errorf("idemhttp: complete: %w", err)
@@ -341,10 +359,20 @@ func (s *Store) insertAndCommit(ctx context.Context, tx pgx.Tx, req *Request, st
 	defer cancel()
 	now := s.now()
 	b := &pgx.Batch{}
-	b.Queue(s.insertCompletedSQL, req.Account, req.Operation, req.Key, req.Fingerprint, newToken(),
-		resp.Status, headerJSON, body, start, now, now.Add(req.TTL), prevToken)
+	if replace {
+		b.Queue(s.insertCompletedSQL, req.Account, req.Operation, req.Key, req.Fingerprint, newToken(),
+			resp.Status, headerJSON, body, start, now, now.Add(req.TTL), prevToken)
+	} else {
+		b.Queue(s.insertSQL, req.Account, req.Operation, req.Key, req.Fingerprint, newToken(),
+			resp.Status, headerJSON, body, start, now, now.Add(req.TTL))
+	}
 	b.Queue("COMMIT")
-	return s.sendCompletion(fctx, tx, b)
+	err = s.sendCompletion(fctx, tx, b)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23505" { // unique_violation: a record committed meanwhile
+		return fmt.Errorf("%w: the key got a record meanwhile", ErrLeaseLost)
+	}
+	return err
 }
 
 // sendCompletion sends b, a completing statement and COMMIT, on tx, and

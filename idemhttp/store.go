@@ -92,6 +92,8 @@ type Store struct {
 	table string // quoted schema.table: part of the advisory lock keys
 
 	readSQL            string
+	lockReadSQL        string
+	insertSQL          string
 	insertCompletedSQL string
 	reserveSQL         string
 	takeoverSQL        string
@@ -134,6 +136,25 @@ func NewStore(cfg *StoreConfig) (*Store, error) {
 		readSQL: `SELECT state, fingerprint, token, locked_until, expires_at,
 	response_status, response_headers, response_body
 FROM ` + t + ` WHERE ` + key,
+
+		// pg_try_advisory_xact_lock($4) and the record in one statement.
+		// Its snapshot is taken before the lock is granted, so it can miss
+		// the record of a holder that committed in between: then the
+		// completion's INSERT meets that record (a unique violation), and
+		// the transaction rolls back (409 lease_lost; the retry replays).
+		lockReadSQL: `SELECT l.locked, r.state, r.fingerprint, r.token, r.locked_until, r.expires_at,
+	r.response_status, r.response_headers, r.response_body
+FROM (SELECT pg_catalog.pg_try_advisory_xact_lock($4) AS locked) AS l
+LEFT JOIN ` + t + ` AS r ON r.account = $1 AND r.operation = $2 AND r.idempotency_key = $3`,
+
+		// The COMPLETED record of a request in transaction mode whose key
+		// had no record: a plain INSERT, pipelined with COMMIT; a record
+		// committed meanwhile makes it fail (unique violation), so that the
+		// COMMIT after it rolls back. $9 is the request's start, $10 now,
+		// $11 the expiry.
+		insertSQL: `INSERT INTO ` + t + ` (account, operation, idempotency_key, fingerprint, state, token,
+	response_status, response_headers, response_body, created_at, updated_at, completed_at, expires_at)
+VALUES ($1, $2, $3, $4, 'COMPLETED', $5, $6, $7, $8, $9, $10, $10, $11)`,
 
 		// The record of a request in transaction mode, written once,
 		// COMPLETED, pipelined with COMMIT: it replaces an expired record or

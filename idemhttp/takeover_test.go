@@ -364,3 +364,33 @@ func sameRecord(a, b idemhttp.Record) bool {
 	return a.Token == b.Token && a.State == b.State && a.LockedUntil.Equal(b.LockedUntil) &&
 		a.UpdatedAt.Equal(b.UpdatedAt) && a.ExpiresAt.Equal(b.ExpiresAt) && bytes.Equal(a.Fingerprint, b.Fingerprint)
 }
+
+// The completion is the backstop of the lock (issue 17): a record that
+// appeared for the key while a request held its lock (a holder that
+// committed between the snapshot of the reading statement and the grant of
+// the lock; here, written by hand) makes the completion fail on the unique
+// key, so that the holder's transaction rolls back: 409 lease_lost, no
+// second payment, and the record that was there stays.
+func TestCompletionMeetsARecordWrittenMeanwhile(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	key := newKey()
+	started, release := holdFirst(e)
+	done := make(chan response, 1)
+	go func() { done <- e.post(key, "acct-1", payment) }()
+	<-started
+	now := e.clock.Now()
+	if _, err := e.db.Pool.Exec(context.Background(), `INSERT INTO `+e.db.Table("idempotency_records")+` (account,
+		operation, idempotency_key, fingerprint, state, token, response_status, response_headers, response_body,
+		created_at, updated_at, completed_at, expires_at)
+		VALUES ('acct-1', 'POST /payments', $1, '\x00', 'COMPLETED', 5, 201, '{}', 'theirs', $2, $2, $2, $3)`,
+		key, now, now.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	wantError(t, <-done, http.StatusConflict, idemhttp.CodeLeaseLost)
+	wantPayments(t, e, 0)
+	if rec := e.record(key); rec.Token != 5 || rec.State != idemhttp.StateCompleted {
+		t.Fatalf("record = %+v, want the one written meanwhile", rec)
+	}
+}
