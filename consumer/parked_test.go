@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testenv"
