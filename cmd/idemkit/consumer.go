@@ -97,8 +97,9 @@ type consumerFlags struct {
 }
 
 // consumerCmd runs `idemkit consumer positions|seek`.
-func consumerCmd(ctx context.Context, sub string, args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("consumer "+sub, flag.ContinueOnError)
+func consumerCmd(ctx context.Context, cmd *command, args []string, out io.Writer) error {
+	sub := cmd.sub()
+	fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
 	var f consumerFlags
 	f.register(fs)
 	fs.StringVar(&f.table, "table", migrate.ConsumerPositionsDefault, "consumer positions table")
