@@ -155,7 +155,11 @@ func (r *redactor) value(b []byte) string {
 	if err := enc.Encode(r.walk(v)); err != nil {
 		return r.bytes(b)
 	}
-	return strings.TrimSuffix(out.String(), "\n")
+	s := strings.TrimSuffix(out.String(), "\n")
+	for _, re := range r.regexps { // field names too
+		s = re.ReplaceAllString(s, redactedMark)
+	}
+	return s
 }
 
 func (r *redactor) walk(v any) any {
