@@ -1,28 +1,46 @@
 // Command idemkit operates idemkit's tables and topics: it applies the
 // migrations; lists, inspects and replays dead letters; lists stuck HTTP
-// idempotency records; shows and requeues parked outbox messages; purges
+// idempotency records; shows and requeues parked outbox messages; lists the
+// messages a NonBlocking consumer parked and makes them due again; purges
 // processed-message records past their retention; and shows and moves
 // (rewinds, skips) a consumer's positions.
 //
-//	idemkit migrate up|down VERSION|status   -database URL [-schema S]
-//	idemkit dlq list     -topic T.dlq [filters]        -brokers B [-database URL]
-//	idemkit dlq inspect  -topic T.dlq -id ID | -at P/O -brokers B
+//	idemkit migrate up|down VERSION|status   [-json] -database URL [-schema S]
+//	idemkit dlq list     -topic T.dlq [filters] [-json] [redaction]  -brokers B
+//	idemkit dlq inspect  -topic T.dlq -id ID | -at P/O [-json] [redaction] -brokers B
 //	idemkit dlq replay   -topic T.dlq [filters] [-dry-run] [-rate N] [-replay-limit N] [-max-outage D] -brokers B -database URL
-//	idemkit idemhttp stuck -database URL [-schema S] [-table T] [-limit N]
-//	idemkit outbox stats|parked|retry ID... -database URL [-schema S] [-table T]
+//	idemkit idemhttp stuck [-json] -database URL [-schema S] [-table T] [-limit N]
+//	idemkit outbox stats|parked [-json] | retry ID... -database URL [-schema S] [-table T]
 //	idemkit dedup purge -older-than D -database URL [-schema S] [-batch N]
 //	idemkit consumer positions -group G -topic T [-name N] [-json] -brokers B -database URL
 //	idemkit consumer seek -group G -topic T TARGET [-partitions 0,2] [-recreated] [-force] [-dry-run] ...
+//	idemkit consumer parked list  -topic T -name N [-key K]... [-json] [redaction] -database URL
+//	idemkit consumer parked retry -topic T -name N (-key K... | -all) [-dry-run] [-json] -database URL
 //	idemkit status [-json] [thresholds] -brokers B -database URL
+//	idemkit version [-json]
 //
 // consumer seek, not kafka-consumer-groups --reset-offsets, rewinds a
 // consumer: it moves the PostgreSQL positions and the group's Kafka offsets
-// together (the consumer starts at the later of the two).
+// together (the consumer starts at the later of the two). consumer parked
+// retry only reschedules: the running consumer re-attempts each key's head
+// and releases the key in order, through dedup and the handler.
+//
+// Help at every level: -h, --help or a "help" argument after any command or
+// group ("idemkit dlq -h"), and "idemkit help COMMAND", print on stdout what
+// it does and every flag with its description, and exit 0. Listings take
+// -json. Payloads — message keys, values, headers and error texts in dlq
+// list/inspect, consumer parked list and outbox parked — are redacted unless
+// -show-payload: card-number-like runs of 13 to 19 digits keep their last
+// four, sensitive JSON fields and headers (password, token, authorization,
+// card, cvv, iban, ...; more with -redact-fields or $IDEMKIT_REDACT_FIELDS)
+// are masked whole, and so are matches of -redact-regexp or
+// $IDEMKIT_REDACT_REGEXP.
 //
 // -database and -brokers default to $IDEMKIT_DATABASE_URL and
-// $IDEMKIT_KAFKA_BROKERS. -h after any command shows its flags. Exit status:
-// 0 done, 1 failed (one line on stderr says why), 2 bad usage, 3 (status
-// only) a threshold was crossed.
+// $IDEMKIT_KAFKA_BROKERS (help never prints their values: a URL may carry a
+// password). A schema without idemkit's tables is one line naming it and
+// "run idemkit migrate up". Exit status: 0 done, 1 failed (one line on
+// stderr says why), 2 bad usage, 3 (status only) a threshold was crossed.
 package main
 
 import (
