@@ -126,7 +126,11 @@
 // NonBlocking parks it in PostgreSQL with every later message of its key and
 // lets other keys flow, keeping order per key (see NonBlocking). Messages
 // parked by a NonBlocking run are released whatever the mode of the runner
-// that finds them: switching to Blocking strands nothing.
+// that finds them: switching to Blocking strands nothing. ListParked shows
+// what is parked (each key's head first, with its failures); RetryParked
+// makes heads due at once, after the dependency healed, instead of at the
+// time ParkedRetry gave them: the runner still releases each key in order,
+// through dedup and the handler (`idemkit consumer parked list|retry`).
 //
 // # Observing it
 //

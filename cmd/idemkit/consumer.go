@@ -97,8 +97,9 @@ type consumerFlags struct {
 }
 
 // consumerCmd runs `idemkit consumer positions|seek`.
-func consumerCmd(ctx context.Context, sub string, args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("consumer "+sub, flag.ContinueOnError)
+func consumerCmd(ctx context.Context, cmd *command, args []string, out io.Writer) error {
+	sub := cmd.sub()
+	fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
 	var f consumerFlags
 	f.register(fs)
 	fs.StringVar(&f.table, "table", migrate.ConsumerPositionsDefault, "consumer positions table")
@@ -258,9 +259,9 @@ func (f *consumerFlags) pgErr(err error) error {
 	case !errors.As(err, &pg):
 		return err
 	case pg.Code == "42P01": // undefined_table
-		return fmt.Errorf("no table %s in schema %s: run idemkit migrate up, or pass -schema and -table: %w", f.table, f.schema, err)
+		return &notMigratedError{schema: f.schema, what: "no table " + f.table + "; or pass -table", err: err}
 	case pg.Code == "42703": // undefined_column
-		return fmt.Errorf("table %s.%s predates migration 6: run idemkit migrate up: %w", f.schema, f.table, err)
+		return &notMigratedError{schema: f.schema, what: "table " + f.table + " predates migration 6", err: err}
 	}
 	return err
 }

@@ -1,28 +1,46 @@
 // Command idemkit operates idemkit's tables and topics: it applies the
 // migrations; lists, inspects and replays dead letters; lists stuck HTTP
-// idempotency records; shows and requeues parked outbox messages; purges
+// idempotency records; shows and requeues parked outbox messages; lists the
+// messages a NonBlocking consumer parked and makes them due again; purges
 // processed-message records past their retention; and shows and moves
 // (rewinds, skips) a consumer's positions.
 //
-//	idemkit migrate up|down VERSION|status   -database URL [-schema S]
-//	idemkit dlq list     -topic T.dlq [filters]        -brokers B [-database URL]
-//	idemkit dlq inspect  -topic T.dlq -id ID | -at P/O -brokers B
+//	idemkit migrate up|down VERSION|status   [-json] -database URL [-schema S]
+//	idemkit dlq list     -topic T.dlq [filters] [-json] [redaction]  -brokers B
+//	idemkit dlq inspect  -topic T.dlq -id ID | -at P/O [-json] [redaction] -brokers B
 //	idemkit dlq replay   -topic T.dlq [filters] [-dry-run] [-rate N] [-replay-limit N] [-max-outage D] -brokers B -database URL
-//	idemkit idemhttp stuck -database URL [-schema S] [-table T] [-limit N]
-//	idemkit outbox stats|parked|retry ID... -database URL [-schema S] [-table T]
+//	idemkit idemhttp stuck [-json] -database URL [-schema S] [-table T] [-limit N]
+//	idemkit outbox stats|parked [-json] | retry ID... -database URL [-schema S] [-table T]
 //	idemkit dedup purge -older-than D -database URL [-schema S] [-batch N]
 //	idemkit consumer positions -group G -topic T [-name N] [-json] -brokers B -database URL
 //	idemkit consumer seek -group G -topic T TARGET [-partitions 0,2] [-recreated] [-force] [-dry-run] ...
+//	idemkit consumer parked list  -topic T -name N [-key K]... [-json] [redaction] -database URL
+//	idemkit consumer parked retry -topic T -name N (-key K... | -all) [-dry-run] [-json] -database URL
 //	idemkit status [-json] [thresholds] -brokers B -database URL
+//	idemkit version [-json]
 //
 // consumer seek, not kafka-consumer-groups --reset-offsets, rewinds a
 // consumer: it moves the PostgreSQL positions and the group's Kafka offsets
-// together (the consumer starts at the later of the two).
+// together (the consumer starts at the later of the two). consumer parked
+// retry only reschedules: the running consumer re-attempts each key's head
+// and releases the key in order, through dedup and the handler.
+//
+// Help at every level: -h, --help or a "help" argument after any command or
+// group ("idemkit dlq -h"), and "idemkit help COMMAND", print on stdout what
+// it does and every flag with its description, and exit 0. Listings take
+// -json. Payloads — message keys, values, headers and error texts in dlq
+// list/inspect, consumer parked list and outbox parked — are redacted unless
+// -show-payload: card-number-like runs of 13 to 19 digits keep their last
+// four, sensitive JSON fields and headers (password, token, authorization,
+// card, cvv, iban, ...; more with -redact-fields or $IDEMKIT_REDACT_FIELDS)
+// are masked whole, and so are matches of -redact-regexp or
+// $IDEMKIT_REDACT_REGEXP.
 //
 // -database and -brokers default to $IDEMKIT_DATABASE_URL and
-// $IDEMKIT_KAFKA_BROKERS. -h after any command shows its flags. Exit status:
-// 0 done, 1 failed (one line on stderr says why), 2 bad usage, 3 (status
-// only) a threshold was crossed.
+// $IDEMKIT_KAFKA_BROKERS (help never prints their values: a URL may carry a
+// password). A schema without idemkit's tables is one line naming it and
+// "run idemkit migrate up". Exit status: 0 done, 1 failed (one line on
+// stderr says why), 2 bad usage, 3 (status only) a threshold was crossed.
 package main
 
 import (
@@ -33,15 +51,23 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
+	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/idemhttp"
+	"github.com/idemkit/idemkit/outbox"
 )
 
-// usageError makes main exit 2.
-type usageError struct{ msg string }
+// usageError makes main exit 2. cmd is the command it concerns, whose
+// synopsis main prints; empty: the whole usage.
+type usageError struct{ msg, cmd string }
 
 func (e *usageError) Error() string { return e.msg }
 
@@ -50,36 +76,101 @@ type helpRequest struct{ text string }
 
 func (h *helpRequest) Error() string { return "help requested" }
 
-func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(format, args...)} }
+func usagef(format string, args ...any) error { return &usageError{msg: fmt.Sprintf(format, args...)} }
 
-const usage = `usage:
-  idemkit migrate up|status            [-database URL] [-schema S]
-  idemkit migrate down VERSION         [-database URL] [-schema S]
-  idemkit dlq list    -topic T.dlq     [-brokers B] [-database URL] [filters]
-  idemkit dlq inspect -topic T.dlq     (-id ID | -at PARTITION/OFFSET) [-brokers B]
-  idemkit dlq replay  -topic T.dlq     [-brokers B] [-database URL] [filters] [-dry-run] [-rate N] [-replay-limit N] [-max-outage D]
-  idemkit idemhttp stuck               [-database URL] [-schema S] [-table T] [-limit N]
-  idemkit outbox stats|parked          [-database URL] [-schema S] [-table T]
-  idemkit outbox retry ID...           [-database URL] [-schema S] [-table T]
-  idemkit dedup purge -older-than D    [-database URL] [-schema S] [-batch N]
-  idemkit consumer positions -group G -topic T [-name N] [-json]         [-brokers B] [-database URL] [-schema S] [-table T]
-  idemkit consumer seek      -group G -topic T [-name N] TARGET [-partitions 0,2]
-                             [-recreated] [-new] [-force] [-dry-run]    [-brokers B] [-database URL] [-schema S] [-table T]
-  idemkit status [-json] [-max-lag N] [-max-parked-age D] [-max-outbox-age D] [-max-stuck N] [-max-dlq N]
-                 [-retention D] [-dlq-suffix S]                         [-brokers B] [-database URL] [-schema S]
-filters: -message-id ID -origin TOPIC -error TEXT -since RFC3339 -until RFC3339
-TARGET: -to-offset N | -to-time RFC3339 | -to-earliest | -to-latest
+// command is one of idemkit's commands.
+type command struct {
+	name     string // "dlq list"
+	synopsis string // what follows "idemkit NAME" in the usage
+	summary  string // one line: what it does
+	doc      string // what `idemkit NAME -h` says above the flags; empty: summary
+	run      func(ctx context.Context, c *command, args []string, out io.Writer) error
+}
+
+// sub is the command's last word: "list" for "dlq list".
+func (c *command) sub() string { return c.name[strings.LastIndexByte(c.name, ' ')+1:] }
+
+var commands []*command // filled by init: the commands refer to it for their help
+
+func init() {
+	commands = []*command{
+		{name: "migrate up", synopsis: "[-database URL] [-schema S]", summary: "apply idemkit's migrations", run: migrateCmd},
+		{name: "migrate down", synopsis: "VERSION [-database URL] [-schema S]", summary: "revert migrations down to VERSION (0: all)", run: migrateCmd},
+		{name: "migrate status", synopsis: "[-json] [-database URL] [-schema S]", summary: "the versions applied and those this build knows", run: migrateCmd},
+		{name: "dlq list", synopsis: "-topic T.dlq [filters] [-json] [redaction] [-brokers B]", summary: "list dead letters",
+			doc: dlqListHelp, run: dlqCmd},
+		{name: "dlq inspect", synopsis: "-topic T.dlq (-id ID | -at PARTITION/OFFSET) [-json] [redaction] [-brokers B]",
+			summary: "show a dead letter: origin, key, value, headers, history", doc: dlqInspectHelp, run: dlqCmd},
+		{name: "dlq replay", synopsis: "-topic T.dlq [filters] [-dry-run] [-rate N] [-replay-limit N] [-max-outage D] [-brokers B] [-database URL] [-schema S]",
+			summary: "write dead letters back to their origin topic", doc: dlqReplayHelp, run: dlqCmd},
+		{name: "idemhttp stuck", synopsis: "[-json] [-limit N] [-database URL] [-schema S] [-table T]",
+			summary: "list HTTP idempotency records still in flight after their lease", doc: stuckHelp, run: idemhttpCmd},
+		{name: "outbox stats", synopsis: "[-json] [-database URL] [-schema S] [-table T]", summary: "the outbox backlog, its oldest message, the parked ones", run: outboxCmd},
+		{name: "outbox parked", synopsis: "[-json] [redaction] [-database URL] [-schema S] [-table T]", summary: "list parked outbox messages with their errors", run: outboxCmd},
+		{name: "outbox retry", synopsis: "ID... [-database URL] [-schema S] [-table T]",
+			summary: "requeue parked outbox messages (with the messages of their key parked behind them)", run: outboxCmd},
+		{name: "dedup purge", synopsis: "-older-than D [-batch N] [-database URL] [-schema S]",
+			summary: "delete processed-message records past their retention", doc: purgeHelp, run: dedupCmd},
+		{name: "consumer positions", synopsis: "-group G -topic T [-name N] [-json] [-brokers B] [-database URL] [-schema S] [-table T]",
+			summary: "where a consumer stands, per partition, in PostgreSQL and Kafka", doc: positionsHelp, run: consumerCmd},
+		{name: "consumer seek", synopsis: "-group G -topic T [-name N] TARGET [-partitions 0,2] [-recreated] [-new] [-force] [-dry-run] [-brokers B] [-database URL] [-schema S] [-table T]",
+			summary: "rewind or skip a consumer: PostgreSQL positions and Kafka offsets together", doc: seekHelp, run: consumerCmd},
+		{name: "consumer parked list", synopsis: "-topic T (-name N | -group G) [-partitions 0,2] [-key K]... [-limit N] [-json] [redaction] [-database URL] [-schema S]",
+			summary: "list the messages a NonBlocking consumer parked", doc: parkedListHelp, run: parkedCmd},
+		{name: "consumer parked retry", synopsis: "-topic T (-name N | -group G) (-key K... | -all) [-partitions 0,2] [-dry-run] [-json] [-database URL] [-schema S]",
+			summary: "make parked keys due now: the consumer re-attempts them, in order", doc: parkedRetryHelp, run: parkedCmd},
+		{name: "status", synopsis: "[-json] [thresholds] [-brokers B] [-database URL] [-schema S]",
+			summary: "one screen on everything; exit 3 when a threshold is crossed", doc: statusHelp, run: statusCmd},
+		{name: "version", synopsis: "[-json]", summary: "the module version, its commit and the Go version it was built with", run: versionCmd},
+	}
+}
+
+func findCommand(name string) *command {
+	for _, c := range commands {
+		if c.name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+// usage is what `idemkit -h` prints.
+func usage() string {
+	var b strings.Builder
+	b.WriteString("usage: idemkit COMMAND [flags]\n\ncommands:\n")
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	for _, c := range commands {
+		fmt.Fprintf(tw, "  idemkit %s\t%s\n", c.name, c.summary)
+	}
+	_ = tw.Flush()
+	b.WriteString(usageNotes)
+	return b.String()
+}
+
+const usageNotes = `
+'idemkit COMMAND -h' (or --help, or 'idemkit help COMMAND') shows what a command
+does and every flag with its description; 'idemkit dlq -h' lists a group's commands.
 -database and -brokers default to $IDEMKIT_DATABASE_URL and $IDEMKIT_KAFKA_BROKERS.
-replay writes each selected dead letter back to its origin topic (the consumer's dedup
-makes repeats harmless; one without message ID goes back too, and the consumer applies
-its MissingID policy again) and records who replayed what; one whose replay rounds are
-used up is parked instead. To re-run a handler in-process, use dlq.Reprocessor with
-Mode Redrive from Go.
+Listings take -json. Payloads (message keys, values, headers, error texts) are
+redacted unless -show-payload is given: card-number-like digit runs, sensitive JSON
+fields and headers, and -redact-fields / -redact-regexp matches are masked.
 consumer seek is how to rewind (or skip) a consumer: it moves its PostgreSQL positions
 and its group's Kafka offsets together. Do not use kafka-consumer-groups --reset-offsets:
 the consumer starts at the later of the two, so a rewind of Kafka's alone is undone.
--h after a command shows its flags and what it does.
+Exit status: 0 done, 1 failed (one line on stderr says why), 2 bad usage,
+3 (status only) a threshold was crossed.
 `
+
+// synopsis is the usage of one command, or of the commands of a group.
+func synopsis(name string) string {
+	var b strings.Builder
+	for _, c := range commands {
+		if c.name == name || strings.HasPrefix(c.name, name+" ") {
+			fmt.Fprintf(&b, "usage: idemkit %s %s\n", c.name, c.synopsis)
+		}
+	}
+	return b.String()
+}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -97,8 +188,15 @@ func main() {
 		os.Exit(exitThreshold)
 	case errors.As(err, &h):
 		fmt.Fprint(os.Stdout, h.text)
+	case errors.As(err, &u) && u.cmd != "":
+		hint := fmt.Sprintf("'idemkit %s -h' shows what it does and every flag.", u.cmd)
+		if findCommand(u.cmd) == nil { // a group
+			hint = fmt.Sprintf("'idemkit %s COMMAND -h' shows what a command does and every flag.", u.cmd)
+		}
+		fmt.Fprintf(os.Stderr, "idemkit: %s\n%s%s\n", u.msg, synopsis(u.cmd), hint)
+		os.Exit(2)
 	case errors.As(err, &u):
-		fmt.Fprintf(os.Stderr, "idemkit: %s\n%s", u.msg, usage)
+		fmt.Fprintf(os.Stderr, "idemkit: %s\n%s", u.msg, usage())
 		os.Exit(2)
 	default:
 		fmt.Fprintf(os.Stderr, "idemkit: %s\n", explain(err))
@@ -108,46 +206,79 @@ func main() {
 
 func oneLine(err error) string { return strings.Join(strings.Fields(err.Error()), " ") }
 
-func run(ctx context.Context, args []string, out io.Writer) error {
-	if len(args) >= 1 && args[0] == "status" { // the one command of one word
-		return statusCmd(ctx, args[1:], out)
-	}
-	for _, a := range args[:min(2, len(args))] {
-		if a == "-h" || a == "-help" || a == "--help" || a == "help" {
-			return &helpRequest{usage}
-		}
-	}
-	if len(args) < 2 {
-		return usagef("name a command")
-	}
-	switch args[0] + " " + args[1] {
-	case "migrate up", "migrate status", "migrate down":
-		return migrateCmd(ctx, args[1], args[2:], out)
-	case "dlq list", "dlq inspect", "dlq replay":
-		return dlqCmd(ctx, args[1], args[2:], out)
-	case "idemhttp stuck":
-		return idemhttpCmd(ctx, args[1], args[2:], out)
-	case "outbox stats", "outbox parked", "outbox retry":
-		return outboxCmd(ctx, args[1], args[2:], out)
-	case "dedup purge":
-		return dedupCmd(ctx, args[1], args[2:], out)
-	case "consumer positions", "consumer seek":
-		return consumerCmd(ctx, args[1], args[2:], out)
-	}
-	return usagef("unknown command %q", strings.Join(args[:2], " "))
+func isHelp(a string) bool {
+	return a == "-h" || a == "-help" || a == "--help" || a == "help" || a == "--h"
 }
 
-// common flags
+func run(ctx context.Context, args []string, out io.Writer) error {
+	if len(args) == 0 {
+		return usagef("name a command")
+	}
+	switch {
+	case args[0] == "help" && len(args) > 1: // idemkit help dlq list
+		return run(ctx, append(slices.Clone(args[1:]), "-h"), out)
+	case isHelp(args[0]):
+		return &helpRequest{usage()}
+	case args[0] == "-version" || args[0] == "--version":
+		args = append([]string{"version"}, args[1:]...)
+	}
+	// The longest command the words name, then a group's help or usage.
+	for n := min(3, len(args)); n >= 1; n-- {
+		name := strings.Join(args[:n], " ")
+		if c := findCommand(name); c != nil {
+			err := c.run(ctx, c, args[n:], out)
+			if u := (*usageError)(nil); errors.As(err, &u) && u.cmd == "" {
+				u.cmd = c.name
+			}
+			return err
+		}
+		if group := synopsis(name); group != "" {
+			if len(args) > n && isHelp(args[n]) {
+				return &helpRequest{group + "'idemkit " + name + " COMMAND -h' shows what a command does and every flag.\n"}
+			}
+			if len(args) > n && !strings.HasPrefix(args[n], "-") {
+				return &usageError{msg: fmt.Sprintf("unknown command %q", strings.Join(args[:n+1], " ")), cmd: name}
+			}
+			return &usageError{msg: name + " needs a command", cmd: name}
+		}
+	}
+	return usagef("unknown command %q", args[0])
+}
+
+// conn holds the connection flags.
 type conn struct {
 	database string
 	brokers  string
 	schema   string
 }
 
+// register registers -database, -schema and -brokers.
 func (c *conn) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.database, "database", os.Getenv("IDEMKIT_DATABASE_URL"), "PostgreSQL URL")
-	fs.StringVar(&c.brokers, "brokers", os.Getenv("IDEMKIT_KAFKA_BROKERS"), "Kafka bootstrap addresses, comma-separated")
+	c.registerDB(fs)
+	c.registerKafka(fs)
+}
+
+// registerDB registers -database and -schema. The default of -database is
+// not shown: it may carry a password.
+func (c *conn) registerDB(fs *flag.FlagSet) {
+	fs.StringVar(&c.database, "database", "", "PostgreSQL URL (default $IDEMKIT_DATABASE_URL)")
 	fs.StringVar(&c.schema, "schema", "public", "schema of idemkit's tables")
+}
+
+func (c *conn) registerKafka(fs *flag.FlagSet) {
+	fs.StringVar(&c.brokers, "brokers", "", "Kafka bootstrap addresses, comma-separated (default $IDEMKIT_KAFKA_BROKERS)")
+}
+
+// fromEnv gives -database and -brokers their environment defaults when
+// they were not passed.
+func fromEnv(fs *flag.FlagSet) {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	for name, env := range map[string]string{"database": "IDEMKIT_DATABASE_URL", "brokers": "IDEMKIT_KAFKA_BROKERS"} {
+		if v := os.Getenv(env); v != "" && !set[name] && fs.Lookup(name) != nil {
+			_ = fs.Set(name, v)
+		}
+	}
 }
 
 func (c *conn) brokerList() ([]string, error) {
@@ -163,40 +294,46 @@ func (c *conn) brokerList() ([]string, error) {
 	return out, nil
 }
 
-// commandHelp is what `idemkit COMMAND -h` says above the flags, by command.
-var commandHelp = map[string]string{
-	"consumer positions": positionsHelp,
-	"consumer seek":      seekHelp,
-	"status":             statusHelp,
-}
-
-// parse parses flags that may come after positional arguments too.
+// parse parses flags that may come after positional arguments too. -h,
+// --help and a "help" among the arguments return the command's help.
 func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	fs.SetOutput(io.Discard)
 	var pos []string
 	for {
 		err := fs.Parse(args)
-		if errors.Is(err, flag.ErrHelp) {
-			var b strings.Builder
-			fmt.Fprintf(&b, "usage: idemkit %s [flags]\n", fs.Name())
-			if doc := commandHelp[fs.Name()]; doc != "" {
-				fmt.Fprintf(&b, "\n%s\n", doc)
-			}
-			b.WriteString("flags:\n")
-			fs.SetOutput(&b)
-			fs.PrintDefaults()
-			return nil, &helpRequest{b.String()}
+		if errors.Is(err, flag.ErrHelp) || (err == nil && len(fs.Args()) > 0 && fs.Arg(0) == "help") {
+			return nil, &helpRequest{commandHelp(fs)}
 		}
 		if err != nil {
 			return nil, usagef("%v", err)
 		}
 		args = fs.Args()
 		if len(args) == 0 {
+			fromEnv(fs)
 			return pos, checkNames(fs)
 		}
 		pos = append(pos, args[0])
 		args = args[1:]
 	}
+}
+
+// commandHelp is what `idemkit COMMAND -h` prints: the synopsis, what the
+// command does, every flag with its description.
+func commandHelp(fs *flag.FlagSet) string {
+	var b strings.Builder
+	b.WriteString(synopsis(fs.Name()))
+	if c := findCommand(fs.Name()); c != nil {
+		doc := c.doc
+		if doc == "" {
+			doc = strings.ToUpper(c.summary[:1]) + c.summary[1:] + "."
+		}
+		fmt.Fprintf(&b, "\n%s\n", strings.TrimRight(doc, "\n"))
+	}
+	b.WriteString("\nflags:\n")
+	fs.SetOutput(&b)
+	fs.PrintDefaults()
+	fs.SetOutput(io.Discard)
+	return b.String()
 }
 
 // checkNames refuses an empty -schema or -table: each would otherwise
@@ -212,7 +349,9 @@ func checkNames(fs *flag.FlagSet) error {
 }
 
 // explain returns err on one line, with the fix for an error users meet
-// first: a table missing because the schema was never migrated.
+// first: a table missing because the schema was never migrated (commands
+// turn those into a notMigratedError naming the schema; this is the net
+// under them).
 func explain(err error) string {
 	msg := oneLine(err)
 	var pg *pgconn.PgError
@@ -220,6 +359,43 @@ func explain(err error) string {
 		msg += ": run idemkit migrate up (with the same -schema) first"
 	}
 	return msg
+}
+
+// notMigratedError is a command's error on a schema without idemkit's
+// tables, or with older versions of them: one line that names the schema
+// and the fix, without PostgreSQL's SQLSTATE.
+type notMigratedError struct {
+	schema, what string
+	err          error // what PostgreSQL or the package said
+}
+
+func (e *notMigratedError) Unwrap() error { return e.err }
+
+func (e *notMigratedError) Error() string {
+	return fmt.Sprintf("schema %s is not migrated (%s): run idemkit migrate up -schema %s", e.schema, e.what, e.schema)
+}
+
+// dbErr turns err into a notMigratedError when it says the schema lacks a
+// table or a column (undefined_table, undefined_column, or a package's
+// ErrNotMigrated); other errors pass unchanged.
+func (c *conn) dbErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	var pg *pgconn.PgError
+	var what string
+	switch {
+	case errors.As(err, &pg) && pg.Code == "42P01": // undefined_table: relation "s.t" does not exist
+		what = "no table " + strings.TrimSuffix(strings.TrimPrefix(pg.Message, "relation "), " does not exist")
+	case errors.As(err, &pg) && pg.Code == "42703": // undefined_column
+		what = "its tables are older than this build: " + pg.Message
+	case errors.Is(err, dedup.ErrNotMigrated), errors.Is(err, outbox.ErrNotMigrated), errors.Is(err, idemhttp.ErrNotMigrated),
+		errors.Is(err, consumer.ErrNotMigrated):
+		what = "idemkit's tables are missing or older than this build"
+	default:
+		return err
+	}
+	return &notMigratedError{schema: c.schema, what: what, err: err}
 }
 
 // dial bounds how long a command waits for a server that does not answer.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -35,10 +36,15 @@ func connectDB(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
-func migrateCmd(ctx context.Context, sub string, args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("migrate "+sub, flag.ContinueOnError)
+func migrateCmd(ctx context.Context, cmd *command, args []string, out io.Writer) (err error) {
+	sub := cmd.sub()
+	fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
 	var c conn
-	c.register(fs)
+	c.registerDB(fs)
+	var asJSON bool
+	if sub == "status" {
+		fs.BoolVar(&asJSON, "json", false, "print JSON")
+	}
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -62,6 +68,7 @@ func migrateCmd(ctx context.Context, sub string, args []string, out io.Writer) e
 		return err
 	}
 	defer pool.Close()
+	defer func() { err = c.dbErr(err) }()
 	m, err := migrate.New(pool, &migrate.Config{Schema: c.schema})
 	if err != nil {
 		return err
@@ -92,7 +99,37 @@ func migrateCmd(ctx context.Context, sub string, args []string, out io.Writer) e
 		if err != nil {
 			return err
 		}
+		if asJSON {
+			var pending []int
+			for _, k := range migrate.Known() {
+				if !slices.Contains(v, k) {
+					pending = append(pending, k)
+				}
+			}
+			return writeJSON(out, struct {
+				Schema  string `json:"schema"`
+				Applied []int  `json:"applied"`
+				Known   []int  `json:"known"`
+				Pending []int  `json:"pending"`
+			}{c.schema, nonNil(v), migrate.Known(), nonNil(pending)})
+		}
 		fmt.Fprintf(out, "schema %s: applied %v; this build knows %v\n", c.schema, v, migrate.Known())
 	}
 	return nil
+}
+
+// writeJSON prints v as indented JSON, as every -json does.
+func writeJSON(out io.Writer, v any) error {
+	enc := json.NewEncoder(out)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}
+
+// nonNil makes a nil slice print as [] rather than null.
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
 }

@@ -16,13 +16,25 @@ import (
 // outboxCmd runs `idemkit outbox stats|parked|retry ID...`: the backlog, the
 // parked messages with their errors, and requeueing parked messages (with
 // the messages of their key parked behind them).
-func outboxCmd(ctx context.Context, sub string, args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("outbox "+sub, flag.ContinueOnError)
+func outboxCmd(ctx context.Context, cmd *command, args []string, out io.Writer) (err error) {
+	sub := cmd.sub()
+	fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
 	var c conn
-	c.register(fs)
+	c.registerDB(fs)
 	table := fs.String("table", "", "outbox table (default idemkit_outbox)")
+	var asJSON bool
+	var red redactor
+	if sub != "retry" {
+		fs.BoolVar(&asJSON, "json", false, "print JSON")
+	}
+	if sub == "parked" {
+		red.register(fs)
+	}
 	ids, err := parse(fs, args)
 	if err != nil {
+		return err
+	}
+	if err := red.init(fs); err != nil {
 		return err
 	}
 	switch {
@@ -40,17 +52,44 @@ func outboxCmd(ctx context.Context, sub string, args []string, out io.Writer) er
 		return err
 	}
 	defer pool.Close()
+	defer func() { err = c.dbErr(err) }()
 	switch sub {
 	case "stats":
 		st, err := store.Stats(ctx, pool)
 		if err != nil {
 			return err
 		}
+		if asJSON {
+			return writeJSON(out, struct {
+				Backlog          int64   `json:"backlog"`
+				OldestAgeSeconds float64 `json:"oldest_age_seconds"`
+				Parked           int64   `json:"parked"`
+			}{st.Backlog, st.OldestAge.Seconds(), st.Parked})
+		}
 		fmt.Fprintf(out, "backlog %d (oldest waiting %s), parked %d\n", st.Backlog, st.OldestAge.Round(time.Millisecond), st.Parked)
 	case "parked":
 		parked, err := store.Parked(ctx, pool)
 		if err != nil {
 			return err
+		}
+		if asJSON {
+			type row struct {
+				ID         string    `json:"id"`
+				Topic      string    `json:"topic,omitempty"`
+				Handler    string    `json:"handler,omitempty"`
+				Key        string    `json:"key"`
+				Attempts   int       `json:"attempts"`
+				Error      string    `json:"error"`
+				BlockedBy  string    `json:"blocked_by,omitempty"`
+				EnqueuedAt time.Time `json:"enqueued_at"`
+				ParkedAt   time.Time `json:"parked_at"`
+			}
+			rows := []row{}
+			for _, p := range parked {
+				rows = append(rows, row{p.ID, p.Topic, p.Handler, red.bytes(p.Key), p.Attempts, red.text(p.Error), p.BlockedBy,
+					p.EnqueuedAt.UTC(), p.ParkedAt.UTC()})
+			}
+			return writeJSON(out, rows)
 		}
 		w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(w, "ID\tDESTINATION\tKEY\tATTEMPTS\tPARKED\tERROR")
@@ -59,11 +98,11 @@ func outboxCmd(ctx context.Context, sub string, args []string, out io.Writer) er
 			if p.Handler != "" {
 				dest = "handler " + p.Handler
 			}
-			why := short(p.Error, 80)
+			why := short(red.text(p.Error), 80)
 			if p.BlockedBy != "" {
 				why = "behind " + p.BlockedBy
 			}
-			fmt.Fprintf(w, "%s\t%s\t%q\t%d\t%s\t%s\n", p.ID, dest, p.Key, p.Attempts,
+			fmt.Fprintf(w, "%s\t%s\t%q\t%d\t%s\t%s\n", p.ID, dest, red.bytes(p.Key), p.Attempts,
 				p.ParkedAt.UTC().Format(time.RFC3339), why)
 		}
 		fmt.Fprintf(w, "%d parked message(s)\n", len(parked))
@@ -81,13 +120,18 @@ func outboxCmd(ctx context.Context, sub string, args []string, out io.Writer) er
 	return nil
 }
 
+const purgeHelp = `Deletes processed-message records older than -older-than, in bounded batches
+(dedup.Store.Purge), for every consumer sharing the table. After it, a
+redelivered message whose record was purged counts as new: keep the retention
+longer than any redelivery or replay you expect.`
+
 // dedupCmd runs `idemkit dedup purge -older-than D`: the retention purge of
 // processed-message records, in bounded batches. After it, a redelivered
 // message whose record was purged counts as new.
-func dedupCmd(ctx context.Context, sub string, args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("dedup "+sub, flag.ContinueOnError)
+func dedupCmd(ctx context.Context, cmd *command, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
 	var c conn
-	c.register(fs)
+	c.registerDB(fs)
 	olderThan := fs.Duration("older-than", 0, "purge records processed more than this long ago (required, e.g. 168h)")
 	batch := fs.Int("batch", dedup.PurgeBatchDefault, "rows per delete statement")
 	pos, err := parse(fs, args)
@@ -114,7 +158,7 @@ func dedupCmd(ctx context.Context, sub string, args []string, out io.Writer) err
 	defer pool.Close()
 	n, err := store.Purge(ctx, pool, *olderThan, *batch)
 	if err != nil {
-		return err
+		return c.dbErr(err)
 	}
 	fmt.Fprintf(out, "purged %d record(s) processed more than %s ago\n", n, *olderThan)
 	return nil

@@ -107,8 +107,8 @@ type recordsStatus struct {
 	Stuck int    `json:"stuck"`
 }
 
-func statusCmd(ctx context.Context, args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+func statusCmd(ctx context.Context, cmd *command, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
 	var f statusFlags
 	f.register(fs)
 	fs.BoolVar(&f.json, "json", false, "print JSON")
