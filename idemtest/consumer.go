@@ -144,6 +144,9 @@ func NewConsumer(cfg *consumer.Config) (*Consumer, error) {
 // consumer.Duplicate); see consumer.Runner.Deliver. Messages with an empty
 // Topic are taken as the consumer's topic.
 func (c *Consumer) Deliver(ctx context.Context, msgs ...kafka.Message) ([]consumer.Outcome, error) {
+	if c == nil || c.runner == nil {
+		return nil, errors.New("idemtest: deliver: a Consumer not made by NewConsumer")
+	}
 	return c.runner.Deliver(ctx, msgs...)
 }
 
