@@ -7,6 +7,7 @@ import (
 	"log"
 	"os"
 	"os/signal"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -15,7 +16,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/dlq"
-	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/idemtest"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -77,23 +78,28 @@ func Example() {
 // A producer retry sends payment pay-1 twice: the handler runs once for it,
 // and the second copy is acknowledged as a duplicate.
 func ExampleRunner_Run() {
-	pool, schema, drop := testenv.ExampleSchema() // a pool and a fresh schema on the test server
-	defer drop()
-	brokers, topic, dropTopic := testenv.ExampleTopic(1)
-	defer dropTopic()
 	ctx := context.Background()
-	m, err := migrate.New(pool, &migrate.Config{Schema: schema})
+	pool, err := pgxpool.New(ctx, os.Getenv("IDEMKIT_TEST_DATABASE_URL"))
 	if err != nil {
 		log.Fatal(err)
 	}
-	if _, err := m.Up(ctx); err != nil {
-		log.Fatal(err)
-	}
-	store, err := dedup.New(&dedup.Config{Schema: schema})
+	defer pool.Close()
+	s, err := idemtest.CreateSchema(ctx, pool) // a fresh schema with idemkit's tables
 	if err != nil {
 		log.Fatal(err)
 	}
-	payments := pgx.Identifier{schema, "payments"}.Sanitize()
+	defer s.Drop(ctx)
+	brokers := strings.Split(os.Getenv("IDEMKIT_TEST_KAFKA_BROKERS"), ",")
+	topic, dropTopic, err := idemtest.CreateTopic(ctx, brokers, 1)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer dropTopic(ctx)
+	store, err := dedup.New(&dedup.Config{Schema: s.Name})
+	if err != nil {
+		log.Fatal(err)
+	}
+	payments := s.Table("payments")
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+payments+` (id text PRIMARY KEY, charges int NOT NULL)`); err != nil {
 		log.Fatal(err)
 	}

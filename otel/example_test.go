@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"sort"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -22,8 +23,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/dlq"
-	"github.com/idemkit/idemkit/internal/testenv"
-	"github.com/idemkit/idemkit/migrate"
+	"github.com/idemkit/idemkit/idemtest"
 	"github.com/idemkit/idemkit/otel"
 )
 
@@ -88,19 +88,24 @@ func Example() {
 // A producer retry sends payment pay-1 twice: the counters say two applied
 // and one duplicate, and each of the three transactions has a span.
 func ExampleTelemetry_Consumer() {
-	pool, schema, drop := testenv.ExampleSchema() // a pool and a fresh schema on the test server
-	defer drop()
-	brokers, topic, dropTopic := testenv.ExampleTopic(1)
-	defer dropTopic()
 	ctx := context.Background()
-	m, err := migrate.New(pool, &migrate.Config{Schema: schema})
+	pool, err := pgxpool.New(ctx, os.Getenv("IDEMKIT_TEST_DATABASE_URL"))
 	if err != nil {
 		log.Fatal(err)
 	}
-	if _, err := m.Up(ctx); err != nil {
+	defer pool.Close()
+	s, err := idemtest.CreateSchema(ctx, pool) // a fresh schema with idemkit's tables
+	if err != nil {
 		log.Fatal(err)
 	}
-	store, err := dedup.New(&dedup.Config{Schema: schema})
+	defer s.Drop(ctx)
+	brokers := strings.Split(os.Getenv("IDEMKIT_TEST_KAFKA_BROKERS"), ",")
+	topic, dropTopic, err := idemtest.CreateTopic(ctx, brokers, 1)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer dropTopic(ctx)
+	store, err := dedup.New(&dedup.Config{Schema: s.Name})
 	if err != nil {
 		log.Fatal(err)
 	}

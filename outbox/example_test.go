@@ -2,7 +2,6 @@ package outbox_test
 
 import (
 	"context"
-	"crypto/rand"
 	"fmt"
 	"os"
 	"strings"
@@ -12,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/idemtest"
 	"github.com/idemkit/idemkit/outbox"
 )
 
@@ -20,10 +19,24 @@ import (
 // publishes the event after the commit, with the stable ID as a header.
 func ExampleStore_EnqueueTx() {
 	ctx := context.Background()
-	pool, schema, topic, cleanup := exampleEnv() // a migrated schema and a topic on the test servers
-	defer cleanup()
+	pool, err := pgxpool.New(ctx, os.Getenv("IDEMKIT_TEST_DATABASE_URL"))
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	s, err := idemtest.CreateSchema(ctx, pool) // a fresh schema with idemkit's tables
+	if err != nil {
+		panic(err)
+	}
+	defer s.Drop(ctx)
+	brokers := strings.Split(os.Getenv("IDEMKIT_TEST_KAFKA_BROKERS"), ",")
+	topic, dropTopic, err := idemtest.CreateTopic(ctx, brokers, 1)
+	if err != nil {
+		panic(err)
+	}
+	defer dropTopic(ctx)
 
-	store, err := outbox.New(&outbox.Config{Schema: schema})
+	store, err := outbox.New(&outbox.Config{Schema: s.Name})
 	if err != nil {
 		panic(err)
 	}
@@ -41,7 +54,7 @@ func ExampleStore_EnqueueTx() {
 
 	published := make(chan []outbox.Record, 1)
 	relay, err := outbox.NewRelay(pool, store, &outbox.RelayConfig{
-		Brokers: strings.Split(os.Getenv(testenv.EnvKafkaBrokers), ","),
+		Brokers: brokers,
 		Hooks:   outbox.Hooks{Published: func(recs []outbox.Record) { published <- recs }},
 	})
 	if err != nil {
@@ -57,7 +70,7 @@ func ExampleStore_EnqueueTx() {
 	}
 	fmt.Println("published:", len(recs), "same ID:", recs[0].ID == ids[0])
 
-	r := kafka.NewReader(kafka.ReaderConfig{Brokers: strings.Split(os.Getenv(testenv.EnvKafkaBrokers), ","), Topic: topic, MaxWait: 100 * time.Millisecond})
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, MaxWait: 100 * time.Millisecond})
 	defer r.Close()
 	m, err := r.ReadMessage(ctx)
 	if err != nil {
@@ -73,42 +86,4 @@ func ExampleStore_EnqueueTx() {
 	// published: 1 same ID: true
 	// header carries the ID: true
 	// order-42 {"status":"paid"}
-}
-
-// exampleEnv returns, for Example functions (which get no testing.TB), a
-// pool with an empty search_path, a migrated schema and a one-partition
-// topic; cleanup drops them.
-func exampleEnv() (pool *pgxpool.Pool, schema, topic string, cleanup func()) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cfg, err := pgxpool.ParseConfig(os.Getenv(testenv.EnvDatabaseURL))
-	if err != nil {
-		panic(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = ""
-	pool, err = pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		panic(err)
-	}
-	suffix := strings.ToLower(rand.Text()[:12])
-	schema, topic = "ex_"+suffix, "idemkit_example_"+suffix
-	if err := migrateUp(ctx, pool, schema); err != nil {
-		panic(err)
-	}
-	client := &kafka.Client{Addr: kafka.TCP(strings.Split(os.Getenv(testenv.EnvKafkaBrokers), ",")...)}
-	if _, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
-		Topic: topic, NumPartitions: 1, ReplicationFactor: 1}}}); err != nil {
-		panic(err)
-	}
-	if err := testenv.WaitTopic(ctx, client, topic, 1); err != nil {
-		panic(err)
-	}
-	return pool, schema, topic, func() {
-		ctx := context.Background()
-		_, _ = client.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{topic}})
-		if _, err := pool.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-			panic(err)
-		}
-		pool.Close()
-	}
 }
