@@ -4,8 +4,10 @@ go 1.26.0
 
 require (
 	github.com/idemkit/idemkit v0.0.0
+	github.com/idemkit/idemkit/redis v0.0.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/prometheus/client_golang v1.25.0
+	github.com/redis/go-redis/v9 v9.23.0
 	github.com/segmentio/kafka-go v0.4.51
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/exporters/prometheus v0.69.0
@@ -28,6 +30,7 @@ require (
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/otel/log v1.47.0 // indirect
 	go.opentelemetry.io/otel/metric v1.47.0 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
@@ -48,3 +51,5 @@ require (
 replace github.com/idemkit/idemkit => ../
 
 replace github.com/idemkit/idemkit/otel => ../otel
+
+replace github.com/idemkit/idemkit/redis => ../redis

@@ -8,9 +8,16 @@
 // IDEMKIT_DATABASE_URL, and works in its own schema (-schema, default
 // "payments_example"), which it migrates. No Kafka is needed: the event
 // waits in the outbox for a relay.
+//
+// With -store redis the idempotency records live in Redis (module
+// github.com/idemkit/idemkit/redis; -redis URL, default $IDEMKIT_REDIS_URL
+// or the development server of scripts/dev redis): the payment and its
+// event then commit in a transaction of the handler's own, and the record
+// is written after it (see that package for what this cannot promise).
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -31,6 +38,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -39,26 +47,38 @@ import (
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/otel"
 	"github.com/idemkit/idemkit/outbox"
+	idemredis "github.com/idemkit/idemkit/redis"
 )
 
 func main() {
 	schema := flag.String("schema", "payments_example", "PostgreSQL schema of the example's tables")
+	store := flag.String("store", "postgres", "where the idempotency records live: postgres or redis")
+	redisURL := flag.String("redis", cmp.Or(os.Getenv("IDEMKIT_REDIS_URL"), "redis://127.0.0.1:16379/0"),
+		"Redis URL for -store redis (default $IDEMKIT_REDIS_URL, else the development server)")
 	flag.Parse()
+	if *store != "postgres" && *store != "redis" {
+		fmt.Fprintf(os.Stderr, "payments: -store %q: want postgres or redis\n", *store)
+		os.Exit(2)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	dbURL := os.Getenv("IDEMKIT_DATABASE_URL")
 	if dbURL == "" {
 		dbURL = "postgres://postgres@127.0.0.1:54329/idemkit?sslmode=disable"
 	}
-	if err := run(ctx, dbURL, *schema, os.Stdout); err != nil {
+	if *store != "redis" {
+		*redisURL = ""
+	}
+	if err := run(ctx, dbURL, *schema, *redisURL, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "payments:", err)
 		os.Exit(1)
 	}
 }
 
 // run migrates schema, starts the API on a local port, runs the client
-// scenario against it, prints what happened to out, and stops the API.
-func run(ctx context.Context, dbURL, schema string, out io.Writer) error {
+// scenario against it, prints what happened to out, and stops the API. With
+// redisURL, the idempotency records live in that Redis.
+func run(ctx context.Context, dbURL, schema, redisURL string, out io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	pool, err := pgxpool.New(ctx, dbURL)
@@ -111,7 +131,20 @@ func run(ctx context.Context, dbURL, schema string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	api, err := newAPI(pool, schema, events, tel)
+	var records idemhttp.Backend // nil: PostgreSQL, with the business writes
+	if redisURL != "" {
+		opts, err := redis.ParseURL(redisURL)
+		if err != nil {
+			return fmt.Errorf("-redis: %w", err)
+		}
+		client := redis.NewClient(opts)
+		defer client.Close()
+		if records, err = idemredis.New(client, &idemredis.Config{Prefix: "payments-example:" + schema + ":"}); err != nil {
+			return err
+		}
+		fmt.Fprintln(out, "records: Redis", opts.Addr)
+	}
+	api, err := newAPI(pool, schema, records, events, tel)
 	if err != nil {
 		return err
 	}
@@ -187,13 +220,10 @@ func printMetrics(ctx context.Context, url string, out io.Writer) error {
 }
 
 // newAPI returns the payments API: POST /payments behind the middleware.
-func newAPI(pool *pgxpool.Pool, schema string, events *outbox.Store, tel *idemotel.Telemetry) (http.Handler, error) {
-	records, err := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: schema})
-	if err != nil {
-		return nil, err
-	}
+// With records, the idempotency records live there instead of PostgreSQL.
+func newAPI(pool *pgxpool.Pool, schema string, records idemhttp.Backend, events *outbox.Store,
+	tel *idemotel.Telemetry) (http.Handler, error) {
 	cfg := &idemhttp.Config{
-		Store: records,
 		// A real API takes the account from its authentication.
 		Account: func(*http.Request) (string, error) { return "acct-demo", nil },
 		Logger:  slog.New(idemotel.LogHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))),
@@ -202,7 +232,15 @@ func newAPI(pool *pgxpool.Pool, schema string, events *outbox.Store, tel *idemot
 	if err != nil {
 		return nil, err
 	}
-	mw, err := idemhttp.New(pool, cfg)
+	var mw *idemhttp.Middleware
+	if records != nil {
+		mw, err = idemhttp.NewWithBackend(records, cfg)
+	} else {
+		if cfg.Store, err = idemhttp.NewStore(&idemhttp.StoreConfig{Schema: schema}); err != nil {
+			return nil, err
+		}
+		mw, err = idemhttp.New(pool, cfg)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -219,7 +257,16 @@ func newAPI(pool *pgxpool.Pool, schema string, events *outbox.Store, tel *idemot
 			return
 		}
 		ctx := r.Context()
-		tx, _ := idemhttp.Tx(ctx)
+		tx, managed := idemhttp.Tx(ctx)
+		if !managed { // records in Redis: the effects commit in a transaction of their own
+			own, err := pool.Begin(ctx)
+			if err != nil {
+				writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "try again"})
+				return
+			}
+			defer func() { _ = own.Rollback(context.WithoutCancel(ctx)) }()
+			tx = own
+		}
 		var id int64
 		if err := tx.QueryRow(ctx, "INSERT INTO "+payments+
 			" (account, order_id, amount, currency, request) VALUES ('acct-demo', $1, $2, $3, $4) RETURNING id",
@@ -234,6 +281,12 @@ func newAPI(pool *pgxpool.Pool, schema string, events *outbox.Store, tel *idemot
 		}); err != nil {
 			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "try again"})
 			return
+		}
+		if !managed {
+			if err := tx.Commit(ctx); err != nil {
+				writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "try again"})
+				return
+			}
 		}
 		w.Header().Set("Location", fmt.Sprintf("/payments/%d", id))
 		writeJSON(w, http.StatusCreated, map[string]any{"id": id, "orderId": p.OrderID, "status": "captured"})
