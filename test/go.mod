@@ -4,7 +4,9 @@ go 1.26.0
 
 require (
 	github.com/idemkit/idemkit v0.0.0
+	github.com/idemkit/idemkit/redis v0.0.0
 	github.com/jackc/pgx/v5 v5.12.0
+	github.com/redis/go-redis/v9 v9.23.0
 	github.com/segmentio/kafka-go v0.4.51
 	github.com/testcontainers/testcontainers-go v0.40.0
 	github.com/testcontainers/testcontainers-go/modules/kafka v0.40.0
@@ -66,6 +68,7 @@ require (
 	go.opentelemetry.io/otel/log v1.47.0 // indirect
 	go.opentelemetry.io/otel/metric v1.47.0 // indirect
 	go.opentelemetry.io/otel/trace v1.47.0 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/mod v0.42.0 // indirect
@@ -79,3 +82,5 @@ require (
 )
 
 replace github.com/idemkit/idemkit => ../
+
+replace github.com/idemkit/idemkit/redis => ../redis

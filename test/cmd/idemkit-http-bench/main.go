@@ -19,6 +19,13 @@
 //	hot-409     the same waves on the middleware; a client answered 409
 //	            retries at once
 //	hot-wait    the same waves on the middleware with Config.Wait
+//	redis-first the middleware with its records in Redis (module redis,
+//	            -redis URL), every request with a fresh key; the payment in
+//	            a transaction of the handler's own (issue 14)
+//	redis-replay the same, every client repeating its own completed key
+//
+// The redis-* scenarios run when -redis names a server (default
+// $IDEMKIT_TEST_REDIS_URL); their ratios are to first and replay.
 //
 // One run interleaves them: for each round, for each concurrency level,
 // every scenario in a rotated order, each on emptied tables. It reports,
@@ -60,9 +67,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idemkit/idemhttp"
 	"github.com/idemkit/idemkit/migrate"
+	idemredis "github.com/idemkit/idemkit/redis"
 )
 
 type options struct {
@@ -76,9 +85,11 @@ type options struct {
 	scenarios []string
 	jsonOut   string
 	keep      bool
+	redisURL  string
 }
 
-var allScenarios = []string{"bare", "first", "replay", "onetx", "hot-onetx", "hot-409", "hot-wait"}
+var allScenarios = []string{"bare", "first", "replay", "onetx", "hot-onetx", "hot-409", "hot-wait",
+	"redis-first", "redis-replay"}
 
 func main() {
 	o, err := parseFlags(os.Args[1:])
@@ -104,7 +115,8 @@ func parseFlags(args []string) (*options, error) {
 	fs.DurationVar(&o.warmup, "warmup", time.Second, "unmeasured time before each measurement")
 	fs.IntVar(&o.poolSize, "pool", 32, "connections in the server's pool")
 	fs.DurationVar(&o.wait, "wait", 5*time.Second, "idemhttp Config.Wait of hot-wait")
-	sc := fs.String("scenarios", strings.Join(allScenarios, ","), "scenarios to run")
+	fs.StringVar(&o.redisURL, "redis", os.Getenv("IDEMKIT_TEST_REDIS_URL"), "Redis URL of the redis-* scenarios (default $IDEMKIT_TEST_REDIS_URL)")
+	sc := fs.String("scenarios", "", "scenarios to run (default all; the redis-* ones only with -redis)")
 	fs.StringVar(&o.jsonOut, "json", "", "also write every measurement to this file")
 	fs.BoolVar(&o.keep, "keep", false, "keep the benchmark's schema")
 	if err := fs.Parse(args); err != nil {
@@ -120,10 +132,23 @@ func parseFlags(args []string) (*options, error) {
 		}
 		o.levels = append(o.levels, n)
 	}
+	if *sc == "" {
+		for _, s := range allScenarios {
+			if o.redisURL != "" || !strings.HasPrefix(s, "redis-") {
+				o.scenarios = append(o.scenarios, s)
+			}
+		}
+	}
 	for _, s := range strings.Split(*sc, ",") {
 		s = strings.TrimSpace(s)
+		if *sc == "" {
+			break
+		}
 		if !slices.Contains(allScenarios, s) {
 			return nil, fmt.Errorf("-scenarios: unknown %q (known: %s)", s, strings.Join(allScenarios, ","))
+		}
+		if strings.HasPrefix(s, "redis-") && o.redisURL == "" {
+			return nil, fmt.Errorf("-scenarios: %s needs -redis (or $IDEMKIT_TEST_REDIS_URL)", s)
 		}
 		o.scenarios = append(o.scenarios, s)
 	}
@@ -205,6 +230,8 @@ type bench struct {
 	cpuOK   bool
 
 	payments, records, onetx string // quoted tables
+	redis                    *redis.Client
+	redisPrefix              string
 }
 
 func newBench(ctx context.Context, o *options) (_ *bench, err error) {
@@ -282,6 +309,27 @@ func newBench(ctx context.Context, o *options) (_ *bench, err error) {
 	mux.Handle("POST /mw", mw.Handler(http.HandlerFunc(b.inTx)))
 	mux.Handle("POST /mw-wait", mwWait.Handler(http.HandlerFunc(b.inTx)))
 	mux.HandleFunc("POST /onetx", b.oneTx)
+	if o.redisURL != "" {
+		ropts, err := redis.ParseURL(o.redisURL)
+		if err != nil {
+			return nil, fmt.Errorf("-redis: %w", err)
+		}
+		ropts.PoolSize = o.poolSize
+		b.redis = redis.NewClient(ropts)
+		b.redisPrefix = "idemkit-bench:" + b.schema + ":"
+		rs, err := idemredis.New(b.redis, &idemredis.Config{Prefix: b.redisPrefix})
+		if err != nil {
+			return nil, err
+		}
+		rcfg := mwCfg
+		rcfg.Store = nil
+		rcfg.Wait = 0
+		mwRedis, err := idemhttp.NewWithBackend(rs, &rcfg)
+		if err != nil {
+			return nil, err
+		}
+		mux.Handle("POST /mw-redis", mwRedis.Handler(http.HandlerFunc(b.ownTx)))
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -307,6 +355,20 @@ func (b *bench) close(keep bool) {
 			_, _ = b.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{b.schema}.Sanitize()+" CASCADE")
 		}
 		b.pool.Close()
+	}
+	if b.redis != nil {
+		iter := b.redis.Scan(ctx, 0, b.redisPrefix+"*", 1000).Iterator()
+		var batch []string
+		for iter.Next(ctx) {
+			if batch = append(batch, iter.Val()); len(batch) == 1000 {
+				_ = b.redis.Unlink(ctx, batch...).Err()
+				batch = batch[:0]
+			}
+		}
+		if len(batch) > 0 {
+			_ = b.redis.Unlink(ctx, batch...).Err()
+		}
+		_ = b.redis.Close()
 	}
 	if b.probe != nil {
 		_ = b.probe.Close(ctx)
@@ -361,6 +423,16 @@ func (b *bench) inTx(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writePayment(w, id)
+}
+
+// ownTx is the handler behind the Redis middleware: no transaction comes
+// with the request, the payment is inserted in one of its own.
+func (b *bench) ownTx(w http.ResponseWriter, r *http.Request) {
+	if _, ok := idemhttp.Tx(r.Context()); ok {
+		http.Error(w, "unexpected transaction", http.StatusInternalServerError)
+		return
+	}
+	b.bare(w, r)
 }
 
 // oneTx is the one-transaction design of the seed document, written by hand
@@ -515,16 +587,17 @@ func (b *bench) measure(ctx context.Context, sc string, level, round int) (measu
 	}
 	prefix := fmt.Sprintf("%s-%d-%d-%s-", sc, level, round, rand.Text()[:8])
 	switch sc {
-	case "bare", "first", "onetx", "replay":
-		path := map[string]string{"bare": "/bare", "first": "/mw", "replay": "/mw", "onetx": "/onetx"}[sc]
+	case "bare", "first", "onetx", "replay", "redis-first", "redis-replay":
+		path := map[string]string{"bare": "/bare", "first": "/mw", "replay": "/mw", "onetx": "/onetx",
+			"redis-first": "/mw-redis", "redis-replay": "/mw-redis"}[sc]
 		for c := range level {
 			wg.Go(func() {
 				for i := 0; ctx.Err() == nil; i++ {
 					key := ""
 					switch sc {
-					case "first", "onetx":
+					case "first", "onetx", "redis-first":
 						key = prefix + strconv.Itoa(c) + "-" + strconv.Itoa(i)
-					case "replay":
+					case "replay", "redis-replay":
 						key = prefix + strconv.Itoa(c)
 					}
 					start := time.Now()
@@ -801,7 +874,8 @@ func report(out io.Writer, o *options, all []measurement) {
 		}
 		return fmt.Sprintf("%.2f×", median(r))
 	}
-	baseOf := map[string]string{"first": "onetx", "replay": "onetx", "bare": "onetx", "hot-409": "hot-onetx", "hot-wait": "hot-onetx"}
+	baseOf := map[string]string{"first": "onetx", "replay": "onetx", "bare": "onetx", "hot-409": "hot-onetx", "hot-wait": "hot-onetx",
+		"redis-first": "first", "redis-replay": "replay"}
 	ops := func(m measurement) float64 { return m.OpsPerSec }
 	wal := func(m measurement) float64 { return m.WALPerOp }
 	cpu := func(m measurement) float64 { return m.CPUPerOpUS }
