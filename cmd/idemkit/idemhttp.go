@@ -14,10 +14,11 @@ import (
 
 const stuckHelp = `Lists HTTP idempotency records still PROCESSING after their lease ended
 (idemhttp.Store.FindStuck), longest overdue first: account, operation, key,
-fencing token, lease end, overdue by, created. It only reads. In transaction
-mode the next request with a listed key takes its record over; with
-idemhttp.Config.NoTx or NoLeaseTakeover, settling them is the job of your
-Reconciler (idemhttp.Store.Reconcile).
+fencing token, lease end, overdue by, created. It only reads. Such records
+are left by middlewares that hold keys with a record of their own
+(idemhttp.Config.NoTx or NoLeaseTakeover); settling them is the job of your
+Reconciler (idemhttp.Store.Reconcile). In the default transaction mode a
+request in flight has no record: a crashed one frees its key at once.
 -json prints a JSON array; overdue_seconds is now minus the lease end.`
 
 // idemhttpCmd runs `idemkit idemhttp stuck` (see stuckHelp).
