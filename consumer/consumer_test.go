@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemkit/idemkit"
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testenv"
@@ -457,7 +458,7 @@ func TestPanicIsAnError(t *testing.T) {
 			if err := stop(); err != nil {
 				t.Fatalf("Run: %v", err)
 			}
-			var perr *consumer.PanicError
+			var perr *idemkit.PanicError
 			if len(failed) != 1 || !errors.As(failed[0], &perr) || perr.Value != "poison value" || len(perr.Stack) == 0 {
 				t.Fatalf("OnFailure got %v, want one PanicError with a stack", failed)
 			}

@@ -28,7 +28,7 @@ var ErrDeliverInput = errors.New("consumer: deliver: invalid messages")
 // reads it, so that it moves as under Run.
 //
 // Unlike Run, Deliver does one transaction and decides nothing: a handler
-// error (or panic, as a *PanicError), a message without a usable ID
+// error (or panic, as an *idemkit.PanicError), a message without a usable ID
 // (ErrMissingID), a serialization failure or a lost connection is returned
 // with the transaction rolled back, and nothing is retried, parked or handed
 // to OnFailure. Messages parked by a NonBlocking run are not consulted.

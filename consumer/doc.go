@@ -112,7 +112,7 @@
 // # Failures
 //
 // Handler errors roll back the effect together with the claim: nothing is
-// marked done before it is done. Panics become *PanicError carrying the
+// marked done before it is done. Panics become *idemkit.PanicError carrying the
 // stack. PostgreSQL serialization failures and deadlocks rerun the
 // transaction (Config.TxRetries). Other errors go through Config.Retry (see
 // package retry): transient errors are retried with exponential backoff and

@@ -3,11 +3,11 @@ package consumer
 import (
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemkit/idemkit"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -41,18 +41,11 @@ func (e *MessageError) Error() string {
 
 func (e *MessageError) Unwrap() error { return e.Err }
 
-// PanicError is a handler panic turned into an error. Stack is the stack of
-// the panicking goroutine; Error leaves it out to keep log lines short.
-type PanicError struct {
-	Value any
-	Stack []byte
-}
-
-func (e *PanicError) Error() string { return fmt.Sprintf("consumer: handler panicked: %v", e.Value) }
-
-func recoverPanic(err *error) {
+// recoverPanic turns a panic of the user code where names into an
+// *idemkit.PanicError in *err.
+func recoverPanic(where string, err *error) {
 	if v := recover(); v != nil {
-		*err = &PanicError{Value: v, Stack: debug.Stack()}
+		*err = idemkit.NewPanicError(where, v)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemkit/idemkit"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/kafkaoffsets"
 	"github.com/idemkit/idemkit/internal/outage"
@@ -228,7 +229,7 @@ func (r *Runner) purgeLoop(ctx context.Context, log *slog.Logger) {
 // ErrNotMigrated means the store's schema lacks migration versions the
 // runner needs: run `idemkit migrate up` (or migrate.Migrator.Up) with the
 // store's schema and tables first.
-var ErrNotMigrated = errors.New("consumer: schema not migrated")
+var ErrNotMigrated = fmt.Errorf("consumer: %w", idemkit.ErrNotMigrated)
 
 // schemaVersions are the migration versions the runner reads and writes:
 // processed messages and positions (1), parked messages (4), positions'

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemkit/idemkit"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/kread"
 	"github.com/idemkit/idemkit/internal/outage"
@@ -630,7 +631,7 @@ func (w *worker) giveUp(ctx context.Context, msg *Message, f failure, savePositi
 		Attempts: f.attempts, Class: f.class, FirstFailure: f.first, LastFailure: f.last, Err: f.err}
 	log := w.log.With("offset", msg.Offset, "message_id", msg.ID, "attempts", f.attempts, "class", f.class, "err", f.err)
 	lctx := f.logCtx(ctx)
-	if perr := (*PanicError)(nil); errors.As(f.err, &perr) {
+	if perr := (*idemkit.PanicError)(nil); errors.As(f.err, &perr) {
 		log = log.With("stack", string(perr.Stack))
 	}
 	if cfg.OnFailure == nil {
@@ -960,23 +961,23 @@ const commitTimeout = 30 * time.Second
 // callIDFunc runs the user's IDFunc; a panic becomes its error (the
 // message then has no usable ID).
 func callIDFunc(f func(*kafka.Message) (string, error), m *kafka.Message) (id string, err error) {
-	defer recoverPanic(&err)
+	defer recoverPanic("consumer: IDFunc", &err)
 	return f(m)
 }
 
 // callOnFailure runs the user's OnFailure; a panic becomes its error (the
 // runner stops and the position does not move).
 func callOnFailure(ctx context.Context, f FailureFunc, msg *Message, merr error) (err error) {
-	defer recoverPanic(&err)
+	defer recoverPanic("consumer: OnFailure", &err)
 	return f(ctx, msg, merr)
 }
 
 func call(ctx context.Context, h Handler, tx pgx.Tx, m *Message) (err error) {
-	defer recoverPanic(&err)
+	defer recoverPanic("consumer: handler", &err)
 	return h.Handle(ctx, tx, m)
 }
 
 func callBatch(ctx context.Context, h BatchHandler, tx pgx.Tx, msgs []*Message) (err error) {
-	defer recoverPanic(&err)
+	defer recoverPanic("consumer: batch handler", &err)
 	return h.HandleBatch(ctx, tx, msgs)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idemkit"
 	"github.com/idemkit/idemkit/internal/pgexec"
 	"github.com/idemkit/idemkit/migrate"
 )
@@ -636,7 +637,7 @@ func (s *Store) purge(ctx context.Context, db *pgxpool.Pool, consumer string, ol
 // ErrNotMigrated means the store's tables are missing or older than the
 // store needs (PostgreSQL's undefined_table or undefined_column): run
 // package migrate (`idemkit migrate up`) with the same schema and names.
-var ErrNotMigrated = errors.New("dedup: tables missing or not migrated: run migrate.Up")
+var ErrNotMigrated = fmt.Errorf("dedup: tables missing: %w", idemkit.ErrNotMigrated)
 
 // fail wraps err for op, marking a schema that is not migrated.
 func fail(op string, err error) error {

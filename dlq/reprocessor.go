@@ -10,7 +10,6 @@ import (
 	"net"
 	"os"
 	"os/user"
-	"runtime/debug"
 	"slices"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemkit/idemkit"
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/outage"
@@ -260,8 +260,17 @@ func (r *Reprocessor) Run(ctx context.Context) (Summary, error) {
 		}
 		return nil
 	})
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+		err = fmt.Errorf("%w: %w", ErrNotMigrated, err)
+	}
 	return sum, err
 }
+
+// ErrNotMigrated is wrapped by Reprocessor.Run's error when the replay
+// records table (or dedup's, in Redrive mode) is missing: run migrate.Up
+// with the same schema and table names. It matches idemkit.ErrNotMigrated.
+var ErrNotMigrated = fmt.Errorf("dlq: table missing: %w", idemkit.ErrNotMigrated)
 
 // scan is Scan that waits out Kafka outages and then reads on from the
 // message after the last one handled, up to the end the topic had at the
@@ -524,7 +533,7 @@ func (h *handlerFailure) Unwrap() error { return h.err }
 func callHandler(ctx context.Context, h consumer.Handler, tx pgx.Tx, m *consumer.Message) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			err = &consumer.PanicError{Value: v, Stack: debug.Stack()}
+			err = idemkit.NewPanicError("dlq: handler", v)
 		}
 	}()
 	return h.Handle(ctx, tx, m)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"runtime/debug"
 	"strconv"
 	"time"
 )
@@ -108,21 +107,3 @@ var ErrResponseTooLarge = errors.New("idemhttp: response larger than MaxResponse
 // returns: the middleware commits it together with the record, or rolls it
 // back.
 var ErrTxManaged = errors.New("idemhttp: the middleware commits or rolls back this transaction; return a response instead")
-
-// PanicError is a panic recovered from a handler or a reconciler.
-type PanicError struct {
-	// Value is what was passed to panic.
-	Value any
-	// Stack is the panicking goroutine's stack.
-	Stack []byte
-}
-
-func newPanicError(v any) *PanicError { return &PanicError{Value: v, Stack: debug.Stack()} }
-
-func (e *PanicError) Error() string { return fmt.Sprintf("idemhttp: panic: %v", e.Value) }
-
-// Unwrap returns the panic value when it is an error.
-func (e *PanicError) Unwrap() error {
-	err, _ := e.Value.(error)
-	return err
-}

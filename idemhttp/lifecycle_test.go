@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idemkit"
 	"github.com/idemkit/idemkit/idemhttp"
 )
 
@@ -236,7 +237,7 @@ func TestReconcilerPanic(t *testing.T) {
 	e.clock.Advance(11 * time.Second)
 	_, err := e.store.Reconcile(context.Background(), e.db.Pool, idemhttp.ReconcilerFunc(
 		func(context.Context, idemhttp.Record) (idemhttp.Decision, error) { panic("reconciler bug") }), 0)
-	var perr *idemhttp.PanicError
+	var perr *idemkit.PanicError
 	if !errors.As(err, &perr) || perr.Value != "reconciler bug" || len(perr.Stack) == 0 {
 		t.Fatalf("Reconcile = %v, want a PanicError with a stack", err)
 	}

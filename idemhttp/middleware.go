@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idemkit"
 )
 
 // Middleware makes handlers idempotent per Idempotency-Key. It is safe for
@@ -244,7 +246,7 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 	}
 	rec := &recorder{header: http.Header{}, max: m.cfg.MaxResponseBytes}
 	var (
-		perr  *PanicError
+		perr  *idemkit.PanicError
 		hadTx bool
 	)
 	h.Run(r.Context(), func(ctx context.Context, tx pgx.Tx) {
@@ -317,10 +319,10 @@ func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.H
 }
 
 // runHandler calls next and returns the panic it recovered, if any.
-func runHandler(next http.Handler, w http.ResponseWriter, r *http.Request) (perr *PanicError) {
+func runHandler(next http.Handler, w http.ResponseWriter, r *http.Request) (perr *idemkit.PanicError) {
 	defer func() {
 		if p := recover(); p != nil {
-			perr = newPanicError(p)
+			perr = idemkit.NewPanicError("idemhttp: handler", p)
 		}
 	}()
 	next.ServeHTTP(w, r)

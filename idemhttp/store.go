@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idemkit"
 	"github.com/idemkit/idemkit/internal/pgexec"
 	"github.com/idemkit/idemkit/migrate"
 )
@@ -36,7 +37,7 @@ var ErrNotFound = errors.New("idemhttp: record not found")
 // migrate (version 3 or later; `idemkit migrate up`) with the same Schema
 // and table name. Every Store method wraps it then, and the middleware
 // answers 503 store_unavailable and logs it.
-var ErrNotMigrated = errors.New("idemhttp: table missing: run migrate.Up")
+var ErrNotMigrated = fmt.Errorf("idemhttp: table missing: %w", idemkit.ErrNotMigrated)
 
 // translate maps a missing table to ErrNotMigrated.
 func translate(err error) error {
@@ -513,7 +514,7 @@ func (s *Store) Reconcile(ctx context.Context, db DBTX, r Reconciler, limit int)
 func callReconciler(ctx context.Context, r Reconciler, rec Record) (d Decision, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = newPanicError(p)
+			err = idemkit.NewPanicError("idemhttp: reconciler", p)
 		}
 	}()
 	return r.Reconcile(ctx, rec)

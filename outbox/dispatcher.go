@@ -5,13 +5,14 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"runtime/debug"
 	"slices"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idemkit"
 )
 
 // Handler performs one non-Kafka side effect: send an e-mail, call a payment
@@ -28,15 +29,6 @@ type HandlerFunc func(ctx context.Context, rec *Record) error
 
 // Handle calls f.
 func (f HandlerFunc) Handle(ctx context.Context, rec *Record) error { return f(ctx, rec) }
-
-// PanicError is a handler panic turned into an error; Stack is the stack of
-// the panicking goroutine. The message is retried like any failure.
-type PanicError struct {
-	Value any
-	Stack []byte
-}
-
-func (e *PanicError) Error() string { return fmt.Sprintf("outbox: handler panicked: %v", e.Value) }
 
 // DispatcherConfig configures a Dispatcher. Handlers is required.
 type DispatcherConfig struct {
@@ -186,7 +178,7 @@ func (d *Dispatcher) call(ctx context.Context, r *row) (err error) {
 	defer cancel()
 	defer func() {
 		if v := recover(); v != nil {
-			err = &PanicError{Value: v, Stack: debug.Stack()}
+			err = idemkit.NewPanicError("outbox: handler", v) // retried like any failure
 		}
 	}()
 	rec := r.rec

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemkit/idemkit"
 	"github.com/idemkit/idemkit/internal/pgexec"
 	"github.com/idemkit/idemkit/migrate"
 )
@@ -44,7 +45,7 @@ var ErrInvalidMessage = errors.New("outbox: invalid message")
 
 // ErrNotMigrated means the outbox table does not exist: run package migrate
 // (version 2 or later) with the same Schema and table name.
-var ErrNotMigrated = errors.New("outbox: table missing: run migrate.Up")
+var ErrNotMigrated = fmt.Errorf("outbox: table missing: %w", idemkit.ErrNotMigrated)
 
 // ErrNotFound is returned by Retry when none of the given IDs names a parked
 // message.
