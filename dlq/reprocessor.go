@@ -262,10 +262,18 @@ func (r *Reprocessor) Run(ctx context.Context) (Summary, error) {
 	})
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
-		err = fmt.Errorf("%w: %w", ErrNotMigrated, err)
+		err = notMigratedError{err}
 	}
 	return sum, err
 }
+
+// notMigratedError is err, a missing table, matching ErrNotMigrated.
+type notMigratedError struct{ err error }
+
+func (e notMigratedError) Error() string {
+	return e.err.Error() + " (schema not migrated: run migrate.Up, idemkit migrate up)"
+}
+func (e notMigratedError) Unwrap() []error { return []error{ErrNotMigrated, e.err} }
 
 // ErrNotMigrated is wrapped by Reprocessor.Run's error when the replay
 // records table (or dedup's, in Redrive mode) is missing: run migrate.Up

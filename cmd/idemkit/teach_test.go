@@ -208,13 +208,15 @@ func TestCLIParked(t *testing.T) {
 			return err
 		}),
 		Hooks: consumer.Hooks{Outcome: func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
-			if o != consumer.Applied {
-				return
-			}
 			mu.Lock()
 			defer mu.Unlock()
-			seen[m.ID] = true
-			if seen["a2"] {
+			switch o {
+			case consumer.Parked:
+				seen["parked "+m.ID] = true
+			case consumer.Applied:
+				seen[m.ID] = true
+			}
+			if seen["a2"] && seen["parked b3"] { // b3 comes after a2: wait for both
 				flowOnce.Do(func() { close(flowed) })
 			}
 			if seen["b3"] {
