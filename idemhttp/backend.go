@@ -11,8 +11,8 @@ import (
 
 // Backend is where the middleware keeps its records: the contract between
 // the middleware and a store. This package's PostgreSQL store is one
-// (New wires it); the module github.com/idemkit/idemkit/contrib/redis has
-// one on Redis (NewWithBackend). Every Backend passes the same conformance
+// (New wires it); the module github.com/idemkit/idemkit/redis has one on
+// Redis (NewWithBackend). Every Backend passes the same conformance
 // suite (package idemhttp/idemhttptest).
 //
 // A Backend must make Reserve atomic per (account, operation, key): of

@@ -85,37 +85,43 @@ type Config struct {
 	// get 400 idempotency_key_missing.
 	Optional bool
 
-	// NoTx runs handlers without a transaction: Tx reports false, and the
-	// record is completed by its own statement after the handler returns.
-	// For handlers whose effects are outside this database (then a crash
+	// NoTx runs handlers without a transaction: Tx reports false, the key is
+	// reserved by a PROCESSING record committed first, and the record is
+	// completed by its own statement after the handler returns. For
+	// handlers whose effects are outside this database (then a crash
 	// between the effect and the completion leaves the record PROCESSING for
-	// the reconciler; it is never taken over). Defaults to false: every
-	// handler runs in a transaction the middleware commits together with the
-	// record.
+	// the reconciler; it is never taken over, by a middleware of any mode).
+	// Defaults to false: every handler runs in a transaction the middleware
+	// commits together with the record.
 	NoTx bool
 
-	// NoLeaseTakeover leaves records whose lease ended to the reconciler:
-	// requests with their key get 409 request_in_flight until a Reconciler
-	// settles them (Store.Reconcile, Store.Resolve) or they expire (TTL).
-	// Set it when a handler's effects do not all go through the middleware's
-	// transaction (it calls a payment provider itself), so that a request
-	// whose holder crashed is not run again before someone checked. With
-	// NoTx records are never taken over, whatever this says. Defaults to
-	// false: in transaction mode, the first request with the key and the same
-	// fingerprint after the lease ended takes the record over (a new token
-	// and lease) and runs the handler, and the old holder can no longer
-	// complete (409 lease_lost, its transaction rolled back).
+	// NoLeaseTakeover reserves each key with a PROCESSING record committed
+	// before the handler runs (in its transaction), and leaves records
+	// whose lease ended to the reconciler: requests with their key get 409
+	// request_in_flight until a Reconciler settles them (Store.Reconcile,
+	// Store.Resolve) or they expire (TTL), also on middlewares of the
+	// default mode. Set it when a handler's effects do not all go through
+	// the middleware's transaction (it calls a payment provider itself), so
+	// that a request whose holder crashed is not run again before someone
+	// checked. With NoTx records are never taken over, whatever this says.
+	// Defaults to false: in transaction mode a request holds its key with an
+	// advisory lock in its transaction, a holder that crashed frees it at
+	// once, and one still running at its lease end is fenced out (its
+	// session ended, its transaction rolled back, 409 lease_lost) so that
+	// the next request runs.
 	NoLeaseTakeover bool
 
 	// Lease is how long a request holds its key: its handler's context ends
-	// then, and from then on the record counts as stuck (FindStuck) until it
-	// completes or, in transaction mode, the next request with the key takes
-	// it over (NoLeaseTakeover). Defaults to LeaseDefault (1 minute).
+	// then. In transaction mode a holder still running is then fenced out
+	// and the next request with the key runs; with a record of its own
+	// (NoTx, NoLeaseTakeover) the record counts as stuck (FindStuck) from
+	// then on until it completes or a reconciler settles it. At least 1ms.
+	// Defaults to LeaseDefault (1 minute).
 	Lease time.Duration
 
-	// TTL is how long a record lives after it was reserved (or taken over)
-	// and again after it completed. After it, the key is unknown and a
-	// request with it runs anew. Defaults to TTLDefault (24 hours).
+	// TTL is how long a record lives after it completed (and, with a record
+	// of its own, after its lease would end). After it, the key is unknown
+	// and a request with it runs anew. Defaults to TTLDefault (24 hours).
 	TTL time.Duration
 
 	// Wait is how long a request whose key is in flight waits for the first
@@ -311,6 +317,9 @@ func (c Config) withDefaults() (Config, error) {
 	c.Lease = cmp.Or(c.Lease, LeaseDefault)
 	c.TTL = cmp.Or(c.TTL, TTLDefault)
 	c.RetryAfter = cmp.Or(c.RetryAfter, RetryAfterDefault)
+	if c.Lease < time.Millisecond {
+		return c, fmt.Errorf("%w: Lease %v is shorter than 1ms", ErrInvalidConfig, c.Lease)
+	}
 	if c.TTL < c.Lease {
 		return c, fmt.Errorf("%w: TTL %v is shorter than Lease %v", ErrInvalidConfig, c.TTL, c.Lease)
 	}

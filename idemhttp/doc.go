@@ -95,12 +95,14 @@
 // the client retries. With Config.Wait, it waits instead, at most Wait, and
 // is woken by the holder's end, not by polling: in transaction mode it asks
 // for the key's lock with pg_advisory_xact_lock bounded by lock_timeout
-// (what is left of Wait; the handler's statements run with the configured
-// lock_timeout again), so PostgreSQL grants it the moment the holder
+// (what is left of Wait; the handler's statements then run with the
+// lock_timeout the session had), so PostgreSQL grants it the moment the holder
 // commits, rolls back or loses its connection; it then reads the record as
 // a first request does: COMPLETED gives the replay, no record (the holder
 // released the key: 5xx, panic) makes it run the handler itself, holding the
-// lock it got. With a record of its own (NoLeaseTakeover) the holder takes an
+// lock it got. The first look never blocks, so replays of a completed
+// key do not queue on its lock; a waiter's lease starts when it holds the
+// key. With a record of its own (NoLeaseTakeover) the holder takes an
 // advisory lock on its record's token and waiters wait on that. When Wait
 // ends first, the request gets 409 request_in_flight. A holder running with
 // Config.NoTx holds no transaction during its handler, so its waiters look
@@ -115,24 +117,30 @@
 //
 // Takeover, in transaction mode (the default). A handler still running when
 // its lease ends is fenced out: the middleware ends its PostgreSQL session
-// (pg_terminate_backend, from another pooled connection; the pool's role
+// (pg_terminate_backend, from a connection of its own; the pool's role
 // must be allowed to, as it is for its own sessions), which rolls back its
 // transaction, with every business write and outbox message in it, and
 // frees the key. The next request with the key runs, and the old holder,
-// when its handler returns, gets 409 lease_lost; a holder can never commit
-// after its lease ended. Safety does not depend on clocks: the lock is the
+// when its handler returns, gets 409 lease_lost; a holder never begins its
+// completion after its lease ended (one begun just before may commit
+// after it, which is safe: the lock is held until that commit). The fence
+// runs on a connection of its own, outside the pool, and also when the
+// client has gone; a failure to fence is logged, and the key then stays
+// held until the handler returns. The middleware's transaction is READ
+// COMMITTED, whatever the session's default: it reads the record after
+// the lock was granted. Safety does not depend on clocks: the lock is the
 // fence, held by PostgreSQL for exactly as long as the holder's
 // transaction lives, and the lease only bounds how long that may be. A
 // holder whose host vanished without closing its connection keeps its
 // lock until PostgreSQL ends that session (TCP keepalives,
 // idle_in_transaction_session_timeout); requests with its key get 409 until
-// then, and never double its writes. A record left PROCESSING by a
-// holder with a record of its own (an older version of this package, or a
-// middleware with NoLeaseTakeover on the same operation) whose lease ended
-// is taken over too, by the first request with the same fingerprint: its
-// completion replaces the record only if it still has the token that
-// request read (logged as a warning "lease ended", with the previous
-// token).
+// then, and never double its writes. A record left PROCESSING by an older
+// version of this package (before migration 13) whose lease ended is taken
+// over by the first request with the same fingerprint: its completion
+// replaces the record only if it still has the token that request read
+// (logged as a warning "lease ended", with the previous token). Records
+// reserved with NoTx or NoLeaseTakeover (negative tokens) are never taken
+// over, by a middleware of any mode.
 //
 // Reconciliation, with Config.NoTx or Config.NoLeaseTakeover. A record
 // still PROCESSING after its lease is stuck: its holder crashed, hung or is

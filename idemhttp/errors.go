@@ -34,10 +34,11 @@ const (
 	// CodeInFlight (409, with Retry-After): a request with the key is
 	// being processed. Retry later with the same key.
 	CodeInFlight = "request_in_flight"
-	// CodeLeaseLost (409, with Retry-After): the lease of this request ended
-	// and its record was handed to another request or to the reconciler
-	// before it completed; nothing it wrote in the transaction was committed.
-	// Retry with the same key.
+	// CodeLeaseLost (409, with Retry-After): this request's hold on its key
+	// ended before it completed (its lease ended and it was fenced out, or
+	// the reconciler settled its record), or a record of the key appeared
+	// meanwhile; nothing it wrote in the transaction was committed. Retry
+	// with the same key: the retry runs, or replays what committed.
 	CodeLeaseLost = "lease_lost"
 	// CodeOperationFailed (409): a reconciler marked the operation with this
 	// key as failed. Use a new key.

@@ -40,7 +40,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Middleware, error) {
 			return nil, err
 		}
 	}
-	return &Middleware{backend: &pgBackend{pool: pool, store: c.Store}, store: c.Store, cfg: c}, nil
+	return &Middleware{backend: &pgBackend{pool: pool, store: c.Store, log: c.Logger}, store: c.Store, cfg: c}, nil
 }
 
 // NewWithBackend returns a Middleware whose records live in b, for example

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"sync"
 	"time"
@@ -29,6 +30,7 @@ import (
 type pgBackend struct {
 	pool  *pgxpool.Pool
 	store *Store
+	log   *slog.Logger
 }
 
 // pollMax bounds the pause between two looks at a record held by a request
@@ -52,7 +54,7 @@ func (s *Store) Backend(pool *pgxpool.Pool) (Backend, error) {
 	if pool == nil {
 		return nil, errors.New("idemhttp: nil pool")
 	}
-	return &pgBackend{pool: pool, store: s}, nil
+	return &pgBackend{pool: pool, store: s, log: slog.Default()}, nil
 }
 
 func (b *pgBackend) Reserve(ctx context.Context, req *Request) (Reservation, error) {
@@ -74,19 +76,26 @@ func (b *pgBackend) reserveLocked(ctx context.Context, req *Request) (Reservatio
 	deadline := time.Now().Add(req.Wait)
 	pause := time.Millisecond
 	lock := b.store.lockKey(req.Account, req.Operation, req.Key)
+	// The first look never blocks, so that replays of a completed key never
+	// queue on its lock; with Wait, a request that found the key held looks
+	// again blocking on the lock.
+	blocking := false
 	for {
 		conn, err := b.pool.Acquire(ctx)
 		if err != nil {
 			return Reservation{}, fmt.Errorf("idemhttp: reserve: acquire a connection: %w", err)
 		}
-		start := time.Now()
-		now := b.store.now()
-		wait := time.Until(deadline)
+		var wait time.Duration
+		if blocking {
+			wait = time.Until(deadline)
+		}
 		tx, locked, rec, err := b.store.beginLocked(ctx, conn, lock, req, wait)
 		if err != nil {
 			conn.Release()
 			return Reservation{}, err
 		}
+		// The lease starts once the key is held (after any wait for it).
+		start, now := time.Now(), b.store.now()
 		end := func() {
 			fctx, cancel := finishContext(ctx)
 			defer cancel()
@@ -101,19 +110,27 @@ func (b *pgBackend) reserveLocked(ctx context.Context, req *Request) (Reservatio
 			// A holder in flight (or, with Wait, one that did not finish in
 			// time); its fingerprint is not stored yet.
 			end()
+			if !blocking && time.Until(deadline) > 0 {
+				blocking = true
+				continue
+			}
 			return Reservation{State: StateProcessing}, nil
-		case !live, locked && rec.state == StateProcessing && !rec.lockedUntil.After(now) &&
+		case !live, locked && rec.state == StateProcessing && rec.token > 0 && !rec.lockedUntil.After(now) &&
 			bytes.Equal(rec.fingerprint, req.Fingerprint):
+			// No live record, or a PROCESSING record of an older version
+			// whose lease ended (taken over). Records reserved with NoTx or
+			// NoLeaseTakeover have negative tokens and are never taken over.
 			h := &pgLockHold{b: b, conn: conn, tx: tx, req: req, start: now, leaseEnd: start.Add(req.Lease),
 				replace: rec != nil}
 			res := Reservation{Hold: h}
-			if live { // a PROCESSING record whose holder's lease ended: taken over
+			if live {
 				h.prevToken = rec.token
 				res.TakenOver, res.PreviousToken = true, rec.token
 			}
 			return res, nil
 		}
 		end()
+		blocking = false
 		res := rec.reservation()
 		if rec.state != StateProcessing || !bytes.Equal(rec.fingerprint, req.Fingerprint) || time.Until(deadline) <= 0 {
 			return res, nil
@@ -149,40 +166,67 @@ type pgLockHold struct {
 }
 
 // Run runs f in the transaction until the lease ends. A handler still
-// running then is fenced: its session is terminated (pg_terminate_backend,
-// from another pooled connection), which rolls its transaction back and
-// frees the key for the next request; its completion then fails.
+// running then is fenced, also when its client has gone: its session is
+// terminated (pg_terminate_backend, on a connection of its own outside the
+// pool, which may be exhausted by then), which rolls its transaction back
+// and frees the key for the next request; its completion then fails.
 func (h *pgLockHold) Run(ctx context.Context, f func(context.Context, pgx.Tx)) {
 	hctx, cancel := context.WithDeadline(ctx, h.leaseEnd)
 	defer cancel()
+	fctx, fcancel := context.WithDeadline(context.WithoutCancel(ctx), h.leaseEnd)
+	defer fcancel()
 	h.mu.Lock()
 	h.running = true
 	h.mu.Unlock()
 	fenced := make(chan struct{})
-	stop := context.AfterFunc(hctx, func() {
+	stop := context.AfterFunc(fctx, func() {
 		defer close(fenced)
-		if !errors.Is(hctx.Err(), context.DeadlineExceeded) || ctx.Err() != nil {
+		if !errors.Is(fctx.Err(), context.DeadlineExceeded) {
 			return
 		}
 		h.mu.Lock()
-		defer h.mu.Unlock()
-		if !h.running {
-			return
+		fence := h.running
+		h.fenced = fence
+		h.mu.Unlock()
+		if fence {
+			h.b.fence(context.WithoutCancel(ctx), h.conn.Conn().PgConn().PID())
 		}
-		h.fenced = true
-		fctx, cancel := finishContext(ctx)
-		defer cancel()
-		_, _ = h.b.pool.Exec(fctx, `SELECT pg_catalog.pg_terminate_backend($1)`, h.conn.Conn().PgConn().PID())
 	})
 	defer func() {
 		h.mu.Lock()
 		h.running = false
 		h.mu.Unlock()
 		if !stop() {
-			<-fenced
+			<-fenced // Complete sees fenced, and nothing commits after the fence
 		}
 	}()
 	f(hctx, h.tx)
+}
+
+// fence terminates the PostgreSQL session pid, from a connection of its
+// own, and logs what it could not do.
+func (b *pgBackend) fence(ctx context.Context, pid uint32) {
+	ctx, cancel := context.WithTimeout(ctx, finishTimeout)
+	defer cancel()
+	err := func() error {
+		conn, err := pgx.ConnectConfig(ctx, b.pool.Config().ConnConfig.Copy())
+		if err != nil {
+			return err
+		}
+		defer conn.Close(context.WithoutCancel(ctx))
+		var done bool
+		if err := conn.QueryRow(ctx, `SELECT pg_catalog.pg_terminate_backend($1)`, pid).Scan(&done); err != nil {
+			return err
+		}
+		if !done {
+			b.log.DebugContext(ctx, "idemhttp: fence: the holder's session had already ended", slog.Any("pid", pid))
+		}
+		return nil
+	}()
+	if err != nil {
+		b.log.ErrorContext(ctx, "idemhttp: fence: could not end the session of a holder past its lease; "+
+			"its key stays held until its handler returns", slog.Any("pid", pid), slog.Any("err", err))
+	}
 }
 
 func (h *pgLockHold) Complete(ctx context.Context, resp Response) error {
@@ -249,13 +293,17 @@ func (s *Store) lockKey(account, operation, key string) int64 {
 func (s *Store) beginLocked(ctx context.Context, conn *pgxpool.Conn, lock int64, req *Request, wait time.Duration) (
 	tx pgx.Tx, locked bool, rec *storedRecord, err error) {
 	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{})
+	// READ COMMITTED whatever the session's default: the record is read in
+	// a statement (and a snapshot) that starts after the lock was granted.
+	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if wait > 0 {
 		ms := max(1, (wait+time.Millisecond-1)/time.Millisecond) // lock_timeout 0 means none
+		// The lock_timeout in force is kept aside and restored after the
+		// lock, so that the handler's statements run with it.
+		b.Queue(`SELECT pg_catalog.set_config('idemkit.lock_timeout', pg_catalog.current_setting('lock_timeout'), true)`)
 		b.Queue(`SELECT pg_catalog.set_config('lock_timeout', $1, true)`, strconv.FormatInt(int64(ms), 10))
 		b.Queue(`SELECT true FROM pg_catalog.pg_advisory_xact_lock($1)`, lock)
-		// The handler's statements run with the configured lock_timeout.
-		b.Queue(`SET LOCAL lock_timeout TO DEFAULT`)
+		b.Queue(`SELECT pg_catalog.set_config('lock_timeout', pg_catalog.current_setting('idemkit.lock_timeout'), true)`)
 		b.Queue(s.readSQL, req.Account, req.Operation, req.Key)
 	} else {
 		b.Queue(s.lockReadSQL, req.Account, req.Operation, req.Key, lock)
@@ -265,8 +313,10 @@ func (s *Store) beginLocked(ctx context.Context, conn *pgxpool.Conn, lock int64,
 	_, err = br.Exec() // BEGIN
 	timedOut := false
 	if wait > 0 {
-		if err == nil {
-			_, err = br.Exec()
+		for range 2 {
+			if err == nil {
+				_, err = br.Exec()
+			}
 		}
 		if err == nil {
 			err = br.QueryRow().Scan(&locked)

@@ -605,7 +605,10 @@ func (s *Store) reserve(ctx context.Context, db DBTX, a reserveArgs) (reservatio
 	for range 8 {
 		start := time.Now()
 		now := s.now()
-		token := newToken()
+		// A record of its own has a negative token: the default mode never
+		// takes it over (it takes over only the positive tokens that
+		// versions before 13 gave every reservation).
+		token := -newToken()
 		var (
 			reserved               bool
 			res                    reservation

@@ -32,11 +32,14 @@
 //
 // Completion and release are compare-and-set on the token, each one
 // script: the record is stored (SET rec … PX TTL) and the lock deleted only
-// if the lock still holds this request's token; release (a 5xx, a panic)
-// deletes the lock only then. So a holder whose lease ended cannot
-// overwrite the record or free the lock of the request that holds the key
-// after it: its completion fails (logged; the client still gets the
-// handler's response, since its effects happened).
+// if the lock still holds this request's token, or if the lock expired and
+// nobody took the key since (no lock, no record: a handler that finished
+// just after its lease keeps its record, since its effect happened);
+// release (a 5xx, a panic) deletes the lock only if it holds the token. So
+// a holder whose lease ended cannot overwrite the record or free the lock
+// of the request that holds the key after it: its completion fails
+// (logged; the client still gets the handler's response, since its effects
+// happened).
 //
 // Lease. The lock lives Config.Lease (PX); the handler's context ends at
 // the same instant by this process's clock, which starts before the lock's.
@@ -69,6 +72,10 @@
 //   - A handler that outlives its lease (it ignored its context) may run
 //     at the same time as the next holder: the token fences the record, not
 //     the effects.
+//   - Redis must not evict these keys: run it with maxmemory-policy
+//     noeviction (or no maxmemory). Every key here has a lifetime (PX), so
+//     the volatile-* policies, and allkeys-*, may drop a live lock or record
+//     under memory pressure, and a retry then runs again.
 //   - Redis persistence and failover can lose a reservation or a record: a
 //     server that restarts without its append-only file synced at every
 //     write (appendfsync always), or a replica promoted before it received

@@ -96,9 +96,13 @@ if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {'held'}
 return {'lock', redis.call('GET', KEYS[2]) or '', redis.call('PTTL', KEYS[2])}
 `)
 	// KEYS: rec, lock, done. ARGV: lock value, record, TTL (ms).
-	// Returns 1 when completed, 0 when the lock is not the caller's.
+	// Returns 1 when completed, 0 when another request holds or completed
+	// the key. A lock that expired just before (the handler finished a bit
+	// after its lease) while nobody else took the key still completes: the
+	// effect happened, and dropping its record would run it again.
 	completeScript = redis.NewScript(`
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+local cur = redis.call('GET', KEYS[2])
+if cur ~= ARGV[1] and (cur or redis.call('EXISTS', KEYS[1]) == 1) then return 0 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 redis.call('DEL', KEYS[2])
 redis.call('PUBLISH', KEYS[3], 'completed')
@@ -127,6 +131,9 @@ type record struct {
 // the holder's completion or release on the scope's pub/sub channel, or by
 // its lock's expiry).
 func (s *Store) Reserve(ctx context.Context, req *idemhttp.Request) (idemhttp.Reservation, error) {
+	if req.Lease < time.Millisecond || req.TTL < time.Millisecond {
+		return idemhttp.Reservation{}, fmt.Errorf("idemredis: reserve: Lease %v and TTL %v must be at least 1ms", req.Lease, req.TTL)
+	}
 	k := s.keysOf(req.Account, req.Operation, req.Key)
 	lockTTL := req.Lease
 	if req.NoTakeover {
@@ -196,8 +203,11 @@ func decodeReserve(out []any) (idemhttp.Reservation, int64, error) {
 	case "held":
 		return idemhttp.Reservation{}, 0, nil
 	case "rec":
+		if len(out) != 2 {
+			return bad()
+		}
 		v, ok := out[1].(string)
-		if !ok || len(out) != 2 {
+		if !ok {
 			return bad()
 		}
 		var r record
@@ -207,9 +217,12 @@ func decodeReserve(out []any) (idemhttp.Reservation, int64, error) {
 		return idemhttp.Reservation{State: idemhttp.StateCompleted, Fingerprint: r.Fingerprint,
 			Response: idemhttp.Response{Status: r.Status, Header: r.Header, Body: r.Body}}, 0, nil
 	case "lock":
+		if len(out) != 3 {
+			return bad()
+		}
 		v, ok1 := out[1].(string)
 		pttl, ok2 := out[2].(int64)
-		if !ok1 || !ok2 || len(out) != 3 {
+		if !ok1 || !ok2 {
 			return bad()
 		}
 		res := idemhttp.Reservation{State: idemhttp.StateProcessing}

@@ -294,3 +294,42 @@ func TestRedisRestartedWhileInFlight(t *testing.T) {
 		t.Fatalf("handler runs = %d, want 1 (the request that got 503 for key other ran nothing)", n)
 	}
 }
+
+// A handler that finishes shortly after its lease, while nobody else took
+// the key, keeps its record: the client's retry is a replay, the charge
+// happened once (hostile review of issue 14).
+func TestLateCompletionKept(t *testing.T) {
+	t.Parallel()
+	var runs atomic.Int32
+	mw, err := idemhttp.NewWithBackend(newStore(t), &idemhttp.Config{
+		Account: func(*http.Request) (string, error) { return "acct-1", nil },
+		Lease:   300 * time.Millisecond, TTL: time.Hour,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)                        // the charge
+		time.Sleep(450 * time.Millisecond) // a provider call a bit slower than the lease
+		w.WriteHeader(http.StatusCreated)
+	})))
+	defer srv.Close()
+	post := func() (int, string) {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"a":1}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(idemhttp.HeaderKey, "k1")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		_, _ = io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header.Get(idemhttp.HeaderReplayed)
+	}
+	s1, r1 := post()
+	s2, r2 := post() // the client lost the first answer and retries
+	t.Logf("first %d replayed=%q, retry %d replayed=%q", s1, r1, s2, r2)
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("handler runs = %d for one key, nobody else ever held it; want 1", n)
+	}
+}

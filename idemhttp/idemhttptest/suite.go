@@ -11,8 +11,11 @@
 // gets 409 with Retry-After, or with Config.Wait the replay; a replay is
 // byte-identical (status, allow-listed headers, body) and marked; a
 // retryable status (5xx) releases the key; a holder whose lease ended is
-// fenced out (the record is the next holder's); a record expires after its
-// TTL; accounts are isolated. Leases and TTLs are real time (short ones: a
+// fenced out (the record is the next holder's); a holder that completes
+// just after its lease while nobody took the key over either commits nothing
+// (a transactional backend) or keeps its record (the others: its effect
+// happened); a waiter runs when the holder releases, and gets 409 when Wait
+// ends first; a record expires after its TTL; accounts are isolated. Leases and TTLs are real time (short ones: a
 // run takes a few seconds).
 package idemhttptest
 
@@ -57,6 +60,9 @@ func Run(t *testing.T, newBackend func(t *testing.T) idemhttp.Backend, opts Opti
 		{"ReplayIsIdentical", testReplay},
 		{"RetryableStatusReleases", testRetryable},
 		{"LeaseTakeoverIsFenced", testTakeover},
+		{"LateCompletion", testLateCompletion},
+		{"WaiterRunsWhenHolderReleases", testWaitRelease},
+		{"WaitEndsIn409", testWaitEnds},
 		{"TTLExpiry", testTTL},
 		{"TenantsAreIsolated", testTenants},
 	}
@@ -439,4 +445,66 @@ func testTenants(t *testing.T, nb func(*testing.T) idemhttp.Backend, _ Options) 
 	if s.runsOf("acct-1", key) != 1 || s.runsOf("acct-2", key) != 1 {
 		t.Fatalf("runs = %d and %d, want 1 each", s.runsOf("acct-1", key), s.runsOf("acct-2", key))
 	}
+}
+
+func testLateCompletion(t *testing.T, nb func(*testing.T) idemhttp.Backend, opts Options) {
+	s := newServer(t, nb(t), func(c *idemhttp.Config) { c.Lease = 300 * time.Millisecond })
+	key := newKey()
+	var once sync.Once
+	s.setBlock(func(*http.Request) { once.Do(func() { time.Sleep(450 * time.Millisecond) }) }) // past the lease
+	first := s.post("acct-1", key, body)
+	retry := s.post("acct-1", key, body)
+	if opts.Transactional {
+		// Fenced at its lease end: nothing committed; the retry runs.
+		wantCode(t, first, http.StatusConflict, idemhttp.CodeLeaseLost)
+		wantFirst(t, retry)
+		wantReplayOf(t, s.post("acct-1", key, body), retry)
+		return
+	}
+	// Its effect happened and nobody else held the key: its record stands.
+	wantFirst(t, first)
+	wantReplayOf(t, retry, first)
+	if got := s.runsOf("acct-1", key); got != 1 {
+		t.Fatalf("handler runs = %d, want 1", got)
+	}
+}
+
+func testWaitRelease(t *testing.T, nb func(*testing.T) idemhttp.Backend, _ Options) {
+	s := newServer(t, nb(t), func(c *idemhttp.Config) { c.Wait = 20 * time.Second })
+	key := newKey()
+	started, open := gate(t, s)
+	first := make(chan response, 1)
+	go func() { first <- s.post("acct-1", key, body, "X-Status", "503") }()
+	<-started
+	second := make(chan response, 1)
+	go func() { second <- s.post("acct-1", key, body) }()
+	time.Sleep(200 * time.Millisecond) // let the duplicate wait
+	open()
+	if r := <-first; r.status != http.StatusServiceUnavailable {
+		t.Fatalf("holder got %v, want its 503", r)
+	}
+	r := <-second
+	wantFirst(t, r) // the key was released: the waiter ran the handler itself
+	wantReplayOf(t, s.post("acct-1", key, body), r)
+	if got := s.runsOf("acct-1", key); got != 2 {
+		t.Fatalf("handler runs = %d, want 2", got)
+	}
+}
+
+func testWaitEnds(t *testing.T, nb func(*testing.T) idemhttp.Backend, _ Options) {
+	s := newServer(t, nb(t), func(c *idemhttp.Config) { c.Wait = 300 * time.Millisecond })
+	key := newKey()
+	started, open := gate(t, s)
+	first := make(chan response, 1)
+	go func() { first <- s.post("acct-1", key, body) }()
+	<-started
+	begin := time.Now()
+	wantCode(t, s.post("acct-1", key, body), http.StatusConflict, idemhttp.CodeInFlight)
+	if waited := time.Since(begin); waited < 250*time.Millisecond {
+		t.Fatalf("answered 409 after %v, before Wait (300ms) ended", waited)
+	}
+	open()
+	f := <-first
+	wantFirst(t, f)
+	wantReplayOf(t, s.post("acct-1", key, body), f)
 }
