@@ -712,26 +712,11 @@ func (s *Store) completeAndCommit(ctx context.Context, tx pgx.Tx, a reserveArgs,
 	b := &pgx.Batch{}
 	b.Queue(s.completeTxSQL, a.account, a.operation, a.key, token, resp.Status, headerJSON, body, now, now.Add(a.ttl))
 	b.Queue("COMMIT")
-	br := tx.SendBatch(ctx, b)
-	_, err = br.Exec()
-	var tag pgconn.CommandTag
-	if err == nil {
-		tag, err = br.Exec()
-		if err != nil {
-			err = fmt.Errorf("commit: %w", err)
-		}
-	}
-	if cerr := br.Close(); err == nil && cerr != nil {
-		err = cerr
-	}
-	switch {
-	case isLeaseLost(err):
+	switch err := s.sendCompletion(ctx, tx, b); {
+	case errors.Is(err, ErrLeaseLost):
 		return false, nil
 	case err != nil:
-		return false, fmt.Errorf("idemhttp: complete: %w", translate(err))
-	case tag.String() != "COMMIT":
-		// PostgreSQL answers COMMIT of a failed transaction with ROLLBACK.
-		return false, fmt.Errorf("idemhttp: complete: %w", pgx.ErrTxCommitRollback)
+		return false, err
 	}
 	return true, nil
 }
