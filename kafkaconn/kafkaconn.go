@@ -88,8 +88,8 @@ func (c *Config) Validate() error {
 		return invalid("Brokers is empty")
 	}
 	for _, b := range c.Brokers {
-		if _, _, err := net.SplitHostPort(b); err != nil {
-			return invalid("broker %q is not host:port", b)
+		if strings.TrimSpace(b) == "" {
+			return invalid("Brokers holds an empty address")
 		}
 	}
 	if c.DialTimeout < 0 {

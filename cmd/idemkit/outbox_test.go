@@ -44,7 +44,7 @@ func TestCLIOutboxAndDedup(t *testing.T) {
 	published := make(chan struct{}, 1)
 	tr := &kafka.Transport{MetadataTTL: 50 * time.Millisecond}
 	t.Cleanup(tr.CloseIdleConnections)
-	relay, err := outbox.NewRelay(db.Pool, store, &outbox.RelayConfig{Brokers: testenv.Brokers(t), Transport: tr,
+	relay, err := outbox.NewRelay(db.Pool, store, &outbox.RelayConfig{Kafka: testenv.Kafka(t),
 		ParkAfter: 2, RetryInitial: 20 * time.Millisecond, RetryMax: 50 * time.Millisecond, PollInterval: 50 * time.Millisecond,
 		Hooks: outbox.Hooks{ // signals only: a hook must never block the relay
 			Parked:    func(outbox.Record, error) { notify(parked) },
