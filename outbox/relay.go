@@ -24,6 +24,7 @@ const (
 	PollIntervalDefault    = 500 * time.Millisecond
 	WakeDelayDefault       = 5 * time.Millisecond
 	PublishTimeoutDefault  = 10 * time.Second
+	MetadataTTLDefault     = 2 * time.Second
 	HandlerTimeoutDefault  = 30 * time.Second
 	RetryInitialDefault    = 100 * time.Millisecond
 	RetryMaxDefault        = 10 * time.Second
@@ -44,11 +45,13 @@ var ErrMessageTooLarge = errors.New("outbox: message larger than MaxBatchBytes")
 // RelayConfig configures a Relay. Kafka.Brokers is required.
 type RelayConfig struct {
 	// Kafka is how to reach the cluster: its brokers, TLS and SASL (see
-	// package kafkaconn). The relay makes its transport from it (with a
-	// MetadataTTL of 2s: how long a topic created while the relay runs may
-	// still look missing, its messages retried meanwhile) and closes it when
-	// Run returns.
+	// package kafkaconn). The relay makes its transport from it and closes it
+	// when Run returns.
 	Kafka kafkaconn.Config
+	// MetadataTTL is how long the relay trusts the topic metadata it read:
+	// how long a topic created while the relay runs may still look missing
+	// (its messages fail and are retried meanwhile). Defaults to 2s.
+	MetadataTTL time.Duration
 
 	// BatchSize is the most messages one round claims and publishes.
 	// Defaults to 500.
@@ -211,7 +214,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("outbox: %w", err)
 	}
-	transport.MetadataTTL = 2 * time.Second
+	transport.MetadataTTL = cmp.Or(r.cfg.MetadataTTL, MetadataTTLDefault)
 	defer transport.CloseIdleConnections()
 	log := r.loop.logger.With("component", "outbox.relay")
 	e := &engine{pool: r.pool, store: r.store, cfg: r.loop, log: log}

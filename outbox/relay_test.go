@@ -319,10 +319,8 @@ func TestPoisonIsParkedAndRetried(t *testing.T) {
 	parkedHook := make(chan outbox.Record, 10)
 	// Metadata cached for less than the retry schedule: once the topic is
 	// created, the retried message sees it.
-	tr := &kafka.Transport{MetadataTTL: 50 * time.Millisecond}
-	t.Cleanup(tr.CloseIdleConnections)
 	run(t, newRelay(t, db, store, outbox.RelayConfig{ParkAfter: 3, RetryInitial: 50 * time.Millisecond,
-		RetryMax: 100 * time.Millisecond, MaxBatchBytes: 64 << 10,
+		RetryMax: 100 * time.Millisecond, MaxBatchBytes: 64 << 10, MetadataTTL: 50 * time.Millisecond,
 		Hooks: outbox.Hooks{Published: pub.hook, Parked: func(r outbox.Record, err error) {
 			parked.Add(1)
 			parkedHook <- r
