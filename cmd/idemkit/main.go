@@ -38,7 +38,14 @@
 //
 // -database and -brokers default to $IDEMKIT_DATABASE_URL and
 // $IDEMKIT_KAFKA_BROKERS (help never prints their values: a URL may carry a
-// password). A schema without idemkit's tables is one line naming it and
+// password). Every Kafka command takes the connection setting of package
+// kafkaconn: -kafka-tls, -kafka-ca FILE, -kafka-cert FILE -kafka-key FILE,
+// -kafka-server-name, -kafka-sasl plain|scram-sha-256|scram-sha-512,
+// -kafka-user, -kafka-password-file and -kafka-client-id, each defaulting to
+// its $IDEMKIT_KAFKA_* variable (IDEMKIT_KAFKA_TLS, IDEMKIT_KAFKA_CA, ...);
+// the password comes from $IDEMKIT_KAFKA_PASSWORD or -kafka-password-file,
+// never from a flag, and is never printed. Brokers that refuse the
+// credentials or certificates are one line naming them. A schema without idemkit's tables is one line naming it and
 // "run idemkit migrate up". Exit status: 0 done, 1 failed (one line on
 // stderr says why), 2 bad usage, 3 (status only) a threshold was crossed.
 package main
@@ -101,11 +108,11 @@ func init() {
 		{name: "migrate up", synopsis: "[-database URL] [-schema S]", summary: "apply idemkit's migrations", run: migrateCmd},
 		{name: "migrate down", synopsis: "VERSION [-database URL] [-schema S]", summary: "revert migrations down to VERSION (0: all)", run: migrateCmd},
 		{name: "migrate status", synopsis: "[-json] [-database URL] [-schema S]", summary: "the versions applied and those this build knows", run: migrateCmd},
-		{name: "dlq list", synopsis: "-topic T.dlq [filters] [-json] [redaction] [-brokers B]", summary: "list dead letters",
+		{name: "dlq list", synopsis: "-topic T.dlq [filters] [-json] [redaction] [-brokers B] [kafka]", summary: "list dead letters",
 			doc: dlqListHelp, run: dlqCmd},
-		{name: "dlq inspect", synopsis: "-topic T.dlq (-id ID | -at PARTITION/OFFSET) [-json] [redaction] [-brokers B]",
+		{name: "dlq inspect", synopsis: "-topic T.dlq (-id ID | -at PARTITION/OFFSET) [-json] [redaction] [-brokers B] [kafka]",
 			summary: "show a dead letter: origin, key, value, headers, history", doc: dlqInspectHelp, run: dlqCmd},
-		{name: "dlq replay", synopsis: "-topic T.dlq [filters] [-dry-run] [-rate N] [-replay-limit N] [-max-outage D] [-brokers B] [-database URL] [-schema S]",
+		{name: "dlq replay", synopsis: "-topic T.dlq [filters] [-dry-run] [-rate N] [-replay-limit N] [-max-outage D] [-brokers B] [kafka] [-database URL] [-schema S]",
 			summary: "write dead letters back to their origin topic", doc: dlqReplayHelp, run: dlqCmd},
 		{name: "idemhttp stuck", synopsis: "[-json] [-limit N] [-database URL] [-schema S] [-table T]",
 			summary: "list HTTP idempotency records still in flight after their lease", doc: stuckHelp, run: idemhttpCmd},
@@ -115,15 +122,15 @@ func init() {
 			summary: "requeue parked outbox messages (with the messages of their key parked behind them)", run: outboxCmd},
 		{name: "dedup purge", synopsis: "-older-than D [-batch N] [-database URL] [-schema S]",
 			summary: "delete processed-message records past their retention", doc: purgeHelp, run: dedupCmd},
-		{name: "consumer positions", synopsis: "-group G -topic T [-name N] [-json] [-brokers B] [-database URL] [-schema S] [-table T]",
+		{name: "consumer positions", synopsis: "-group G -topic T [-name N] [-json] [-brokers B] [kafka] [-database URL] [-schema S] [-table T]",
 			summary: "where a consumer stands, per partition, in PostgreSQL and Kafka", doc: positionsHelp, run: consumerCmd},
-		{name: "consumer seek", synopsis: "-group G -topic T [-name N] TARGET [-partitions 0,2] [-recreated] [-new] [-force] [-dry-run] [-brokers B] [-database URL] [-schema S] [-table T]",
+		{name: "consumer seek", synopsis: "-group G -topic T [-name N] TARGET [-partitions 0,2] [-recreated] [-new] [-force] [-dry-run] [-brokers B] [kafka] [-database URL] [-schema S] [-table T]",
 			summary: "rewind or skip a consumer: PostgreSQL positions and Kafka offsets together", doc: seekHelp, run: consumerCmd},
 		{name: "consumer parked list", synopsis: "-topic T (-name N | -group G) [-partitions 0,2] [-key K]... [-limit N] [-json] [redaction] [-database URL] [-schema S]",
 			summary: "list the messages a NonBlocking consumer parked", doc: parkedListHelp, run: parkedCmd},
 		{name: "consumer parked retry", synopsis: "-topic T (-name N | -group G) (-key K... | -all) [-partitions 0,2] [-dry-run] [-json] [-database URL] [-schema S]",
 			summary: "make parked keys due now: the consumer re-attempts them, in order", doc: parkedRetryHelp, run: parkedCmd},
-		{name: "status", synopsis: "[-json] [thresholds] [-brokers B] [-database URL] [-schema S]",
+		{name: "status", synopsis: "[-json] [thresholds] [-brokers B] [kafka] [-database URL] [-schema S]",
 			summary: "one screen on everything; exit 3 when a threshold is crossed", doc: statusHelp, run: statusCmd},
 		{name: "version", synopsis: "[-json]", summary: "the module version, its commit and the Go version it was built with", run: versionCmd},
 	}
@@ -155,6 +162,10 @@ const usageNotes = `
 'idemkit COMMAND -h' (or --help, or 'idemkit help COMMAND') shows what a command
 does and every flag with its description; 'idemkit dlq -h' lists a group's commands.
 -database and -brokers default to $IDEMKIT_DATABASE_URL and $IDEMKIT_KAFKA_BROKERS.
+Kafka commands reach TLS/SASL clusters with -kafka-tls, -kafka-ca, -kafka-cert/-kafka-key,
+-kafka-sasl plain|scram-sha-256|scram-sha-512 and -kafka-user (or IDEMKIT_KAFKA_TLS,
+IDEMKIT_KAFKA_CA, IDEMKIT_KAFKA_SASL, IDEMKIT_KAFKA_USER, ...); the password comes from
+$IDEMKIT_KAFKA_PASSWORD or -kafka-password-file, never from a flag.
 Listings take -json. Payloads (message keys, values, headers, error texts) are
 redacted unless -show-payload is given: card-number-like digit runs, sensitive JSON
 fields and headers, and -redact-fields / -redact-regexp matches are masked.
