@@ -13,6 +13,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -109,11 +110,14 @@ const (
 // position does not move, so nothing is lost.
 type FailureFunc func(ctx context.Context, msg *Message, err error) error
 
-// Config configures a Runner. Brokers, Topic, GroupID, Pool and one of
-// Handler or BatchHandler are required.
+// Config configures a Runner. Kafka.Brokers, Topic, GroupID, Pool and one
+// of Handler or BatchHandler are required.
 type Config struct {
-	// Brokers are the Kafka bootstrap addresses.
-	Brokers []string
+	// Kafka is how to reach the cluster: its brokers, TLS and SASL (see
+	// package kafkaconn). The consumer group, the partition reads and the
+	// metadata and offset requests all go through it. Brokers is required;
+	// the rest defaults to plaintext without authentication.
+	Kafka kafkaconn.Config
 	// Topic is the topic to consume. It must exist: the runner never creates it.
 	Topic string
 	// GroupID is the Kafka consumer group.
@@ -257,9 +261,6 @@ type Config struct {
 	// former 10s). It must exceed HeartbeatInterval plus the time your
 	// handler takes to stop. Defaults to 5s.
 	RebalanceTimeout time.Duration
-	// Dialer connects to Kafka. Defaults to kafka-go's default dialer.
-	Dialer *kafka.Dialer
-
 	// Logger receives structured logs. Defaults to slog.Default().
 	Logger *slog.Logger
 	// Hooks observe the runner; every field is optional.
@@ -407,8 +408,8 @@ func (c Config) withDefaults() (Config, error) {
 		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
 	}
 	switch {
-	case len(c.Brokers) == 0:
-		return c, invalid("Brokers is empty")
+	case c.Kafka.Validate() != nil:
+		return c, fmt.Errorf("%w: Kafka: %w", ErrInvalidConfig, c.Kafka.Validate())
 	case c.Topic == "":
 		return c, invalid("Topic is empty")
 	case c.GroupID == "":

@@ -21,6 +21,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -187,7 +188,7 @@ func (o *outcomes) count(oc consumer.Outcome) int {
 // set, runs first for each message and may fail it; the effect follows.
 func (e *env) config(md mode, check func(ctx context.Context, m *consumer.Message) error) *consumer.Config {
 	cfg := &consumer.Config{
-		Brokers: testenv.Brokers(e.t), Topic: e.topic, GroupID: e.group,
+		Kafka: testenv.Kafka(e.t), Topic: e.topic, GroupID: e.group,
 		Pool: e.db.Pool, Store: e.store, BatchSize: md.batch,
 		Retry:  &retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
 		Logger: slog.New(slog.NewTextHandler(e.t.Output(), nil)),
@@ -536,21 +537,21 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	for name, cfg := range map[string]*consumer.Config{
 		"nil":          nil,
 		"no brokers":   {Topic: "t", GroupID: "g", Pool: pool, Handler: h},
-		"no topic":     {Brokers: []string{"b"}, GroupID: "g", Pool: pool, Handler: h},
-		"no group":     {Brokers: []string{"b"}, Topic: "t", Pool: pool, Handler: h},
-		"no pool":      {Brokers: []string{"b"}, Topic: "t", GroupID: "g", Handler: h},
-		"no handler":   {Brokers: []string{"b"}, Topic: "t", GroupID: "g", Pool: pool},
-		"bad batch":    {Brokers: []string{"b"}, Topic: "t", GroupID: "g", Pool: pool, Handler: h, BatchSize: -1},
-		"bad name":     {Brokers: []string{"b"}, Topic: "t", GroupID: "g\x00", Pool: pool, Handler: h},
-		"bad start":    {Brokers: []string{"b"}, Topic: "t", GroupID: "g", Pool: pool, Handler: h, StartOffset: 7},
-		"both handler": {Brokers: []string{"b"}, Topic: "t", GroupID: "g", Pool: pool, Handler: h, BatchHandler: consumer.BatchHandlerFunc(nil)},
-		"heartbeat over session": {Brokers: []string{"b"}, Topic: "t", GroupID: "g", Pool: pool, Handler: h,
+		"no topic":     {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, GroupID: "g", Pool: pool, Handler: h},
+		"no group":     {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", Pool: pool, Handler: h},
+		"no pool":      {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g", Handler: h},
+		"no handler":   {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g", Pool: pool},
+		"bad batch":    {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g", Pool: pool, Handler: h, BatchSize: -1},
+		"bad name":     {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g\x00", Pool: pool, Handler: h},
+		"bad start":    {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g", Pool: pool, Handler: h, StartOffset: 7},
+		"both handler": {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g", Pool: pool, Handler: h, BatchHandler: consumer.BatchHandlerFunc(nil)},
+		"heartbeat over session": {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g", Pool: pool, Handler: h,
 			SessionTimeout: 6 * time.Second, HeartbeatInterval: 6 * time.Second},
-		"heartbeat over rebalance": {Brokers: []string{"b"}, Topic: "t", GroupID: "g", Pool: pool, Handler: h,
+		"heartbeat over rebalance": {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g", Pool: pool, Handler: h,
 			RebalanceTimeout: time.Second, HeartbeatInterval: 2 * time.Second},
-		"negative buffer":   {Brokers: []string{"b"}, Topic: "t", GroupID: "g", Pool: pool, Handler: h, MaxBufferedBytes: -1},
-		"negative outage":   {Brokers: []string{"b"}, Topic: "t", GroupID: "g", Pool: pool, Handler: h, MaxOutage: -time.Second},
-		"unknown recreated": {Brokers: []string{"b"}, Topic: "t", GroupID: "g", Pool: pool, Handler: h, OnRecreated: 7},
+		"negative buffer":   {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g", Pool: pool, Handler: h, MaxBufferedBytes: -1},
+		"negative outage":   {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g", Pool: pool, Handler: h, MaxOutage: -time.Second},
+		"unknown recreated": {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g", Pool: pool, Handler: h, OnRecreated: 7},
 	} {
 		if _, err := consumer.New(cfg); !errors.Is(err, consumer.ErrInvalidConfig) {
 			t.Errorf("%s: New returned %v, want ErrInvalidConfig", name, err)

@@ -10,6 +10,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/kafkaconn"
 )
 
 // TestDeliver: Runner.Deliver runs the runner's transaction without a
@@ -27,7 +28,7 @@ func TestDeliver(t *testing.T) {
 			fail := false
 			var before, after int
 			var seen []consumer.Outcome
-			cfg := &consumer.Config{Brokers: []string{"unused.invalid:9092"}, Topic: e.topic, GroupID: e.group,
+			cfg := &consumer.Config{Kafka: kafkaconn.Config{Brokers: []string{"unused.invalid:9092"}}, Topic: e.topic, GroupID: e.group,
 				Pool: e.db.Pool, Store: e.store,
 				Hooks: consumer.Hooks{
 					BeforeCommit: func(context.Context, []*consumer.Message) { before++ },

@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/idemtest"
+	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -41,14 +42,14 @@ func Example() {
 	}
 
 	brokers := []string{"127.0.0.1:9092"}
-	dead, err := dlq.NewWriter(&dlq.WriterConfig{Brokers: brokers, Group: "order-service"})
+	dead, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: kafkaconn.Config{Brokers: brokers}, Group: "order-service"})
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer dead.Close()
 
 	r, err := consumer.New(&consumer.Config{
-		Brokers: brokers, Topic: "payments", GroupID: "order-service", Pool: pool,
+		Kafka: kafkaconn.Config{Brokers: brokers}, Topic: "payments", GroupID: "order-service", Pool: pool,
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 			var ev struct {
 				OrderID string `json:"orderId"`
@@ -117,7 +118,7 @@ func ExampleRunner_Run() {
 	runCtx, stop := context.WithCancel(ctx)
 	seen := 0
 	r, err := consumer.New(&consumer.Config{
-		Brokers: brokers, Topic: topic, GroupID: topic + "-payments", Pool: pool, Store: store,
+		Kafka: kafkaconn.Config{Brokers: brokers}, Topic: topic, GroupID: topic + "-payments", Pool: pool, Store: store,
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 			_, err := tx.Exec(ctx, `INSERT INTO `+payments+` (id, charges) VALUES ($1, 1)
 				ON CONFLICT (id) DO UPDATE SET charges = `+payments+`.charges + 1`, msg.ID)

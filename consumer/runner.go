@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"slices"
 	"sync"
 	"time"
@@ -84,7 +83,10 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	client, closeClient := r.client()
+	client, closeClient, err := r.client()
+	if err != nil {
+		return err
+	}
 	defer closeClient()
 	if err := r.do(ctx, "kafka metadata", func(ctx context.Context) error { return r.requireTopic(ctx, client) }); err != nil {
 		if ctx.Err() != nil {
@@ -93,10 +95,14 @@ func (r *Runner) Run(ctx context.Context) error {
 		return err
 	}
 
+	dialer, err := r.cfg.Kafka.Dialer()
+	if err != nil {
+		return fmt.Errorf("consumer: %w", err)
+	}
 	group, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
 		ID:                     r.cfg.GroupID,
-		Brokers:                r.cfg.Brokers,
-		Dialer:                 r.cfg.Dialer,
+		Brokers:                r.cfg.Kafka.Brokers,
+		Dialer:                 dialer,
 		Topics:                 []string{r.cfg.Topic},
 		StartOffset:            r.cfg.StartOffset,
 		SessionTimeout:         r.cfg.SessionTimeout,
@@ -267,23 +273,14 @@ func (r *Runner) requireSchema(ctx context.Context) error {
 // never creates topics: create it (with the partition count you need) first.
 var ErrTopicNotFound = errors.New("consumer: topic does not exist")
 
-// client returns a Kafka client that talks to the brokers the way
-// Config.Dialer does, and a function that closes its connections.
-func (r *Runner) client() (*kafka.Client, func()) {
-	var transport kafka.RoundTripper
-	closeFn := func() {}
-	if d := r.cfg.Dialer; d != nil {
-		dial := d.DialFunc
-		if dial == nil {
-			dial = (&net.Dialer{Timeout: d.Timeout, LocalAddr: d.LocalAddr}).DialContext
-		}
-		t := &kafka.Transport{Dial: dial, SASL: d.SASLMechanism, TLS: d.TLS, ClientID: d.ClientID}
-		transport, closeFn = t, t.CloseIdleConnections
-	} else {
-		t := &kafka.Transport{}
-		transport, closeFn = t, t.CloseIdleConnections
+// client returns a Kafka client that talks to the brokers as Config.Kafka
+// says, and a function that closes its connections.
+func (r *Runner) client() (*kafka.Client, func(), error) {
+	t, err := r.cfg.Kafka.Transport()
+	if err != nil {
+		return nil, nil, fmt.Errorf("consumer: %w", err)
 	}
-	return &kafka.Client{Addr: kafka.TCP(r.cfg.Brokers...), Timeout: 30 * time.Second, Transport: transport}, closeFn
+	return &kafka.Client{Addr: r.cfg.Kafka.Addr(), Timeout: 30 * time.Second, Transport: t}, t.CloseIdleConnections, nil
 }
 
 // requireTopic checks that the topic exists before joining the group, so
@@ -291,7 +288,7 @@ func (r *Runner) client() (*kafka.Client, func()) {
 func (r *Runner) requireTopic(ctx context.Context, client *kafka.Client) error {
 	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{r.cfg.Topic}})
 	if err != nil {
-		return fmt.Errorf("consumer: metadata for topic %s: %w", r.cfg.Topic, err)
+		return fmt.Errorf("consumer: metadata for topic %s: %w", r.cfg.Topic, r.cfg.Kafka.Wrap(err))
 	}
 	if len(md.Topics) != 1 || errors.Is(md.Topics[0].Error, kafka.UnknownTopicOrPartition) {
 		return fmt.Errorf("%w: %s (create it first; idemkit never creates topics)", ErrTopicNotFound, r.cfg.Topic)

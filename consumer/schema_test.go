@@ -73,7 +73,7 @@ func TestUnmigratedSchemaError(t *testing.T) {
 				t.Fatal(err)
 			}
 			topic := testenv.NewTopic(t, 1)
-			r, err := consumer.New(&consumer.Config{Brokers: testenv.Brokers(t), Topic: topic, GroupID: testenv.Name(t, "g"),
+			r, err := consumer.New(&consumer.Config{Kafka: testenv.Kafka(t), Topic: topic, GroupID: testenv.Name(t, "g"),
 				Pool: db.Pool, Store: store, BatchSize: md.batch,
 				Handler: consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })})
 			if err != nil {

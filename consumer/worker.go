@@ -58,7 +58,11 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	// Each partition has its own connections: a broker answers the
 	// requests of one connection in turn, and a fetch waiting for records
 	// must not hold up another partition's.
-	client, closeClient := w.r.client()
+	client, closeClient, err := w.r.client()
+	if err != nil { // Config.Kafka was validated by New: not expected
+		w.fail(err)
+		return
+	}
 	defer closeClient()
 	reader, err := kread.New(&kread.Config{Client: client, Topic: cfg.Topic, Partition: w.partition,
 		MinBytes: 1, MaxBytes: fetchBytes(w.budget), MaxWait: 250 * time.Millisecond}, w.start)

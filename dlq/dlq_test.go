@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -103,7 +104,7 @@ func (e *env) deadLetters() []*dlq.DeadLetter {
 	var out []*dlq.DeadLetter
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err := dlq.Scan(ctx, testenv.Brokers(e.t), e.dlq, func(m kafka.Message) error {
+	err := dlq.Scan(ctx, testenv.Kafka(e.t), e.dlq, func(m kafka.Message) error {
 		d, err := dlq.Parse(m)
 		if err != nil {
 			return err
@@ -127,7 +128,7 @@ func (e *env) consume(n int, fail func(m *consumer.Message, attempt int) error) 
 // consumeWith is consume with the consumer's config changed by mutate.
 func (e *env) consumeWith(n int, fail func(m *consumer.Message, attempt int) error, mutate func(*consumer.Config)) {
 	e.t.Helper()
-	w, err := dlq.NewWriter(&dlq.WriterConfig{Brokers: testenv.Brokers(e.t), Group: e.group, Logger: e.logger,
+	w, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: testenv.Kafka(e.t), Group: e.group, Logger: e.logger,
 		Retry: &retry.Policy{InitialInterval: 20 * time.Millisecond, MaxInterval: 200 * time.Millisecond, MaxAttempts: -1, MaxElapsedTime: -1}})
 	if err != nil {
 		e.t.Fatal(err)
@@ -138,7 +139,7 @@ func (e *env) consumeWith(n int, fail func(m *consumer.Message, attempt int) err
 	done := make(chan struct{})
 	var outcomes atomic.Int32
 	cfg := &consumer.Config{
-		Brokers: testenv.Brokers(e.t), Topic: e.topic, GroupID: e.group, Pool: e.db.Pool, Store: e.store,
+		Kafka: testenv.Kafka(e.t), Topic: e.topic, GroupID: e.group, Pool: e.db.Pool, Store: e.store,
 		Logger: e.logger, OnFailure: w.OnFailure,
 		Retry: &retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 20 * time.Millisecond, MaxAttempts: 3},
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
@@ -267,7 +268,7 @@ func TestDLQUnavailableMakesThePartitionWait(t *testing.T) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if err := dlq.CreateTopic(ctx, testenv.Brokers(t), e.dlq, 1, 1); err != nil {
+		if err := dlq.CreateTopic(ctx, testenv.Kafka(t), e.dlq, 1, 1); err != nil {
 			t.Error(err)
 		}
 	}()
@@ -292,7 +293,7 @@ func TestDLQUnavailableMakesThePartitionWait(t *testing.T) {
 
 func (e *env) reprocessor(mode dlq.Mode, h consumer.HandlerFunc, mutate func(*dlq.ReprocessorConfig)) *dlq.Reprocessor {
 	e.t.Helper()
-	cfg := &dlq.ReprocessorConfig{Brokers: testenv.Brokers(e.t), Topic: e.dlq, Mode: mode, Pool: e.db.Pool,
+	cfg := &dlq.ReprocessorConfig{Kafka: testenv.Kafka(e.t), Topic: e.dlq, Mode: mode, Pool: e.db.Pool,
 		Tables: migrate.Config{Schema: e.db.Schema}, Logger: e.logger, ReplayedBy: "test",
 		Retry: &retry.Policy{InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond, MaxAttempts: 2}}
 	if h != nil {
@@ -465,11 +466,11 @@ func TestNewReprocessorRejectsBadConfig(t *testing.T) {
 	for i, cfg := range []*dlq.ReprocessorConfig{
 		nil,
 		{Topic: "t.dlq", Mode: dlq.Republish, Pool: pool},
-		{Brokers: []string{"b"}, Mode: dlq.Republish, Pool: pool},
-		{Brokers: []string{"b"}, Topic: "t.dlq", Pool: pool},
-		{Brokers: []string{"b"}, Topic: "t.dlq", Mode: dlq.Redrive, Pool: pool},
-		{Brokers: []string{"b"}, Topic: "t.dlq", Mode: dlq.Republish},
-		{Brokers: []string{"b"}, Topic: "t.dlq", Mode: dlq.Republish, Pool: pool, Rate: -1},
+		{Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Mode: dlq.Republish, Pool: pool},
+		{Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t.dlq", Pool: pool},
+		{Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t.dlq", Mode: dlq.Redrive, Pool: pool},
+		{Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t.dlq", Mode: dlq.Republish},
+		{Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t.dlq", Mode: dlq.Republish, Pool: pool, Rate: -1},
 	} {
 		if _, err := dlq.NewReprocessor(cfg); !errors.Is(err, dlq.ErrInvalidConfig) {
 			t.Errorf("config %d: %v, want ErrInvalidConfig", i, err)
@@ -479,7 +480,7 @@ func TestNewReprocessorRejectsBadConfig(t *testing.T) {
 		t.Errorf("writer without brokers: %v", err)
 	}
 	// Letters written without a consumer name could never be replayed.
-	if _, err := dlq.NewWriter(&dlq.WriterConfig{Brokers: []string{"b"}}); !errors.Is(err, dlq.ErrInvalidConfig) {
+	if _, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: kafkaconn.Config{Brokers: []string{"b"}}}); !errors.Is(err, dlq.ErrInvalidConfig) {
 		t.Errorf("writer without Group or Consumer: %v", err)
 	}
 }

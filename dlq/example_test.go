@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dlq"
+	"github.com/idemkit/idemkit/kafkaconn"
 )
 
 // Replay the dead letters of payments.dlq whose last error mentions the tax
@@ -23,10 +24,10 @@ func ExampleReprocessor() {
 	}
 	defer pool.Close()
 	r, err := dlq.NewReprocessor(&dlq.ReprocessorConfig{
-		Brokers: []string{"127.0.0.1:9092"},
-		Topic:   "payments.dlq",
-		Mode:    dlq.Redrive,
-		Pool:    pool,
+		Kafka: kafkaconn.Config{Brokers: []string{"127.0.0.1:9092"}},
+		Topic: "payments.dlq",
+		Mode:  dlq.Redrive,
+		Pool:  pool,
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 			_, err := tx.Exec(ctx, `UPDATE orders SET status = 'paid' WHERE id = $1`, string(msg.Key))
 			return err

@@ -22,7 +22,7 @@ func TestIncarnationsDoNotCollide(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newEnv(t, true)
-	w, err := dlq.NewWriter(&dlq.WriterConfig{Brokers: testenv.Brokers(t), Group: e.group, Logger: e.logger})
+	w, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: testenv.Kafka(t), Group: e.group, Logger: e.logger})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -177,7 +178,7 @@ func TestReprocessorMaxOutage(t *testing.T) {
 func TestWriterMaxOutage(t *testing.T) {
 	t.Parallel()
 	const maxOutage = 500 * time.Millisecond
-	w, err := dlq.NewWriter(&dlq.WriterConfig{Brokers: []string{"127.0.0.1:1"}, Group: "g",
+	w, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: kafkaconn.Config{Brokers: []string{"127.0.0.1:1"}}, Group: "g",
 		Logger: slog.New(slog.NewTextHandler(t.Output(), nil)), MaxOutage: maxOutage})
 	if err != nil {
 		t.Fatal(err)

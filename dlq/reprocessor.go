@@ -24,6 +24,7 @@ import (
 	"github.com/idemkit/idemkit/internal/outage"
 	"github.com/idemkit/idemkit/internal/pgtext"
 	"github.com/idemkit/idemkit/internal/topicscan"
+	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -71,11 +72,13 @@ const (
 	ReplayLimitDefault = 3
 )
 
-// ReprocessorConfig configures a Reprocessor. Brokers, Topic, Mode and Pool
-// are required, and Handler in Redrive mode.
+// ReprocessorConfig configures a Reprocessor. Kafka.Brokers, Topic, Mode and
+// Pool are required, and Handler in Redrive mode.
 type ReprocessorConfig struct {
-	// Brokers are the Kafka bootstrap addresses.
-	Brokers []string
+	// Kafka is how to reach the cluster: its brokers, TLS and SASL (see
+	// package kafkaconn). The scans of the dead-letter topic and the writes
+	// back go through it; Close closes its connections.
+	Kafka kafkaconn.Config
 	// Topic is the dead-letter topic to replay.
 	Topic string
 	// Mode is Redrive or Republish.
@@ -144,6 +147,9 @@ type Reprocessor struct {
 	store   *dedup.Store
 	replays string // quoted table
 	back    *Writer
+	// client reads the dead-letter topic; closeClient closes its connections.
+	client      *kafka.Client
+	closeClient func()
 }
 
 // NewReprocessor validates cfg and returns a Reprocessor. Close it when done.
@@ -154,8 +160,8 @@ func NewReprocessor(cfg *ReprocessorConfig) (*Reprocessor, error) {
 	c := *cfg
 	invalid := func(msg string) error { return fmt.Errorf("%w: %s", ErrInvalidConfig, msg) }
 	switch {
-	case len(c.Brokers) == 0:
-		return nil, invalid("Brokers is empty")
+	case c.Kafka.Validate() != nil:
+		return nil, fmt.Errorf("%w: Kafka: %w", ErrInvalidConfig, c.Kafka.Validate())
 	case c.Topic == "":
 		return nil, invalid("Topic is empty")
 	case c.Pool == nil:
@@ -187,17 +193,26 @@ func NewReprocessor(cfg *ReprocessorConfig) (*Reprocessor, error) {
 	if err != nil {
 		return nil, err
 	}
-	back, err := newWriter(&WriterConfig{Brokers: c.Brokers, Topic: c.Topic, Retry: c.Retry, Logger: c.Logger,
+	back, err := newWriter(&WriterConfig{Kafka: c.Kafka, Topic: c.Topic, Retry: c.Retry, Logger: c.Logger,
 		MaxOutage: c.MaxOutage})
 	if err != nil {
 		return nil, err
 	}
-	return &Reprocessor{cfg: c, store: store, back: back,
+	client, closeClient, err := newClient(&c.Kafka)
+	if err != nil {
+		_ = back.Close()
+		return nil, err
+	}
+	return &Reprocessor{cfg: c, store: store, back: back, client: client, closeClient: closeClient,
 		replays: pgx.Identifier{tables.Schema, tables.Tables.DLQReplays}.Sanitize()}, nil
 }
 
-// Close releases the Kafka writer.
-func (r *Reprocessor) Close() error { return r.back.Close() }
+// Close releases the Kafka writer and connections.
+func (r *Reprocessor) Close() error {
+	err := r.back.Close()
+	r.closeClient()
+	return err
+}
 
 func whoami() string {
 	name := "unknown"
@@ -284,12 +299,12 @@ var ErrNotMigrated = fmt.Errorf("dlq: table missing: %w", idemkit.ErrNotMigrated
 // message after the last one handled, up to the end the topic had at the
 // start.
 func (rn *run) scan(ctx context.Context, fn func(kafka.Message) error) error {
-	brokers, topic := rn.cfg.Brokers, rn.cfg.Topic
+	client, topic := rn.client, rn.cfg.Topic
 	var ranges []topicscan.Range
 	err := rn.kafka.Do(ctx, func(ctx context.Context) error {
 		var err error
-		ranges, err = topicscan.Ranges(ctx, brokers, topic)
-		return err
+		ranges, err = topicscan.Ranges(ctx, client, topic)
+		return rn.cfg.Kafka.Wrap(err)
 	})
 	if err != nil {
 		return scanError(err, nil, topic)
@@ -297,7 +312,7 @@ func (rn *run) scan(ctx context.Context, fn func(kafka.Message) error) error {
 	for _, rg := range ranges {
 		for {
 			var fnErr error
-			err := topicscan.Read(ctx, brokers, topic, rg, func(m kafka.Message) error {
+			err := topicscan.Read(ctx, client, topic, rg, func(m kafka.Message) error {
 				rn.kafka.Ok()
 				if fnErr = fn(m); fnErr != nil {
 					return fnErr
@@ -311,7 +326,7 @@ func (rn *run) scan(ctx context.Context, fn func(kafka.Message) error) error {
 			if fnErr != nil {
 				return fnErr
 			}
-			if werr := rn.kafka.Wait(ctx, err); werr != nil {
+			if werr := rn.kafka.Wait(ctx, rn.cfg.Kafka.Wrap(err)); werr != nil {
 				return scanError(werr, nil, topic)
 			}
 		}

@@ -27,7 +27,7 @@ func TestScanReturnsFnError(t *testing.T) {
 	w.Close()
 	var seen []int64
 	failed := false
-	err := dlq.Scan(context.Background(), testenv.Brokers(t), topic, func(m kafka.Message) error {
+	err := dlq.Scan(context.Background(), testenv.Kafka(t), topic, func(m kafka.Message) error {
 		seen = append(seen, m.Offset)
 		if m.Offset == 1 && !failed {
 			failed = true

@@ -40,7 +40,7 @@ func letterWithUnstorableField(t *testing.T, field string) {
 	var raw kafka.Message
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := dlq.Scan(sctx, testenv.Brokers(t), e.dlq, func(m kafka.Message) error { raw = m; return nil }); err != nil {
+	if err := dlq.Scan(sctx, testenv.Kafka(t), e.dlq, func(m kafka.Message) error { raw = m; return nil }); err != nil {
 		t.Fatal(err)
 	}
 	bad := kafka.Message{Key: raw.Key, Value: raw.Value}
@@ -78,7 +78,7 @@ func letterWithUnstorableField(t *testing.T, field string) {
 	copies := 0
 	sctx2, cancel2 := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel2()
-	if err := dlq.Scan(sctx2, testenv.Brokers(t), e.topic, func(m kafka.Message) error {
+	if err := dlq.Scan(sctx2, testenv.Kafka(t), e.topic, func(m kafka.Message) error {
 		if string(m.Value) == "v-a" {
 			copies++
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/outage"
 	"github.com/idemkit/idemkit/internal/pgtext"
+	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -60,10 +61,12 @@ type Failure struct {
 	LastFailure  time.Time `json:"last_failure"`
 }
 
-// WriterConfig configures a Writer. Brokers is required.
+// WriterConfig configures a Writer. Kafka.Brokers is required.
 type WriterConfig struct {
-	// Brokers are the Kafka bootstrap addresses.
-	Brokers []string
+	// Kafka is how to reach the cluster: its brokers, TLS and SASL (see
+	// package kafkaconn). The writer makes its transport from it and closes
+	// it in Close.
+	Kafka kafkaconn.Config
 	// Topic is the dead-letter topic. Defaults to the origin topic with
 	// ".dlq" appended. It must exist: the writer never creates it (see
 	// CreateTopic).
@@ -83,8 +86,6 @@ type WriterConfig struct {
 	// longer, checked between two tries. The consumer then stops with that
 	// error, the message kept. Defaults to 0: wait for ever.
 	MaxOutage time.Duration
-	// Transport connects to Kafka. Defaults to kafka-go's default transport.
-	Transport kafka.RoundTripper
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -93,8 +94,9 @@ type WriterConfig struct {
 // their origin and failure history in headers, acknowledged by all in-sync
 // replicas. Its OnFailure method is a consumer.FailureFunc.
 type Writer struct {
-	cfg WriterConfig
-	w   *kafka.Writer
+	cfg       WriterConfig
+	w         *kafka.Writer
+	transport *kafka.Transport
 }
 
 // ErrInvalidConfig is wrapped by configuration errors.
@@ -115,8 +117,12 @@ func NewWriter(cfg *WriterConfig) (*Writer, error) {
 // newWriter is NewWriter for the reprocessor's own writer, which writes
 // letters back under the names they carry.
 func newWriter(cfg *WriterConfig) (*Writer, error) {
-	if cfg == nil || len(cfg.Brokers) == 0 {
-		return nil, fmt.Errorf("%w: Brokers is empty", ErrInvalidConfig)
+	if cfg == nil {
+		return nil, fmt.Errorf("%w: nil config", ErrInvalidConfig)
+	}
+	transport, err := cfg.Kafka.Transport() // validates cfg.Kafka
+	if err != nil {
+		return nil, fmt.Errorf("%w: Kafka: %w", ErrInvalidConfig, err)
 	}
 	if cfg.MaxOutage < 0 {
 		return nil, fmt.Errorf("%w: MaxOutage must not be negative", ErrInvalidConfig)
@@ -132,20 +138,24 @@ func newWriter(cfg *WriterConfig) (*Writer, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	return &Writer{cfg: c, w: &kafka.Writer{
-		Addr:         kafka.TCP(c.Brokers...),
+	return &Writer{cfg: c, transport: transport, w: &kafka.Writer{
+		Addr:         c.Kafka.Addr(),
 		Balancer:     &kafka.Hash{},
 		RequiredAcks: kafka.RequireAll,
 		BatchTimeout: time.Millisecond,
 		// A few quick tries for a leader that moves; longer trouble is
 		// ours to wait out (outages) or retry (Retry), and to log.
 		MaxAttempts: 3,
-		Transport:   c.Transport,
+		Transport:   transport,
 	}}, nil
 }
 
-// Close flushes and closes the underlying Kafka writer.
-func (w *Writer) Close() error { return w.w.Close() }
+// Close flushes and closes the underlying Kafka writer and its connections.
+func (w *Writer) Close() error {
+	err := w.w.Close()
+	w.transport.CloseIdleConnections()
+	return err
+}
 
 // TopicFor returns the dead-letter topic for messages from origin.
 func (w *Writer) TopicFor(origin string) string {
@@ -202,6 +212,11 @@ func (w *Writer) write(ctx context.Context, m kafka.Message, wait *outage.Waiter
 		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("dlq: write to %s: %w", m.Topic, ctx.Err())
+		}
+		if kafkaconn.Classify(err) != nil {
+			// Refused credentials or certificates: no retry helps, and the
+			// message stays where it is (the consumer keeps its position).
+			return fmt.Errorf("dlq: write to %s: %w", m.Topic, w.cfg.Kafka.Wrap(err))
 		}
 		if retry.IsConnection(err) {
 			if werr := wait.Wait(ctx, err); werr != nil {
@@ -309,9 +324,14 @@ func build(orig kafka.Message, o Origin, group, name, id string, history []Failu
 }
 
 // CreateTopic creates a dead-letter topic, with replication factor
-// replicas (-1: the broker's default). An existing topic is not an error.
-func CreateTopic(ctx context.Context, brokers []string, topic string, partitions, replicas int) error {
-	client := &kafka.Client{Addr: kafka.TCP(brokers...)}
+// replicas (-1: the broker's default), connecting as kc says. An existing
+// topic is not an error.
+func CreateTopic(ctx context.Context, kc kafkaconn.Config, topic string, partitions, replicas int) error {
+	client, closeClient, err := newClient(&kc)
+	if err != nil {
+		return err
+	}
+	defer closeClient()
 	resp, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
 		Topic: topic, NumPartitions: partitions, ReplicationFactor: replicas,
 	}}})
@@ -319,7 +339,7 @@ func CreateTopic(ctx context.Context, brokers []string, topic string, partitions
 		err = resp.Errors[topic]
 	}
 	if err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
-		return fmt.Errorf("dlq: create topic %s: %w", topic, err)
+		return fmt.Errorf("dlq: create topic %s: %w", topic, kc.Wrap(err))
 	}
 	return nil
 }

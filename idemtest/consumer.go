@@ -101,8 +101,8 @@ func NewConsumer(cfg *consumer.Config) (*Consumer, error) {
 	rc := *cfg
 	rc.Topic = cmp.Or(rc.Topic, TopicDefault)
 	rc.GroupID = cmp.Or(rc.GroupID, GroupIDDefault)
-	if len(rc.Brokers) == 0 {
-		rc.Brokers = []string{BrokersDefault}
+	if len(rc.Kafka.Brokers) == 0 {
+		rc.Kafka.Brokers = []string{BrokersDefault}
 	}
 	// The kit's middleware is the innermost: it sees exactly the calls the
 	// runner makes to the user's handler, after the user's middleware.

@@ -101,7 +101,7 @@ func (e *env) config(handler consumer.HandlerFunc) *consumer.Config {
 		handler = e.effect
 	}
 	return &consumer.Config{
-		Brokers: testenv.Brokers(e.t), Topic: e.topic, GroupID: e.group,
+		Kafka: testenv.Kafka(e.t), Topic: e.topic, GroupID: e.group,
 		Pool: e.db.Pool, Store: e.store, Handler: handler,
 		Retry:             &retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
 		SessionTimeout:    6 * time.Second,

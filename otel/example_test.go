@@ -24,6 +24,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/idemtest"
+	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/otel"
 )
 
@@ -54,13 +55,13 @@ func Example() {
 		log.Fatal(err)
 	}
 	brokers := []string{"127.0.0.1:9092"}
-	dead, err := dlq.NewWriter(&dlq.WriterConfig{Brokers: brokers, Group: "order-service"})
+	dead, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: kafkaconn.Config{Brokers: brokers}, Group: "order-service"})
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer dead.Close()
 	cfg := consumer.Config{
-		Brokers: brokers, Topic: "payments", GroupID: "order-service", Pool: pool,
+		Kafka: kafkaconn.Config{Brokers: brokers}, Topic: "payments", GroupID: "order-service", Pool: pool,
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 			// ctx carries the transaction's span: spans started here are its children.
 			_, err := tx.Exec(ctx, `UPDATE orders SET status = 'paid' WHERE id = $1`, string(msg.Key))
@@ -132,7 +133,7 @@ func ExampleTelemetry_Consumer() {
 	runCtx, stop := context.WithCancel(ctx)
 	seen := 0
 	cfg := consumer.Config{
-		Brokers: brokers, Topic: topic, GroupID: topic + "-payments", Pool: pool, Store: store, BatchSize: 1,
+		Kafka: kafkaconn.Config{Brokers: brokers}, Topic: topic, GroupID: topic + "-payments", Pool: pool, Store: store, BatchSize: 1,
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 			return nil // the business write goes here, in tx
 		}),

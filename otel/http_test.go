@@ -95,7 +95,7 @@ func TestTraceFromHTTPToConsumer(t *testing.T) {
 		t.Fatalf("outbox backlog %+v, %v: want the one message of the first request", st, err)
 	}
 
-	relay, err := outbox.NewRelay(e.db.Pool, store, &outbox.RelayConfig{Brokers: testenv.Brokers(t)})
+	relay, err := outbox.NewRelay(e.db.Pool, store, &outbox.RelayConfig{Kafka: testenv.Kafka(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

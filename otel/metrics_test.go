@@ -54,7 +54,7 @@ func TestCountsByOutcome(t *testing.T) {
 			cfg.BatchSize = batch
 			oc := newOutcomes(9)
 			cfg.Hooks.Outcome = oc.hook
-			w, err := dlq.NewWriter(&dlq.WriterConfig{Brokers: testenv.Brokers(t), Group: e.group})
+			w, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: testenv.Kafka(t), Group: e.group})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -135,7 +135,7 @@ func TestCountsByOutcome(t *testing.T) {
 			}
 
 			// Replaying the dead letter counts it by what was done.
-			rcfg := &dlq.ReprocessorConfig{Brokers: testenv.Brokers(t), Topic: dlqTopic, Mode: dlq.Redrive,
+			rcfg := &dlq.ReprocessorConfig{Kafka: testenv.Kafka(t), Topic: dlqTopic, Mode: dlq.Redrive,
 				Handler: consumer.HandlerFunc(e.effect), Pool: e.db.Pool, Tables: e.store.Tables()}
 			if err := e.tel.Reprocessor(rcfg); err != nil {
 				t.Fatal(err)

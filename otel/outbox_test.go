@@ -26,7 +26,7 @@ func TestOutboxCarriesTheTrace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	relay, err := outbox.NewRelay(e.db.Pool, store, &outbox.RelayConfig{Brokers: testenv.Brokers(t)})
+	relay, err := outbox.NewRelay(e.db.Pool, store, &outbox.RelayConfig{Kafka: testenv.Kafka(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func TestRelayMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rcfg := &outbox.RelayConfig{Brokers: testenv.Brokers(t), StatsInterval: 20 * time.Millisecond}
+	rcfg := &outbox.RelayConfig{Kafka: testenv.Kafka(t), StatsInterval: 20 * time.Millisecond}
 	published := make(chan int, 16)
 	rcfg.Hooks.Published = func(recs []outbox.Record) { published <- len(recs) } // the user's own hook
 	rel, err := e.tel.Relay(rcfg, "idemkit_outbox")

@@ -152,7 +152,7 @@ func TestPrometheusNames(t *testing.T) {
 	cfg.Retention = 24 * time.Hour
 	oc := newOutcomes(5)
 	cfg.Hooks.Outcome = oc.hook
-	w, err := dlq.NewWriter(&dlq.WriterConfig{Brokers: testenv.Brokers(t), Group: e.group})
+	w, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: testenv.Kafka(t), Group: e.group})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +177,7 @@ func TestPrometheusNames(t *testing.T) {
 	run(t, r)
 	wait(t, oc.done, "5 outcomes")
 
-	rcfg := &dlq.ReprocessorConfig{Brokers: testenv.Brokers(t), Topic: dlqTopic, Mode: dlq.Redrive,
+	rcfg := &dlq.ReprocessorConfig{Kafka: testenv.Kafka(t), Topic: dlqTopic, Mode: dlq.Redrive,
 		Handler: consumer.HandlerFunc(e.effect), Pool: e.db.Pool, Tables: e.store.Tables()}
 	if err := tel.Reprocessor(rcfg); err != nil {
 		t.Fatal(err)

@@ -129,8 +129,8 @@ func run(t *testing.T, r interface{ Run(context.Context) error }) (stop func()) 
 
 func newRelay(t *testing.T, db *testenv.DB, store *outbox.Store, cfg outbox.RelayConfig) *outbox.Relay {
 	t.Helper()
-	if cfg.Brokers == nil {
-		cfg.Brokers = testenv.Brokers(t)
+	if cfg.Kafka.Brokers == nil {
+		cfg.Kafka.Brokers = testenv.Brokers(t)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = testLogger(t)

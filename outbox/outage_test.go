@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemkit/idemkit/internal/outage"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/outbox"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -177,7 +178,7 @@ func TestRelayRidesOutKilledConnections(t *testing.T) {
 	logs, logger := testenv.NewLogs(t)
 	var published atomic.Int64
 	relay, err := outbox.NewRelay(pool, store, &outbox.RelayConfig{
-		Brokers: testenv.Brokers(t), BatchSize: 25, PollInterval: 50 * time.Millisecond,
+		Kafka: testenv.Kafka(t), BatchSize: 25, PollInterval: 50 * time.Millisecond,
 		Logger: logger, Hooks: outbox.Hooks{Published: func(recs []outbox.Record) { published.Add(int64(len(recs))) }},
 	})
 	if err != nil {
@@ -251,7 +252,7 @@ func TestRelayWaitsForPostgresAtStart(t *testing.T) {
 	logs, logger := testenv.NewLogs(t)
 	pub := newPublished()
 	relay, err := outbox.NewRelay(proxy.pool(t), store, &outbox.RelayConfig{
-		Brokers: testenv.Brokers(t), PollInterval: 50 * time.Millisecond, Logger: logger,
+		Kafka: testenv.Kafka(t), PollInterval: 50 * time.Millisecond, Logger: logger,
 		Hooks: outbox.Hooks{Published: pub.hook},
 	})
 	if err != nil {
@@ -287,7 +288,7 @@ func TestMaxOutage(t *testing.T) {
 	const maxOutage = time.Second
 	pub := newPublished()
 	relay, err := outbox.NewRelay(pool, store, &outbox.RelayConfig{
-		Brokers: testenv.Brokers(t), PollInterval: 50 * time.Millisecond, MaxOutage: maxOutage,
+		Kafka: testenv.Kafka(t), PollInterval: 50 * time.Millisecond, MaxOutage: maxOutage,
 		Logger: testLogger(t), Hooks: outbox.Hooks{Published: pub.hook},
 	})
 	if err != nil {
@@ -331,7 +332,7 @@ func TestMaxOutage(t *testing.T) {
 	deadBroker := ln.Addr().String()
 	ln.Close()
 	kafkaRelay, err := outbox.NewRelay(db.Pool, store, &outbox.RelayConfig{
-		Brokers: []string{deadBroker}, PollInterval: 50 * time.Millisecond, MaxOutage: maxOutage,
+		Kafka: kafkaconn.Config{Brokers: []string{deadBroker}}, PollInterval: 50 * time.Millisecond, MaxOutage: maxOutage,
 		RetryMax: 200 * time.Millisecond, PublishTimeout: time.Second, Logger: testLogger(t),
 	})
 	if err != nil {
@@ -347,7 +348,7 @@ func TestMaxOutage(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("Run still running 30s after Kafka could not be reached")
 	}
-	if _, err := outbox.NewRelay(db.Pool, store, &outbox.RelayConfig{Brokers: []string{deadBroker}, MaxOutage: -1}); !errors.Is(err, outbox.ErrInvalidConfig) {
+	if _, err := outbox.NewRelay(db.Pool, store, &outbox.RelayConfig{Kafka: kafkaconn.Config{Brokers: []string{deadBroker}}, MaxOutage: -1}); !errors.Is(err, outbox.ErrInvalidConfig) {
 		t.Fatalf("MaxOutage -1: %v, want ErrInvalidConfig", err)
 	}
 }

@@ -12,6 +12,8 @@ import (
 	"github.com/segmentio/kafka-go/protocol"
 	metadataAPI "github.com/segmentio/kafka-go/protocol/metadata"
 	produceAPI "github.com/segmentio/kafka-go/protocol/produce"
+
+	"github.com/idemkit/idemkit/kafkaconn"
 )
 
 // kafkaDeliverer publishes a round's rows: every row of the round, whatever
@@ -27,6 +29,7 @@ import (
 type kafkaDeliverer struct {
 	transport kafka.RoundTripper
 	addr      net.Addr
+	kafka     *kafkaconn.Config // to name refused credentials and certificates
 	maxBytes  int
 	timeout   time.Duration
 	balancer  kafka.Hash
@@ -81,7 +84,7 @@ func (k *kafkaDeliverer) deliver(ctx context.Context, rows []*row) []error {
 	// kafka.Transport answers from its cache (MetadataTTL).
 	m, err := k.transport.RoundTrip(ctx, k.addr, &metadataAPI.Request{TopicNames: topics})
 	if err != nil {
-		return fill(errs, err)
+		return fill(errs, k.kafka.Wrap(err))
 	}
 	meta := m.(*metadataAPI.Response)
 
@@ -174,6 +177,7 @@ func (k *kafkaDeliverer) deliver(ctx context.Context, rows []*row) []error {
 		}
 		resp, err := k.transport.RoundTrip(ctx, k.addr, req)
 		if err != nil {
+			err = k.kafka.Wrap(err)
 			for _, key := range lr.order {
 				for _, i := range lr.parts[key] {
 					errs[i] = err

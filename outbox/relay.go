@@ -13,6 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/idemkit/kafkaconn"
 )
 
 // Defaults of RelayConfig and DispatcherConfig.
@@ -22,6 +24,7 @@ const (
 	PollIntervalDefault    = 500 * time.Millisecond
 	WakeDelayDefault       = 5 * time.Millisecond
 	PublishTimeoutDefault  = 10 * time.Second
+	MetadataTTLDefault     = 2 * time.Second
 	HandlerTimeoutDefault  = 30 * time.Second
 	RetryInitialDefault    = 100 * time.Millisecond
 	RetryMaxDefault        = 10 * time.Second
@@ -39,15 +42,16 @@ var ErrInvalidConfig = errors.New("outbox: invalid config")
 // MaxBatchBytes: it is parked at once.
 var ErrMessageTooLarge = errors.New("outbox: message larger than MaxBatchBytes")
 
-// RelayConfig configures a Relay. Brokers is required.
+// RelayConfig configures a Relay. Kafka.Brokers is required.
 type RelayConfig struct {
-	// Brokers are the Kafka bootstrap addresses.
-	Brokers []string
-	// Transport carries the Kafka requests (TLS, SASL). Its MetadataTTL is
+	// Kafka is how to reach the cluster: its brokers, TLS and SASL (see
+	// package kafkaconn). The relay makes its transport from it and closes it
+	// when Run returns.
+	Kafka kafkaconn.Config
+	// MetadataTTL is how long the relay trusts the topic metadata it read:
 	// how long a topic created while the relay runs may still look missing
-	// (its messages fail and are retried meanwhile). Defaults to a
-	// kafka.Transport the relay creates and closes, with a MetadataTTL of 2s.
-	Transport kafka.RoundTripper
+	// (its messages fail and are retried meanwhile). Defaults to 2s.
+	MetadataTTL time.Duration
 
 	// BatchSize is the most messages one round claims and publishes.
 	// Defaults to 500.
@@ -177,8 +181,8 @@ func NewRelay(pool *pgxpool.Pool, store *Store, cfg *RelayConfig) (*Relay, error
 		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)
 	case cfg == nil:
 		return nil, fmt.Errorf("%w: nil config", ErrInvalidConfig)
-	case len(cfg.Brokers) == 0:
-		return nil, fmt.Errorf("%w: Brokers is empty", ErrInvalidConfig)
+	case cfg.Kafka.Validate() != nil:
+		return nil, fmt.Errorf("%w: Kafka: %w", ErrInvalidConfig, cfg.Kafka.Validate())
 	}
 	c := *cfg
 	c.MaxBatchBytes = cmp.Or(c.MaxBatchBytes, MaxBatchBytesDefault)
@@ -206,17 +210,17 @@ func NewRelay(pool *pgxpool.Pool, store *Store, cfg *RelayConfig) (*Relay, error
 // and retried with backoff: the relay recovers by itself once they are
 // resolved.
 func (r *Relay) Run(ctx context.Context) error {
-	transport := r.cfg.Transport
-	if transport == nil {
-		t := &kafka.Transport{MetadataTTL: 2 * time.Second}
-		defer t.CloseIdleConnections()
-		transport = t
+	transport, err := r.cfg.Kafka.Transport()
+	if err != nil {
+		return fmt.Errorf("outbox: %w", err)
 	}
+	transport.MetadataTTL = cmp.Or(r.cfg.MetadataTTL, MetadataTTLDefault)
+	defer transport.CloseIdleConnections()
 	log := r.loop.logger.With("component", "outbox.relay")
 	e := &engine{pool: r.pool, store: r.store, cfg: r.loop, log: log}
 	e.rounds = &relayRounds{e: e, wakeDelay: r.cfg.WakeDelay, onRound: r.onRound,
 		promoteEvery: min(r.loop.pollInterval, r.loop.retryInitial),
-		k: &kafkaDeliverer{transport: transport, addr: kafka.TCP(r.cfg.Brokers...), maxBytes: r.cfg.MaxBatchBytes,
+		k: &kafkaDeliverer{transport: transport, addr: r.cfg.Kafka.Addr(), kafka: &r.cfg.Kafka, maxBytes: r.cfg.MaxBatchBytes,
 			timeout: r.cfg.PublishTimeout}}
 	return e.run(ctx)
 }
@@ -232,6 +236,10 @@ func (k *kafkaDeliverer) classify(err error) verdict {
 	switch {
 	case isPermanent(err), errors.Is(err, ErrMessageTooLarge):
 		return permanentFailure
+	case kafkaconn.Classify(err) != nil:
+		// Refused credentials or certificates are the relay's settings, not
+		// the message's: never parked, retried until they are fixed.
+		return transientFailure
 	case errors.As(err, &kerr):
 		switch kerr {
 		case kafka.UnknownTopicOrPartition, kafka.InvalidMessage:

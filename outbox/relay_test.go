@@ -319,10 +319,8 @@ func TestPoisonIsParkedAndRetried(t *testing.T) {
 	parkedHook := make(chan outbox.Record, 10)
 	// Metadata cached for less than the retry schedule: once the topic is
 	// created, the retried message sees it.
-	tr := &kafka.Transport{MetadataTTL: 50 * time.Millisecond}
-	t.Cleanup(tr.CloseIdleConnections)
 	run(t, newRelay(t, db, store, outbox.RelayConfig{ParkAfter: 3, RetryInitial: 50 * time.Millisecond,
-		RetryMax: 100 * time.Millisecond, MaxBatchBytes: 64 << 10, Transport: tr,
+		RetryMax: 100 * time.Millisecond, MaxBatchBytes: 64 << 10, MetadataTTL: 50 * time.Millisecond,
 		Hooks: outbox.Hooks{Published: pub.hook, Parked: func(r outbox.Record, err error) {
 			parked.Add(1)
 			parkedHook <- r
@@ -485,7 +483,7 @@ func TestRelayIgnoresRepeatableReadDefault(t *testing.T) {
 	var published atomic.Int64
 	for range 3 {
 		r, err := outbox.NewRelay(rrPool, store, &outbox.RelayConfig{
-			Brokers: testenv.Brokers(t), BatchSize: 100, PollInterval: 20 * time.Millisecond,
+			Kafka: testenv.Kafka(t), BatchSize: 100, PollInterval: 20 * time.Millisecond,
 			Logger: testLogger(t),
 			Hooks:  outbox.Hooks{Published: func(recs []outbox.Record) { published.Add(int64(len(recs))) }},
 		})

@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/idemkit/kafkaconn"
 )
 
 // IsConnection reports whether err means a server could not be reached or a
@@ -34,6 +36,11 @@ import (
 // neither is an *OutageError: the wait is over, its bound was reached.
 func IsConnection(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, ErrOutage) {
+		return false
+	}
+	if kafkaconn.Classify(err) != nil {
+		// Refused credentials or certificates: the settings must change,
+		// waiting for the broker does not help.
 		return false
 	}
 	var pgErr *pgconn.PgError

@@ -133,19 +133,16 @@ func consumerCmd(ctx context.Context, cmd *command, args []string, out io.Writer
 	if err != nil {
 		return usagef("%v", err)
 	}
-	brokers, err := f.brokerList()
+	_, client, closeKafka, err := f.dialKafka(ctx)
 	if err != nil {
 		return err
 	}
-	if err := reachKafka(ctx, brokers); err != nil {
-		return err
-	}
+	defer closeKafka()
 	pool, err := connectDB(ctx, f.database)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: dial}
 	st, err := f.load(ctx, client, pool, store)
 	if err != nil {
 		return err

@@ -15,6 +15,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/dlq"
+	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
 )
 
@@ -110,20 +111,18 @@ func dlqCmd(ctx context.Context, cmd *command, args []string, out io.Writer) (er
 	if err := f.red.init(fs); err != nil {
 		return err
 	}
-	brokers, err := f.brokerList()
+	kc, _, closeKafka, err := f.dialKafka(ctx)
 	if err != nil {
 		return err
 	}
-	if err := reachKafka(ctx, brokers); err != nil {
-		return err
-	}
+	closeKafka() // reached; the dlq package connects on its own
 	switch sub {
 	case "list":
-		return f.list(ctx, brokers, out)
+		return f.list(ctx, kc, out)
 	case "inspect":
-		return f.inspect(ctx, brokers, out)
+		return f.inspect(ctx, kc, out)
 	default:
-		return f.replay(ctx, brokers, out)
+		return f.replay(ctx, kc, out)
 	}
 }
 
@@ -150,16 +149,6 @@ func (f *dlqFlags) parseFilter() error {
 		if !ok || err1 != nil || err2 != nil {
 			return usagef("-at: want PARTITION/OFFSET, e.g. 0/42, not %q", f.at)
 		}
-	}
-	return nil
-}
-
-func reachKafka(ctx context.Context, brokers []string) error {
-	cctx, cancel := context.WithTimeout(ctx, dial)
-	defer cancel()
-	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: dial}
-	if _, err := client.Metadata(cctx, &kafka.MetadataRequest{Topics: []string{}}); err != nil {
-		return fmt.Errorf("Kafka at %s does not answer: %w", strings.Join(brokers, ","), err)
 	}
 	return nil
 }
@@ -213,7 +202,7 @@ func (f *dlqFlags) letter(m kafka.Message, d *dlq.DeadLetter, withPayload bool) 
 	return l
 }
 
-func (f *dlqFlags) list(ctx context.Context, brokers []string, out io.Writer) error {
+func (f *dlqFlags) list(ctx context.Context, kc kafkaconn.Config, out io.Writer) error {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	if !f.json {
 		fmt.Fprintln(tw, "AT\tMESSAGE ID\tORIGIN\tROUND\tCLASS\tATTEMPTS\tLAST FAILURE\tERROR")
@@ -225,7 +214,7 @@ func (f *dlqFlags) list(ctx context.Context, brokers []string, out io.Writer) er
 		Offset    int64 `json:"offset"`
 	}
 	bad := []unreadable{}
-	err := dlq.Scan(ctx, brokers, f.topic, func(m kafka.Message) error {
+	err := dlq.Scan(ctx, kc, f.topic, func(m kafka.Message) error {
 		n++
 		d, err := dlq.Parse(m)
 		if err != nil {
@@ -282,12 +271,12 @@ func short(s string, n int) string {
 	return string([]rune(s)[:n-1]) + "…"
 }
 
-func (f *dlqFlags) inspect(ctx context.Context, brokers []string, out io.Writer) error {
+func (f *dlqFlags) inspect(ctx context.Context, kc kafkaconn.Config, out io.Writer) error {
 	if (f.id == "") == (f.at == "") {
 		return usagef("dlq inspect needs -id ID or -at PARTITION/OFFSET (one of them)")
 	}
 	found := []letterJSON{}
-	err := dlq.Scan(ctx, brokers, f.topic, func(m kafka.Message) error {
+	err := dlq.Scan(ctx, kc, f.topic, func(m kafka.Message) error {
 		if f.at != "" && (m.Partition != f.partition || m.Offset != f.offset) {
 			return nil
 		}
@@ -334,7 +323,7 @@ func (f *dlqFlags) inspect(ctx context.Context, brokers []string, out io.Writer)
 	return nil
 }
 
-func (f *dlqFlags) replay(ctx context.Context, brokers []string, out io.Writer) (err error) {
+func (f *dlqFlags) replay(ctx context.Context, kc kafkaconn.Config, out io.Writer) (err error) {
 	pool, err := connectDB(ctx, f.database)
 	if err != nil {
 		return err
@@ -342,7 +331,7 @@ func (f *dlqFlags) replay(ctx context.Context, brokers []string, out io.Writer) 
 	defer pool.Close()
 	defer func() { err = f.dbErr(err) }()
 	r, err := dlq.NewReprocessor(&dlq.ReprocessorConfig{
-		Brokers: brokers, Topic: f.topic, Mode: dlq.Republish, Pool: pool,
+		Kafka: kc, Topic: f.topic, Mode: dlq.Republish, Pool: pool,
 		Tables: migrate.Config{Schema: f.schema}, Filter: f.filter, DryRun: f.dryRun, Rate: f.rate,
 		ReplayLimit: f.replayLimit, MaxOutage: f.maxOutage,
 		Progress: func(it dlq.Item) {

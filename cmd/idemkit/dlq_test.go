@@ -29,7 +29,7 @@ func TestCLIReplayLetterWithoutID(t *testing.T) {
 		"IDEMKIT_DATABASE_URL=" + testenv.DatabaseURL(t),
 		"IDEMKIT_KAFKA_BROKERS=" + strings.Join(testenv.Brokers(t), ","),
 	}
-	w, err := dlq.NewWriter(&dlq.WriterConfig{Brokers: testenv.Brokers(t), Group: "billing"})
+	w, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: testenv.Kafka(t), Group: "billing"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,17 +38,26 @@
 //
 // -database and -brokers default to $IDEMKIT_DATABASE_URL and
 // $IDEMKIT_KAFKA_BROKERS (help never prints their values: a URL may carry a
-// password). A schema without idemkit's tables is one line naming it and
+// password). Every Kafka command takes the connection setting of package
+// kafkaconn: -kafka-tls, -kafka-ca FILE, -kafka-cert FILE -kafka-key FILE,
+// -kafka-server-name, -kafka-sasl plain|scram-sha-256|scram-sha-512,
+// -kafka-user, -kafka-password-file and -kafka-client-id, each defaulting to
+// its $IDEMKIT_KAFKA_* variable (IDEMKIT_KAFKA_TLS, IDEMKIT_KAFKA_CA, ...);
+// the password comes from $IDEMKIT_KAFKA_PASSWORD or -kafka-password-file,
+// never from a flag, and is never printed. Brokers that refuse the
+// credentials or certificates are one line naming them. A schema without idemkit's tables is one line naming it and
 // "run idemkit migrate up". Exit status: 0 done, 1 failed (one line on
 // stderr says why), 2 bad usage, 3 (status only) a threshold was crossed.
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/signal"
 	"slices"
@@ -58,10 +67,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/idemhttp"
+	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/outbox"
 )
 
@@ -97,11 +108,11 @@ func init() {
 		{name: "migrate up", synopsis: "[-database URL] [-schema S]", summary: "apply idemkit's migrations", run: migrateCmd},
 		{name: "migrate down", synopsis: "VERSION [-database URL] [-schema S]", summary: "revert migrations down to VERSION (0: all)", run: migrateCmd},
 		{name: "migrate status", synopsis: "[-json] [-database URL] [-schema S]", summary: "the versions applied and those this build knows", run: migrateCmd},
-		{name: "dlq list", synopsis: "-topic T.dlq [filters] [-json] [redaction] [-brokers B]", summary: "list dead letters",
+		{name: "dlq list", synopsis: "-topic T.dlq [filters] [-json] [redaction] [-brokers B] [kafka]", summary: "list dead letters",
 			doc: dlqListHelp, run: dlqCmd},
-		{name: "dlq inspect", synopsis: "-topic T.dlq (-id ID | -at PARTITION/OFFSET) [-json] [redaction] [-brokers B]",
+		{name: "dlq inspect", synopsis: "-topic T.dlq (-id ID | -at PARTITION/OFFSET) [-json] [redaction] [-brokers B] [kafka]",
 			summary: "show a dead letter: origin, key, value, headers, history", doc: dlqInspectHelp, run: dlqCmd},
-		{name: "dlq replay", synopsis: "-topic T.dlq [filters] [-dry-run] [-rate N] [-replay-limit N] [-max-outage D] [-brokers B] [-database URL] [-schema S]",
+		{name: "dlq replay", synopsis: "-topic T.dlq [filters] [-dry-run] [-rate N] [-replay-limit N] [-max-outage D] [-brokers B] [kafka] [-database URL] [-schema S]",
 			summary: "write dead letters back to their origin topic", doc: dlqReplayHelp, run: dlqCmd},
 		{name: "idemhttp stuck", synopsis: "[-json] [-limit N] [-database URL] [-schema S] [-table T]",
 			summary: "list HTTP idempotency records still in flight after their lease", doc: stuckHelp, run: idemhttpCmd},
@@ -111,15 +122,15 @@ func init() {
 			summary: "requeue parked outbox messages (with the messages of their key parked behind them)", run: outboxCmd},
 		{name: "dedup purge", synopsis: "-older-than D [-batch N] [-database URL] [-schema S]",
 			summary: "delete processed-message records past their retention", doc: purgeHelp, run: dedupCmd},
-		{name: "consumer positions", synopsis: "-group G -topic T [-name N] [-json] [-brokers B] [-database URL] [-schema S] [-table T]",
+		{name: "consumer positions", synopsis: "-group G -topic T [-name N] [-json] [-brokers B] [kafka] [-database URL] [-schema S] [-table T]",
 			summary: "where a consumer stands, per partition, in PostgreSQL and Kafka", doc: positionsHelp, run: consumerCmd},
-		{name: "consumer seek", synopsis: "-group G -topic T [-name N] TARGET [-partitions 0,2] [-recreated] [-new] [-force] [-dry-run] [-brokers B] [-database URL] [-schema S] [-table T]",
+		{name: "consumer seek", synopsis: "-group G -topic T [-name N] TARGET [-partitions 0,2] [-recreated] [-new] [-force] [-dry-run] [-brokers B] [kafka] [-database URL] [-schema S] [-table T]",
 			summary: "rewind or skip a consumer: PostgreSQL positions and Kafka offsets together", doc: seekHelp, run: consumerCmd},
 		{name: "consumer parked list", synopsis: "-topic T (-name N | -group G) [-partitions 0,2] [-key K]... [-limit N] [-json] [redaction] [-database URL] [-schema S]",
 			summary: "list the messages a NonBlocking consumer parked", doc: parkedListHelp, run: parkedCmd},
 		{name: "consumer parked retry", synopsis: "-topic T (-name N | -group G) (-key K... | -all) [-partitions 0,2] [-dry-run] [-json] [-database URL] [-schema S]",
 			summary: "make parked keys due now: the consumer re-attempts them, in order", doc: parkedRetryHelp, run: parkedCmd},
-		{name: "status", synopsis: "[-json] [thresholds] [-brokers B] [-database URL] [-schema S]",
+		{name: "status", synopsis: "[-json] [thresholds] [-brokers B] [kafka] [-database URL] [-schema S]",
 			summary: "one screen on everything; exit 3 when a threshold is crossed", doc: statusHelp, run: statusCmd},
 		{name: "version", synopsis: "[-json]", summary: "the module version, its commit and the Go version it was built with", run: versionCmd},
 	}
@@ -151,6 +162,10 @@ const usageNotes = `
 'idemkit COMMAND -h' (or --help, or 'idemkit help COMMAND') shows what a command
 does and every flag with its description; 'idemkit dlq -h' lists a group's commands.
 -database and -brokers default to $IDEMKIT_DATABASE_URL and $IDEMKIT_KAFKA_BROKERS.
+Kafka commands reach TLS/SASL clusters with -kafka-tls, -kafka-ca, -kafka-cert/-kafka-key,
+-kafka-sasl plain|scram-sha-256|scram-sha-512 and -kafka-user (or IDEMKIT_KAFKA_TLS,
+IDEMKIT_KAFKA_CA, IDEMKIT_KAFKA_SASL, IDEMKIT_KAFKA_USER, ...); the password comes from
+$IDEMKIT_KAFKA_PASSWORD or -kafka-password-file, never from a flag.
 Listings take -json. Payloads (message keys, values, headers, error texts) are
 redacted unless -show-payload is given: card-number-like digit runs, sensitive JSON
 fields and headers, and -redact-fields / -redact-regexp matches are masked.
@@ -250,6 +265,21 @@ type conn struct {
 	database string
 	brokers  string
 	schema   string
+	kafka    kafkaFlags
+}
+
+// kafkaFlags are the -kafka-* flags: how to reach the brokers (TLS, SASL).
+// There is no password flag (a command line is seen by every user of the
+// machine): the password comes from $IDEMKIT_KAFKA_PASSWORD or a file.
+type kafkaFlags struct {
+	tls          bool
+	ca           string
+	cert, key    string
+	serverName   string
+	sasl         string
+	user         string
+	passwordFile string
+	clientID     string
 }
 
 // register registers -database, -schema and -brokers.
@@ -265,20 +295,129 @@ func (c *conn) registerDB(fs *flag.FlagSet) {
 	fs.StringVar(&c.schema, "schema", "public", "schema of idemkit's tables")
 }
 
+// registerKafka registers -brokers and the -kafka-* flags of the
+// connection setting (package kafkaconn), each defaulting to its
+// $IDEMKIT_KAFKA_* variable (see envDefaults).
 func (c *conn) registerKafka(fs *flag.FlagSet) {
+	k := &c.kafka
 	fs.StringVar(&c.brokers, "brokers", "", "Kafka bootstrap addresses, comma-separated (default $IDEMKIT_KAFKA_BROKERS)")
+	fs.BoolVar(&k.tls, "kafka-tls", false, "speak TLS to the brokers, trusting the system's CAs or -kafka-ca (default $IDEMKIT_KAFKA_TLS)")
+	fs.StringVar(&k.ca, "kafka-ca", "", "PEM `file` of the CAs to trust; implies -kafka-tls (default $IDEMKIT_KAFKA_CA)")
+	fs.StringVar(&k.cert, "kafka-cert", "", "PEM `file` of a TLS client certificate, with -kafka-key; implies -kafka-tls (default $IDEMKIT_KAFKA_CERT)")
+	fs.StringVar(&k.key, "kafka-key", "", "PEM `file` of the client certificate's key (default $IDEMKIT_KAFKA_KEY)")
+	fs.StringVar(&k.serverName, "kafka-server-name", "", "`name` to check in the brokers' certificates instead of their host (default $IDEMKIT_KAFKA_SERVER_NAME)")
+	fs.StringVar(&k.sasl, "kafka-sasl", "", "SASL `mechanism`: plain, scram-sha-256 or scram-sha-512 (default $IDEMKIT_KAFKA_SASL)")
+	fs.StringVar(&k.user, "kafka-user", "", "SASL `user` (default $IDEMKIT_KAFKA_USER)")
+	fs.StringVar(&k.passwordFile, "kafka-password-file", "", "`file` holding the SASL password (default $IDEMKIT_KAFKA_PASSWORD_FILE; else the password is $IDEMKIT_KAFKA_PASSWORD)")
+	fs.StringVar(&k.clientID, "kafka-client-id", "", "client.id the brokers see (default $IDEMKIT_KAFKA_CLIENT_ID, else idemkit)")
 }
 
-// fromEnv gives -database and -brokers their environment defaults when
-// they were not passed.
-func fromEnv(fs *flag.FlagSet) {
+// envDefaults are the environment variables of the flags that have one.
+var envDefaults = map[string]string{
+	"database":            "IDEMKIT_DATABASE_URL",
+	"brokers":             "IDEMKIT_KAFKA_BROKERS",
+	"kafka-tls":           "IDEMKIT_KAFKA_TLS",
+	"kafka-ca":            "IDEMKIT_KAFKA_CA",
+	"kafka-cert":          "IDEMKIT_KAFKA_CERT",
+	"kafka-key":           "IDEMKIT_KAFKA_KEY",
+	"kafka-server-name":   "IDEMKIT_KAFKA_SERVER_NAME",
+	"kafka-sasl":          "IDEMKIT_KAFKA_SASL",
+	"kafka-user":          "IDEMKIT_KAFKA_USER",
+	"kafka-password-file": "IDEMKIT_KAFKA_PASSWORD_FILE",
+	"kafka-client-id":     "IDEMKIT_KAFKA_CLIENT_ID",
+}
+
+// envKafkaPassword holds the SASL password when -kafka-password-file is
+// not given.
+const envKafkaPassword = "IDEMKIT_KAFKA_PASSWORD"
+
+// fromEnv gives the flags of envDefaults their environment defaults when
+// they were not passed. A value the flag refuses (IDEMKIT_KAFKA_TLS=maybe)
+// is a usage error naming the variable.
+func fromEnv(fs *flag.FlagSet) error {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	for name, env := range map[string]string{"database": "IDEMKIT_DATABASE_URL", "brokers": "IDEMKIT_KAFKA_BROKERS"} {
+	for _, name := range slices.Sorted(maps.Keys(envDefaults)) {
+		env := envDefaults[name]
 		if v := os.Getenv(env); v != "" && !set[name] && fs.Lookup(name) != nil {
-			_ = fs.Set(name, v)
+			if err := fs.Set(name, v); err != nil {
+				return usagef("$%s: %v", env, err)
+			}
 		}
 	}
+	return nil
+}
+
+// kafkaConn is the connection setting the -brokers and -kafka-* flags
+// name. Flags that contradict each other are usage errors; a file that
+// cannot be read is an error naming it. The password is never part of an
+// error.
+func (c *conn) kafkaConn() (kafkaconn.Config, error) {
+	brokers, err := c.brokerList()
+	if err != nil {
+		return kafkaconn.Config{}, err
+	}
+	k := &c.kafka
+	kc := kafkaconn.Config{Brokers: brokers, ClientID: cmp.Or(k.clientID, "idemkit"), DialTimeout: dial}
+	if k.tls || k.ca != "" || k.cert != "" || k.key != "" || k.serverName != "" {
+		if (k.cert == "") != (k.key == "") {
+			return kc, usagef("-kafka-cert and -kafka-key go together")
+		}
+		if kc.TLS, err = kafkaconn.LoadTLS(kafkaconn.TLSFiles{CA: k.ca, Cert: k.cert, Key: k.key, ServerName: k.serverName}); err != nil {
+			return kc, err
+		}
+	}
+	if k.sasl == "" {
+		if k.user != "" || k.passwordFile != "" {
+			return kc, usagef("-kafka-user and -kafka-password-file need -kafka-sasl (plain, scram-sha-256 or scram-sha-512)")
+		}
+		return kc, nil
+	}
+	mech, err := kafkaconn.ParseMechanism(k.sasl)
+	if err != nil {
+		return kc, usagef("-kafka-sasl: %q is not plain, scram-sha-256 or scram-sha-512", k.sasl)
+	}
+	if k.user == "" {
+		return kc, usagef("-kafka-sasl %s needs -kafka-user (or $IDEMKIT_KAFKA_USER)", k.sasl)
+	}
+	password := os.Getenv(envKafkaPassword)
+	if k.passwordFile != "" {
+		b, err := os.ReadFile(k.passwordFile)
+		if err != nil {
+			return kc, fmt.Errorf("-kafka-password-file: %w", err)
+		}
+		password = strings.TrimRight(string(b), "\r\n")
+	}
+	if password == "" {
+		return kc, usagef("-kafka-sasl %s needs a password: set $%s or pass -kafka-password-file", k.sasl, envKafkaPassword)
+	}
+	kc.SASL = &kafkaconn.SASL{Mechanism: mech, Username: k.user, Password: password}
+	return kc, kc.Validate()
+}
+
+// dialKafka builds the connection setting and checks that the brokers
+// answer a metadata request with it; it returns a client for the command,
+// and the function that closes its connections.
+func (c *conn) dialKafka(ctx context.Context) (kafkaconn.Config, *kafka.Client, func(), error) {
+	kc, err := c.kafkaConn()
+	if err != nil {
+		return kc, nil, nil, err
+	}
+	t, err := kc.Transport()
+	if err != nil {
+		return kc, nil, nil, err
+	}
+	client := &kafka.Client{Addr: kc.Addr(), Timeout: dial, Transport: t}
+	cctx, cancel := context.WithTimeout(ctx, dial)
+	defer cancel()
+	if _, err := client.Metadata(cctx, &kafka.MetadataRequest{Topics: []string{}}); err != nil {
+		t.CloseIdleConnections()
+		if werr := kc.Wrap(err); werr != err {
+			return kc, nil, nil, werr // names the brokers, says what they refused
+		}
+		return kc, nil, nil, fmt.Errorf("Kafka at %s does not answer: %w", strings.Join(kc.Brokers, ","), err)
+	}
+	return kc, client, t.CloseIdleConnections, nil
 }
 
 func (c *conn) brokerList() ([]string, error) {
@@ -309,7 +448,9 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 		}
 		args = fs.Args()
 		if len(args) == 0 {
-			fromEnv(fs)
+			if err := fromEnv(fs); err != nil {
+				return nil, err
+			}
 			return pos, checkNames(fs)
 		}
 		pos = append(pos, args[0])

@@ -61,7 +61,7 @@ func TestCLIAsANewUserWould(t *testing.T) {
 	}
 
 	// Two dead letters, as a consumer would have written them.
-	w, err := dlq.NewWriter(&dlq.WriterConfig{Brokers: testenv.Brokers(t), Group: "billing"})
+	w, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: testenv.Kafka(t), Group: "billing"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testenv"
@@ -42,9 +41,7 @@ func TestCLIOutboxAndDedup(t *testing.T) {
 
 	parked := make(chan struct{}, 1)
 	published := make(chan struct{}, 1)
-	tr := &kafka.Transport{MetadataTTL: 50 * time.Millisecond}
-	t.Cleanup(tr.CloseIdleConnections)
-	relay, err := outbox.NewRelay(db.Pool, store, &outbox.RelayConfig{Brokers: testenv.Brokers(t), Transport: tr,
+	relay, err := outbox.NewRelay(db.Pool, store, &outbox.RelayConfig{Kafka: testenv.Kafka(t), MetadataTTL: 50 * time.Millisecond,
 		ParkAfter: 2, RetryInitial: 20 * time.Millisecond, RetryMax: 50 * time.Millisecond, PollInterval: 50 * time.Millisecond,
 		Hooks: outbox.Hooks{ // signals only: a hook must never block the relay
 			Parked:    func(outbox.Record, error) { notify(parked) },

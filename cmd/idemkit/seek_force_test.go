@@ -39,7 +39,7 @@ func TestSeekForceWhileRunning(t *testing.T) {
 		once     sync.Once
 	)
 	r, err := consumer.New(&consumer.Config{
-		Brokers: testenv.Brokers(t), Topic: e.topic, GroupID: e.group, Pool: e.db.Pool, Store: e.store,
+		Kafka: testenv.Kafka(t), Topic: e.topic, GroupID: e.group, Pool: e.db.Pool, Store: e.store,
 		MissingID: consumer.MissingIDUseCoordinates, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Handler: consumer.HandlerFunc(func(ctx context.Context, _ pgx.Tx, _ *consumer.Message) error {
 			time.Sleep(20 * time.Millisecond)

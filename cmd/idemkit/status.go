@@ -131,19 +131,16 @@ func statusCmd(ctx context.Context, cmd *command, args []string, out io.Writer) 
 	if f.retention < 0 {
 		return usagef("status: -retention must not be negative")
 	}
-	brokers, err := f.brokerList()
+	_, client, closeKafka, err := f.dialKafka(ctx)
 	if err != nil {
 		return err
 	}
-	if err := reachKafka(ctx, brokers); err != nil {
-		return err
-	}
+	defer closeKafka()
 	pool, err := connectDB(ctx, f.database)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: dial}
 
 	rep := &statusReport{Time: time.Now().UTC(), Consumers: []consumerStatus{}, DeadLetters: []deadLetterTopic{},
 		Notes: []string{}, Crossed: []string{}}

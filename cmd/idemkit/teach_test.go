@@ -41,7 +41,7 @@ func TestCLIRedaction(t *testing.T) {
 	dead := origin + dlq.TopicSuffixDefault
 	testenv.CreateTopic(t, dead, 1)
 	env := []string{"IDEMKIT_KAFKA_BROKERS=" + strings.Join(testenv.Brokers(t), ",")}
-	w, err := dlq.NewWriter(&dlq.WriterConfig{Brokers: testenv.Brokers(t), Group: "billing"})
+	w, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: testenv.Kafka(t), Group: "billing"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +196,7 @@ func TestCLIParked(t *testing.T) {
 	seen := map[string]bool{}
 	flowed, released := make(chan struct{}), make(chan struct{})
 	var flowOnce, releaseOnce sync.Once
-	r, err := consumer.New(&consumer.Config{Brokers: testenv.Brokers(t), Topic: topic, GroupID: group, Pool: db.Pool, Store: store,
+	r, err := consumer.New(&consumer.Config{Kafka: testenv.Kafka(t), Topic: topic, GroupID: group, Pool: db.Pool, Store: store,
 		BatchSize: 1, FailureMode: consumer.NonBlocking, Retry: &retry.Policy{MaxAttempts: 1},
 		ParkedRetry: &retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxAttempts: 5},
 		ParkedPoll:  20 * time.Millisecond,

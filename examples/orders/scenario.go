@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/otel"
 )
@@ -132,7 +133,7 @@ func scenario(ctx context.Context, dbURL string, brokers []string, schema string
 	seen := newTally(out)
 	newRunner := func(group string, hooks consumer.Hooks) (*consumer.Runner, error) {
 		cfg := &consumer.Config{
-			Brokers: brokers, Topic: topic, GroupID: group, Name: consumerName,
+			Kafka: kafkaconn.Config{Brokers: brokers}, Topic: topic, GroupID: group, Name: consumerName,
 			Pool: pool, Store: store, Handler: consumer.HandlerFunc(markPaid),
 			// One transaction per message, so that the demo's stop lands
 			// between two events' commits (by default the runner takes

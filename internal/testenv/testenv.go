@@ -36,6 +36,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idemkit/internal/topicscan"
+	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
 )
 
@@ -301,6 +302,44 @@ func dropSchema(tb testing.TB, url, schema string) {
 	}
 }
 
+// Kafka returns the connection setting of the test brokers: their
+// PLAINTEXT listener, no TLS, no SASL.
+func Kafka(tb testing.TB) kafkaconn.Config { return kafkaconn.Config{Brokers: Brokers(tb)} }
+
+// Environment variables naming the SASL_SSL listener of the test broker
+// (scripts/dev start writes them into .dev/env).
+const (
+	EnvKafkaSASLBrokers = "IDEMKIT_TEST_KAFKA_SASL_BROKERS"
+	EnvKafkaCA          = "IDEMKIT_TEST_KAFKA_CA"
+	EnvKafkaUser        = "IDEMKIT_TEST_KAFKA_USER"
+	EnvKafkaPassword    = "IDEMKIT_TEST_KAFKA_PASSWORD"
+)
+
+// SASL returns the connection setting of the test broker's SASL_SSL
+// listener: TLS trusting $IDEMKIT_TEST_KAFKA_CA, SCRAM-SHA-512 as
+// $IDEMKIT_TEST_KAFKA_USER. A variable that is not set fails the test at
+// once with the fix: the SASL tests never skip.
+func SASL(tb testing.TB) kafkaconn.Config {
+	tb.Helper()
+	var missing []string
+	for _, v := range []string{EnvKafkaSASLBrokers, EnvKafkaCA, EnvKafkaUser, EnvKafkaPassword} {
+		if os.Getenv(v) == "" {
+			missing = append(missing, v)
+		}
+	}
+	if len(missing) > 0 {
+		tb.Fatalf("testenv: %s not set: run scripts/dev start (it starts Kafka with a SASL_SSL listener; "+
+			"restart a broker an older scripts/dev started: scripts/dev stop first) and source .dev/env", strings.Join(missing, ", "))
+	}
+	conf, err := kafkaconn.LoadTLS(kafkaconn.TLSFiles{CA: os.Getenv(EnvKafkaCA)})
+	if err != nil {
+		tb.Fatalf("testenv: %v: run scripts/dev start", err)
+	}
+	return kafkaconn.Config{Brokers: splitBrokers(os.Getenv(EnvKafkaSASLBrokers)), TLS: conf,
+		SASL: &kafkaconn.SASL{Mechanism: kafkaconn.ScramSHA512, Username: os.Getenv(EnvKafkaUser),
+			Password: os.Getenv(EnvKafkaPassword)}}
+}
+
 // Client returns a kafka-go client for the test brokers.
 func Client(tb testing.TB) *kafka.Client {
 	return &kafka.Client{Addr: kafka.TCP(Brokers(tb)...), Timeout: 30 * time.Second}
@@ -358,7 +397,8 @@ func ReadAll(tb testing.TB, brokers []string, topic string) []kafka.Message {
 	var err error
 	for deadline := time.Now().Add(30 * time.Second); ; {
 		out = out[:0]
-		err = topicscan.Scan(ctx, brokers, topic, func(m kafka.Message) error {
+		client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
+		err = topicscan.Scan(ctx, client, topic, func(m kafka.Message) error {
 			out = append(out, m)
 			return nil
 		})

@@ -40,15 +40,15 @@ type Range struct {
 	First, End int64
 }
 
-func client(brokers []string) *kafka.Client {
-	return &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
-}
+// Every function talks through client: its Addr (the bootstrap brokers) and
+// Transport (TLS, SASL; see kafkaconn). Its Timeout bounds each request
+// (10s is what the dead-letter tools use).
 
 // Ranges returns the range of every partition of topic that holds committed
 // messages now, by partition: from its first offset to its last stable
 // offset. Messages written or committed later are past End.
-func Ranges(ctx context.Context, brokers []string, topic string) ([]Range, error) {
-	ranges, err := kafkaoffsets.LogRange(ctx, client(brokers), topic)
+func Ranges(ctx context.Context, client *kafka.Client, topic string) ([]Range, error) {
+	ranges, err := kafkaoffsets.LogRange(ctx, client, topic)
 	if err != nil {
 		return nil, err
 	}
@@ -67,12 +67,12 @@ func Ranges(ctx context.Context, brokers []string, topic string) ([]Range, error
 // scan). It reads without a consumer group: scanning moves no offset. A
 // broker that cannot be reached during the scan is waited for, up to
 // MaxOutage. An error of fn is returned as is.
-func Scan(ctx context.Context, brokers []string, topic string, fn func(kafka.Message) error) error {
+func Scan(ctx context.Context, client *kafka.Client, topic string, fn func(kafka.Message) error) error {
 	w := &outage.Waiter{Op: "scan " + topic, Max: MaxOutage, Log: slog.New(slog.DiscardHandler)}
 	var ranges []Range
 	if err := w.Do(ctx, func(ctx context.Context) error {
 		var err error
-		ranges, err = Ranges(ctx, brokers, topic)
+		ranges, err = Ranges(ctx, client, topic)
 		return err
 	}); err != nil {
 		return err
@@ -81,7 +81,7 @@ func Scan(ctx context.Context, brokers []string, topic string, fn func(kafka.Mes
 		for {
 			next := r.First
 			var fnErr error
-			err := Read(ctx, brokers, topic, r, func(m kafka.Message) error {
+			err := Read(ctx, client, topic, r, func(m kafka.Message) error {
 				if fnErr = fn(m); fnErr != nil {
 					return fnErr
 				}
@@ -107,11 +107,11 @@ func Scan(ctx context.Context, brokers []string, topic string, fn func(kafka.Mes
 // returns once the reader passed r.End-1; an empty range reads nothing. An
 // error of fn is returned as is; errors reading are wrapped with the
 // partition, connection errors unchanged underneath (retry.IsConnection).
-func Read(ctx context.Context, brokers []string, topic string, r Range, fn func(kafka.Message) error) error {
+func Read(ctx context.Context, client *kafka.Client, topic string, r Range, fn func(kafka.Message) error) error {
 	if r.First >= r.End {
 		return nil
 	}
-	reader, err := kread.New(&kread.Config{Client: client(brokers), Topic: topic, Partition: r.Partition,
+	reader, err := kread.New(&kread.Config{Client: client, Topic: topic, Partition: r.Partition,
 		MaxBytes: 8 << 20, MaxWait: 250 * time.Millisecond}, r.First)
 	if err != nil {
 		return err

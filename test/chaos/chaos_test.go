@@ -21,6 +21,7 @@ import (
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/outage"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
 	"github.com/idemkit/idemkit/test/internal/kafkaproc"
@@ -276,7 +277,7 @@ func run(t *testing.T, sc scenario) {
 	if err := a.setup(ctx, pools["test"], keys); err != nil {
 		t.Fatalf("schema: %v", err)
 	}
-	dw, err := dlq.NewWriter(&dlq.WriterConfig{Brokers: brokers, Topic: dlqTopic, Group: group, Logger: loggers["seed"]})
+	dw, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: kafkaconn.Config{Brokers: brokers}, Topic: dlqTopic, Group: group, Logger: loggers["seed"]})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,7 +312,7 @@ func run(t *testing.T, sc scenario) {
 	}
 	hooks := make([]struct{ started, ended atomic.Int64 }, len(runners))
 	for i, name := range runners {
-		cfg := &consumer.Config{Brokers: brokers, Topic: inTopic, GroupID: group, Pool: pools[name], Store: store,
+		cfg := &consumer.Config{Kafka: kafkaconn.Config{Brokers: brokers}, Topic: inTopic, GroupID: group, Pool: pools[name], Store: store,
 			SessionTimeout: 6 * time.Second, RebalanceTimeout: 10 * time.Second, Logger: loggers[name],
 			Hooks: consumer.Hooks{
 				OutageStarted: func(string, error) { hooks[i].started.Add(1) },
@@ -331,7 +332,7 @@ func run(t *testing.T, sc scenario) {
 		}
 		wg.Go(func() { exits <- exit{name: name, err: r.Run(runCtx)} })
 	}
-	rl, err := outbox.NewRelay(pools[relay], a.outbox, &outbox.RelayConfig{Brokers: brokers,
+	rl, err := outbox.NewRelay(pools[relay], a.outbox, &outbox.RelayConfig{Kafka: kafkaconn.Config{Brokers: brokers},
 		PollInterval: 100 * time.Millisecond, PublishTimeout: 5 * time.Second, RetryMax: 2 * time.Second,
 		Logger: loggers[relay]})
 	if err != nil {
@@ -339,7 +340,7 @@ func run(t *testing.T, sc scenario) {
 	}
 	wg.Go(func() { exits <- exit{name: relay, err: rl.Run(runCtx)} })
 	var replayedItems atomic.Int64
-	rp, err := dlq.NewReprocessor(&dlq.ReprocessorConfig{Brokers: brokers, Topic: dlqTopic, Mode: dlq.Redrive,
+	rp, err := dlq.NewReprocessor(&dlq.ReprocessorConfig{Kafka: kafkaconn.Config{Brokers: brokers}, Topic: dlqTopic, Mode: dlq.Redrive,
 		Handler: a.handler(reprocessor), Pool: pools[reprocessor], Tables: migrate.Config{Schema: schema},
 		Rate: sc.replayRate, Logger: loggers[reprocessor],
 		Progress: func(dlq.Item) { replayedItems.Add(1) }})

@@ -27,6 +27,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/outage"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/test/internal/containers"
 	"github.com/idemkit/idemkit/test/internal/kafkaproc"
 )
@@ -63,7 +64,7 @@ func newFixture(t *testing.T) *fixture {
 
 func (f *fixture) config(brokers []string, topic, group string) *consumer.Config {
 	return &consumer.Config{
-		Brokers: brokers, Topic: topic, GroupID: group, Pool: f.db.Pool, Store: f.store,
+		Kafka: kafkaconn.Config{Brokers: brokers}, Topic: topic, GroupID: group, Pool: f.db.Pool, Store: f.store,
 		Logger: f.logger,
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			_, err := tx.Exec(ctx, `INSERT INTO `+f.effects+` (id, runs) VALUES ($1, 1)

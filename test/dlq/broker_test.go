@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 	"github.com/idemkit/idemkit/test/internal/kafkaproc"
@@ -102,7 +103,7 @@ func TestBrokerKilledMidReplay(t *testing.T) {
 
 	var logs logBuffer
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
-	w, err := dlq.NewWriter(&dlq.WriterConfig{Brokers: brokers, Group: "g", Logger: logger})
+	w, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: kafkaconn.Config{Brokers: brokers}, Group: "g", Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +132,7 @@ func TestBrokerKilledMidReplay(t *testing.T) {
 
 	var waits []func()
 	seen0 := 0
-	r, err := dlq.NewReprocessor(&dlq.ReprocessorConfig{Brokers: brokers, Topic: dead, Mode: dlq.Republish,
+	r, err := dlq.NewReprocessor(&dlq.ReprocessorConfig{Kafka: kafkaconn.Config{Brokers: brokers}, Topic: dead, Mode: dlq.Republish,
 		Pool: db.Pool, Tables: migrate.Config{Schema: db.Schema}, Logger: logger, ReplayedBy: "test",
 		Progress: func(it dlq.Item) {
 			if it.Raw.Partition != 0 {

@@ -23,6 +23,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -74,7 +75,7 @@ func child() int {
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	brokers := strings.Split(os.Getenv(testenv.EnvKafkaBrokers), ",")
-	dead, err := dlq.NewWriter(&dlq.WriterConfig{Brokers: brokers, Group: os.Getenv(childGroup)})
+	dead, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: kafkaconn.Config{Brokers: brokers}, Group: os.Getenv(childGroup)})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 2
@@ -82,7 +83,7 @@ func child() int {
 	defer dead.Close()
 	failID := os.Getenv(childFail)
 	r, err := consumer.New(&consumer.Config{
-		Brokers:   brokers,
+		Kafka:     kafkaconn.Config{Brokers: brokers},
 		Topic:     os.Getenv(childTopic),
 		GroupID:   os.Getenv(childGroup),
 		Pool:      pool,
@@ -271,7 +272,7 @@ func TestCrashAfterDeadLetterWrite(t *testing.T) {
 			var copies []*dlq.DeadLetter
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			err := dlq.Scan(ctx, testenv.Brokers(t), topic+dlq.TopicSuffixDefault, func(m kafka.Message) error {
+			err := dlq.Scan(ctx, testenv.Kafka(t), topic+dlq.TopicSuffixDefault, func(m kafka.Message) error {
 				d, err := dlq.Parse(m)
 				if err == nil {
 					copies = append(copies, d)
@@ -290,7 +291,7 @@ func TestCrashAfterDeadLetterWrite(t *testing.T) {
 				}
 			}
 			table := db.Table("effects")
-			rp, err := dlq.NewReprocessor(&dlq.ReprocessorConfig{Brokers: testenv.Brokers(t), Topic: topic + dlq.TopicSuffixDefault,
+			rp, err := dlq.NewReprocessor(&dlq.ReprocessorConfig{Kafka: testenv.Kafka(t), Topic: topic + dlq.TopicSuffixDefault,
 				Mode: dlq.Redrive, Pool: db.Pool, Tables: migrate.Config{Schema: db.Schema},
 				Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 					return applyEffect(ctx, tx, table, m)

@@ -58,7 +58,7 @@ func TestInstancesJoinAndLeave(t *testing.T) {
 				}
 			}
 			cfg := consumer.Config{
-				Brokers: testenv.Brokers(t), Topic: topic, GroupID: group, Pool: db.Pool, Store: store,
+				Kafka: testenv.Kafka(t), Topic: topic, GroupID: group, Pool: db.Pool, Store: store,
 				BatchSize: md.batch, SessionTimeout: 6 * time.Second,
 			}
 			if md.set {

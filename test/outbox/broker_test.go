@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemkit/idemkit/internal/outage"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/outbox"
 	"github.com/idemkit/idemkit/retry"
 	"github.com/idemkit/idemkit/test/internal/kafkaproc"
@@ -52,10 +53,8 @@ func TestBrokerStoppedRelayRecovers(t *testing.T) {
 	db, store := newDB(t)
 	logs, logger := testenv.NewLogs(t)
 	var published, failedAttempts atomic.Int64
-	tr := &kafka.Transport{MetadataTTL: time.Second, DialTimeout: 2 * time.Second}
-	t.Cleanup(tr.CloseIdleConnections)
 	relay, err := outbox.NewRelay(db.Pool, store, &outbox.RelayConfig{
-		Brokers: brokers, Transport: tr, PollInterval: 100 * time.Millisecond,
+		Kafka: kafkaconn.Config{Brokers: brokers, DialTimeout: 2 * time.Second}, MetadataTTL: time.Second, PollInterval: 100 * time.Millisecond,
 		PublishTimeout: 3 * time.Second, RetryMax: 2 * time.Second,
 		Logger: logger,
 		Hooks: outbox.Hooks{
@@ -128,7 +127,7 @@ func TestBrokerStoppedRelayRecovers(t *testing.T) {
 	// Meanwhile, a relay that may wait 2s at most gives up.
 	db2, store2 := newDB(t)
 	bounded, err := outbox.NewRelay(db2.Pool, store2, &outbox.RelayConfig{
-		Brokers: brokers, Transport: tr, PollInterval: 100 * time.Millisecond, MaxOutage: 2 * time.Second,
+		Kafka: kafkaconn.Config{Brokers: brokers, DialTimeout: 2 * time.Second}, MetadataTTL: time.Second, PollInterval: 100 * time.Millisecond, MaxOutage: 2 * time.Second,
 		PublishTimeout: time.Second, RetryMax: 300 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {

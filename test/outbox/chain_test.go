@@ -23,6 +23,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/outbox"
 )
 
@@ -55,7 +56,7 @@ func child() int {
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	relay, err := outbox.NewRelay(pool, store, &outbox.RelayConfig{
-		Brokers:   strings.Split(os.Getenv(testenv.EnvKafkaBrokers), ","),
+		Kafka:     kafkaconn.Config{Brokers: strings.Split(os.Getenv(testenv.EnvKafkaBrokers), ",")},
 		BatchSize: batch, PollInterval: 50 * time.Millisecond,
 		Hooks: outbox.Hooks{
 			AfterPublish: func(_ context.Context, recs []outbox.Record) {
@@ -139,7 +140,7 @@ func TestCrashAfterPublishChain(t *testing.T) {
 	runCtx, stopAll := context.WithCancel(ctx)
 	t.Cleanup(func() { stopAll(); wg.Wait() })
 	startConsumer := func(cfg consumer.Config) {
-		cfg.Brokers, cfg.Pool, cfg.Store, cfg.SessionTimeout = testenv.Brokers(t), db.Pool, dd, 6*time.Second
+		cfg.Kafka, cfg.Pool, cfg.Store, cfg.SessionTimeout = testenv.Kafka(t), db.Pool, dd, 6*time.Second
 		r, err := consumer.New(&cfg)
 		if err != nil {
 			t.Fatal(err)

@@ -94,7 +94,7 @@ var consumerModes = []consumerMode{
 
 func (c *consumerDB) config(t *testing.T, md consumerMode, topic string) *consumer.Config {
 	cfg := &consumer.Config{
-		Brokers: testenv.Brokers(t), Topic: topic, GroupID: testenv.Name(t, "g"), Pool: c.db.Pool, Store: c.store,
+		Kafka: testenv.Kafka(t), Topic: topic, GroupID: testenv.Name(t, "g"), Pool: c.db.Pool, Store: c.store,
 		BatchSize: md.batch, Logger: slog.New(slog.NewTextHandler(t.Output(), nil)),
 		Retry: &retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/test/internal/txproducer"
 )
 
@@ -94,7 +95,7 @@ func child() int {
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	r, err := consumer.New(&consumer.Config{
-		Brokers:   strings.Split(os.Getenv(testenv.EnvKafkaBrokers), ","),
+		Kafka:     kafkaconn.Config{Brokers: strings.Split(os.Getenv(testenv.EnvKafkaBrokers), ",")},
 		Topic:     os.Getenv(childTopic),
 		GroupID:   os.Getenv(childGroup),
 		Pool:      pool,

@@ -16,6 +16,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 	"github.com/idemkit/idemkit/test/internal/txproducer"
@@ -28,7 +29,7 @@ import (
 // transactional producer.
 func deadLetters(t *testing.T, origin, scratch string, ids ...string) map[string]kafka.Message {
 	t.Helper()
-	w, err := dlq.NewWriter(&dlq.WriterConfig{Brokers: testenv.Brokers(t), Topic: scratch, Group: "billing"})
+	w, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: testenv.Kafka(t), Topic: scratch, Group: "billing"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +201,7 @@ func TestDeadLettersWrittenTransactionally(t *testing.T) {
 	defer cancel()
 	brokers := testenv.Brokers(t)
 	var scanned []kafka.Message
-	if err := dlq.Scan(ctx, brokers, dead, func(m kafka.Message) error {
+	if err := dlq.Scan(ctx, kafkaconn.Config{Brokers: brokers}, dead, func(m kafka.Message) error {
 		if _, err := dlq.Parse(m); err != nil {
 			return err
 		}
@@ -216,7 +217,7 @@ func TestDeadLettersWrittenTransactionally(t *testing.T) {
 	replay := func(cfg *dlq.ReprocessorConfig) (dlq.Summary, []rec) {
 		t.Helper()
 		var seen []kafka.Message
-		cfg.Brokers, cfg.Topic = brokers, dead
+		cfg.Kafka, cfg.Topic = kafkaconn.Config{Brokers: brokers}, dead
 		cfg.Progress = func(it dlq.Item) { seen = append(seen, it.Raw) }
 		rp, err := dlq.NewReprocessor(cfg)
 		if err != nil {

@@ -18,7 +18,7 @@ func scan(t *testing.T, topic string) []rec {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var got []kafka.Message
-	err := topicscan.Scan(ctx, testenv.Brokers(t), topic, func(m kafka.Message) error {
+	err := topicscan.Scan(ctx, testenv.Client(t), topic, func(m kafka.Message) error {
 		got = append(got, m)
 		return nil
 	})
@@ -43,7 +43,7 @@ func TestScanCommittedOnly(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var got []kafka.Message
-	if err := dlq.Scan(ctx, testenv.Brokers(t), topic, func(m kafka.Message) error {
+	if err := dlq.Scan(ctx, testenv.Kafka(t), topic, func(m kafka.Message) error {
 		got = append(got, m)
 		return nil
 	}); err != nil {

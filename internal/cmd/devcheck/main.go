@@ -1,7 +1,9 @@
 // Command devcheck tells whether the development servers really answer: it runs
 // a query on PostgreSQL and a metadata request on Kafka. scripts/dev uses it to
 // wait for the servers it starts; it exits 0 once every named server answered,
-// and 1 with a one-line reason when the time is up.
+// and 1 with a one-line reason when the time is up. With -kafka-ca and
+// -kafka-sasl it checks a SASL_SSL listener: the TLS handshake against that CA
+// and the SASL exchange with -kafka-user and $IDEMKIT_KAFKA_PASSWORD.
 package main
 
 import (
@@ -14,23 +16,40 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/idemkit/kafkaconn"
 )
 
 func main() {
 	pgURL := flag.String("postgres", "", "PostgreSQL URL to query (skipped when empty)")
 	brokers := flag.String("kafka", "", "Kafka broker address to ask for metadata (skipped when empty)")
+	ca := flag.String("kafka-ca", "", "PEM CA file: speak TLS to -kafka, trusting it")
+	mech := flag.String("kafka-sasl", "", "SASL mechanism for -kafka (password from $IDEMKIT_KAFKA_PASSWORD)")
+	user := flag.String("kafka-user", "", "SASL user for -kafka")
 	wait := flag.Duration("wait", 60*time.Second, "how long to keep trying")
 	flag.Parse()
 	if *pgURL == "" && *brokers == "" {
 		fmt.Fprintln(os.Stderr, "devcheck: name -postgres URL and/or -kafka host:port")
 		os.Exit(2)
 	}
+	kc := kafkaconn.Config{Brokers: []string{*brokers}}
+	if *ca != "" {
+		t, err := kafkaconn.LoadTLS(kafkaconn.TLSFiles{CA: *ca})
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "devcheck: %v\n", err)
+			os.Exit(2)
+		}
+		kc.TLS = t
+	}
+	if *mech != "" {
+		kc.SASL = &kafkaconn.SASL{Mechanism: kafkaconn.Mechanism(*mech), Username: *user, Password: os.Getenv("IDEMKIT_KAFKA_PASSWORD")}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), *wait)
 	defer cancel()
 
 	var last error
 	for {
-		last = check(ctx, *pgURL, *brokers)
+		last = check(ctx, *pgURL, *brokers, &kc)
 		if last == nil {
 			return
 		}
@@ -43,7 +62,7 @@ func main() {
 	}
 }
 
-func check(ctx context.Context, pgURL, broker string) error {
+func check(ctx context.Context, pgURL, broker string, kc *kafkaconn.Config) error {
 	attempt, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if pgURL != "" {
@@ -60,15 +79,21 @@ func check(ctx context.Context, pgURL, broker string) error {
 		fmt.Printf("postgres answers: server_version %s\n", version)
 	}
 	if broker != "" {
-		client := &kafka.Client{Addr: kafka.TCP(broker), Timeout: 5 * time.Second}
+		tr, err := kc.Transport()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "devcheck: %v\n", err)
+			os.Exit(2)
+		}
+		defer tr.CloseIdleConnections()
+		client := &kafka.Client{Addr: kc.Addr(), Timeout: 5 * time.Second, Transport: tr}
 		md, err := client.Metadata(attempt, &kafka.MetadataRequest{})
 		if err != nil {
-			return fmt.Errorf("kafka: %w", err)
+			return fmt.Errorf("kafka: %w", kc.Wrap(err))
 		}
 		if len(md.Brokers) == 0 {
 			return errors.New("kafka: metadata lists no broker yet")
 		}
-		fmt.Printf("kafka answers: %d broker(s), controller %d, cluster %s\n", len(md.Brokers), md.Controller.ID, md.ClusterID)
+		fmt.Printf("kafka (%s) answers: %d broker(s), controller %d, cluster %s\n", kc, len(md.Brokers), md.Controller.ID, md.ClusterID)
 	}
 	return nil
 }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/kafkaconn"
 )
 
 // producedAtHeader carries the produce time (Unix nanoseconds) of a message of
@@ -247,7 +248,7 @@ func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*chil
 	}
 
 	cfg := &consumer.Config{
-		Brokers: spec.Brokers,
+		Kafka:   kafkaconn.Config{Brokers: spec.Brokers},
 		Topic:   spec.Topic,
 		GroupID: spec.Group,
 		Pool:    pool,

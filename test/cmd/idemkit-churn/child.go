@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/kafkaconn"
 )
 
 // childSpec is what a child process runs; the parent passes it as JSON in
@@ -89,7 +90,7 @@ func runChild(ctx context.Context, spec *childSpec, log *slog.Logger) error {
 		out.Unlock()
 	}
 	r, err := consumer.New(&consumer.Config{
-		Brokers:           spec.Brokers,
+		Kafka:             kafkaconn.Config{Brokers: spec.Brokers},
 		Topic:             spec.Topic,
 		GroupID:           spec.Group,
 		Pool:              pool,

@@ -51,6 +51,7 @@ import (
 
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/internal/topicscan"
+	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
 )
@@ -562,7 +563,7 @@ func (b *bench) order(ctx context.Context, topic string) (violations, duplicates
 	seen := map[string]bool{}
 	last := map[string]int{}
 	// Partition by partition in offset order: a key lives in one partition.
-	err = topicscan.Scan(ctx, b.brokers, topic, func(m kafka.Message) error {
+	err = topicscan.Scan(ctx, &kafka.Client{Addr: kafka.TCP(b.brokers...), Timeout: 10 * time.Second}, topic, func(m kafka.Message) error {
 		var id string
 		for _, h := range m.Headers {
 			if h.Key == outbox.HeaderID {
@@ -784,7 +785,7 @@ func child(args []string) error {
 	if *impl == implLoop {
 		return loop(ctx, pool, store.Table(), brokers, tr, *batch, *poll, report)
 	}
-	relay, err := outbox.NewRelay(pool, store, &outbox.RelayConfig{Brokers: brokers, Transport: tr, BatchSize: *batch, WakeDelay: *wakeDelay,
+	relay, err := outbox.NewRelay(pool, store, &outbox.RelayConfig{Kafka: kafkaconn.Config{Brokers: brokers}, BatchSize: *batch, WakeDelay: *wakeDelay,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		Hooks: outbox.Hooks{AfterPublish: func(_ context.Context, recs []outbox.Record) {
 			ids := make([]string, len(recs))

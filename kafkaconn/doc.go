@@ -1,0 +1,32 @@
+// Package kafkaconn is idemkit's one Kafka connection setting: where the
+// brokers are and how to reach them (TLS, SASL PLAIN or SCRAM, client ID,
+// dial timeout). Every package that talks to Kafka takes a Config — the
+// consumer (consumer.Config.Kafka), the outbox relay (outbox.RelayConfig.Kafka),
+// the dead-letter writer and reprocessor (dlq.WriterConfig.Kafka,
+// dlq.ReprocessorConfig.Kafka), dlq.Scan and dlq.CreateTopic — and the
+// idemkit CLI builds one from its -brokers and -kafka-* flags (or their
+// IDEMKIT_KAFKA_* variables). Say it once, pass it everywhere:
+//
+//	tlsConf, err := kafkaconn.LoadTLS(kafkaconn.TLSFiles{CA: "/etc/kafka/ca.pem"})
+//	if err != nil { ... }
+//	kc := kafkaconn.Config{
+//		Brokers: []string{"kafka-1:9094", "kafka-2:9094"},
+//		TLS:     tlsConf,
+//		SASL:    &kafkaconn.SASL{Mechanism: kafkaconn.ScramSHA512, Username: "orders", Password: secret},
+//	}
+//	runner, err := consumer.New(&consumer.Config{Kafka: kc, Topic: "payments", ...})
+//	relay, err := outbox.NewRelay(pool, store, &outbox.RelayConfig{Kafka: kc})
+//
+// A Config is checked by Validate, which every constructor calls: an
+// unknown mechanism, SASL without a username or password, a TLS client
+// certificate without its key are errors wrapping ErrInvalidConfig before
+// anything connects. Dialer and Transport build what kafka-go needs from it
+// (a *kafka.Dialer for consumer groups and readers, a *kafka.Transport for
+// writers and clients).
+//
+// A broker that rejects the credentials, or whose certificate the client
+// does not trust, is not an outage: Wrap turns such errors into an *Error
+// naming the brokers that matches ErrAuthentication or ErrTLS, and the
+// packages stop with it instead of waiting for the broker to come back.
+// Passwords are never part of an error, a log line or String.
+package kafkaconn
