@@ -294,7 +294,7 @@ func TestDLQUnavailableMakesThePartitionWait(t *testing.T) {
 func (e *env) reprocessor(mode dlq.Mode, h consumer.HandlerFunc, mutate func(*dlq.ReprocessorConfig)) *dlq.Reprocessor {
 	e.t.Helper()
 	cfg := &dlq.ReprocessorConfig{Kafka: testenv.Kafka(e.t), Topic: e.dlq, Mode: mode, Pool: e.db.Pool,
-		Tables: migrate.Config{Schema: e.db.Schema}, Logger: e.logger, ReplayedBy: "test",
+		Schema: e.db.Schema, Logger: e.logger, ReplayedBy: "test",
 		Retry: &retry.Policy{InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond, MaxAttempts: 2}}
 	if h != nil {
 		cfg.Handler = h

@@ -10,7 +10,6 @@ import (
 	"github.com/idemkit/idemkit"
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dlq"
-	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -30,7 +29,7 @@ func TestReprocessorNotMigrated(t *testing.T) {
 	t.Cleanup(func() {
 		_, _ = e.db.Pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{empty}.Sanitize()+" CASCADE")
 	})
-	r := e.reprocessor(dlq.Republish, nil, func(c *dlq.ReprocessorConfig) { c.Tables = migrate.Config{Schema: empty} })
+	r := e.reprocessor(dlq.Republish, nil, func(c *dlq.ReprocessorConfig) { c.Schema = empty })
 	_, err := r.Run(ctx)
 	if !errors.Is(err, dlq.ErrNotMigrated) || !errors.Is(err, idemkit.ErrNotMigrated) {
 		t.Fatalf("Run on an empty schema = %v, want dlq.ErrNotMigrated and idemkit.ErrNotMigrated", err)

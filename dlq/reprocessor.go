@@ -88,9 +88,12 @@ type ReprocessorConfig struct {
 
 	// Pool is where dedup records and replay records live.
 	Pool *pgxpool.Pool
-	// Tables names the schema and tables (see package migrate, versions 4
-	// and 7). Defaults to migrate's defaults.
-	Tables migrate.Config
+	// Schema holds the dedup and replay records tables (see package
+	// migrate, versions 4 and 7). Defaults to "public".
+	Schema string
+	// Tables names the tables inside Schema; each defaults as documented on
+	// migrate.Tables.
+	Tables migrate.Tables
 
 	// Filter selects which dead letters to replay.
 	Filter Filter
@@ -185,7 +188,7 @@ func NewReprocessor(cfg *ReprocessorConfig) (*Reprocessor, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	tables := c.Tables.WithDefaults()
+	tables := migrate.Config{Schema: c.Schema, Tables: c.Tables}.WithDefaults()
 	if err := tables.Validate(); err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemkit/idemhttp"
+	"github.com/idemkit/idemkit/migrate"
 )
 
 // Issue test 1: 200 concurrent requests with one key make one payment; every
@@ -435,7 +436,7 @@ func TestNewValidates(t *testing.T) {
 			t.Errorf("%s: New = %v, want ErrInvalidConfig", name, err)
 		}
 	}
-	if _, err := idemhttp.NewStore(&idemhttp.StoreConfig{Table: strings.Repeat("t", 64)}); err == nil {
+	if _, err := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{IdempotencyRecords: strings.Repeat("t", 64)}}); err == nil {
 		t.Error("NewStore accepted a 64-byte table name")
 	}
 }

@@ -72,13 +72,15 @@ type DBTX = pgexec.DB
 
 // StoreConfig says where records live and which clock measures leases and
 // expiry. The table is created by package migrate (version 3), which must
-// be given the same Schema and table name.
+// be given the same Schema and Tables (the two fields every package says
+// where its tables live with).
 type StoreConfig struct {
 	// Schema holds the table. Defaults to "public".
 	Schema string
-	// Table names the records table inside Schema. Defaults to
-	// "idempotency_records" (migrate.IdempotencyRecordsDefault).
-	Table string
+	// Tables names the tables inside Schema; this store uses
+	// Tables.IdempotencyRecords, which defaults to "idempotency_records"
+	// (migrate.IdempotencyRecordsDefault).
+	Tables migrate.Tables
 	// Now is the clock of leases and expiry: every timestamp in the table is
 	// written from it, and lease ends and expiry are compared with it. All
 	// processes sharing a table need clocks in step (NTP) within a small
@@ -117,7 +119,7 @@ func NewStore(cfg *StoreConfig) (*Store, error) {
 	if cfg != nil {
 		c = *cfg
 	}
-	mc := migrate.Config{Schema: c.Schema, Tables: migrate.Tables{IdempotencyRecords: c.Table}}.WithDefaults()
+	mc := migrate.Config{Schema: c.Schema, Tables: migrate.Tables{IdempotencyRecords: c.Tables.IdempotencyRecords}}.WithDefaults()
 	if err := mc.Validate(); err != nil {
 		return nil, fmt.Errorf("idemhttp: %w", err)
 	}

@@ -178,7 +178,7 @@ func TestPrometheusNames(t *testing.T) {
 	wait(t, oc.done, "5 outcomes")
 
 	rcfg := &dlq.ReprocessorConfig{Kafka: testenv.Kafka(t), Topic: dlqTopic, Mode: dlq.Redrive,
-		Handler: consumer.HandlerFunc(e.effect), Pool: e.db.Pool, Tables: e.store.Tables()}
+		Handler: consumer.HandlerFunc(e.effect), Pool: e.db.Pool, Schema: e.store.Tables().Schema, Tables: e.store.Tables().Tables}
 	if err := tel.Reprocessor(rcfg); err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
 )
 
@@ -134,7 +135,7 @@ func TestEnqueueValidation(t *testing.T) {
 	if err != nil || st.Backlog != 0 {
 		t.Fatalf("stats = %+v, %v; want an empty outbox", st, err)
 	}
-	if _, err := outbox.New(&outbox.Config{Table: strings.Repeat("x", 64)}); err == nil {
+	if _, err := outbox.New(&outbox.Config{Tables: migrate.Tables{Outbox: strings.Repeat("x", 64)}}); err == nil {
 		t.Error("New with a 64-byte table name succeeded")
 	}
 	if _, err := outbox.NewRelay(db.Pool, store, &outbox.RelayConfig{}); !errors.Is(err, outbox.ErrInvalidConfig) {

@@ -93,13 +93,15 @@ type Message struct {
 }
 
 // Config says where the outbox table lives. It is created by package migrate,
-// which must be given the same Schema and table name.
+// which must be given the same Schema and Tables: every package says where
+// its tables live with these two fields (dedup.Config, idemhttp.StoreConfig,
+// dlq.ReprocessorConfig, migrate.Config).
 type Config struct {
 	// Schema holds the table. Defaults to "public".
 	Schema string
-	// Table is the outbox table. Defaults to "idemkit_outbox"
-	// (migrate.OutboxDefault).
-	Table string
+	// Tables names the tables inside Schema; this store uses Tables.Outbox,
+	// which defaults to "idemkit_outbox" (migrate.OutboxDefault).
+	Tables migrate.Tables
 	// ContextHeaders, when set, is called once per EnqueueTx with its
 	// context; the headers it returns are added to every message enqueued
 	// (after the message's own, skipping a key the message already has):
@@ -153,7 +155,7 @@ func New(cfg *Config) (*Store, error) {
 	if cfg != nil {
 		c = *cfg
 	}
-	mc := migrate.Config{Schema: c.Schema, Tables: migrate.Tables{Outbox: c.Table}}.WithDefaults()
+	mc := migrate.Config{Schema: c.Schema, Tables: migrate.Tables{Outbox: c.Tables.Outbox}}.WithDefaults()
 	if err := mc.Validate(); err != nil {
 		return nil, fmt.Errorf("outbox: %w", err)
 	}

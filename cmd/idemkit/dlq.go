@@ -16,7 +16,6 @@ import (
 
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/kafkaconn"
-	"github.com/idemkit/idemkit/migrate"
 )
 
 type dlqFlags struct {
@@ -332,7 +331,7 @@ func (f *dlqFlags) replay(ctx context.Context, kc kafkaconn.Config, out io.Write
 	defer func() { err = f.dbErr(err) }()
 	r, err := dlq.NewReprocessor(&dlq.ReprocessorConfig{
 		Kafka: kc, Topic: f.topic, Mode: dlq.Republish, Pool: pool,
-		Tables: migrate.Config{Schema: f.schema}, Filter: f.filter, DryRun: f.dryRun, Rate: f.rate,
+		Schema: f.schema, Filter: f.filter, DryRun: f.dryRun, Rate: f.rate,
 		ReplayLimit: f.replayLimit, MaxOutage: f.maxOutage,
 		Progress: func(it dlq.Item) {
 			if it.Action == dlq.Skipped {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
 )
 
@@ -43,7 +44,7 @@ func outboxCmd(ctx context.Context, cmd *command, args []string, out io.Writer) 
 	case sub != "retry" && len(ids) != 0:
 		return usagef("outbox %s takes no arguments", sub)
 	}
-	store, err := outbox.New(&outbox.Config{Schema: c.schema, Table: *table})
+	store, err := outbox.New(&outbox.Config{Schema: c.schema, Tables: migrate.Tables{Outbox: *table}})
 	if err != nil {
 		return usagef("%v", err)
 	}

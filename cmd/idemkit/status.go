@@ -345,7 +345,7 @@ func (f *statusFlags) deadLetters(ctx context.Context, client *kafka.Client, rep
 }
 
 func (f *statusFlags) outbox(ctx context.Context, pool *pgxpool.Pool, rep *statusReport) error {
-	store, err := outbox.New(&outbox.Config{Schema: f.schema, Table: f.outboxTable})
+	store, err := outbox.New(&outbox.Config{Schema: f.schema, Tables: migrate.Tables{Outbox: f.outboxTable}})
 	if err != nil {
 		return usagef("%v", err)
 	}
@@ -369,7 +369,7 @@ const oldestRecordTimeout = 5 * time.Second
 const stuckLimit = 10000
 
 func (f *statusFlags) records(ctx context.Context, pool *pgxpool.Pool, rep *statusReport) error {
-	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: f.schema, Table: f.recordsTable})
+	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: f.schema, Tables: migrate.Tables{IdempotencyRecords: f.recordsTable}})
 	if err != nil {
 		return usagef("%v", err)
 	}

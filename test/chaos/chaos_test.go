@@ -22,7 +22,6 @@ import (
 	"github.com/idemkit/idemkit/internal/outage"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/kafkaconn"
-	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
 	"github.com/idemkit/idemkit/test/internal/kafkaproc"
 	"github.com/idemkit/idemkit/test/internal/pgproc"
@@ -341,7 +340,7 @@ func run(t *testing.T, sc scenario) {
 	wg.Go(func() { exits <- exit{name: relay, err: rl.Run(runCtx)} })
 	var replayedItems atomic.Int64
 	rp, err := dlq.NewReprocessor(&dlq.ReprocessorConfig{Kafka: kafkaconn.Config{Brokers: brokers}, Topic: dlqTopic, Mode: dlq.Redrive,
-		Handler: a.handler(reprocessor), Pool: pools[reprocessor], Tables: migrate.Config{Schema: schema},
+		Handler: a.handler(reprocessor), Pool: pools[reprocessor], Schema: schema,
 		Rate: sc.replayRate, Logger: loggers[reprocessor],
 		Progress: func(dlq.Item) { replayedItems.Add(1) }})
 	if err != nil {

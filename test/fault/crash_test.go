@@ -24,7 +24,6 @@ import (
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/kafkaconn"
-	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -292,7 +291,7 @@ func TestCrashAfterDeadLetterWrite(t *testing.T) {
 			}
 			table := db.Table("effects")
 			rp, err := dlq.NewReprocessor(&dlq.ReprocessorConfig{Kafka: testenv.Kafka(t), Topic: topic + dlq.TopicSuffixDefault,
-				Mode: dlq.Redrive, Pool: db.Pool, Tables: migrate.Config{Schema: db.Schema},
+				Mode: dlq.Redrive, Pool: db.Pool, Schema: db.Schema,
 				Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 					return applyEffect(ctx, tx, table, m)
 				})})

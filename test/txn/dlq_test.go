@@ -235,7 +235,7 @@ func TestDeadLettersWrittenTransactionally(t *testing.T) {
 	t.Run("redrive", func(t *testing.T) {
 		db := newConsumerDB(t)
 		cfg := func() *dlq.ReprocessorConfig {
-			return &dlq.ReprocessorConfig{Mode: dlq.Redrive, Pool: db.db.Pool, Tables: migrate.Config{Schema: db.db.Schema},
+			return &dlq.ReprocessorConfig{Mode: dlq.Redrive, Pool: db.db.Pool, Schema: db.db.Schema,
 				Handler: consumer.HandlerFunc(db.apply)}
 		}
 		sum, seen := replay(cfg())
@@ -263,7 +263,7 @@ func TestDeadLettersWrittenTransactionally(t *testing.T) {
 	t.Run("republish", func(t *testing.T) {
 		db := newConsumerDB(t)
 		sum, seen := replay(&dlq.ReprocessorConfig{Mode: dlq.Republish, Pool: db.db.Pool,
-			Tables: migrate.Config{Schema: db.db.Schema}})
+			Schema: db.db.Schema})
 		if !maps.Equal(sum, dlq.Summary{dlq.Republished: n}) {
 			t.Fatalf("republish: %v, want %d republished", sum, n)
 		}
@@ -336,7 +336,7 @@ func TestDeadLettersWrittenTransactionally(t *testing.T) {
 		stableBounds(t, dead, 0)
 		db := newConsumerDB(t)
 		cfg := func() *dlq.ReprocessorConfig {
-			return &dlq.ReprocessorConfig{Mode: dlq.Redrive, Pool: db.db.Pool, Tables: migrate.Config{Schema: db.db.Schema},
+			return &dlq.ReprocessorConfig{Mode: dlq.Redrive, Pool: db.db.Pool, Schema: db.db.Schema,
 				Handler: consumer.HandlerFunc(db.apply)}
 		}
 		sum, seen := replay(cfg())
