@@ -15,6 +15,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/kafkaoffsets"
 	"github.com/idemkit/idemkit/internal/outage"
+	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -179,9 +180,14 @@ func (r *Runner) Run(ctx context.Context) error {
 const unknownPartitionWait = 30 * time.Second
 
 // permanentGroupError reports whether joining the group failed for a reason
-// that another try cannot change: authorization, a session timeout outside
-// the broker's bounds, an invalid group ID.
+// that another try cannot change: authorization, refused credentials or TLS
+// (kafkaconn.Classify: a coordinator with another certificate than the
+// bootstrap broker, a rotated CA), a session timeout outside the broker's
+// bounds, an invalid group ID.
 func permanentGroupError(err error) bool {
+	if kafkaconn.Classify(err) != nil {
+		return true
+	}
 	for _, e := range []kafka.Error{kafka.GroupAuthorizationFailed, kafka.TopicAuthorizationFailed,
 		kafka.ClusterAuthorizationFailed, kafka.SASLAuthenticationFailed, kafka.InvalidSessionTimeout,
 		kafka.InvalidGroupId, kafka.InconsistentGroupProtocol} {

@@ -19,6 +19,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/kread"
 	"github.com/idemkit/idemkit/internal/outage"
+	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -224,6 +225,9 @@ func (w *worker) prefetch(ctx context.Context, reader *kread.Reader) {
 			case ctx.Err() != nil:
 			case errors.Is(err, retry.ErrOutage):
 				w.fail(err)
+			case kafkaconn.Classify(err) != nil:
+				// Refused credentials or TLS: no retry changes them.
+				w.fail(fmt.Errorf("consumer: fetch %s/%d: %w", w.r.cfg.Topic, w.partition, w.r.cfg.Kafka.Wrap(err)))
 			case errors.As(err, &oor):
 				// Records were deleted under the consumer (retention), or the
 				// topic changed: leaving the generation makes the partition

@@ -26,7 +26,10 @@
 //
 // A broker that rejects the credentials, or whose certificate the client
 // does not trust, is not an outage: Wrap turns such errors into an *Error
-// naming the brokers that matches ErrAuthentication or ErrTLS, and the
-// packages stop with it instead of waiting for the broker to come back.
-// Passwords are never part of an error, a log line or String.
+// naming the brokers that matches ErrAuthentication or ErrTLS: the
+// consumer (joining the group and fetching), a dead-letter write and a
+// replay stop with it instead of waiting for the broker to come back; the
+// outbox relay keeps the rows and retries them (they are only published
+// late), logging each failure. Passwords are never part of an error (also
+// when SASLprep refuses one), a log line or String.
 package kafkaconn

@@ -16,8 +16,9 @@ var ErrAuthentication = errors.New("authentication failed")
 
 // ErrTLS matches an *Error of a TLS handshake that failed: a broker
 // certificate the client does not trust or that names another host, a
-// client certificate the broker refused, or TLS spoken to a plaintext
-// listener.
+// client certificate the broker refused, or a plaintext client on a TLS
+// listener. (TLS spoken to a plaintext listener looks to the client like a
+// connection the broker closed, EOF, which is waited out as an outage.)
 var ErrTLS = errors.New("TLS handshake failed")
 
 // Error is a connection that the brokers refused for its security
@@ -100,6 +101,9 @@ func Classify(err error) error {
 		return nil
 	case errors.As(err, &verify), errors.As(err, &unknownCA), errors.As(err, &hostname),
 		errors.As(err, &invalid), errors.As(err, &header), errors.As(err, &alert):
+		return ErrTLS
+	case strings.Contains(err.Error(), "broker appears to be expecting TLS"):
+		// kafka-go's word for a plaintext client on a TLS listener.
 		return ErrTLS
 	}
 	return nil

@@ -105,8 +105,32 @@ func (c *Config) Validate() error {
 		if s.Password == "" {
 			return invalid("SASL %s needs a Password", s.Mechanism)
 		}
+		if _, err := s.scram(); err != nil {
+			return err
+		}
 	}
 	return nil
+}
+
+// scram returns the SCRAM mechanism of s, nil for other mechanisms. The
+// error of a username or password that SASLprep refuses never quotes them
+// (xdg-go/scram's does, password included).
+func (s *SASL) scram() (sasl.Mechanism, error) {
+	m, _ := ParseMechanism(string(s.Mechanism))
+	algo := scram.SHA512
+	switch m {
+	case ScramSHA256:
+		algo = scram.SHA256
+	case ScramSHA512:
+	default:
+		return nil, nil
+	}
+	mech, err := scram.Mechanism(algo, s.Username, s.Password)
+	if err != nil {
+		return nil, fmt.Errorf("%w: SASL %s: the username or the password holds a character SASLprep (RFC 4013) "+
+			"forbids, such as a control character", ErrInvalidConfig, m)
+	}
+	return mech, nil
 }
 
 // String describes c without its password: "SASL_SSL 127.0.0.1:9094
@@ -144,15 +168,7 @@ func (c *Config) mechanism() (sasl.Mechanism, error) {
 	case Plain:
 		return plain.Mechanism{Username: s.Username, Password: s.Password}, nil
 	case ScramSHA256, ScramSHA512:
-		algo := scram.SHA512
-		if m == ScramSHA256 {
-			algo = scram.SHA256
-		}
-		mech, err := scram.Mechanism(algo, s.Username, s.Password)
-		if err != nil { // stringprep refused the username or password
-			return nil, fmt.Errorf("%w: SASL %s: %w", ErrInvalidConfig, m, err)
-		}
-		return mech, nil
+		return s.scram()
 	}
 	return nil, fmt.Errorf("%w: unknown SASL mechanism %q", ErrInvalidConfig, s.Mechanism)
 }

@@ -31,10 +31,53 @@ var sensitiveDefault = []string{
 	"expiry", "exp_month", "exp_year", "iban", "account_number", "ssn", "pin",
 }
 
-// cardLike matches runs of 13 to 19 digits, optionally grouped by single
-// spaces or dashes: the shape of a payment card number (PAN). Every digit
-// but the last four is masked.
-var cardLike = regexp.MustCompile(`\b\d(?:[ -]?\d){12,18}\b`)
+// maskCards masks, in every run of 13 to 19 digits, every digit but the
+// last four: the shape of a payment card number (PAN). A run may
+// be grouped by up to two spaces, dots or dashes between digits, and may
+// touch letters ("card_4111…", "pan4111…"): no word boundary is needed.
+func maskCards(s string) string {
+	isDigit := func(c byte) bool { return c >= '0' && c <= '9' }
+	isSep := func(c byte) bool { return c == ' ' || c == '.' || c == '-' }
+	b := []byte(s)
+	for i := 0; i < len(b); {
+		if !isDigit(b[i]) {
+			i++
+			continue
+		}
+		start, end, digits := i, i, 0
+		for j := i; j < len(b); {
+			if isDigit(b[j]) {
+				digits++
+				j++
+				end = j
+				continue
+			}
+			k := j
+			for k < len(b) && k-j < 2 && isSep(b[k]) {
+				k++
+			}
+			if k == j || k == len(b) || !isDigit(b[k]) {
+				break
+			}
+			j = k
+		}
+		if digits >= 13 && digits <= 19 { // longer runs are IDs, not cards
+			keep := 4
+			for p := end - 1; p >= start; p-- {
+				if !isDigit(b[p]) {
+					continue
+				}
+				if keep > 0 {
+					keep--
+				} else {
+					b[p] = '*'
+				}
+			}
+		}
+		i = end
+	}
+	return string(b)
+}
 
 type redactor struct {
 	show    bool // -show-payload: nothing is masked
@@ -100,24 +143,7 @@ func (r *redactor) text(s string) string {
 	if r.show {
 		return s
 	}
-	s = cardLike.ReplaceAllStringFunc(s, func(m string) string {
-		digits := 0
-		for i := range len(m) {
-			if m[i] >= '0' && m[i] <= '9' {
-				digits++
-			}
-		}
-		b := []byte(m)
-		for i := range b {
-			if b[i] >= '0' && b[i] <= '9' {
-				if digits > 4 {
-					b[i] = '*'
-				}
-				digits--
-			}
-		}
-		return string(b)
-	})
+	s = maskCards(s)
 	for _, re := range r.regexps {
 		s = re.ReplaceAllString(s, redactedMark)
 	}
@@ -165,14 +191,16 @@ func (r *redactor) value(b []byte) string {
 func (r *redactor) walk(v any) any {
 	switch v := v.(type) {
 	case map[string]any:
+		out := make(map[string]any, len(v))
 		for k, e := range v {
+			nk := r.text(k) // a field name can hold a card number too
 			if r.fields[fold(k)] {
-				v[k] = redactedMark
+				out[nk] = redactedMark
 			} else {
-				v[k] = r.walk(e)
+				out[nk] = r.walk(e)
 			}
 		}
-		return v
+		return out
 	case []any:
 		for i, e := range v {
 			v[i] = r.walk(e)
