@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -62,15 +61,17 @@ type deleteRecordsResponsePartition struct {
 
 func (r *deleteRecordsResponse) ApiKey() protocol.ApiKey { return protocol.DeleteRecords }
 
-var registerDeleteRecords = sync.OnceFunc(func() {
+// The DeleteRecords API is registered with kafka-go's protocol package at
+// init, before any test runs: registering it lazily raced with the
+// transports of parallel tests, which read the same registry.
+func init() {
 	protocol.Register(&deleteRecordsRequest{}, &deleteRecordsResponse{})
-})
+}
 
 // DeleteRecords deletes the records of topic's partition below offset, as
 // retention would: the partition's log start moves to offset.
 func DeleteRecords(tb testing.TB, topic string, partition int, offset int64) {
 	tb.Helper()
-	registerDeleteRecords()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	transport := &kafka.Transport{}
