@@ -23,8 +23,11 @@ package containers
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strconv"
@@ -60,6 +63,7 @@ const (
 	EnvNetwork       = "IDEMKIT_CONTAINERS_NETWORK"
 	EnvPGPort        = "IDEMKIT_CONTAINERS_PG_PORT"
 	EnvKafkaPort     = "IDEMKIT_CONTAINERS_KAFKA_PORT"
+	EnvKafkaSASLPort = "IDEMKIT_CONTAINERS_KAFKA_SASL_PORT"
 )
 
 // Ports of host mode when the environment names none: clear of scripts/dev's
@@ -82,6 +86,20 @@ type Config struct {
 	HostNetwork bool
 	PGPort      int
 	KafkaPort   int
+	// KafkaSASLPort, in host mode, is the broker's SASL_SSL listener
+	// (SCRAM-SHA-256/512 and PLAIN for the user alice, TLS with a CA the
+	// container makes): KafkaPort+2 unless IDEMKIT_CONTAINERS_KAFKA_SASL_PORT
+	// names another.
+	KafkaSASLPort int
+}
+
+// SASL is the SASL_SSL listener of a host-mode broker, in the terms of the
+// tests' IDEMKIT_TEST_KAFKA_SASL_* variables.
+type SASL struct {
+	Brokers  string
+	CAFile   string // the CA's PEM, copied out of the container
+	User     string
+	Password string
 }
 
 // ConfigFromEnv reads Config from the environment (see the package comment).
@@ -97,6 +115,9 @@ func ConfigFromEnv() (Config, error) {
 			return Config{}, err
 		}
 		if c.KafkaPort, err = port(EnvKafkaPort, DefaultHostKafkaPort); err != nil {
+			return Config{}, err
+		}
+		if c.KafkaSASLPort, err = port(EnvKafkaSASLPort, c.KafkaPort+2); err != nil {
 			return Config{}, err
 		}
 	default:
@@ -130,18 +151,30 @@ func Start(ctx context.Context) (testenv.Servers, func(), error) {
 	if err != nil {
 		return testenv.Servers{}, nil, err
 	}
-	return StartWith(ctx, c)
+	s, _, stop, err := StartWith(ctx, c)
+	return s, stop, err
 }
 
-// StartWith starts both servers in containers as c says.
-func StartWith(ctx context.Context, c Config) (testenv.Servers, func(), error) {
+// StartWith starts both servers in containers as c says. The SASL listener
+// is nil but in host mode.
+func StartWith(ctx context.Context, c Config) (testenv.Servers, *SASL, func(), error) {
+	s, stop, err := startWith(ctx, c)
+	return s.Servers, s.SASL, stop, err
+}
+
+type started struct {
+	testenv.Servers
+	SASL *SASL
+}
+
+func startWith(ctx context.Context, c Config) (started, func(), error) {
 	provider, err := testcontainers.NewDockerProvider()
 	if err != nil {
-		return testenv.Servers{}, nil, fmt.Errorf("%w: %v", ErrNoDocker, err)
+		return started{}, nil, fmt.Errorf("%w: %v", ErrNoDocker, err)
 	}
 	if err := provider.Health(ctx); err != nil {
 		_ = provider.Close()
-		return testenv.Servers{}, nil, fmt.Errorf("%w: %v", ErrNoDocker, err)
+		return started{}, nil, fmt.Errorf("%w: %v", ErrNoDocker, err)
 	}
 	_ = provider.Close()
 	if c.HostNetwork {
@@ -152,34 +185,34 @@ func StartWith(ctx context.Context, c Config) (testenv.Servers, func(), error) {
 		tcpostgres.WithDatabase("idemkit"), tcpostgres.WithUsername("postgres"), tcpostgres.WithPassword("postgres"),
 		tcpostgres.BasicWaitStrategies())
 	if err != nil {
-		return testenv.Servers{}, nil, fmt.Errorf("start postgres container (%s): %w", c.PostgresImage, err)
+		return started{}, nil, fmt.Errorf("start postgres container (%s): %w", c.PostgresImage, err)
 	}
 	stopPG := func() { _ = testcontainers.TerminateContainer(pg) }
 	url, err := pg.ConnectionString(ctx, "sslmode=disable")
 	if err != nil {
 		stopPG()
-		return testenv.Servers{}, nil, fmt.Errorf("postgres container address: %w", err)
+		return started{}, nil, fmt.Errorf("postgres container address: %w", err)
 	}
 	kc, err := tckafka.Run(ctx, c.KafkaImage, tckafka.WithClusterID("idemkit-test"))
 	if err != nil {
 		stopPG()
-		return testenv.Servers{}, nil, fmt.Errorf("start kafka container (%s): %w", c.KafkaImage, err)
+		return started{}, nil, fmt.Errorf("start kafka container (%s): %w", c.KafkaImage, err)
 	}
 	brokers, err := kc.Brokers(ctx)
 	stop := func() { _ = testcontainers.TerminateContainer(kc); stopPG() }
 	if err != nil {
 		stop()
-		return testenv.Servers{}, nil, fmt.Errorf("kafka container address: %w", err)
+		return started{}, nil, fmt.Errorf("kafka container address: %w", err)
 	}
-	return testenv.Servers{DatabaseURL: url, Brokers: brokers}, stop, nil
+	return started{Servers: testenv.Servers{DatabaseURL: url, Brokers: brokers}}, stop, nil
 }
 
 // startHost runs the images of the scripts/containers contract on the host's
 // network: each listens on 127.0.0.1 at the port its environment names.
-func startHost(ctx context.Context, c Config) (testenv.Servers, func(), error) {
-	for _, p := range []int{c.PGPort, c.KafkaPort, c.KafkaPort + 1} {
+func startHost(ctx context.Context, c Config) (started, func(), error) {
+	for _, p := range []int{c.PGPort, c.KafkaPort, c.KafkaPort + 1, c.KafkaSASLPort} {
 		if err := free(p); err != nil {
-			return testenv.Servers{}, nil, err
+			return started{}, nil, err
 		}
 	}
 	pg, err := runHost(ctx, testcontainers.ContainerRequest{
@@ -189,23 +222,61 @@ func startHost(ctx context.Context, c Config) (testenv.Servers, func(), error) {
 			WithStartupTimeout(2 * time.Minute),
 	})
 	if err != nil {
-		return testenv.Servers{}, nil, fmt.Errorf("start postgres container (%s, host network, port %d): %w", c.PostgresImage, c.PGPort, err)
+		return started{}, nil, fmt.Errorf("start postgres container (%s, host network, port %d): %w", c.PostgresImage, c.PGPort, err)
 	}
 	stopPG := func() { _ = testcontainers.TerminateContainer(pg) }
+	var secret [16]byte
+	if _, err := rand.Read(secret[:]); err != nil {
+		stopPG()
+		return started{}, nil, err
+	}
+	sasl := &SASL{Brokers: fmt.Sprintf("127.0.0.1:%d", c.KafkaSASLPort), User: "alice", Password: hex.EncodeToString(secret[:])}
 	kc, err := runHost(ctx, testcontainers.ContainerRequest{
-		Image:      c.KafkaImage,
-		Env:        map[string]string{"KAFKA_PORT": strconv.Itoa(c.KafkaPort)},
+		Image: c.KafkaImage,
+		Env: map[string]string{"KAFKA_PORT": strconv.Itoa(c.KafkaPort),
+			"KAFKA_SASL_PORT": strconv.Itoa(c.KafkaSASLPort), "KAFKA_SASL_PASSWORD": sasl.Password},
 		WaitingFor: wait.ForLog("Kafka Server started").WithStartupTimeout(3 * time.Minute),
 	})
 	if err != nil {
 		stopPG()
-		return testenv.Servers{}, nil, fmt.Errorf("start kafka container (%s, host network, port %d): %w", c.KafkaImage, c.KafkaPort, err)
+		return started{}, nil, fmt.Errorf("start kafka container (%s, host network, port %d): %w", c.KafkaImage, c.KafkaPort, err)
 	}
-	stop := func() { _ = testcontainers.TerminateContainer(kc); stopPG() }
-	return testenv.Servers{
+	stopKafka := func() { _ = testcontainers.TerminateContainer(kc); stopPG() }
+	ca, err := copyCA(ctx, kc)
+	if err != nil {
+		stopKafka()
+		return started{}, nil, fmt.Errorf("kafka container's CA: %w", err)
+	}
+	sasl.CAFile = ca
+	stop := func() { stopKafka(); _ = os.Remove(ca) }
+	return started{Servers: testenv.Servers{
 		DatabaseURL: fmt.Sprintf("postgres://postgres@127.0.0.1:%d/idemkit?sslmode=disable", c.PGPort),
 		Brokers:     []string{fmt.Sprintf("127.0.0.1:%d", c.KafkaPort)},
-	}, stop, nil
+	}, SASL: sasl}, stop, nil
+}
+
+// copyCA copies the CA of the broker's SASL_SSL listener out of the
+// container into a file of its own.
+func copyCA(ctx context.Context, kc testcontainers.Container) (string, error) {
+	r, err := kc.CopyFileFromContainer(ctx, "/var/lib/kafka/tls/ca.pem")
+	if err != nil {
+		return "", err
+	}
+	defer r.Close()
+	pem, err := io.ReadAll(r)
+	if err != nil {
+		return "", err
+	}
+	f, err := os.CreateTemp("", "idemkit-containers-ca-*.pem")
+	if err != nil {
+		return "", err
+	}
+	if _, err := f.Write(pem); err != nil {
+		_ = f.Close()
+		_ = os.Remove(f.Name())
+		return "", err
+	}
+	return f.Name(), f.Close()
 }
 
 // runHost creates and starts one container on the host's network. Its
