@@ -3,6 +3,7 @@ module github.com/idemkit/idemkit/test
 go 1.26.0
 
 require (
+	github.com/docker/docker v28.5.1+incompatible
 	github.com/idemkit/idemkit v0.0.0
 	github.com/idemkit/idemkit/redis v0.0.0
 	github.com/jackc/pgx/v5 v5.12.0
@@ -27,7 +28,6 @@ require (
 	github.com/cpuguy83/dockercfg v0.3.2 // indirect
 	github.com/creack/pty v1.1.24 // indirect
 	github.com/distribution/reference v0.6.0 // indirect
-	github.com/docker/docker v28.5.1+incompatible // indirect
 	github.com/docker/go-connections v0.8.2 // indirect
 	github.com/docker/go-units v0.5.0 // indirect
 	github.com/ebitengine/purego v0.10.1 // indirect

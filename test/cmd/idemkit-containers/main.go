@@ -28,8 +28,13 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
+	c, err := containers.ConfigFromEnv()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "idemkit-containers: %v\n", err)
+		os.Exit(2)
+	}
 	startCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	s, release, err := containers.Start(startCtx)
+	s, sasl, release, err := containers.StartWith(startCtx, c)
 	cancel()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "idemkit-containers: %v\n", err)
@@ -38,6 +43,11 @@ func main() {
 	defer release()
 	env := fmt.Sprintf("export %s='%s'\nexport %s='%s'\n",
 		testenv.EnvDatabaseURL, s.DatabaseURL, testenv.EnvKafkaBrokers, strings.Join(s.Brokers, ","))
+	if sasl != nil { // host mode: the broker's SASL_SSL listener, for the SASL tests
+		env += fmt.Sprintf("export IDEMKIT_TEST_KAFKA_SASL_BROKERS='%s'\nexport IDEMKIT_TEST_KAFKA_CA='%s'\n"+
+			"export IDEMKIT_TEST_KAFKA_USER='%s'\nexport IDEMKIT_TEST_KAFKA_PASSWORD='%s'\n",
+			sasl.Brokers, sasl.CAFile, sasl.User, sasl.Password)
+	}
 	if err := os.WriteFile(*envFile, []byte(env), 0o600); err != nil {
 		fmt.Fprintf(os.Stderr, "idemkit-containers: %v\n", err)
 		return
