@@ -20,12 +20,12 @@ func TestRedactionCatchesCardShapes(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, in := range []string{
-		"declined card_4111111111111111",                  // '_' is a word character: no \b
-		"pan4111111111111111",                             // glued to a letter
-		"4111.1111.1111.1111",                             // dots
-		"4111  1111  1111  1111",                          // two spaces
-		`{"note":"ref:x4111111111111111"}`,                // in a JSON string
-		`{"4111111111111111":"k"}`,                        // JSON field name
+		"declined card_4111111111111111",   // '_' is a word character: no \b
+		"pan4111111111111111",              // glued to a letter
+		"4111.1111.1111.1111",              // dots
+		"4111  1111  1111  1111",           // two spaces
+		`{"note":"ref:x4111111111111111"}`, // in a JSON string
+		`{"4111111111111111":"k"}`,         // JSON field name
 	} {
 		for _, out := range []string{r.text(in), r.value([]byte(in))} {
 			if strings.Contains(strings.NewReplacer(".", "", " ", "").Replace(out), "411111111111") {
