@@ -87,6 +87,9 @@ type Server struct {
 	port           int
 	cred           *syscall.Credential // the postgres user, when running as root
 	log            *os.File
+	// args are the server settings of this server's role (see replica.go),
+	// given to postgres at every start after the common ones.
+	args []string
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -125,6 +128,34 @@ func version(bin string) int {
 // binaries, or as root the postgres user, are missing.
 func Start(tb testing.TB) *Server {
 	tb.Helper()
+	return start(tb)
+}
+
+// start is Start; args are server settings given at every start.
+func start(tb testing.TB, args ...string) *Server {
+	tb.Helper()
+	s := newServer(tb, args...)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// -N: initdb does not fsync the new cluster; the server itself runs
+	// with fsync on.
+	initdb := exec.CommandContext(ctx, filepath.Join(s.bin, "initdb"), "-D", s.data, "-U", "postgres",
+		"--auth=trust", "--encoding=UTF8", "--locale=C", "-N", "--no-instructions")
+	s.as(initdb)
+	if out, err := initdb.CombinedOutput(); err != nil {
+		tb.Fatalf("pgproc: initdb: %v\n%s", err, out)
+	}
+	if err := s.Start(ctx); err != nil {
+		tb.Fatal(err)
+	}
+	return s
+}
+
+// newServer makes the folder, the log and the port of a server whose data
+// folder is still to be made; at cleanup it stops the server (immediate)
+// and removes the folder.
+func newServer(tb testing.TB, args ...string) *Server {
+	tb.Helper()
 	bin, err := Bin()
 	if err != nil {
 		tb.Fatal(err)
@@ -137,7 +168,7 @@ func Start(tb testing.TB) *Server {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	s := &Server{bin: bin, dir: dir, data: filepath.Join(dir, "data"), cred: cred}
+	s := &Server{bin: bin, dir: dir, data: filepath.Join(dir, "data"), cred: cred, args: args}
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -155,19 +186,6 @@ func Start(tb testing.TB) *Server {
 		tb.Fatal(err)
 	}
 	if s.log, err = os.Create(filepath.Join(dir, "postgres.log")); err != nil {
-		tb.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	// -N: initdb does not fsync the new cluster; the server itself runs
-	// with fsync on.
-	initdb := exec.CommandContext(ctx, filepath.Join(bin, "initdb"), "-D", s.data, "-U", "postgres",
-		"--auth=trust", "--encoding=UTF8", "--locale=C", "-N", "--no-instructions")
-	s.as(initdb)
-	if out, err := initdb.CombinedOutput(); err != nil {
-		tb.Fatalf("pgproc: initdb: %v\n%s", err, out)
-	}
-	if err := s.Start(ctx); err != nil {
 		tb.Fatal(err)
 	}
 	return s
@@ -259,6 +277,7 @@ func (s *Server) Start(ctx context.Context) error {
 	cmd := exec.Command(filepath.Join(s.bin, "postgres"), "-D", s.data, "-p", strconv.Itoa(s.port),
 		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=",
 		"-c", "max_connections=100", "-c", "shared_buffers=32MB")
+	cmd.Args = append(cmd.Args, s.args...)
 	cmd.Stdout, cmd.Stderr = s.log, s.log
 	s.as(cmd)
 	// Its own process group (a terminal's ^C goes to the test only); SIGQUIT
@@ -339,6 +358,27 @@ func (s *Server) Stop(ctx context.Context, mode Mode) error {
 		<-exited
 		return fmt.Errorf("pgproc: %s shutdown did not finish (%v); killed the server", mode, ctx.Err())
 	}
+}
+
+// Kill kills the server and every backend with SIGKILL, like a machine
+// that loses its power: no shutdown, no last WAL sent to a standby, clients
+// left with dead connections. It waits until the processes have exited.
+// Killing a stopped server does nothing.
+func (s *Server) Kill() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cmd, exited := s.cmd, s.exited
+	if cmd == nil {
+		return nil
+	}
+	s.cmd = nil
+	// The postmaster leads its process group (Setpgid): the group is the
+	// server and its backends, walsenders included.
+	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("pgproc: kill the server: %w", err)
+	}
+	<-exited
+	return nil
 }
 
 // Restart stops the server in the given mode and starts it again, as
