@@ -362,8 +362,14 @@ func (s *Server) Stop(ctx context.Context, mode Mode) error {
 
 // Kill kills the server and every backend with SIGKILL, like a machine
 // that loses its power: no shutdown, no last WAL sent to a standby, clients
-// left with dead connections. It waits until the processes have exited.
-// Killing a stopped server does nothing.
+// left with connections that were reset. It waits until the processes have
+// exited. Killing a stopped server does nothing.
+//
+// Killing the postmaster alone is not that: each backend leads a process
+// group of its own (PostgreSQL calls setsid), survives the postmaster for a
+// moment and ends its session with 57P01 "terminating connection due to
+// unexpected postmaster exit". So the postmaster is stopped (SIGSTOP: it
+// forks no more), its children are listed, and all are killed.
 func (s *Server) Kill() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -372,13 +378,67 @@ func (s *Server) Kill() error {
 		return nil
 	}
 	s.cmd = nil
-	// The postmaster leads its process group (Setpgid): the group is the
-	// server and its backends, walsenders included.
-	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return fmt.Errorf("pgproc: kill the server: %w", err)
+	pid := cmd.Process.Pid
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("pgproc: stop the postmaster: %w", err)
+	}
+	kids := children(pid)
+	for _, p := range append(kids, pid) {
+		if err := syscall.Kill(p, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return fmt.Errorf("pgproc: kill process %d of the server: %w", p, err)
+		}
 	}
 	<-exited
-	return nil
+	// The children are init's now: wait until none runs (gone, or a zombie
+	// whose sockets are closed).
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		alive := 0
+		for _, p := range kids {
+			if st, _, ok := procStat(p); ok && st != 'Z' {
+				alive++
+			}
+		}
+		if alive == 0 {
+			return nil
+		}
+	}
+	return fmt.Errorf("pgproc: processes of the killed server still run 10s after SIGKILL")
+}
+
+// children returns the processes whose parent is pid.
+func children(pid int) []int {
+	entries, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range entries {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if _, ppid, ok := procStat(p); ok && ppid == pid {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// procStat returns the state and the parent of process pid, from
+// /proc/<pid>/stat ("pid (comm) state ppid ..."; comm may hold spaces and
+// parentheses).
+func procStat(pid int) (state byte, ppid int, ok bool) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, false
+	}
+	i := strings.LastIndexByte(string(data), ')')
+	if i < 0 {
+		return 0, 0, false
+	}
+	f := strings.Fields(string(data[i+1:]))
+	if len(f) < 2 {
+		return 0, 0, false
+	}
+	ppid, err = strconv.Atoi(f[1])
+	return f[0][0], ppid, err == nil
 }
 
 // Restart stops the server in the given mode and starts it again, as

@@ -202,6 +202,7 @@ func (p *Pair) newStandby(ctx context.Context, primary, reuse *Server) (*Server,
 	bb := exec.CommandContext(ctx, filepath.Join(s.bin, "pg_basebackup"), "-h", "127.0.0.1", "-p", strconv.Itoa(primary.port),
 		"-U", "postgres", "-D", s.data, "-X", "stream", "-c", "fast", "-N")
 	s.as(bb)
+	t0 := time.Now()
 	if out, err := bb.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("pgproc: pg_basebackup from port %d: %v\n%s", primary.port, err, out)
 	}
@@ -214,9 +215,11 @@ func (p *Pair) newStandby(ctx context.Context, primary, reuse *Server) (*Server,
 			return nil, fmt.Errorf("pgproc: %w", err)
 		}
 	}
+	t1 := time.Now()
 	if err := s.Start(ctx); err != nil {
 		return nil, err
 	}
+	t2 := time.Now()
 	sync := ""
 	if !p.async {
 		sync = `FIRST 1 ("` + name + `")`
@@ -231,6 +234,8 @@ func (p *Pair) newStandby(ctx context.Context, primary, reuse *Server) (*Server,
 	if err := primary.waitReplica(ctx, name, want); err != nil {
 		return nil, fmt.Errorf("%w; standby log: %s", err, s.LogTail())
 	}
+	p.tb.Logf("pgproc: %s on port %d streams from port %d: pg_basebackup %s, start %s, streaming %s", name, s.port, primary.port,
+		t1.Sub(t0).Round(time.Millisecond), t2.Sub(t1).Round(time.Millisecond), time.Since(t2).Round(time.Millisecond))
 	return s, nil
 }
 

@@ -45,8 +45,20 @@ func TestPairFailover(t *testing.T) {
 	mustExec(t, ctx, url, `INSERT INTO t VALUES (3)`)
 
 	primary := p.Primary()
+	open, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Close(context.WithoutCancel(ctx))
 	if err := primary.Kill(); err != nil {
 		t.Fatal(err)
+	}
+	// Its backend died with it: no answer (no 57P01 from a backend that
+	// outlived the postmaster), a connection-class error.
+	_, err = open.Exec(ctx, `SELECT 1`)
+	var pgErr *pgconn.PgError
+	if err == nil || errors.As(err, &pgErr) || !retry.IsConnection(err) {
+		t.Fatalf("a connection open when the primary was killed: %v; want a connection-class error that is no server's answer", err)
 	}
 	err = execURL(ctx, url, `SELECT 1`)
 	if !errors.Is(err, pgconn.ErrReadOnlyConnection) || !retry.IsConnection(err) {
