@@ -2,6 +2,7 @@ package failover
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
@@ -35,11 +37,17 @@ import (
 // standby promoted; then the old primary is rebuilt as the new primary's
 // synchronous standby, while the stream goes on.
 //
+// A fourth runner's pool names the standby alone, without
+// target_session_attrs (a client whose DNS name or virtual IP already points
+// at the standby): until the promotion its sessions are read-only and its
+// claims are refused with SQLSTATE 25006; it must wait that out as an
+// outage, and carry on on the same sessions once the standby is promoted.
+//
 // On two cores shared with other test runs it takes about 25 seconds (the
 // pair starts in about 2), within the test module's CI budget.
 func TestFailover(t *testing.T) {
 	run(t, scenario{distinct: 3000, duplicates: 300, keys: 100, partitions: 6,
-		produceFor: 8 * time.Second, failoverAt: 0.4, rebuild: true, budget: 3 * time.Minute})
+		produceFor: 8 * time.Second, failoverAt: 0.4, standbyRunner: true, rebuild: true, budget: 3 * time.Minute})
 }
 
 // scenario is one failover run.
@@ -48,6 +56,7 @@ type scenario struct {
 	keys, partitions     int           // message keys; partitions of the input topic
 	produceFor           time.Duration // production is spread over this long
 	failoverAt           float64       // the failover starts once this fraction was sent
+	standbyRunner        bool          // add a runner whose pool names the standby alone
 	rebuild              bool          // rebuild the old primary as a standby after the failover
 	budget               time.Duration // the whole test
 }
@@ -65,6 +74,9 @@ var (
 	relays  = []string{"relay-1", "relay-2"}
 )
 
+// standbyRunner is the runner whose pool names the standby alone.
+const standbyRunner = "runner-standby"
+
 func run(t *testing.T, sc scenario) {
 	began := time.Now()
 	deadline := began.Add(sc.budget)
@@ -80,11 +92,19 @@ func run(t *testing.T, sc scenario) {
 	outTopic := testenv.NewTopic(t, 3)
 	group := testenv.Name(t, "failover")
 
+	runners := slices.Clone(runners)
+	if sc.standbyRunner {
+		runners = append(runners, standbyRunner)
+	}
 	parts := append(slices.Clone(runners), relays...)
 	logs := map[string]*testenv.Logs{}
 	pools := map[string]*pgxpool.Pool{}
 	for _, name := range append(slices.Clone(parts), "test") {
-		pools[name] = newPool(t, ctx, url, name)
+		u := url
+		if name == standbyRunner {
+			u = pair.Standby().URL()
+		}
+		pools[name] = newPool(t, ctx, u, name)
 	}
 	a, err := newApp(outTopic)
 	if err != nil {
@@ -115,7 +135,10 @@ func run(t *testing.T, sc scenario) {
 			t.Errorf("parts still running a minute after they were cancelled")
 		}
 	}()
-	hooks := make([]struct{ started, ended atomic.Int64 }, len(runners))
+	hooks := make([]struct {
+		started, ended atomic.Int64
+		first          atomic.Value // the error that started the first outage
+	}, len(runners))
 	for i, name := range runners {
 		l, logger := testenv.NewLogs(t)
 		logs[name] = l
@@ -123,11 +146,15 @@ func run(t *testing.T, sc scenario) {
 			Pool: pools[name], Store: store, SessionTimeout: 6 * time.Second, RebalanceTimeout: 10 * time.Second,
 			Logger: logger.With("part", name),
 			Hooks: consumer.Hooks{
-				OutageStarted: func(string, error) { hooks[i].started.Add(1) },
+				OutageStarted: func(_ string, err error) {
+					if hooks[i].started.Add(1) == 1 {
+						hooks[i].first.Store(err)
+					}
+				},
 				OutageEnded:   func(string, time.Duration) { hooks[i].ended.Add(1) },
 			}}
 		switch i {
-		case 0: // one transaction per message
+		case 0, 3: // one transaction per message
 			cfg.BatchSize, cfg.Handler = 1, a.handler(name)
 		case 1: // the default: adaptive batches of what is fetched, one handler call per message
 			cfg.Handler = a.handler(name)
@@ -256,6 +283,12 @@ func run(t *testing.T, sc scenario) {
 	for i, name := range runners {
 		if s, e := hooks[i].started.Load(), hooks[i].ended.Load(); s == 0 || s != e {
 			t.Errorf("%s: Hooks.OutageStarted ran %d times, OutageEnded %d times; want at least once, as often", name, s, e)
+		}
+		if name == standbyRunner {
+			var pgErr *pgconn.PgError
+			if err, _ := hooks[i].first.Load().(error); !errors.As(err, &pgErr) || pgErr.Code != "25006" {
+				t.Errorf("%s: its first outage began with %v, want SQLSTATE 25006 from the standby", name, err)
+			}
 		}
 	}
 
