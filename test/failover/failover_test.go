@@ -292,6 +292,23 @@ func run(t *testing.T, sc scenario) {
 		}
 	}
 
+	// The pools dropped their connections to the dead primary: every
+	// connection left is on the promoted one (the old primary's port now
+	// has a standby, which read-write connections must avoid).
+	primaryPort := uint16(pair.Primary().Port())
+	for _, name := range append(slices.Clone(parts), "test") {
+		for _, c := range pools[name].AcquireAllIdle(ctx) {
+			var port uint16
+			var inRecovery bool
+			err := c.QueryRow(ctx, `SELECT pg_is_in_recovery(), current_setting('port')::int`).Scan(&inRecovery, &port)
+			c.Release()
+			if err != nil || inRecovery || port != primaryPort {
+				t.Errorf("%s: a pooled connection on port %d (in recovery: %v, %v); want the promoted primary's %d",
+					name, port, inRecovery, err, primaryPort)
+			}
+		}
+	}
+
 	// Only now may the parts return.
 	h.check()
 	stop()
