@@ -85,7 +85,7 @@ func newParker(w *worker) *parker {
 // load reads which keys of the partition have parked messages.
 func (p *parker) load(ctx context.Context) error {
 	cfg := &p.w.r.cfg
-	rows, err := cfg.Pool.Query(ctx, `SELECT message_key, count(*) FROM `+p.table+`
+	rows, err := cfg.pool.Query(ctx, `SELECT message_key, count(*) FROM `+p.table+`
 		WHERE consumer = $1 AND topic = $2 AND kafka_partition = $3 GROUP BY message_key`,
 		cfg.Name, cfg.Topic, p.w.partition)
 	if err != nil {
@@ -160,7 +160,7 @@ func (p *parker) park(ctx context.Context, msg *Message, f failure) error {
 	cfg := &p.w.r.cfg
 	delay, _ := p.delay(1)
 	err := p.w.outage.Do(ctx, func(ctx context.Context) error {
-		return inTx(ctx, cfg.Pool, func(tx pgx.Tx) error {
+		return inTx(ctx, cfg.pool, func(tx pgx.Tx) error {
 			if err := p.insert(ctx, tx, []*Message{msg}, &f, time.Now().Add(delay)); err != nil {
 				return err
 			}
@@ -213,7 +213,7 @@ func (p *parker) head(ctx context.Context, key []byte) (*parkedMsg, error) {
 		mtime *time.Time
 	)
 	var incarnation int64
-	err := cfg.Pool.QueryRow(ctx, `SELECT incarnation, kafka_offset, message_id, value, headers, message_time, attempts,
+	err := cfg.pool.QueryRow(ctx, `SELECT incarnation, kafka_offset, message_id, value, headers, message_time, attempts,
 		first_failed_at, next_attempt_at FROM `+p.table+`
 		WHERE consumer = $1 AND topic = $2 AND kafka_partition = $3 AND message_key = $4
 		ORDER BY incarnation, kafka_offset LIMIT 1`, cfg.Name, cfg.Topic, p.w.partition, key).
@@ -253,7 +253,7 @@ func (p *parker) releaseDue(ctx context.Context) error {
 	// One statement finds the keys whose head is due; each of those is then
 	// released as far as it goes.
 	cfg := &p.w.r.cfg
-	rows, err := cfg.Pool.Query(ctx, `SELECT message_key FROM (
+	rows, err := cfg.pool.Query(ctx, `SELECT message_key FROM (
 		SELECT DISTINCT ON (message_key) message_key, next_attempt_at FROM `+p.table+`
 		WHERE consumer = $1 AND topic = $2 AND kafka_partition = $3
 		ORDER BY message_key, incarnation, kafka_offset) heads
@@ -290,7 +290,7 @@ func (p *parker) releaseKey(ctx context.Context, key []byte) error {
 		}
 		var dup bool
 		tctx, end := p.w.observe(ctx, []*Message{pm.msg}, pm.attempts+1)
-		err = inTx(tctx, cfg.Pool, func(tx pgx.Tx) error {
+		err = inTx(tctx, cfg.pool, func(tx pgx.Tx) error {
 			ctx := tctx
 			var err error
 			dup, err = cfg.Store.ClaimTx(ctx, tx, dedup.Claim{Consumer: cfg.Name, MessageID: pm.msg.ID,
@@ -358,7 +358,7 @@ func (p *parker) failed(ctx, tctx context.Context, pm *parkedMsg, err error) (do
 		}
 		// OnFailure took the head: wait out an outage here rather than hand
 		// it to OnFailure a second time.
-		if err := p.w.outage.Do(ctx, func(ctx context.Context) error { return p.remove(ctx, cfg.Pool, pm.msg) }); err != nil {
+		if err := p.w.outage.Do(ctx, func(ctx context.Context) error { return p.remove(ctx, cfg.pool, pm.msg) }); err != nil {
 			return false, fmt.Errorf("consumer: unpark %d: %w", pm.msg.Offset, err)
 		}
 		p.keys[string(pm.msg.Key)]--
@@ -366,7 +366,7 @@ func (p *parker) failed(ctx, tctx context.Context, pm *parkedMsg, err error) (do
 	}
 	p.w.log.WarnContext(f.logCtx(ctx), "parked message failed again", "offset", pm.msg.Offset, "message_id", pm.msg.ID,
 		"attempts", f.attempts, "retry_in", delay, "err", err)
-	_, uerr := cfg.Pool.Exec(ctx, `UPDATE `+p.table+` SET attempts = $5, first_failed_at = coalesce(first_failed_at, $6),
+	_, uerr := cfg.pool.Exec(ctx, `UPDATE `+p.table+` SET attempts = $5, first_failed_at = coalesce(first_failed_at, $6),
 		last_failed_at = $7, last_error = $8, next_attempt_at = $9
 		WHERE consumer = $1 AND topic = $2 AND kafka_partition = $3 AND kafka_offset = $4 AND incarnation = $10`,
 		cfg.Name, pm.msg.Topic, pm.msg.Partition, pm.msg.Offset, f.attempts, f.first, f.last, pgtext.Text(err.Error(), 2000), now.Add(delay),

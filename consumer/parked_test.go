@@ -55,7 +55,7 @@ func TestListAndRetryParked(t *testing.T) {
 			releaseOnce.Do(func() { close(released) })
 		}
 	}
-	stop := run(t, cfg)
+	stop := run(t, e.db.Pool, cfg)
 	wait(t, flowed, "key A to flow past parked key B")
 
 	ctx := context.Background()

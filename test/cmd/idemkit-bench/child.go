@@ -251,7 +251,6 @@ func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*chil
 		Kafka:   kafkaconn.Config{Brokers: spec.Brokers},
 		Topic:   spec.Topic,
 		GroupID: spec.Group,
-		Pool:    pool,
 		Store:   store,
 		Logger:  slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		// IDFunc reads the message-id header as IDHeader would; the runner
@@ -327,7 +326,7 @@ func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*chil
 			return upsertOne(ctx, tx, table, e)
 		})
 	}
-	r, err := consumer.New(cfg)
+	r, err := consumer.New(pool, cfg)
 	if err != nil {
 		return nil, err
 	}
