@@ -223,6 +223,12 @@ func run(t *testing.T, pool *pgxpool.Pool, cfg *consumer.Config) (stop func() er
 	if err != nil {
 		t.Fatal(err)
 	}
+	return runRunner(t, r)
+}
+
+// runRunner is run for a runner already made.
+func runRunner(t *testing.T, r *consumer.Runner) (stop func() error) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() { errc <- r.Run(ctx) }()

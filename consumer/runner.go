@@ -46,6 +46,10 @@ type Runner struct {
 	sem     chan struct{} // bounds the partitions processed at once
 	outages *outage.Tracker
 	states  partitionStates
+	// now is the runner's clock, for its own timers only: when parked
+	// messages fall due is decided on the database's clock, which every
+	// runner of the group and `idemkit consumer parked retry` share.
+	now func() time.Time
 }
 
 // New validates cfg, applies its defaults and returns a Runner whose
@@ -63,7 +67,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Runner{cfg: c, sem: make(chan struct{}, c.MaxPartitions),
+	return &Runner{cfg: c, sem: make(chan struct{}, c.MaxPartitions), now: time.Now,
 		outages: &outage.Tracker{Log: c.Logger.With("topic", c.Topic, "group", c.GroupID),
 			OnStart: c.Hooks.OutageStarted, OnEnd: c.Hooks.OutageEnded}}, nil
 }

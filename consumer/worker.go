@@ -809,7 +809,7 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 					waiting = append(waiting, m)
 				}
 			}
-			if err := w.parked.insert(ctx, tx, waiting, nil, time.Time{}); err != nil {
+			if err := w.parked.insert(ctx, tx, waiting, nil, 0); err != nil {
 				return err
 			}
 			last := msgs[len(msgs)-1]
