@@ -54,7 +54,6 @@ func TestReadOnlyServerIsAnOutage(t *testing.T) {
 			defer pool.Close()
 
 			cfg := e.config(md, nil)
-			cfg.Pool = pool
 			cfg.Retry = &retry.Policy{MaxAttempts: 1} // an attempt charged is the message's last
 			var retries atomic.Int32
 			cfg.Hooks.Retry = func(context.Context, *consumer.Message, int, error, retry.Class, time.Duration) { retries.Add(1) }
@@ -74,7 +73,7 @@ func TestReadOnlyServerIsAnOutage(t *testing.T) {
 			cfg.Hooks.OutageEnded = func(string, time.Duration) { ends.Add(1) }
 			oc := newOutcomes(2)
 			cfg.Hooks.Outcome = oc.hook
-			r, err := consumer.New(cfg)
+			r, err := consumer.New(pool, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}

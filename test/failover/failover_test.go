@@ -143,7 +143,7 @@ func run(t *testing.T, sc scenario) {
 		l, logger := testenv.NewLogs(t)
 		logs[name] = l
 		cfg := &consumer.Config{Kafka: kafkaconn.Config{Brokers: brokers}, Topic: inTopic, GroupID: group,
-			Pool: pools[name], Store: store, SessionTimeout: 6 * time.Second, RebalanceTimeout: 10 * time.Second,
+			Store: store, SessionTimeout: 6 * time.Second, RebalanceTimeout: 10 * time.Second,
 			Logger: logger.With("part", name),
 			Hooks: consumer.Hooks{
 				OutageStarted: func(_ string, err error) {
@@ -161,7 +161,7 @@ func run(t *testing.T, sc scenario) {
 		default: // up to 100 messages per transaction, one handler call for all
 			cfg.BatchSize, cfg.BatchHandler = 100, a.batchHandler(name)
 		}
-		r, err := consumer.New(cfg)
+		r, err := consumer.New(pools[name], cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
