@@ -3,8 +3,10 @@
 // only, with the server's default durability (fsync and synchronous commit
 // on; only initdb skips its final sync). The test may stop the server the way
 // `pg_ctl stop -m immediate|fast|smart` does and start it again on the same
-// data and port, to see what clients do while it is gone. The shared server
-// of scripts/dev is never touched.
+// data and port, to see what clients do while it is gone, or kill it with
+// SIGKILL (Kill). StartPair starts a primary with a synchronous streaming
+// standby for failover tests (replica.go). The shared server of scripts/dev
+// is never touched.
 //
 // The server runs the binaries of Debian's postgresql package: the newest
 // /usr/lib/postgresql/*/bin, or the folder IDEMKIT_PG_BIN names. As root, the
