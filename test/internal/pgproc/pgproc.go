@@ -356,7 +356,7 @@ func (s *Server) Stop(ctx context.Context, mode Mode) error {
 	case <-exited:
 		return nil
 	case <-ctx.Done():
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // the postmaster and its backends
+		_, _ = killTree(cmd.Process.Pid) // the postmaster and its backends
 		<-exited
 		return fmt.Errorf("pgproc: %s shutdown did not finish (%v); killed the server", mode, ctx.Err())
 	}
@@ -380,15 +380,9 @@ func (s *Server) Kill() error {
 		return nil
 	}
 	s.cmd = nil
-	pid := cmd.Process.Pid
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return fmt.Errorf("pgproc: stop the postmaster: %w", err)
-	}
-	kids := children(pid)
-	for _, p := range append(kids, pid) {
-		if err := syscall.Kill(p, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-			return fmt.Errorf("pgproc: kill process %d of the server: %w", p, err)
-		}
+	kids, err := killTree(cmd.Process.Pid)
+	if err != nil {
+		return err
 	}
 	<-exited
 	// The children are init's now: wait until none runs (gone, or a zombie
@@ -405,6 +399,21 @@ func (s *Server) Kill() error {
 		}
 	}
 	return fmt.Errorf("pgproc: processes of the killed server still run 10s after SIGKILL")
+}
+
+// killTree stops the postmaster pid (SIGSTOP: it forks no more), then kills
+// it and each of its children with SIGKILL; it returns the children.
+func killTree(pid int) ([]int, error) {
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return nil, fmt.Errorf("pgproc: stop the postmaster: %w", err)
+	}
+	kids := children(pid)
+	for _, p := range append(kids, pid) {
+		if err := syscall.Kill(p, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return kids, fmt.Errorf("pgproc: kill process %d of the server: %w", p, err)
+		}
+	}
+	return kids, nil
 }
 
 // children returns the processes whose parent is pid.
