@@ -62,7 +62,7 @@ func newDevScript(t *testing.T, ctx context.Context) *devScript {
 			t.Errorf("scripts/dev replica-stop: %v\n%s", err, out)
 			for _, node := range []string{"node-a", "node-b"} {
 				if pid, ok := d.postmaster(node); ok {
-					_, _ = killTree(pid)
+					_, _ = killTree(syscall.Kill, pid)
 				}
 			}
 		}
@@ -169,7 +169,7 @@ func (d *devScript) kill(node string) {
 	if !ok {
 		d.t.Fatalf("%s has no postmaster.pid", node)
 	}
-	kids, err := killTree(pid)
+	kids, err := killTree(syscall.Kill, pid)
 	if err != nil {
 		d.t.Fatal(err)
 	}
@@ -326,7 +326,7 @@ func TestDevReplicaPorts(t *testing.T) {
 				for _, f := range pids {
 					data, _ := os.ReadFile(f)
 					if pid, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(data), "\n", 2)[0])); err == nil {
-						_, _ = killTree(pid)
+						_, _ = killTree(syscall.Kill, pid)
 					}
 				}
 				t.Errorf("scripts/dev %s with IDEMKIT_PG_REPLICA_PORTS=%q made %s\n%s", cmd, ports, dev, out)
