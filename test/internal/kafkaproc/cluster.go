@@ -89,7 +89,35 @@ func StartCluster(tb testing.TB) *Cluster {
 	if err := c.WaitBrokers(ctx); err != nil {
 		tb.Fatal(err)
 	}
+	// The first group coordinator request creates __consumer_offsets (three
+	// replicas); until its partitions have leaders, groups wait with
+	// "coordinator not available". Have it made now.
+	if err := c.waitCoordinator(ctx); err != nil {
+		tb.Fatal(err)
+	}
 	return c
+}
+
+// waitCoordinator waits until a group coordinator can be found.
+func (c *Cluster) waitCoordinator(ctx context.Context) error {
+	tr := &kafka.Transport{DialTimeout: time.Second}
+	defer tr.CloseIdleConnections()
+	client := &kafka.Client{Addr: kafka.TCP(c.Addrs()...), Timeout: 5 * time.Second, Transport: tr}
+	for {
+		res, err := client.FindCoordinator(ctx, &kafka.FindCoordinatorRequest{Key: "kafkaproc-warmup",
+			KeyType: kafka.CoordinatorKeyTypeConsumer})
+		if err == nil {
+			err = res.Error
+		}
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("kafkaproc: no group coordinator: %v", err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // each runs fn for every node at once and returns the first error.
@@ -149,10 +177,12 @@ func metadata(ctx context.Context, addrs []string, topics ...string) (*kafka.Met
 	return nil, fmt.Errorf("kafkaproc: metadata: no node answered: %w", last)
 }
 
-// PartitionState is a partition's leader and in-sync replicas, by node.id.
+// PartitionState is a partition's leader, replicas and in-sync replicas,
+// by node.id.
 type PartitionState struct {
-	Leader int // -1 when none
-	ISR    []int
+	Leader   int // -1 when none
+	Replicas []int
+	ISR      []int
 }
 
 // Partition returns the state of one partition as the metadata of a running
@@ -176,7 +206,11 @@ func (c *Cluster) Partition(ctx context.Context, topic string, partition int) (P
 		for _, b := range p.Isr {
 			st.ISR = append(st.ISR, b.ID)
 		}
+		for _, b := range p.Replicas {
+			st.Replicas = append(st.Replicas, b.ID)
+		}
 		slices.Sort(st.ISR)
+		slices.Sort(st.Replicas)
 		return st, nil
 	}
 	return PartitionState{}, fmt.Errorf("kafkaproc: %s has no partition %d", topic, partition)
