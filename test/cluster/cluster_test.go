@@ -34,41 +34,52 @@ const (
 	BrokerStopShort = 15 * time.Second
 )
 
-func long(t *testing.T) {
-	if os.Getenv(EnvCluster) != "1" {
-		t.Skip("the long cluster run is opt-in: " + EnvCluster + "=1 scripts/test-cluster (or " + EnvCluster +
-			"=1 go test -race -count=1 -timeout 20m -run " + t.Name() + " ./cluster/ in the test module); " +
-			"its CI-sized variant runs with the rest of the module")
+// TestCluster starts one cluster (25 to 75 s on two busy cores) for its
+// subtests, which run in turn, each on topics, a schema and a group of its
+// own, each starting first any node a failed subtest left stopped:
+//
+//   - LeaderKilled: the leader of the busiest partition is SIGKILLed while 3
+//     runners and 2 relays run and a producer writes with acks=all; the node
+//     is started again once the others carried on without it.
+//   - RelayBelowMinISR: see belowMinISR.
+//   - BrokerStopped: the group coordinator's node is stopped (SIGTERM) for
+//     BrokerStopShort while everything runs, then started again.
+//   - LeaderKilledLong, BrokerStoppedLong (IDEMKIT_CLUSTER=1 only): four
+//     times the messages, and the node down for BrokerStopLong, a minute.
+func TestCluster(t *testing.T) {
+	c := kafkaproc.StartCluster(t)
+	t.Logf("cluster up: %v", c.Addrs())
+	sub := func(name string, long bool, f func(t *testing.T)) {
+		t.Run(name, func(t *testing.T) {
+			if long && os.Getenv(EnvCluster) != "1" {
+				t.Skip("the long cluster runs are opt-in: " + EnvCluster + "=1 scripts/test-cluster (or " + EnvCluster +
+					"=1 go test -race -count=1 -timeout 40m -run 'TestCluster/" + name + "' ./cluster/ in the test module)")
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			if err := c.StartStopped(ctx); err != nil {
+				t.Fatal(err)
+			}
+			f(t)
+		})
 	}
-}
-
-// TestLeaderKilled kills the leader of the busiest partition with SIGKILL
-// while 3 runners and 2 relays run and a producer writes with acks=all, and
-// starts the node again once the others carried on without it.
-func TestLeaderKilled(t *testing.T) {
-	run(t, scenario{outboxMsgs: 1500, producerMsgs: 1500, keys: 50, produceFor: 20 * time.Second,
-		fault: leaderKill, budget: 4 * time.Minute})
-}
-
-// TestLeaderKilledLong is TestLeaderKilled with four times the messages.
-func TestLeaderKilledLong(t *testing.T) {
-	long(t)
-	run(t, scenario{outboxMsgs: 6000, producerMsgs: 6000, keys: 200, produceFor: 60 * time.Second,
-		fault: leaderKill, budget: 6 * time.Minute})
-}
-
-// TestBrokerStopped stops the group coordinator's node (SIGTERM, a clean
-// shutdown) for BrokerStopShort while everything runs, then starts it again.
-func TestBrokerStopped(t *testing.T) {
-	run(t, scenario{outboxMsgs: 1500, producerMsgs: 1500, keys: 50, produceFor: 2 * BrokerStopShort,
-		fault: brokerStop, stopFor: BrokerStopShort, budget: 4 * time.Minute})
-}
-
-// TestBrokerStoppedLong keeps the node down for BrokerStopLong, a minute.
-func TestBrokerStoppedLong(t *testing.T) {
-	long(t)
-	run(t, scenario{outboxMsgs: 6000, producerMsgs: 6000, keys: 200, produceFor: 2 * BrokerStopLong,
-		fault: brokerStop, stopFor: BrokerStopLong, budget: 8 * time.Minute})
+	sub("LeaderKilled", false, func(t *testing.T) {
+		run(t, c, scenario{outboxMsgs: 1500, producerMsgs: 1500, keys: 50, produceFor: 20 * time.Second,
+			fault: leaderKill, budget: 4 * time.Minute})
+	})
+	sub("RelayBelowMinISR", false, func(t *testing.T) { belowMinISR(t, c) })
+	sub("BrokerStopped", false, func(t *testing.T) {
+		run(t, c, scenario{outboxMsgs: 1500, producerMsgs: 1500, keys: 50, produceFor: 2 * BrokerStopShort,
+			fault: brokerStop, stopFor: BrokerStopShort, budget: 4 * time.Minute})
+	})
+	sub("LeaderKilledLong", true, func(t *testing.T) {
+		run(t, c, scenario{outboxMsgs: 6000, producerMsgs: 6000, keys: 200, produceFor: 60 * time.Second,
+			fault: leaderKill, budget: 6 * time.Minute})
+	})
+	sub("BrokerStoppedLong", true, func(t *testing.T) {
+		run(t, c, scenario{outboxMsgs: 6000, producerMsgs: 6000, keys: 200, produceFor: 2 * BrokerStopLong,
+			fault: brokerStop, stopFor: BrokerStopLong, budget: 8 * time.Minute})
+	})
 }
 
 type faultKind int
@@ -107,16 +118,14 @@ type exit struct {
 	err  error
 }
 
-func run(t *testing.T, sc scenario) {
+func run(t *testing.T, c *kafkaproc.Cluster, sc scenario) {
 	began := time.Now()
 	deadline := began.Add(sc.budget)
 	ctx, cancel := context.WithDeadline(context.Background(), deadline.Add(time.Minute))
 	defer cancel()
 	since := func() time.Duration { return time.Since(began).Round(time.Millisecond) }
 
-	c := kafkaproc.StartCluster(t)
 	brokers := c.Addrs()
-	t.Logf("%s: cluster up: %v", since(), brokers)
 	a := newApp(t, sc.keys)
 	topic := testenv.Name(t, "in")
 	group := testenv.Name(t, "g")

@@ -20,11 +20,11 @@ import (
 	"github.com/idemkit/idemkit/test/internal/kafkaproc"
 )
 
-// belowMinISRHold is how long TestRelayBelowMinISR keeps the topic below
+// belowMinISRHold is how long belowMinISR keeps the topic below
 // min.insync.replicas while the relay tries to publish.
 const belowMinISRHold = 10 * time.Second
 
-// TestRelayBelowMinISR: a topic on two replicas loses one of them, so that
+// belowMinISR: a topic on two replicas loses one of them, so that
 // its in-sync replicas (the leader alone) are fewer than
 // min.insync.replicas (2). A write acknowledged by the leader alone
 // (acks=1) still succeeds there — the control below shows it — but would be
@@ -32,11 +32,10 @@ const belowMinISRHold = 10 * time.Second
 // delivered nor mark them published: they stay in the outbox, failing with
 // NotEnoughReplicas (never parked), until the replica is back; then every
 // one of them is published, in order.
-func TestRelayBelowMinISR(t *testing.T) {
+func belowMinISR(t *testing.T, c *kafkaproc.Cluster) {
 	const before, during = 50, 50
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	c := kafkaproc.StartCluster(t)
 	topic := testenv.Name(t, "narrow")
 	if err := c.CreateTopic(ctx, topic, 1, 2); err != nil {
 		t.Fatal(err)

@@ -120,6 +120,24 @@ func (c *Cluster) waitCoordinator(ctx context.Context) error {
 	}
 }
 
+// StartStopped starts every node that is stopped (after a test that failed
+// before it started them again, when tests share a cluster) and waits until
+// every node lists every broker and a group coordinator can be found.
+func (c *Cluster) StartStopped(ctx context.Context) error {
+	if err := c.each(func(b *Broker) error {
+		if b.Running() {
+			return nil
+		}
+		return b.Start(ctx)
+	}); err != nil {
+		return err
+	}
+	if err := c.WaitBrokers(ctx); err != nil {
+		return err
+	}
+	return c.waitCoordinator(ctx)
+}
+
 // each runs fn for every node at once and returns the first error.
 func (c *Cluster) each(fn func(*Broker) error) error {
 	errs := make([]error, len(c.Nodes))

@@ -281,6 +281,14 @@ func (b *Broker) Start(ctx context.Context) error {
 	}
 }
 
+// Running reports whether the broker's process was started and not
+// stopped by Stop.
+func (b *Broker) Running() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.cmd != nil
+}
+
 // Stop sends sig (SIGTERM: clean shutdown; SIGKILL: a crash) and waits for
 // the process to exit (SIGKILL after 60s). Stopping a stopped broker does
 // nothing.
