@@ -265,7 +265,18 @@ func run(t *testing.T, c *kafkaproc.Cluster, sc scenario) {
 	var victim int
 	switch sc.fault {
 	case leaderKill:
-		p, end, err := busiest(ctx, brokers, topic)
+		// The busiest partition led by a node that does not coordinate the
+		// group: the runners' generation survives the kill, and their
+		// fetchers must follow the partition to its new leader (the
+		// coordinator's loss is BrokerStopped's).
+		coord, err := coordinator(ctx, brokers, group)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, end, err := busiest(ctx, brokers, topic, func(p int) bool {
+			l, err := c.Leader(ctx, topic, p)
+			return err == nil && l != coord
+		})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -278,7 +289,8 @@ func run(t *testing.T, c *kafkaproc.Cluster, sc scenario) {
 		if err := c.Node(victim).Stop(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		t.Logf("%s: SIGKILLed node %d, leader of %s/%d (the busiest: %d messages); %s", since(), victim, topic, p, end, status())
+		t.Logf("%s: SIGKILLed node %d, leader of %s/%d (the busiest not led by the coordinator, node %d: %d messages); %s",
+			since(), victim, topic, p, coord, end, status())
 		var newLeader int
 		wait("another leader of the busy partition", time.Minute, func() (bool, error) {
 			l, err := c.Leader(ctx, topic, p)
@@ -399,8 +411,9 @@ func checkDelivered(t *testing.T, brokers []string, topic string, delivered []st
 	return ids
 }
 
-// busiest returns the partition of topic with the highest end offset.
-func busiest(ctx context.Context, brokers []string, topic string) (partition int, end int64, err error) {
+// busiest returns the partition of topic with the highest end offset among
+// those ok accepts.
+func busiest(ctx context.Context, brokers []string, topic string, ok func(int) bool) (partition int, end int64, err error) {
 	tr := &kafka.Transport{}
 	defer tr.CloseIdleConnections()
 	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second, Transport: tr}
@@ -417,9 +430,12 @@ func busiest(ctx context.Context, brokers []string, topic string) (partition int
 		if po.Error != nil {
 			return 0, 0, po.Error
 		}
-		if po.LastOffset > end {
+		if po.LastOffset > end && ok(po.Partition) {
 			partition, end = po.Partition, po.LastOffset
 		}
+	}
+	if end < 0 {
+		return 0, 0, fmt.Errorf("no partition of %s fits", topic)
 	}
 	return partition, end, nil
 }
