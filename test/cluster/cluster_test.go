@@ -166,7 +166,8 @@ func run(t *testing.T, c *kafkaproc.Cluster, sc scenario) {
 	}()
 	kc := kafkaconn.Config{Brokers: brokers}
 	for i, name := range runners {
-		cfg := &consumer.Config{Kafka: kc, Topic: topic, GroupID: group, Pool: newPool(t, ctx, url, name), Store: claims,
+		pool := newPool(t, ctx, url, name)
+		cfg := &consumer.Config{Kafka: kc, Topic: topic, GroupID: group, Store: claims,
 			SessionTimeout: 6 * time.Second, RebalanceTimeout: 10 * time.Second, Logger: loggers[name]}
 		switch i {
 		case 0: // one transaction per message
@@ -176,7 +177,7 @@ func run(t *testing.T, c *kafkaproc.Cluster, sc scenario) {
 		default: // up to 100 messages per transaction, one handler call for all
 			cfg.BatchSize, cfg.BatchHandler = 100, a.batchHandler(name)
 		}
-		r, err := consumer.New(cfg)
+		r, err := consumer.New(pool, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
