@@ -82,6 +82,10 @@ func TestCluster(t *testing.T) {
 	})
 }
 
+// commitLeaveMsg is what a runner logs when it leaves its generation
+// because an offset commit failed.
+const commitLeaveMsg = "kafka offset commit failed; leaving the generation (positions are safe in PostgreSQL)"
+
 type faultKind int
 
 const (
@@ -142,9 +146,18 @@ func run(t *testing.T, c *kafkaproc.Cluster, sc scenario) {
 	}
 	url := testenv.DatabaseURL(t)
 	loggers := map[string]*slog.Logger{}
+	logs := map[string]*testenv.Logs{}
 	for _, name := range append(slices.Clone(runners), relays...) {
-		_, l := testenv.NewLogs(t)
-		loggers[name] = l.With("part", name)
+		rec, l := testenv.NewLogs(t)
+		logs[name], loggers[name] = rec, l.With("part", name)
+	}
+	// leftOnCommit counts the runners' logs of a generation left because an
+	// offset commit failed.
+	leftOnCommit := func() (n int) {
+		for _, name := range runners {
+			n += logs[name].Count(commitLeaveMsg, "")
+		}
+		return n
 	}
 
 	// The parts under test: only the test cancels them. At cleanup (also
@@ -165,10 +178,16 @@ func run(t *testing.T, c *kafkaproc.Cluster, sc scenario) {
 		}
 	}()
 	kc := kafkaconn.Config{Brokers: brokers}
+	// The runners' generations and failed offset commits.
+	var rebalances, commitFailures atomic.Int64
+	hooks := consumer.Hooks{
+		Rebalanced:         func(int32, []int) { rebalances.Add(1) },
+		OffsetCommitFailed: func(string, map[int]int64, error) { commitFailures.Add(1) },
+	}
 	for i, name := range runners {
 		pool := newPool(t, ctx, url, name)
 		cfg := &consumer.Config{Kafka: kc, Topic: topic, GroupID: group, Store: claims,
-			SessionTimeout: 6 * time.Second, RebalanceTimeout: 10 * time.Second, Logger: loggers[name]}
+			SessionTimeout: 6 * time.Second, RebalanceTimeout: 10 * time.Second, Logger: loggers[name], Hooks: hooks}
 		switch i {
 		case 0: // one transaction per message
 			cfg.BatchSize, cfg.Handler = 1, a.handler(name)
@@ -287,6 +306,7 @@ func run(t *testing.T, c *kafkaproc.Cluster, sc scenario) {
 		}
 		t0 := time.Now()
 		e0, d0 := effects(), nDelivered.Load()
+		r0, f0, l0 := rebalances.Load(), commitFailures.Load(), leftOnCommit()
 		if err := c.Node(victim).Stop(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
@@ -305,6 +325,20 @@ func run(t *testing.T, c *kafkaproc.Cluster, sc scenario) {
 		})
 		t.Logf("%s: carried on: %d effects and %d relay deliveries since the kill; %s", since(), effects()-e0, nDelivered.Load()-d0, status())
 		checkDelivered(t, c.Others(victim), topic, deliveredIDs(), fmt.Sprintf("while node %d is down", victim))
+		// Until the dead node leaves the ISR of __consumer_offsets, the
+		// coordinator (alive) cannot write offset commits and answers
+		// COORDINATOR_NOT_AVAILABLE: the runners must not leave their
+		// generation for that (a rebalance of the whole group for a node
+		// that does not coordinate it).
+		r, f, l := rebalances.Load()-r0, commitFailures.Load()-f0, leftOnCommit()-l0
+		if f == 0 || l != 0 {
+			t.Errorf("after node %d (not the group's coordinator, node %d) was killed: %d offset commits failed, %d times a runner "+
+				"left its generation for it (%q); want failed commits (the coordinator could not write them) and no runner leaving",
+				victim, coord, f, l, commitLeaveMsg)
+		} else {
+			t.Logf("%d offset commits failed while node %d was in the ISRs; no runner left its generation for it "+
+				"(the group formed %d generations meanwhile: kafka-go ends one at its first failed heartbeat)", f, victim, r)
+		}
 	case brokerStop:
 		coord, err := coordinator(ctx, brokers, group)
 		if err != nil {
