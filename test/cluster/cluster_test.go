@@ -337,7 +337,7 @@ func run(t *testing.T, c *kafkaproc.Cluster, sc scenario) {
 				victim, coord, f, l, commitLeaveMsg)
 		} else {
 			t.Logf("%d offset commits failed while node %d was in the ISRs; no runner left its generation for it "+
-				"(the group formed %d generations meanwhile: kafka-go ends one at its first failed heartbeat)", f, victim, r)
+				"(Hooks.Rebalanced ran %d times meanwhile: kafka-go ends a generation at its first failed heartbeat)", f, victim, r)
 		}
 	case brokerStop:
 		coord, err := coordinator(ctx, brokers, group)
