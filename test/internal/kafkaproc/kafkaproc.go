@@ -1,8 +1,10 @@
 // Package kafkaproc runs a private, single-node Apache Kafka broker (KRaft)
-// for one test: formatted in a temporary directory, on free loopback ports,
-// with a small heap. The test may stop it (SIGTERM or SIGKILL) and start it
-// again with the same data, to see what clients do while it is gone. The
-// shared broker of scripts/dev is never touched.
+// for one test (Start), or a private three-node cluster (StartCluster):
+// formatted in a temporary directory, on free loopback ports, with small
+// heaps. The test may stop a node (SIGTERM or SIGKILL) and start it again
+// with the same data, to see what clients do while it is gone, and ask a
+// cluster which node leads a partition. The shared brokers of scripts/dev
+// are never touched.
 //
 // The broker runs the jars that scripts/dev installs: IDEMKIT_KAFKA_LIBS
 // names their folder, else <repository>/.dev/kafka/libs (the repository is
