@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -152,10 +153,22 @@ func run(t *testing.T, c *kafkaproc.Cluster, sc scenario) {
 		logs[name], loggers[name] = rec, l.With("part", name)
 	}
 	// leftOnCommit counts the runners' logs of a generation left because an
-	// offset commit failed.
+	// offset commit failed with an error of a coordinator that could not
+	// write it for now (a commit refused because the generation is over is
+	// no reason to count).
 	leftOnCommit := func() (n int) {
+		busy := func(rec map[string]any) bool {
+			e, _ := rec["err"].(string)
+			for _, code := range []kafka.Error{kafka.GroupCoordinatorNotAvailable, kafka.GroupLoadInProgress, kafka.RequestTimedOut,
+				kafka.NotEnoughReplicas, kafka.NotEnoughReplicasAfterAppend} {
+				if strings.HasPrefix(e, fmt.Sprintf("[%d] ", int(code))) {
+					return true
+				}
+			}
+			return false
+		}
 		for _, name := range runners {
-			n += logs[name].Count(commitLeaveMsg, "")
+			n += logs[name].CountFunc(commitLeaveMsg, busy)
 		}
 		return n
 	}
