@@ -72,7 +72,8 @@
 // # Outages
 //
 // Errors that mean a server could not be reached (retry.IsConnection:
-// SQLSTATE classes 08 and 53, 57P01–57P03, network errors, Kafka brokers or
+// SQLSTATE classes 08 and 53, 57P01–57P03, 25006 (a read-only server: a
+// standby not yet promoted), network errors, Kafka brokers or
 // coordinators unavailable) are outages, not verdicts on a message. The
 // runner waits them out with backoff and jitter wherever it meets them — the
 // topic check at start, joining the group, reading positions, a transaction

@@ -154,7 +154,18 @@ func (b *bench) measureScale(ctx context.Context, topic, group, schema string, n
 			end = now
 		}
 	}
-	r := &scaleResult{Processes: n, Messages: int64(b.o.messages), Seconds: end.Sub(start).Seconds()}
+	// The interval comes from the claims themselves (processed_at is the
+	// start of each claiming transaction), not from the polls, which a busy
+	// machine may delay: from the first claiming transaction to the last.
+	var first, last time.Time
+	if err := b.admin.QueryRow(wctx, `SELECT min(processed_at), max(processed_at) FROM `+
+		pgx.Identifier{schema, "processed_messages"}.Sanitize()).Scan(&first, &last); err != nil {
+		return nil, fmt.Errorf("claim times: %w", err)
+	}
+	r := &scaleResult{Processes: n, Messages: int64(b.o.messages), Seconds: last.Sub(first).Seconds()}
+	if r.Seconds <= 0 {
+		r.Seconds = end.Sub(start).Seconds()
+	}
 	r.Rate = float64(r.Messages) / r.Seconds
 	r.PerProcess = r.Rate / float64(n)
 	if k1, ok := processCPU(b.kafkaPID); ok && kafkaOK {
@@ -236,8 +247,8 @@ func (r *report) printScale(p func(format string, args ...any)) {
 		return
 	}
 	p("\nHorizontal scaling: N consumer processes (default settings) in one group over %d partitions, "+
-		"%d messages produced once the group is stable; measured from the first claim to the last "+
-		"(PostgreSQL polled every 20 ms); each process's pool holds ceil(partitions/N)+1 connections.\n\n",
+		"%d messages produced once the group is stable; measured from the first claiming transaction to the last "+
+		"(their processed_at); CPU from the first claim seen to the last (polled every 20 ms); each process's pool holds ceil(partitions/N)+1 connections.\n\n",
 		r.o.partitions, r.o.messages)
 	p("| processes | msgs/s (median) | rounds | × 1 process | msgs/s per process | busiest process's share × N | client CPU-s / 100k | PG backends CPU-s / 100k | Kafka CPU-s / 100k | machine busy (cores) | peak RSS MiB (largest process) |\n")
 	p("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
