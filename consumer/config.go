@@ -307,9 +307,14 @@ type Hooks struct {
 	// OffsetCommitted runs after a Kafka offset commit succeeded; next is the
 	// offset of the next message to read.
 	OffsetCommitted func(topic string, partition int, next int64)
-	// OffsetCommitFailed runs when a Kafka offset commit failed. The runner
-	// then leaves the generation and the group forms again; the PostgreSQL
-	// positions are what it resumes from, so nothing is lost or re-applied.
+	// OffsetCommitFailed runs when a Kafka offset commit failed. When the
+	// group coordinator could not write it for now (coordinator not
+	// available, load in progress, a timeout, not enough replicas: on a
+	// cluster, while __consumer_offsets waits for a replica that died), the
+	// offsets go again with the next commit and the generation goes on;
+	// after any other failure the runner leaves the generation and the group
+	// forms again. Either way the PostgreSQL positions are what the runner
+	// resumes from, so nothing is lost or re-applied.
 	OffsetCommitFailed func(topic string, offsets map[int]int64, err error)
 	// Purged runs after each retention purge with the records it deleted.
 	Purged func(deleted int64)

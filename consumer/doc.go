@@ -27,7 +27,10 @@
 // duplicates, replays, positions lost). Kafka offsets are still committed,
 // synchronously, by one committer per generation that sends the newest
 // committed position of every partition in one request — never an offset
-// whose transaction did not commit — so lag tooling keeps working. A failed
+// whose transaction did not commit — so lag tooling keeps working. An
+// offset commit the group coordinator could not write for now (on a
+// cluster, while a dead replica of __consumer_offsets is still in its ISR)
+// is logged once and sent again with the next commit; any other failed
 // offset commit is logged and ends the generation.
 //
 // # Checked positions, recreated topics, lost messages

@@ -796,12 +796,9 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 				outcomes[i] = Duplicate
 			}
 		}
-		if err := w.handle(ctx, tx, msgs, outcomes); err != nil {
-			if lost := connectionLost(tx, err); lost != nil {
-				return lost // an outage, not the handler's verdict
-			}
-			return err
-		}
+		// idemkit's own writes go before the handler's: an error after the
+		// handler ran is the handler's (say, a transaction it made
+		// read-only), never taken for an outage.
 		if parking {
 			var waiting []*Message
 			for i, m := range msgs {
@@ -816,6 +813,12 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 			if err := cfg.Store.SavePositionTx(ctx, tx, cfg.Name, last.Topic, last.Partition, last.Offset+1, last.Time, w.epoch); err != nil {
 				return err
 			}
+		}
+		if err := w.handle(ctx, tx, msgs, outcomes); err != nil {
+			if lost := connectionLost(tx, err); lost != nil {
+				return lost // an outage, not the handler's verdict
+			}
+			return err
 		}
 		if h := cfg.Hooks.BeforeCommit; h != nil {
 			h(ctx, msgs)
@@ -948,19 +951,36 @@ func inTxWith(ctx context.Context, pool *pgxpool.Pool, first func(*pgx.Batch) er
 		br := pool.SendBatch(ctx, b)
 		tx = br.Tx()
 		if err := br.Close(); err != nil {
+			dropReadOnly(detached, tx, err)
 			_ = tx.Rollback(detached)
 			return err
 		}
 	}
 	if err := f(tx); err != nil {
+		dropReadOnly(detached, tx, err)
 		_ = tx.Rollback(detached)
 		return err
 	}
 	if err := tx.Commit(detached); err != nil {
+		dropReadOnly(detached, tx, err)
 		_ = tx.Rollback(detached)
 		return err
 	}
 	return nil
+}
+
+// dropReadOnly closes tx's connection after a read_only_sql_transaction
+// error (SQLSTATE 25006), before the rollback gives it back to the pool
+// (which then discards it; the server rolls the transaction back), so that
+// the pool opens a new one rather than hand it out again: a session made read-only (SET SESSION CHARACTERISTICS, a
+// handler's doing) is gone with it, and a new session goes to the server
+// the pool's URL names now (target_session_attrs=read-write finds the
+// promoted standby). If the server itself takes no writes, the new session
+// gets 25006 as well: an outage, waited out.
+func dropReadOnly(ctx context.Context, tx pgx.Tx, err error) {
+	if retry.IsReadOnly(err) {
+		_ = tx.Conn().Close(ctx)
+	}
 }
 
 // commitTimeout bounds a commit or rollback that outlives a cancellation.

@@ -15,6 +15,16 @@ import (
 	"github.com/idemkit/idemkit/kafkaconn"
 )
 
+// IsReadOnly reports whether err is PostgreSQL's read_only_sql_transaction
+// (SQLSTATE 25006): a write in a read-only transaction. IsConnection counts
+// it as an outage (a standby not yet promoted, a server set read-only); the
+// connection that got it should be closed rather than reused, since a
+// session made read-only stays so.
+func IsReadOnly(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "25006"
+}
+
 // IsConnection reports whether err means a server could not be reached or a
 // connection to it was lost, as opposed to a server that answered with a
 // verdict. Such an error is an outage, not a property of the work: the
