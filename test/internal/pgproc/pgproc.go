@@ -94,9 +94,16 @@ type Server struct {
 	args []string
 
 	mu     sync.Mutex
-	cmd    *exec.Cmd
+	cmd    *exec.Cmd // nil once the postmaster has exited (or never started)
 	exited chan struct{}
+	// kill sends signals to the server's processes when Kill (or Stop's
+	// last resort) kills them: syscall.Kill when nil; tests make it fail.
+	kill func(pid int, sig syscall.Signal) error
 }
+
+// killWait bounds the waits after a SIGKILL: the postmaster's exit, then its
+// backends'.
+const killWait = 10 * time.Second
 
 // Bin returns the folder of the PostgreSQL server binaries, or an error that
 // says how to get them.
@@ -335,8 +342,10 @@ func ping(ctx context.Context, url string) error {
 
 // Stop shuts the server down in the given mode, as pg_ctl stop -m does (the
 // same signal to the postmaster), and waits until it and its backends have
-// exited. When ctx ends first, the server is killed (SIGKILL). Stopping a
-// stopped server does nothing.
+// exited. When ctx ends first, the server is killed (SIGKILL), as by Kill;
+// when that fails too, the error names the postmaster's pid and the server
+// stays this Server's, for a later Stop or Kill. Stopping a stopped server
+// does nothing.
 func (s *Server) Stop(ctx context.Context, mode Mode) error {
 	sig, err := mode.signal()
 	if err != nil {
@@ -348,24 +357,27 @@ func (s *Server) Stop(ctx context.Context, mode Mode) error {
 	if cmd == nil {
 		return nil
 	}
-	s.cmd = nil
 	if err := cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("pgproc: signal the server: %w", err)
+		return fmt.Errorf("pgproc: signal the server (postmaster %d): %w", cmd.Process.Pid, err)
 	}
 	select {
 	case <-exited:
+		s.cmd = nil
 		return nil
 	case <-ctx.Done():
-		_, _ = killTree(cmd.Process.Pid) // the postmaster and its backends
-		<-exited
-		return fmt.Errorf("pgproc: %s shutdown did not finish (%v); killed the server", mode, ctx.Err())
 	}
+	if err := s.killLocked(); err != nil {
+		return fmt.Errorf("pgproc: %s shutdown did not finish (%v), and killing the server failed: %w", mode, ctx.Err(), err)
+	}
+	return fmt.Errorf("pgproc: %s shutdown did not finish (%v); killed the server", mode, ctx.Err())
 }
 
 // Kill kills the server and every backend with SIGKILL, like a machine
 // that loses its power: no shutdown, no last WAL sent to a standby, clients
 // left with connections that were reset. It waits until the processes have
-// exited. Killing a stopped server does nothing.
+// exited. Killing a stopped server does nothing. When a signal cannot be
+// sent, or the postmaster has not exited 10 s after SIGKILL, the error names
+// its pid and the server stays this Server's (the test's cleanup stops it).
 //
 // Killing the postmaster alone is not that: each backend leads a process
 // group of its own (PostgreSQL calls setsid), survives the postmaster for a
@@ -375,19 +387,36 @@ func (s *Server) Stop(ctx context.Context, mode Mode) error {
 func (s *Server) Kill() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	cmd, exited := s.cmd, s.exited
-	if cmd == nil {
+	if s.cmd == nil {
 		return nil
 	}
-	s.cmd = nil
-	kids, err := killTree(cmd.Process.Pid)
+	return s.killLocked()
+}
+
+// killLocked kills the running server (s.mu held) and waits, within
+// killWait each, until the postmaster and then its children have exited.
+// s.cmd is cleared once the postmaster has exited, not before: a server
+// that could not be killed is still there to stop.
+func (s *Server) killLocked() error {
+	cmd, exited := s.cmd, s.exited
+	pid := cmd.Process.Pid
+	kill := s.kill
+	if kill == nil {
+		kill = syscall.Kill
+	}
+	kids, err := killTree(kill, pid)
 	if err != nil {
 		return err
 	}
-	<-exited
+	select {
+	case <-exited:
+		s.cmd = nil
+	case <-time.After(killWait):
+		return fmt.Errorf("pgproc: postmaster %d has not exited %v after SIGKILL", pid, killWait)
+	}
 	// The children are init's now: wait until none runs (gone, or a zombie
 	// whose sockets are closed).
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(killWait); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		alive := 0
 		for _, p := range kids {
 			if st, _, ok := procStat(p); ok && st != 'Z' {
@@ -398,19 +427,20 @@ func (s *Server) Kill() error {
 			return nil
 		}
 	}
-	return fmt.Errorf("pgproc: processes of the killed server still run 10s after SIGKILL")
+	return fmt.Errorf("pgproc: processes of the killed server (postmaster %d) still run %v after SIGKILL", pid, killWait)
 }
 
 // killTree stops the postmaster pid (SIGSTOP: it forks no more), then kills
-// it and each of its children with SIGKILL; it returns the children.
-func killTree(pid int) ([]int, error) {
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return nil, fmt.Errorf("pgproc: stop the postmaster: %w", err)
+// it and each of its children with SIGKILL, by kill (syscall.Kill); it
+// returns the children. Its errors name the process.
+func killTree(kill func(int, syscall.Signal) error, pid int) ([]int, error) {
+	if err := kill(pid, syscall.SIGSTOP); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return nil, fmt.Errorf("pgproc: stop the postmaster %d: %w", pid, err)
 	}
 	kids := children(pid)
 	for _, p := range append(kids, pid) {
-		if err := syscall.Kill(p, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-			return kids, fmt.Errorf("pgproc: kill process %d of the server: %w", p, err)
+		if err := kill(p, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return kids, fmt.Errorf("pgproc: kill process %d of the server (postmaster %d): %w", p, pid, err)
 		}
 	}
 	return kids, nil
