@@ -217,13 +217,12 @@ type Config struct {
 	// and MessageOverhead each) fetched ahead of the handler, over all
 	// assigned partitions: each
 	// partition may buffer MaxBufferedBytes divided by the partitions
-	// assigned, and always at least one message; a fetch asks for half a
-	// partition's share (64 KiB to 4 MiB). The runner's memory for messages
-	// stays below 1.5 × MaxBufferedBytes + assigned partitions × (64 KiB +
-	// 3 × the largest record batch). Fetch sizes count the bytes on the wire:
-	// on a compressed topic a decoded fetch is up to the compression ratio
-	// times larger, so lower MaxBufferedBytes accordingly. Defaults to 16 MiB:
-	// tens of thousands of small messages, far more than batches need.
+	// assigned, and always at least one message; fetches are sized by what
+	// they decode to (see "Memory" in the package documentation). The
+	// runner's memory for messages stays below 1.5 × MaxBufferedBytes +
+	// assigned partitions × (64 KiB + 3 × the largest record batch).
+	// Defaults to 16 MiB: tens of thousands of small messages, far more than
+	// batches need.
 	MaxBufferedBytes int64
 	// OffsetCommitInterval is the least time between two Kafka offset
 	// commits: positions committed meanwhile go in the next request, so

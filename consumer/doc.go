@@ -89,12 +89,15 @@
 //
 // Each partition fetches ahead of its handler at most its share of
 // Config.MaxBufferedBytes (the budget divided by the partitions assigned),
-// and always at least one message, with fetches of half its share (64 KiB
-// to 4 MiB; Kafka returns a larger record batch whole): the messages held
-// stay below 1.5 × MaxBufferedBytes + assigned partitions × (64 KiB + 3 ×
-// the largest record batch). A fetch's size counts compressed bytes: on a
-// compressed topic the decoded fetch is up to the compression ratio times
-// larger.
+// and always at least one message. A fetch's records are held decoded until
+// the last of them is handed on, and small messages decode to several times
+// their size on the wire, so fetches are sized by what they decode to: the
+// first asks for an eighth of the share (16 KiB to 1 MiB), each later one
+// for what decodes to half the share at the ratio the previous fetch
+// showed (16 KiB to 4 MiB; Kafka returns a larger record batch whole). The
+// messages held stay below 1.5 × MaxBufferedBytes + assigned partitions ×
+// (64 KiB + 3 × the largest record batch). On a compressed topic the ratio
+// includes the compression.
 //
 // # Order, batching, rebalances
 //

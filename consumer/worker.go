@@ -66,7 +66,7 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	}
 	defer closeClient()
 	reader, err := kread.New(&kread.Config{Client: client, Topic: cfg.Topic, Partition: w.partition,
-		MinBytes: 1, MaxBytes: fetchBytes(w.budget), MaxWait: 250 * time.Millisecond}, w.start)
+		MinBytes: 1, MaxBytes: firstFetchBytes(w.budget), MaxWait: 250 * time.Millisecond}, w.start)
 	if err != nil {
 		w.fail(fmt.Errorf("consumer: partition %d: %w", w.partition, err))
 		return
@@ -167,12 +167,36 @@ type verdictError struct{ err error }
 func (e *verdictError) Error() string { return e.err.Error() }
 func (e *verdictError) Unwrap() error { return e.err }
 
-// fetchBytes is the size of one fetch for a partition whose share of
-// MaxBufferedBytes is budget: half of it, between 64 KiB and 4 MiB. Kafka
-// returns a record batch larger than that whole, so a large message still
-// comes.
-func fetchBytes(budget int64) int {
-	return int(min(max(budget/2, 64<<10), 4<<20))
+// firstFetchBytes bounds a partition's first fetch, before the size its
+// messages decode to is known: an eighth of its share of
+// MaxBufferedBytes (small messages decode to up to about eight times their
+// size on the wire), between 16 KiB and 1 MiB. Later fetches are sized by
+// nextFetchBytes. Kafka returns a record batch larger than the bound
+// whole, so a large message still comes.
+func firstFetchBytes(budget int64) int {
+	return int(min(max(budget/8, 16<<10), 1<<20))
+}
+
+// recordWireBytes estimates what a record costs on the wire besides its
+// key, value and headers (offset and length varints, attributes, the
+// header count): for the ratio of a fetch's decoded size to its size on
+// the wire.
+const recordWireBytes = 16
+
+// nextFetchBytes sizes the next fetch of a partition whose share of
+// MaxBufferedBytes is budget, from the last fetch: its records counted
+// decoded bytes (messageBytes: MessageOverhead each) for wire estimated
+// bytes on the wire. A fetch's records are held decoded until the last of
+// them is handed on, so the fetch asks for what decodes to about half the
+// share: small messages decode to several times their size on the wire,
+// and a fetch sized on the wire alone held several times the budget. Kafka
+// returns a record batch larger than the bound whole.
+func nextFetchBytes(budget, decoded, wire int64) int {
+	if decoded <= 0 || wire <= 0 {
+		return firstFetchBytes(budget)
+	}
+	n := budget / 2 * wire / decoded
+	return int(min(max(n, 16<<10), 4<<20))
 }
 
 // loadParked makes the partition's parker: always in NonBlocking mode, and
@@ -243,13 +267,19 @@ func (w *worker) prefetch(ctx context.Context, reader *kread.Reader) {
 			begin = f.Records[0].Offset
 		}
 		w.state.started(begin)
+		var decoded, wire int64
 		for _, m := range f.Records {
 			msg := w.message(m)
 			msg.size = messageBytes(msg)
+			decoded += msg.size
+			wire += msg.size - MessageOverhead + recordWireBytes
 			if !w.bytes.acquire(ctx, msg.size) || !w.send(ctx, msg) {
 				return
 			}
 			sent = m.Offset + 1
+		}
+		if len(f.Records) > 0 {
+			reader.SetMaxBytes(nextFetchBytes(w.budget, decoded, wire))
 		}
 		if f.Next > sent && f.Next > 0 {
 			if !w.send(ctx, &Message{skipTo: f.Next}) {
