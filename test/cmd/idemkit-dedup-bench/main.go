@@ -54,6 +54,7 @@ import (
 
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/migrate"
+	"github.com/idemkit/idemkit/test/cmd/idemkit-dedup-bench/v13"
 )
 
 func main() {
@@ -88,7 +89,8 @@ func run() error {
 	flag.IntVar(&o.batch, "batch", 500, "claims per batched transaction")
 	flag.IntVar(&o.rounds, "rounds", 3, "rounds per size; each round runs every layout in turn")
 	flag.Float64Var(&o.purge, "purge", 1.0/30, "fraction of the records the retention purge deletes")
-	flag.StringVar(&layouts, "layouts", strings.Join(layoutNames(), ","), "table layouts to compare")
+	flag.StringVar(&layouts, "layouts", "v13,v14", "table layouts to compare, of "+strings.Join(layoutNames(), ", ")+
+		" (v13: text key, the store of migration 13; v14: UUIDs as uuid; v14-text: migration 14 with IDs that are no UUID)")
 	flag.Parse()
 	if o.url == "" {
 		return errors.New("no -url (run scripts/bench-dedup, which starts a private server)")
@@ -235,12 +237,32 @@ type variant struct {
 	next  int64 // the next record number to load
 	rows  int64 // records in the table
 	parts []int64
+	newID func() string // a new message ID
 }
 
 const topic = "bench.orders"
 
 // layoutNames lists the layouts -layouts accepts, the default first.
-func layoutNames() []string { return []string{"text"} }
+func layoutNames() []string { return []string{"v13", "v14", "v14-text"} }
+
+// v13Store runs the store of migration 13 (package v13) on dedup.Claims.
+type v13Store struct{ s *v13.Store }
+
+func (v v13Store) QueueClaimWithPosition(b *pgx.Batch, c dedup.Claim, duplicate *bool) error {
+	return v.s.QueueClaimWithPosition(b, v13.Claim(c), duplicate)
+}
+
+func (v v13Store) QueueClaimBatch(b *pgx.Batch, claims []dedup.Claim, duplicate *[]bool) error {
+	cs := make([]v13.Claim, len(claims))
+	for i, c := range claims {
+		cs[i] = v13.Claim(c)
+	}
+	return v.s.QueueClaimBatch(b, cs, duplicate)
+}
+
+func (v v13Store) Purge(ctx context.Context, db *pgxpool.Pool, olderThan time.Duration, batchSize int) (int64, error) {
+	return v.s.Purge(ctx, db, olderThan, batchSize)
+}
 
 func newVariant(ctx context.Context, pool *pgxpool.Pool, name string) (*variant, error) {
 	v := &variant{name: name, schema: "bench_dedup_" + name, next: 1}
@@ -256,18 +278,36 @@ func newVariant(ctx context.Context, pool *pgxpool.Pool, name string) (*variant,
 		return nil, err
 	}
 	v.table = pgx.Identifier{v.schema, migrate.ProcessedMessagesDefault}.Sanitize()
-	ids := `md5('bench' || g)::uuid::text`
+	load := func(idColumn, idExpr string) string {
+		return `INSERT INTO ` + v.table + ` (consumer, ` + idColumn + `, topic, kafka_partition, kafka_offset, processed_at)
+	SELECT 'bench-consumer-' || (g % $3), ` + idExpr + `, '` + topic + `', (g % 24)::int, g,
+		now() - random() * interval '30 days'
+	FROM generate_series($1::bigint, $2::bigint) AS g`
+	}
+	ids := `md5('bench' || g)::uuid`
+	v.newID = newUUID
 	switch name {
-	case "text":
+	case "v13": // text key, the store of migration 13
+		if _, err := m.Down(ctx, 13); err != nil {
+			return nil, err
+		}
+		s, err := v13.New(&v13.Config{Schema: v.schema})
+		if err != nil {
+			return nil, err
+		}
+		v.store = v13Store{s}
+		v.load = load("message_id", ids+"::text")
+	case "v14", "v14-text": // the current store, UUIDs as uuid; IDs that are no UUID as text
 		s, err := dedup.New(&dedup.Config{Schema: v.schema})
 		if err != nil {
 			return nil, err
 		}
 		v.store = s
-		v.load = `INSERT INTO ` + v.table + ` (consumer, message_id, topic, kafka_partition, kafka_offset, processed_at)
-	SELECT 'bench-consumer-' || (g % $3), ` + ids + `, '` + topic + `', (g % 24)::int, g,
-		now() - random() * interval '30 days'
-	FROM generate_series($1::bigint, $2::bigint) AS g`
+		v.load = load("message_uuid", ids)
+		if name == "v14-text" {
+			v.load = load("message_id", "upper("+ids+"::text)")
+			v.newID = func() string { return strings.ToUpper(newUUID()) }
+		}
 	default:
 		return nil, fmt.Errorf("unknown layout %q (have %v)", name, layoutNames())
 	}
@@ -380,7 +420,7 @@ func (v *variant) claimOne(ctx context.Context, pool *pgxpool.Pool, o options) (
 	return v.parallel(ctx, o, o.one, func(ctx context.Context, w, n int) error {
 		partition, offset := v.offsets(w, n)
 		for i := 0; i < n; i++ {
-			c := dedup.Claim{Consumer: "bench-consumer-0", MessageID: newUUID(), Topic: topic, Partition: partition,
+			c := dedup.Claim{Consumer: "bench-consumer-0", MessageID: v.newID(), Topic: topic, Partition: partition,
 				Offset: offset + int64(i), Time: time.Now()}
 			var dup bool
 			b := &pgx.Batch{}
@@ -414,7 +454,7 @@ func (v *variant) claimBatched(ctx context.Context, pool *pgxpool.Pool, o option
 		claims := make([]dedup.Claim, o.batch)
 		for done := 0; done < n; done += o.batch {
 			for i := range claims {
-				claims[i] = dedup.Claim{Consumer: "bench-consumer-0", MessageID: newUUID(), Topic: topic, Partition: partition,
+				claims[i] = dedup.Claim{Consumer: "bench-consumer-0", MessageID: v.newID(), Topic: topic, Partition: partition,
 					Offset: offset + int64(done+i), Time: time.Now()}
 			}
 			var dup []bool
