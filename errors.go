@@ -16,6 +16,13 @@ import (
 // same schema and table names (`idemkit migrate up`).
 var ErrNotMigrated = errors.New("idemkit: schema not migrated: run migrate.Up (idemkit migrate up)")
 
+// ErrInvalidConfig is matched (errors.Is) by the ErrInvalidConfig of every
+// package (consumer, outbox, dlq, idemhttp, migrate, kafkaconn and the
+// adapters): a constructor was given a configuration it refuses (a nil
+// pool or config, a required field missing, a value out of range). Nothing
+// was started or written.
+var ErrInvalidConfig = errors.New("invalid config")
+
 // PanicError is a panic of user code (a handler, a middleware, a
 // reconciler) recovered and turned into an error: every package returns
 // this one type. Error leaves the stack out, to keep log lines short.

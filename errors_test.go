@@ -1,16 +1,21 @@
 package idemkit_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idemkit"
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/idemhttp"
+	"github.com/idemkit/idemkit/kafkaconn"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
 )
 
@@ -42,6 +47,61 @@ func TestErrNotMigratedEverywhere(t *testing.T) {
 	} {
 		if !errors.Is(err, idemkit.ErrNotMigrated) || !strings.HasPrefix(err.Error(), name+":") {
 			t.Errorf("%s.ErrNotMigrated = %q: want it to match idemkit.ErrNotMigrated and name its package", name, err)
+		}
+	}
+}
+
+// Every constructor refuses a nil pool (or backend) with its package's
+// ErrInvalidConfig, and every package's ErrInvalidConfig matches
+// idemkit.ErrInvalidConfig: one shape for "where it runs" (the pool is the
+// first argument) and one check for a refused configuration (issue 12).
+func TestErrInvalidConfigEverywhere(t *testing.T) {
+	kc := kafkaconn.Config{Brokers: []string{"127.0.0.1:1"}}
+	h := consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })
+	store, err := outbox.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nilPool := func(_ *migrate.Migrator, err error) error { return err }
+	for name, c := range map[string]struct{ pkg, err error }{
+		"consumer.New": {consumer.ErrInvalidConfig, func() error {
+			_, err := consumer.New(nil, &consumer.Config{Kafka: kc, Topic: "t", GroupID: "g", Handler: h})
+			return err
+		}()},
+		"dlq.NewReprocessor": {dlq.ErrInvalidConfig, func() error {
+			_, err := dlq.NewReprocessor(nil, &dlq.ReprocessorConfig{Kafka: kc, Topic: "t.dlq", Mode: dlq.Republish})
+			return err
+		}()},
+		"dlq.NewWriter": {dlq.ErrInvalidConfig, func() error { _, err := dlq.NewWriter(&dlq.WriterConfig{}); return err }()},
+		"migrate.New":   {migrate.ErrInvalidConfig, nilPool(migrate.New(nil, nil))},
+		"dedup.New": {migrate.ErrInvalidConfig, func() error {
+			_, err := dedup.New(&dedup.Config{Schema: strings.Repeat("s", 64)})
+			return err
+		}()},
+		"outbox.NewRelay": {outbox.ErrInvalidConfig, func() error {
+			_, err := outbox.NewRelay(nil, store, &outbox.RelayConfig{Kafka: kc})
+			return err
+		}()},
+		"outbox.NewDispatcher": {outbox.ErrInvalidConfig, func() error {
+			_, err := outbox.NewDispatcher(nil, store, &outbox.DispatcherConfig{})
+			return err
+		}()},
+		"idemhttp.New": {idemhttp.ErrInvalidConfig, func() error { _, err := idemhttp.New(nil, nil); return err }()},
+		"idemhttp.NewWithBackend": {idemhttp.ErrInvalidConfig, func() error {
+			_, err := idemhttp.NewWithBackend(nil, nil)
+			return err
+		}()},
+		"kafkaconn.Validate": {kafkaconn.ErrInvalidConfig, (&kafkaconn.Config{}).Validate()},
+	} {
+		if !errors.Is(c.err, c.pkg) || !errors.Is(c.err, idemkit.ErrInvalidConfig) {
+			t.Errorf("%s: %v; want an error matching its package's ErrInvalidConfig and idemkit.ErrInvalidConfig", name, c.err)
+		}
+	}
+	for name, err := range map[string]error{"consumer": consumer.ErrInvalidConfig, "dlq": dlq.ErrInvalidConfig,
+		"migrate": migrate.ErrInvalidConfig, "outbox": outbox.ErrInvalidConfig, "idemhttp": idemhttp.ErrInvalidConfig,
+		"kafkaconn": kafkaconn.ErrInvalidConfig} {
+		if want := name + ": invalid config"; err.Error() != want {
+			t.Errorf("%s.ErrInvalidConfig = %q, want %q", name, err, want)
 		}
 	}
 }

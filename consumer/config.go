@@ -3,7 +3,6 @@ package consumer
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemkit/idemkit"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/retry"
@@ -131,8 +131,9 @@ const HorizonMarginMax = 5 * time.Minute
 // position does not move, so nothing is lost.
 type FailureFunc func(ctx context.Context, msg *Message, err error) error
 
-// Config configures a Runner. Kafka.Brokers, Topic, GroupID, Pool and one
-// of Handler or BatchHandler are required.
+// Config configures a Runner. Kafka.Brokers, Topic, GroupID and one of
+// Handler or BatchHandler are required; the pool the transactions run on is
+// New's first argument, as in every idemkit constructor.
 type Config struct {
 	// Kafka is how to reach the cluster: its brokers, TLS and SASL (see
 	// package kafkaconn). The consumer group, the partition reads and the
@@ -147,8 +148,8 @@ type Config struct {
 	// set of processed IDs. Defaults to GroupID.
 	Name string
 
-	// Pool is where the handler's transaction runs.
-	Pool *pgxpool.Pool
+	// pool is where the handler's transaction runs: New's argument.
+	pool *pgxpool.Pool
 	// Store is the dedup store; its tables must be migrated (see package
 	// migrate). Defaults to dedup.New(nil): schema "public", default tables.
 	Store *dedup.Store
@@ -407,7 +408,7 @@ func (o Outcome) String() string {
 }
 
 // ErrInvalidConfig is wrapped by every configuration error New returns.
-var ErrInvalidConfig = errors.New("consumer: invalid config")
+var ErrInvalidConfig = fmt.Errorf("consumer: %w", idemkit.ErrInvalidConfig)
 
 func (c Config) withDefaults() (Config, error) {
 	c.Name = cmp.Or(c.Name, c.GroupID)
@@ -454,8 +455,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, invalid("Topic is empty")
 	case c.GroupID == "":
 		return c, invalid("GroupID is empty")
-	case c.Pool == nil:
-		return c, invalid("Pool is nil")
+	case c.pool == nil:
+		return c, invalid("nil pool")
 	case c.Handler == nil && c.BatchHandler == nil:
 		return c, invalid("set Handler or BatchHandler")
 	case c.Handler != nil && c.BatchHandler != nil:

@@ -47,7 +47,7 @@ func TestHandlerConnectionLossIsNotAnAttempt(t *testing.T) {
 			cfg.Hooks.OutageStarted = func(string, error) { outages.Add(1) }
 			oc := newOutcomes(2)
 			cfg.Hooks.Outcome = oc.hook
-			r, err := consumer.New(cfg)
+			r, err := consumer.New(e.db.Pool, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -189,7 +189,7 @@ func (o *outcomes) count(oc consumer.Outcome) int {
 func (e *env) config(md mode, check func(ctx context.Context, m *consumer.Message) error) *consumer.Config {
 	cfg := &consumer.Config{
 		Kafka: testenv.Kafka(e.t), Topic: e.topic, GroupID: e.group,
-		Pool: e.db.Pool, Store: e.store, BatchSize: md.batch,
+		Store: e.store, BatchSize: md.batch,
 		Retry:  &retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
 		Logger: slog.New(slog.NewTextHandler(e.t.Output(), nil)),
 	}
@@ -217,12 +217,18 @@ func (e *env) config(md mode, check func(ctx context.Context, m *consumer.Messag
 }
 
 // run starts the runner and returns a function that stops it and returns Run's error.
-func run(t *testing.T, cfg *consumer.Config) (stop func() error) {
+func run(t *testing.T, pool *pgxpool.Pool, cfg *consumer.Config) (stop func() error) {
 	t.Helper()
-	r, err := consumer.New(cfg)
+	r, err := consumer.New(pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return runRunner(t, r)
+}
+
+// runRunner is run for a runner already made.
+func runRunner(t *testing.T, r *consumer.Runner) (stop func() error) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() { errc <- r.Run(ctx) }()
@@ -263,7 +269,7 @@ func TestDuplicateIDOneEffect(t *testing.T) {
 			oc := newOutcomes(len(msgs))
 			cfg := e.config(md, nil)
 			cfg.Hooks.Outcome = oc.hook
-			stop := run(t, cfg)
+			stop := run(t, e.db.Pool, cfg)
 			wait(t, oc.done, "all messages")
 			if err := stop(); err != nil {
 				t.Fatalf("Run: %v", err)
@@ -314,7 +320,7 @@ func TestHandlerErrorRollsBack(t *testing.T) {
 				return nil
 			})
 			cfg.Hooks.Outcome = oc.hook
-			stop := run(t, cfg)
+			stop := run(t, e.db.Pool, cfg)
 			wait(t, oc.done, "all messages")
 			if err := stop(); err != nil {
 				t.Fatalf("Run: %v", err)
@@ -355,7 +361,7 @@ func TestMissingID(t *testing.T) {
 				failed = append(failed, err)
 				return nil
 			}
-			stop := run(t, cfg)
+			stop := run(t, e.db.Pool, cfg)
 			wait(t, oc.done, "all messages")
 			if err := stop(); err != nil {
 				t.Fatalf("Run: %v", err)
@@ -380,7 +386,7 @@ func TestMissingID(t *testing.T) {
 				t.Parallel()
 				e := newEnv(t, 1)
 				e.produce(msg("a", "k", 1), msg("", "k", 1), msg("b", "k", 1))
-				r, err := consumer.New(e.config(md, nil))
+				r, err := consumer.New(e.db.Pool, e.config(md, nil))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -413,7 +419,7 @@ func TestMissingID(t *testing.T) {
 				cfg := e.config(md, nil)
 				cfg.MissingID = consumer.MissingIDUseCoordinates
 				cfg.Hooks.Outcome = oc.hook
-				stop := run(t, cfg)
+				stop := run(t, e.db.Pool, cfg)
 				wait(t, oc.done, "both messages")
 				if err := stop(); err != nil {
 					t.Fatalf("Run: %v", err)
@@ -454,7 +460,7 @@ func TestPanicIsAnError(t *testing.T) {
 				failed = append(failed, err)
 				return nil
 			}
-			stop := run(t, cfg)
+			stop := run(t, e.db.Pool, cfg)
 			wait(t, oc.done, "all messages")
 			if err := stop(); err != nil {
 				t.Fatalf("Run: %v", err)
@@ -488,7 +494,7 @@ func TestPositionLivesWithEffects(t *testing.T) {
 			oc := newOutcomes(3)
 			cfg := e.config(md, nil)
 			cfg.Hooks.Outcome = oc.hook
-			stop := run(t, cfg)
+			stop := run(t, e.db.Pool, cfg)
 			wait(t, oc.done, "m-0..m-2")
 			if err := stop(); err != nil {
 				t.Fatalf("Run: %v", err)
@@ -509,7 +515,7 @@ func TestPositionLivesWithEffects(t *testing.T) {
 				}
 			}
 			cfg.Hooks.Outcome = oc.hook
-			stop = run(t, cfg)
+			stop = run(t, e.db.Pool, cfg)
 			wait(t, oc.done, "m-3..m-5")
 			if err := stop(); err != nil {
 				t.Fatalf("Run: %v", err)
@@ -536,26 +542,32 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	pool := &pgxpool.Pool{}
 	for name, cfg := range map[string]*consumer.Config{
 		"nil":          nil,
-		"no brokers":   {Topic: "t", GroupID: "g", Pool: pool, Handler: h},
-		"no topic":     {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, GroupID: "g", Pool: pool, Handler: h},
-		"no group":     {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", Pool: pool, Handler: h},
-		"no pool":      {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g", Handler: h},
-		"no handler":   {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g", Pool: pool},
-		"bad batch":    {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g", Pool: pool, Handler: h, BatchSize: -1},
-		"bad name":     {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g\x00", Pool: pool, Handler: h},
-		"bad start":    {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g", Pool: pool, Handler: h, StartOffset: 7},
-		"both handler": {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g", Pool: pool, Handler: h, BatchHandler: consumer.BatchHandlerFunc(nil)},
-		"heartbeat over session": {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g", Pool: pool, Handler: h,
+		"no brokers":   {Topic: "t", GroupID: "g", Handler: h},
+		"no topic":     {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, GroupID: "g", Handler: h},
+		"no group":     {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", Handler: h},
+		"no handler":   {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g"},
+		"bad batch":    {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g", Handler: h, BatchSize: -1},
+		"bad name":     {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g\x00", Handler: h},
+		"bad start":    {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g", Handler: h, StartOffset: 7},
+		"both handler": {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g", Handler: h, BatchHandler: consumer.BatchHandlerFunc(nil)},
+		"heartbeat over session": {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g", Handler: h,
 			SessionTimeout: 6 * time.Second, HeartbeatInterval: 6 * time.Second},
-		"heartbeat over rebalance": {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g", Pool: pool, Handler: h,
+		"heartbeat over rebalance": {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g", Handler: h,
 			RebalanceTimeout: time.Second, HeartbeatInterval: 2 * time.Second},
-		"negative buffer":   {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g", Pool: pool, Handler: h, MaxBufferedBytes: -1},
-		"negative outage":   {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g", Pool: pool, Handler: h, MaxOutage: -time.Second},
-		"unknown recreated": {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g", Pool: pool, Handler: h, OnRecreated: 7},
+		"negative buffer":   {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g", Handler: h, MaxBufferedBytes: -1},
+		"negative outage":   {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g", Handler: h, MaxOutage: -time.Second},
+		"unknown recreated": {Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g", Handler: h, OnRecreated: 7},
 	} {
-		if _, err := consumer.New(cfg); !errors.Is(err, consumer.ErrInvalidConfig) {
+		if _, err := consumer.New(pool, cfg); !errors.Is(err, consumer.ErrInvalidConfig) {
 			t.Errorf("%s: New returned %v, want ErrInvalidConfig", name, err)
 		}
+	}
+	valid := &consumer.Config{Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t", GroupID: "g", Handler: h}
+	if _, err := consumer.New(nil, valid); !errors.Is(err, consumer.ErrInvalidConfig) {
+		t.Errorf("nil pool: New returned %v, want ErrInvalidConfig", err)
+	}
+	if _, err := consumer.New(pool, valid); err != nil {
+		t.Errorf("valid config: %v", err)
 	}
 }
 
@@ -619,7 +631,7 @@ func TestNonBlockingKeepsPerKeyOrder(t *testing.T) {
 				}
 				oc.hook(ctx, m, o)
 			}
-			stop := run(t, cfg)
+			stop := run(t, e.db.Pool, cfg)
 			wait(t, oc.done, "all messages")
 			if err := stop(); err != nil {
 				t.Fatalf("Run: %v", err)
@@ -701,7 +713,7 @@ func TestOtherPartitionsFlow(t *testing.T) {
 				}
 				oc.hook(ctx, m, o)
 			}
-			stop := run(t, cfg)
+			stop := run(t, e.db.Pool, cfg)
 			wait(t, oc.done, "all messages")
 			if err := stop(); err != nil {
 				t.Fatalf("Run: %v", err)
@@ -775,7 +787,7 @@ func TestDeadlockRerunsTheTransaction(t *testing.T) {
 				parts.Store(m.ID, m.Partition)
 				oc.hook(ctx, m, o)
 			}
-			stop := run(t, cfg)
+			stop := run(t, e.db.Pool, cfg)
 			wait(t, oc.done, "both messages")
 			if err := stop(); err != nil {
 				t.Fatalf("Run: %v", err)
@@ -819,7 +831,7 @@ func TestMissingTopicIsAnError(t *testing.T) {
 			e := newEnv(t, 1)
 			cfg := e.config(md, nil)
 			cfg.Topic = testenv.Name(t, "missing")
-			r, err := consumer.New(cfg)
+			r, err := consumer.New(e.db.Pool, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -873,7 +885,7 @@ func TestRetentionPurge(t *testing.T) {
 				<-first
 			}
 			cfg.Hooks.Outcome = oc.hook
-			stop := run(t, cfg)
+			stop := run(t, e.db.Pool, cfg)
 			var once sync.Once
 			release := func() { once.Do(func() { close(first) }) }
 			t.Cleanup(release) // runs before run's cleanup stops the runner

@@ -58,11 +58,11 @@ func (e *env) recreateTopic(partitions int) {
 }
 
 // runUntil runs cfg until want outcomes were reported, then stops it.
-func runUntil(t *testing.T, cfg *consumer.Config, want int) *outcomes {
+func runUntil(t *testing.T, pool *pgxpool.Pool, cfg *consumer.Config, want int) *outcomes {
 	t.Helper()
 	oc := newOutcomes(want)
 	cfg.Hooks.Outcome = oc.hook
-	stop := run(t, cfg)
+	stop := run(t, pool, cfg)
 	wait(t, oc.done, fmt.Sprintf("%d outcomes", want))
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
@@ -72,9 +72,9 @@ func runUntil(t *testing.T, cfg *consumer.Config, want int) *outcomes {
 
 // runErr runs cfg and returns Run's error, failing the test if Run does not
 // return within a minute.
-func runErr(t *testing.T, cfg *consumer.Config) error {
+func runErr(t *testing.T, pool *pgxpool.Pool, cfg *consumer.Config) error {
 	t.Helper()
-	r, err := consumer.New(cfg)
+	r, err := consumer.New(pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,12 +102,12 @@ func TestRecreatedTopicStops(t *testing.T) {
 				first = append(first, msg(fmt.Sprintf("old-%d", i), "k", 1))
 			}
 			e.produce(first...)
-			runUntil(t, e.config(md, nil), 5)
+			runUntil(t, e.db.Pool, e.config(md, nil), 5)
 
 			e.recreateTopic(1)
 			e.produce(msg("new-0", "k", 1), msg("new-1", "k", 1), msg("new-2", "k", 1))
 
-			err := runErr(t, e.config(md, nil))
+			err := runErr(t, e.db.Pool, e.config(md, nil))
 			var perr *consumer.PositionError
 			if !errors.Is(err, consumer.ErrTopicRecreated) || !errors.As(err, &perr) {
 				t.Fatalf("Run = %v, want a *PositionError matching ErrTopicRecreated", err)
@@ -126,7 +126,7 @@ func TestRecreatedTopicStops(t *testing.T) {
 			cfg.OnRecreated = consumer.RecreatedRestart
 			var moved atomic.Pointer[consumer.PositionError]
 			cfg.Hooks.PositionMoved = func(err *consumer.PositionError) { moved.Store(err) }
-			oc := runUntil(t, cfg, 3)
+			oc := runUntil(t, e.db.Pool, cfg, 3)
 			if oc.count(consumer.Applied) != 3 {
 				t.Fatalf("outcomes %v, want the 3 new messages applied", oc.byKind)
 			}
@@ -155,7 +155,7 @@ func TestRecreatedTopicWithMoreMessages(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, 1)
 			e.produce(msg("old-0", "k", 1), msg("old-1", "k", 1), msg("old-2", "k", 1))
-			runUntil(t, e.config(md, nil), 3)
+			runUntil(t, e.db.Pool, e.config(md, nil), 3)
 
 			e.recreateTopic(1)
 			var fresh []kafka.Message
@@ -163,7 +163,7 @@ func TestRecreatedTopicWithMoreMessages(t *testing.T) {
 				fresh = append(fresh, msg(fmt.Sprintf("new-%d", i), "k", 1))
 			}
 			e.produce(fresh...)
-			err := runErr(t, e.config(md, nil))
+			err := runErr(t, e.db.Pool, e.config(md, nil))
 			var perr *consumer.PositionError
 			if !errors.As(err, &perr) || !errors.Is(err, consumer.ErrTopicRecreated) {
 				t.Fatalf("Run = %v, want ErrTopicRecreated", err)
@@ -188,14 +188,14 @@ func TestCoordinateIDsOfNewIncarnation(t *testing.T) {
 			cfg := e.config(md, nil)
 			cfg.MissingID = consumer.MissingIDUseCoordinates
 			cfg.OnRecreated = consumer.RecreatedRestart
-			runUntil(t, cfg, 3)
+			runUntil(t, e.db.Pool, cfg, 3)
 
 			e.recreateTopic(1)
 			e.produce(msg("", "k", 1), msg("", "k", 1))
 			cfg = e.config(md, nil)
 			cfg.MissingID = consumer.MissingIDUseCoordinates
 			cfg.OnRecreated = consumer.RecreatedRestart
-			oc := runUntil(t, cfg, 2)
+			oc := runUntil(t, e.db.Pool, cfg, 2)
 			if oc.count(consumer.Applied) != 2 || oc.count(consumer.Duplicate) != 0 {
 				t.Fatalf("outcomes %v, want both new messages applied", oc.byKind)
 			}
@@ -230,7 +230,7 @@ func TestPartitionsAddedAreConsumed(t *testing.T) {
 				default:
 				}
 			}
-			stop := run(t, cfg)
+			stop := run(t, e.db.Pool, cfg)
 			e.produce(msg("p0", "k", 1))
 			select {
 			case <-assigned:
@@ -298,7 +298,7 @@ func TestParkedReleasedAfterSwitchToBlocking(t *testing.T) {
 					close(parked)
 				}
 			}
-			stop := run(t, cfg)
+			stop := run(t, e.db.Pool, cfg)
 			wait(t, parked, "b1 and b2 parked")
 			if err := stop(); err != nil {
 				t.Fatalf("Run: %v", err)
@@ -315,7 +315,7 @@ func TestParkedReleasedAfterSwitchToBlocking(t *testing.T) {
 					once.Do(func() { close(done) })
 				}
 			}
-			stop = run(t, cfg)
+			stop = run(t, e.db.Pool, cfg)
 			wait(t, done, "b3 applied")
 			if err := stop(); err != nil {
 				t.Fatalf("Run: %v", err)
@@ -348,7 +348,7 @@ func TestStartCommitsPositionToKafka(t *testing.T) {
 				msgs = append(msgs, msg(fmt.Sprintf("m%d", i), "k", 1))
 			}
 			e.produce(msgs...)
-			runUntil(t, e.config(md, nil), 10)
+			runUntil(t, e.db.Pool, e.config(md, nil), 10)
 
 			// Kafka's committed offset falls behind (as after a crash between the
 			// database commit and the offset commit).
@@ -368,7 +368,7 @@ func TestStartCommitsPositionToKafka(t *testing.T) {
 				default:
 				}
 			}
-			stop := run(t, cfg)
+			stop := run(t, e.db.Pool, cfg)
 			select {
 			case next := <-committed:
 				if next != 10 {
@@ -426,7 +426,7 @@ func TestRetentionPurgesOnlyItsConsumer(t *testing.T) {
 				default:
 				}
 			}
-			stop := run(t, cfg)
+			stop := run(t, e.db.Pool, cfg)
 			select {
 			case n := <-purged:
 				if n != 1 {
@@ -466,7 +466,7 @@ func TestEmptyIDHeader(t *testing.T) {
 			m := msg("", "k", 1)
 			m.Headers = []kafka.Header{{Key: consumer.IDHeaderDefault, Value: nil}}
 			e.produce(m)
-			err := runErr(t, e.config(md, nil))
+			err := runErr(t, e.db.Pool, e.config(md, nil))
 			if !errors.Is(err, consumer.ErrMissingID) || !strings.Contains(err.Error(), `"message-id" header is empty`) {
 				t.Fatalf("Run = %v, want ErrMissingID saying the header is empty", err)
 			}
@@ -515,12 +515,11 @@ func TestPostgresConnectionLossIsWaitedOut(t *testing.T) {
 				time.Sleep(2 * time.Millisecond) // widen the window of a kill inside a transaction
 				return nil
 			})
-			cfg.Pool = pool
 			cfg.Hooks.Outcome = oc.hook
 			var outages atomic.Int32
 			cfg.Hooks.OutageStarted = func(string, error) { outages.Add(1) }
 
-			r, err := consumer.New(cfg)
+			r, err := consumer.New(pool, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -631,7 +630,7 @@ func TestPrefetchBoundedByBytes(t *testing.T) {
 				}
 				return ctx.Err()
 			})
-			stop := run(t, cfg)
+			stop := run(t, e.db.Pool, cfg)
 			wait(t, blocked, "the handler")
 			var peak uint64
 			for range 60 { // 3 s: the readers have long filled whatever they may
@@ -665,7 +664,7 @@ func TestSessionTimeoutOutOfBrokerBounds(t *testing.T) {
 			e := newEnv(t, 1)
 			cfg := e.config(md, nil)
 			cfg.SessionTimeout = 2 * time.Second
-			err := runErr(t, cfg)
+			err := runErr(t, e.db.Pool, cfg)
 			if !errors.Is(err, kafka.InvalidSessionTimeout) {
 				t.Fatalf("Run = %v, want kafka.InvalidSessionTimeout", err)
 			}
@@ -691,7 +690,7 @@ func TestDefaultBatchesDoNotWait(t *testing.T) {
 		default:
 		}
 	}
-	stop := run(t, cfg)
+	stop := run(t, e.db.Pool, cfg)
 	e.produce(msg("alone", "k", 1))
 	select {
 	case n := <-sizes:
@@ -715,7 +714,7 @@ func TestDefaultBatchesDoNotWait(t *testing.T) {
 	oc := newOutcomes(300)
 	cfg.Hooks.Outcome = oc.hook
 	cfg.Hooks.AfterCommit = func(_ context.Context, msgs []*consumer.Message) { sizes <- len(msgs) }
-	stop = run(t, cfg)
+	stop = run(t, e.db.Pool, cfg)
 	wait(t, oc.done, "the backlog")
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)

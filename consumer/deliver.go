@@ -60,7 +60,7 @@ func (r *Runner) Deliver(ctx context.Context, msgs ...kafka.Message) (outcomes [
 		msgs[i] = m
 	}
 	partition := msgs[0].Partition
-	positions, err := cfg.Store.ListPositions(ctx, cfg.Pool, cfg.Name, cfg.Topic)
+	positions, err := cfg.Store.ListPositions(ctx, cfg.pool, cfg.Name, cfg.Topic)
 	if err != nil {
 		return nil, fmt.Errorf("consumer: deliver: read the position: %w", err)
 	}

@@ -29,7 +29,7 @@ func TestDeliver(t *testing.T) {
 			var before, after int
 			var seen []consumer.Outcome
 			cfg := &consumer.Config{Kafka: kafkaconn.Config{Brokers: []string{"unused.invalid:9092"}}, Topic: e.topic, GroupID: e.group,
-				Pool: e.db.Pool, Store: e.store,
+				Store: e.store,
 				Hooks: consumer.Hooks{
 					BeforeCommit: func(context.Context, []*consumer.Message) { before++ },
 					AfterCommit:  func(context.Context, []*consumer.Message) { after++ },
@@ -51,7 +51,7 @@ func TestDeliver(t *testing.T) {
 					return errBoom
 				})
 			}
-			r, err := consumer.New(cfg)
+			r, err := consumer.New(e.db.Pool, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}

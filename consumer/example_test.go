@@ -48,8 +48,8 @@ func Example() {
 	}
 	defer dead.Close()
 
-	r, err := consumer.New(&consumer.Config{
-		Kafka: kafkaconn.Config{Brokers: brokers}, Topic: "payments", GroupID: "order-service", Pool: pool,
+	r, err := consumer.New(pool, &consumer.Config{
+		Kafka: kafkaconn.Config{Brokers: brokers}, Topic: "payments", GroupID: "order-service",
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 			var ev struct {
 				OrderID string `json:"orderId"`
@@ -117,8 +117,8 @@ func ExampleRunner_Run() {
 
 	runCtx, stop := context.WithCancel(ctx)
 	seen := 0
-	r, err := consumer.New(&consumer.Config{
-		Kafka: kafkaconn.Config{Brokers: brokers}, Topic: topic, GroupID: topic + "-payments", Pool: pool, Store: store,
+	r, err := consumer.New(pool, &consumer.Config{
+		Kafka: kafkaconn.Config{Brokers: brokers}, Topic: topic, GroupID: topic + "-payments", Store: store,
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 			_, err := tx.Exec(ctx, `INSERT INTO `+payments+` (id, charges) VALUES ($1, 1)
 				ON CONFLICT (id) DO UPDATE SET charges = `+payments+`.charges + 1`, msg.ID)

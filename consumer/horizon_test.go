@@ -95,7 +95,7 @@ func TestBeyondHorizon(t *testing.T) {
 				cfg.OnFailure = notes.onFailure
 				cfg.Hooks.Outcome = oc.hook
 				cfg.Hooks.BeyondHorizon = notes.hook
-				stop := run(t, cfg)
+				stop := run(t, e.db.Pool, cfg)
 				wait(t, oc.done, "six outcomes")
 				if err := stop(); err != nil {
 					t.Fatalf("Run: %v", err)
@@ -169,7 +169,7 @@ func TestBeyondHorizonStopsWithoutOnFailure(t *testing.T) {
 	e.produce(at(msg("old", "k", 1), time.Now().Add(-3*time.Hour)))
 	cfg := e.config(baseModes[1], nil)
 	cfg.Retention = 2 * time.Hour
-	r, err := consumer.New(cfg)
+	r, err := consumer.New(e.db.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +203,7 @@ func TestHorizonConfig(t *testing.T) {
 	} {
 		cfg := e.config(baseModes[0], nil)
 		cfg.Retention, cfg.HorizonMargin, cfg.OnBeyondHorizon = c.retention, c.margin, c.on
-		_, err := consumer.New(cfg)
+		_, err := consumer.New(e.db.Pool, cfg)
 		if (err == nil) != c.ok || (err != nil && !errors.Is(err, consumer.ErrInvalidConfig)) {
 			t.Fatalf("%s: New: %v; want ok=%v", c.name, err, c.ok)
 		}

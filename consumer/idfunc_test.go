@@ -63,7 +63,7 @@ func idFuncChild(t *testing.T, md mode) {
 		failed <- struct{}{}
 		return nil
 	}
-	stop := run(t, cfg)
+	stop := run(t, e.db.Pool, cfg)
 	select {
 	case <-failed:
 	case <-time.After(60 * time.Second):

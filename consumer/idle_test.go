@@ -68,7 +68,7 @@ func TestLoneMessageOnIdlePartitionCommitsAtOnce(t *testing.T) {
 	assigned := make(chan struct{})
 	var once sync.Once
 	cfg.Hooks.Assigned = func(string, int, int64) { once.Do(func() { close(assigned) }) }
-	stop := run(t, cfg)
+	stop := run(t, e.db.Pool, cfg)
 	wait(t, assigned, "the partition's assignment")
 
 	w := &kafka.Writer{Addr: kafka.TCP(testenv.Brokers(t)...), Topic: e.topic, RequiredAcks: kafka.RequireAll,

@@ -94,11 +94,10 @@ func TestMaxOutageBoundsPostgresOutage(t *testing.T) {
 			applied := make(chan struct{})
 			var once sync.Once
 			cfg := e.config(md, nil)
-			cfg.Pool = pool
 			cfg.MaxOutage = 2 * time.Second
 			cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}))
 			cfg.Hooks.AfterCommit = func(context.Context, []*consumer.Message) { once.Do(func() { close(applied) }) }
-			r, err := consumer.New(cfg)
+			r, err := consumer.New(pool, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -100,7 +100,7 @@ func TestMiddlewareAndTransactionHooks(t *testing.T) {
 					tr.add("retry %s attempt %d class %s err=%v", m.ID, attempt, class, err)
 				},
 			}
-			stop := run(t, cfg)
+			stop := run(t, e.db.Pool, cfg)
 			wait(t, done, "the message applied")
 			if err := stop(); err != nil {
 				t.Fatalf("Run: %v", err)
@@ -164,7 +164,7 @@ func TestBatchMiddlewareAndDuplicates(t *testing.T) {
 		mu.Unlock()
 	}
 	cfg.Hooks.Outcome = oc.hook
-	stop := run(t, cfg)
+	stop := run(t, e.db.Pool, cfg)
 	wait(t, oc.done, "three outcomes")
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
@@ -187,7 +187,7 @@ func TestRebalancedHook(t *testing.T) {
 	got := make(chan []int, 4)
 	cfg := e.config(modes[3], nil)
 	cfg.Hooks.Rebalanced = func(generation int32, partitions []int) { got <- partitions }
-	stop := run(t, cfg)
+	stop := run(t, e.db.Pool, cfg)
 	select {
 	case p := <-got:
 		if !slices.Equal(p, []int{0, 1, 2}) {
@@ -216,13 +216,13 @@ func TestMiddlewareConfigErrors(t *testing.T) {
 	} {
 		cfg := e.config(modes[0], nil)
 		edit(cfg)
-		if _, err := consumer.New(cfg); !errors.Is(err, consumer.ErrInvalidConfig) {
+		if _, err := consumer.New(e.db.Pool, cfg); !errors.Is(err, consumer.ErrInvalidConfig) {
 			t.Errorf("%s: New = %v, want ErrInvalidConfig", name, err)
 		}
 	}
 	cfg := e.config(modes[2], nil)
 	cfg.Middleware = []consumer.Middleware{pass}
-	if _, err := consumer.New(cfg); !errors.Is(err, consumer.ErrInvalidConfig) {
+	if _, err := consumer.New(e.db.Pool, cfg); !errors.Is(err, consumer.ErrInvalidConfig) {
 		t.Errorf("handler middleware with a batch handler: New = %v, want ErrInvalidConfig", err)
 	}
 }
@@ -255,7 +255,7 @@ func TestPartitionsStatus(t *testing.T) {
 	cfg.FailureMode = consumer.NonBlocking
 	cfg.Retry = &retry.Policy{MaxAttempts: 1}
 	cfg.ParkedRetry = &retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxAttempts: 10}
-	r, err := consumer.New(cfg)
+	r, err := consumer.New(e.db.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,7 +311,7 @@ func TestPartitionsStatusBeforeFirstCommit(t *testing.T) {
 		}
 		return nil
 	})
-	r, err := consumer.New(cfg)
+	r, err := consumer.New(e.db.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -85,7 +85,7 @@ func newParker(w *worker) *parker {
 // load reads which keys of the partition have parked messages.
 func (p *parker) load(ctx context.Context) error {
 	cfg := &p.w.r.cfg
-	rows, err := cfg.Pool.Query(ctx, `SELECT message_key, count(*) FROM `+p.table+`
+	rows, err := cfg.pool.Query(ctx, `SELECT message_key, count(*) FROM `+p.table+`
 		WHERE consumer = $1 AND topic = $2 AND kafka_partition = $3 GROUP BY message_key`,
 		cfg.Name, cfg.Topic, p.w.partition)
 	if err != nil {
@@ -117,8 +117,9 @@ func (p *parker) counted() {
 // parkedKey reports whether msg must wait behind a parked message of its key.
 func (p *parker) parkedKey(msg *Message) bool { return p != nil && p.keys[string(msg.Key)] > 0 }
 
-// insert parks msgs in tx, with the failure f for the first one when given.
-func (p *parker) insert(ctx context.Context, tx pgx.Tx, msgs []*Message, f *failure, next time.Time) error {
+// insert parks msgs in tx, with the failure f for the first one when given,
+// due after delay. Due times are on the database's clock (see releaseDue).
+func (p *parker) insert(ctx context.Context, tx pgx.Tx, msgs []*Message, f *failure, delay time.Duration) error {
 	cfg := &p.w.r.cfg
 	for i, m := range msgs {
 		hs := make([]header, len(m.Headers))
@@ -132,9 +133,9 @@ func (p *parker) insert(ctx context.Context, tx pgx.Tx, msgs []*Message, f *fail
 		var attempts int
 		var first, last *time.Time
 		var lastErr *string
-		nextAt := time.Now()
+		var wait time.Duration
 		if i == 0 && f != nil {
-			attempts, first, last, nextAt = f.attempts, &f.first, &f.last, next
+			attempts, first, last, wait = f.attempts, &f.first, &f.last, delay
 			s := pgtext.Text(f.err.Error(), 2000)
 			lastErr = &s
 		}
@@ -143,9 +144,9 @@ func (p *parker) insert(ctx context.Context, tx pgx.Tx, msgs []*Message, f *fail
 		_, err = tx.Exec(ctx, `INSERT INTO `+p.table+` (consumer, topic, kafka_partition, kafka_offset, message_key,
 			message_id, value, headers, message_time, attempts, first_failed_at, last_failed_at, last_error, next_attempt_at,
 			incarnation)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, now() + $14::bigint * interval '1 microsecond', $15)
 			ON CONFLICT DO NOTHING`,
-			cfg.Name, m.Topic, m.Partition, m.Offset, keyBytes(m.Key), m.ID, m.Value, js, m.Time, attempts, first, last, lastErr, nextAt,
+			cfg.Name, m.Topic, m.Partition, m.Offset, keyBytes(m.Key), m.ID, m.Value, js, m.Time, attempts, first, last, lastErr, wait.Microseconds(),
 			m.Incarnation)
 		if err != nil {
 			return fmt.Errorf("consumer: park %s/%d/%d: %w", m.Topic, m.Partition, m.Offset, err)
@@ -160,8 +161,8 @@ func (p *parker) park(ctx context.Context, msg *Message, f failure) error {
 	cfg := &p.w.r.cfg
 	delay, _ := p.delay(1)
 	err := p.w.outage.Do(ctx, func(ctx context.Context) error {
-		return inTx(ctx, cfg.Pool, func(tx pgx.Tx) error {
-			if err := p.insert(ctx, tx, []*Message{msg}, &f, time.Now().Add(delay)); err != nil {
+		return inTx(ctx, cfg.pool, func(tx pgx.Tx) error {
+			if err := p.insert(ctx, tx, []*Message{msg}, &f, delay); err != nil {
 				return err
 			}
 			return cfg.Store.SavePositionTx(ctx, tx, cfg.Name, msg.Topic, msg.Partition, msg.Offset+1, msg.Time, p.w.epoch)
@@ -213,7 +214,7 @@ func (p *parker) head(ctx context.Context, key []byte) (*parkedMsg, error) {
 		mtime *time.Time
 	)
 	var incarnation int64
-	err := cfg.Pool.QueryRow(ctx, `SELECT incarnation, kafka_offset, message_id, value, headers, message_time, attempts,
+	err := cfg.pool.QueryRow(ctx, `SELECT incarnation, kafka_offset, message_id, value, headers, message_time, attempts,
 		first_failed_at, next_attempt_at FROM `+p.table+`
 		WHERE consumer = $1 AND topic = $2 AND kafka_partition = $3 AND message_key = $4
 		ORDER BY incarnation, kafka_offset LIMIT 1`, cfg.Name, cfg.Topic, p.w.partition, key).
@@ -246,18 +247,18 @@ func (p *parker) head(ctx context.Context, key []byte) (*parkedMsg, error) {
 // releaseDue retries the due heads of parked keys, and on success the
 // messages parked behind them, in offset order.
 func (p *parker) releaseDue(ctx context.Context) error {
-	if len(p.keys) == 0 || time.Now().Before(p.due) {
+	if len(p.keys) == 0 || p.w.r.now().Before(p.due) {
 		return nil
 	}
-	p.due = time.Now().Add(p.w.r.cfg.ParkedPoll)
+	p.due = p.w.r.now().Add(p.w.r.cfg.ParkedPoll)
 	// One statement finds the keys whose head is due; each of those is then
 	// released as far as it goes.
 	cfg := &p.w.r.cfg
-	rows, err := cfg.Pool.Query(ctx, `SELECT message_key FROM (
+	rows, err := cfg.pool.Query(ctx, `SELECT message_key FROM (
 		SELECT DISTINCT ON (message_key) message_key, next_attempt_at FROM `+p.table+`
 		WHERE consumer = $1 AND topic = $2 AND kafka_partition = $3
 		ORDER BY message_key, incarnation, kafka_offset) heads
-		WHERE next_attempt_at <= $4`, cfg.Name, cfg.Topic, p.w.partition, time.Now())
+		WHERE next_attempt_at <= now()`, cfg.Name, cfg.Topic, p.w.partition)
 	if err != nil {
 		return fmt.Errorf("consumer: find due parked messages: %w", err)
 	}
@@ -290,7 +291,7 @@ func (p *parker) releaseKey(ctx context.Context, key []byte) error {
 		}
 		var dup bool
 		tctx, end := p.w.observe(ctx, []*Message{pm.msg}, pm.attempts+1)
-		err = inTx(tctx, cfg.Pool, func(tx pgx.Tx) error {
+		err = inTx(tctx, cfg.pool, func(tx pgx.Tx) error {
 			ctx := tctx
 			var err error
 			dup, err = cfg.Store.ClaimTx(ctx, tx, dedup.Claim{Consumer: cfg.Name, MessageID: pm.msg.ID,
@@ -358,7 +359,7 @@ func (p *parker) failed(ctx, tctx context.Context, pm *parkedMsg, err error) (do
 		}
 		// OnFailure took the head: wait out an outage here rather than hand
 		// it to OnFailure a second time.
-		if err := p.w.outage.Do(ctx, func(ctx context.Context) error { return p.remove(ctx, cfg.Pool, pm.msg) }); err != nil {
+		if err := p.w.outage.Do(ctx, func(ctx context.Context) error { return p.remove(ctx, cfg.pool, pm.msg) }); err != nil {
 			return false, fmt.Errorf("consumer: unpark %d: %w", pm.msg.Offset, err)
 		}
 		p.keys[string(pm.msg.Key)]--
@@ -366,10 +367,10 @@ func (p *parker) failed(ctx, tctx context.Context, pm *parkedMsg, err error) (do
 	}
 	p.w.log.WarnContext(f.logCtx(ctx), "parked message failed again", "offset", pm.msg.Offset, "message_id", pm.msg.ID,
 		"attempts", f.attempts, "retry_in", delay, "err", err)
-	_, uerr := cfg.Pool.Exec(ctx, `UPDATE `+p.table+` SET attempts = $5, first_failed_at = coalesce(first_failed_at, $6),
-		last_failed_at = $7, last_error = $8, next_attempt_at = $9
+	_, uerr := cfg.pool.Exec(ctx, `UPDATE `+p.table+` SET attempts = $5, first_failed_at = coalesce(first_failed_at, $6),
+		last_failed_at = $7, last_error = $8, next_attempt_at = now() + $9::bigint * interval '1 microsecond'
 		WHERE consumer = $1 AND topic = $2 AND kafka_partition = $3 AND kafka_offset = $4 AND incarnation = $10`,
-		cfg.Name, pm.msg.Topic, pm.msg.Partition, pm.msg.Offset, f.attempts, f.first, f.last, pgtext.Text(err.Error(), 2000), now.Add(delay),
+		cfg.Name, pm.msg.Topic, pm.msg.Partition, pm.msg.Offset, f.attempts, f.first, f.last, pgtext.Text(err.Error(), 2000), delay.Microseconds(),
 		pm.msg.Incarnation)
 	if uerr != nil {
 		return false, fmt.Errorf("consumer: record parked failure: %w", uerr)

@@ -66,7 +66,7 @@ func TestParkedReleaseOutageIsNotAVerdict(t *testing.T) {
 					once.Do(func() { close(applied) })
 				}
 			}
-			stop := run(t, cfg)
+			stop := run(t, e.db.Pool, cfg)
 			wait(t, applied, "p1 applied or dead-lettered")
 			if err := stop(); err != nil {
 				t.Fatal(err)
@@ -111,7 +111,7 @@ func TestParkNULInErrorKeepsRunning(t *testing.T) {
 					once.Do(func() { close(applied) })
 				}
 			}
-			r, err := consumer.New(cfg)
+			r, err := consumer.New(e.db.Pool, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -178,7 +178,7 @@ func TestParkedHeadersRoundTrip(t *testing.T) {
 						once.Do(func() { close(done) })
 					}
 				}
-				r, err := consumer.New(cfg)
+				r, err := consumer.New(e.db.Pool, cfg)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -236,7 +236,7 @@ func TestParkKeylessMessage(t *testing.T) {
 			cfg.ParkedPoll = 50 * time.Millisecond
 			oc := newOutcomes(2)
 			cfg.Hooks.Outcome = oc.hook
-			r, err := consumer.New(cfg)
+			r, err := consumer.New(e.db.Pool, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -266,7 +266,7 @@ func TestParkKeylessMessage(t *testing.T) {
 // good goes to OnFailure once, even when PostgreSQL drops the runner's
 // connections right after OnFailure took it. The in-place path waits out an
 // outage before saving the position past such a message (giveUp); the
-// parked path (parker.failed) removes the row on cfg.Pool without waiting:
+// parked path (parker.failed) removes the row on the runner's pool without waiting:
 // the error ends the release, the head is run and handed to OnFailure again.
 func TestParkedGiveUpOutageOnFailureOnce(t *testing.T) {
 	t.Parallel()
@@ -300,7 +300,6 @@ func TestParkedGiveUpOutageOnFailureOnce(t *testing.T) {
 				}
 				return retry.Permanent(errors.New("bad for good"))
 			})
-			cfg.Pool = pool
 			cfg.FailureMode = consumer.NonBlocking
 			cfg.Retry = &retry.Policy{MaxAttempts: 1}
 			cfg.ParkedRetry = &retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 5}
@@ -319,7 +318,7 @@ func TestParkedGiveUpOutageOnFailureOnce(t *testing.T) {
 				}
 				return nil
 			}
-			stop := run(t, cfg)
+			stop := run(t, pool, cfg)
 			deadline := time.Now().Add(20 * time.Second)
 			for time.Now().Before(deadline) {
 				var n int

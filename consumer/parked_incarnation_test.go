@@ -45,7 +45,7 @@ func TestParkedAcrossRecreation(t *testing.T) {
 					once.Do(func() { close(done) })
 				}
 			}
-			stop := run(t, cfg)
+			stop := run(t, e.db.Pool, cfg)
 			wait(t, done, "b1")
 			if err := stop(); err != nil {
 				t.Fatal(err)
@@ -70,7 +70,7 @@ func TestParkedAcrossRecreation(t *testing.T) {
 					once2.Do(func() { close(done2) })
 				}
 			}
-			stop = run(t, cfg2)
+			stop = run(t, e.db.Pool, cfg2)
 			wait(t, done2, "n1")
 			if err := stop(); err != nil {
 				t.Fatal(err)

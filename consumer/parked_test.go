@@ -22,8 +22,27 @@ import (
 // the running runner releases the key in offset order, each message once,
 // without waiting the hour. Without RetryParked the key would stay parked
 // for the hour and the test would time out.
+//
+// The runner's host clock may differ from the database's (and from the
+// host running the CLI): in the "skewed clock" run the runner's clock is
+// ten minutes behind. Due times are on the database's clock, so a head made
+// due by RetryParked is released all the same (before, the runner compared
+// the database's now() with its own clock and waited the skew out).
 func TestListAndRetryParked(t *testing.T) {
 	t.Parallel()
+	for _, skew := range []time.Duration{0, -10 * time.Minute} {
+		name := "same clock"
+		if skew != 0 {
+			name = "skewed clock"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testListAndRetryParked(t, skew)
+		})
+	}
+}
+
+func testListAndRetryParked(t *testing.T, skew time.Duration) {
 	e := newEnv(t, 1)
 	e.produce(msg("b1", "B", 1), msg("a1", "A", 1), msg("b2", "B", 1), msg("b3", "B", 1), msg("a2", "A", 1))
 	var healed atomic.Bool
@@ -55,7 +74,12 @@ func TestListAndRetryParked(t *testing.T) {
 			releaseOnce.Do(func() { close(released) })
 		}
 	}
-	stop := run(t, cfg)
+	r, err := consumer.New(e.db.Pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	consumer.SetClock(r, func() time.Time { return time.Now().Add(skew) })
+	stop := runRunner(t, r)
 	wait(t, flowed, "key A to flow past parked key B")
 
 	ctx := context.Background()

@@ -27,7 +27,7 @@ func TestPlaintextToTLSListenerIsNotAnOutage(t *testing.T) {
 	e := newEnv(t, 1)
 	cfg := e.config(baseModes[0], nil)
 	cfg.Kafka = kafkaconn.Config{Brokers: []string{sasl}}
-	r, err := consumer.New(cfg)
+	r, err := consumer.New(e.db.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

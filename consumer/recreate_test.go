@@ -48,7 +48,7 @@ func TestRecreatedWhileRunning(t *testing.T) {
 					}
 				}
 				count := func() int { mu.Lock(); defer mu.Unlock(); return len(applied) }
-				r, err := consumer.New(cfg)
+				r, err := consumer.New(e.db.Pool, cfg)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -138,7 +138,7 @@ func TestRecordsDeletedWhileRunning(t *testing.T) {
 				defer mu.Unlock()
 				moved = append(moved, err)
 			}
-			r, err := consumer.New(cfg)
+			r, err := consumer.New(e.db.Pool, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -47,7 +47,7 @@ func TestReviewBudgetWithMutatingMiddleware(t *testing.T) {
 			}}
 			oc := newOutcomes(60)
 			cfg.Hooks.Outcome = oc.hook
-			stop := run(t, cfg)
+			stop := run(t, e.db.Pool, cfg)
 			select {
 			case <-oc.done:
 			case <-time.After(20 * time.Second):

@@ -47,7 +47,7 @@ func TestReviewHandlerOwnNetworkErrorIsAnAttempt(t *testing.T) {
 			cfg.Hooks.OutageStarted = func(string, error) { outages.Add(1) }
 			oc := newOutcomes(2)
 			cfg.Hooks.Outcome = oc.hook
-			stop := run(t, cfg)
+			stop := run(t, e.db.Pool, cfg)
 			select {
 			case <-oc.done:
 			case <-time.After(20 * time.Second):

@@ -50,7 +50,7 @@ func TestReviewHandlerTimeoutIsAnAttempt(t *testing.T) {
 			cfg.Hooks.OutageStarted = func(string, error) { outages.Add(1) }
 			oc := newOutcomes(2)
 			cfg.Hooks.Outcome = oc.hook
-			stop := run(t, cfg)
+			stop := run(t, e.db.Pool, cfg)
 			select {
 			case <-oc.done:
 			case <-time.After(20 * time.Second):
@@ -92,7 +92,7 @@ func TestReviewLagWhileStuck(t *testing.T) {
 		return nil
 	})
 	cfg.MaxBufferedBytes = 4 * consumer.MessageOverhead // a few small messages
-	r, err := consumer.New(cfg)
+	r, err := consumer.New(e.db.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +156,7 @@ func TestReviewIdleInTransactionTimeoutIsAnAttempt(t *testing.T) {
 			cfg.Hooks.OutageStarted = func(string, error) { outages.Add(1) }
 			oc := newOutcomes(2)
 			cfg.Hooks.Outcome = oc.hook
-			stop := run(t, cfg)
+			stop := run(t, e.db.Pool, cfg)
 			select {
 			case <-oc.done:
 			case <-time.After(20 * time.Second):

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit"
@@ -45,21 +46,34 @@ type Runner struct {
 	sem     chan struct{} // bounds the partitions processed at once
 	outages *outage.Tracker
 	states  partitionStates
+	// now is the runner's clock, for its own timers only: when parked
+	// messages fall due is decided on the database's clock, which every
+	// runner of the group and `idemkit consumer parked retry` share.
+	now func() time.Time
 }
 
-// New validates cfg, applies its defaults and returns a Runner.
-func New(cfg *Config) (*Runner, error) {
-	if cfg == nil {
+// New validates cfg, applies its defaults and returns a Runner whose
+// transactions run on pool. It does not connect to anything.
+func New(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
+	switch {
+	case pool == nil:
+		return nil, fmt.Errorf("%w: nil pool", ErrInvalidConfig)
+	case cfg == nil:
 		return nil, fmt.Errorf("%w: nil config", ErrInvalidConfig)
 	}
-	c, err := cfg.withDefaults()
+	in := *cfg
+	in.pool = pool
+	c, err := in.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	return &Runner{cfg: c, sem: make(chan struct{}, c.MaxPartitions),
+	return &Runner{cfg: c, sem: make(chan struct{}, c.MaxPartitions), now: time.Now,
 		outages: &outage.Tracker{Log: c.Logger.With("topic", c.Topic, "group", c.GroupID),
 			OnStart: c.Hooks.OutageStarted, OnEnd: c.Hooks.OutageEnded}}, nil
 }
+
+// Pool returns the pool the runner's transactions run on, as given to New.
+func (r *Runner) Pool() *pgxpool.Pool { return r.cfg.pool }
 
 // Run consumes until ctx is cancelled, a message fails for good with no
 // OnFailure to take it, a partition's stored position does not match the
@@ -220,7 +234,7 @@ func (r *Runner) purgeLoop(ctx context.Context, log *slog.Logger) {
 	t := time.NewTicker(r.cfg.PurgeInterval)
 	defer t.Stop()
 	for {
-		n, err := r.cfg.Store.PurgeConsumer(ctx, r.cfg.Pool, r.cfg.Name, r.cfg.Retention, 0)
+		n, err := r.cfg.Store.PurgeConsumer(ctx, r.cfg.pool, r.cfg.Name, r.cfg.Retention, 0)
 		switch {
 		case err != nil && ctx.Err() == nil:
 			log.Error("dedup retention purge failed; next try at the next interval", "err", err)
@@ -254,7 +268,7 @@ var schemaVersions = []int{1, 4, 6, 8, 9, 10, 14}
 // an error at start rather than at the first message that needs it.
 func (r *Runner) requireSchema(ctx context.Context) error {
 	tables := r.cfg.Store.Tables()
-	m, err := migrate.New(r.cfg.Pool, &tables)
+	m, err := migrate.New(r.cfg.pool, &tables)
 	if err != nil {
 		return fmt.Errorf("consumer: %w", err)
 	}
@@ -415,7 +429,7 @@ func (r *Runner) starts(ctx context.Context, client *kafka.Client, assigned []ka
 		ranges    map[int]kafkaoffsets.Range
 	)
 	err := r.do(ctx, "read positions", func(ctx context.Context) error {
-		list, err := r.cfg.Store.ListPositions(ctx, r.cfg.Pool, r.cfg.Name, r.cfg.Topic)
+		list, err := r.cfg.Store.ListPositions(ctx, r.cfg.pool, r.cfg.Name, r.cfg.Topic)
 		for _, p := range list {
 			positions[p.Partition] = p
 		}

@@ -44,7 +44,7 @@ func TestSchemaBehindFailsAtStart(t *testing.T) {
 			})
 			cfg.FailureMode = consumer.NonBlocking
 			cfg.Retry = &retry.Policy{MaxAttempts: 1}
-			r, err := consumer.New(cfg)
+			r, err := consumer.New(e.db.Pool, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -73,8 +73,8 @@ func TestUnmigratedSchemaError(t *testing.T) {
 				t.Fatal(err)
 			}
 			topic := testenv.NewTopic(t, 1)
-			r, err := consumer.New(&consumer.Config{Kafka: testenv.Kafka(t), Topic: topic, GroupID: testenv.Name(t, "g"),
-				Pool: db.Pool, Store: store, BatchSize: md.batch,
+			r, err := consumer.New(db.Pool, &consumer.Config{Kafka: testenv.Kafka(t), Topic: topic, GroupID: testenv.Name(t, "g"),
+				Store: store, BatchSize: md.batch,
 				Handler: consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })})
 			if err != nil {
 				t.Fatal(err)

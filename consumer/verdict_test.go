@@ -30,7 +30,7 @@ func TestPermanentErrorWrappingEOFStops(t *testing.T) {
 			})
 			var outages int
 			cfg.Hooks.OutageStarted = func(string, error) { outages++ }
-			r, err := consumer.New(cfg)
+			r, err := consumer.New(e.db.Pool, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}

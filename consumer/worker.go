@@ -295,7 +295,7 @@ func (w *worker) send(ctx context.Context, msg *Message) bool {
 func (w *worker) advance(ctx context.Context, next int64) error {
 	cfg := &w.r.cfg
 	err := w.outage.Do(ctx, func(ctx context.Context) error {
-		return inTx(ctx, cfg.Pool, func(tx pgx.Tx) error {
+		return inTx(ctx, cfg.pool, func(tx pgx.Tx) error {
 			return cfg.Store.SavePositionTx(ctx, tx, cfg.Name, cfg.Topic, w.partition, next, time.Time{}, w.epoch)
 		})
 	})
@@ -666,7 +666,7 @@ func (w *worker) giveUp(ctx context.Context, msg *Message, f failure, savePositi
 		// OnFailure took the message: wait out an outage here rather than
 		// hand the message to OnFailure a second time.
 		err := w.outage.Do(ctx, func(ctx context.Context) error {
-			return inTx(ctx, cfg.Pool, func(tx pgx.Tx) error {
+			return inTx(ctx, cfg.pool, func(tx pgx.Tx) error {
 				return cfg.Store.SavePositionTx(ctx, tx, cfg.Name, msg.Topic, msg.Partition, msg.Offset+1, msg.Time, w.epoch)
 			})
 		})
@@ -799,7 +799,7 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 		}
 		return nil
 	}
-	err = inTxWith(ctx, cfg.Pool, claims, func(tx pgx.Tx) error {
+	err = inTxWith(ctx, cfg.pool, claims, func(tx pgx.Tx) error {
 		if len(live) == 1 && !parking {
 			dup = []bool{one}
 		}
@@ -834,7 +834,7 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 					waiting = append(waiting, m)
 				}
 			}
-			if err := w.parked.insert(ctx, tx, waiting, nil, time.Time{}); err != nil {
+			if err := w.parked.insert(ctx, tx, waiting, nil, 0); err != nil {
 				return err
 			}
 			last := msgs[len(msgs)-1]

@@ -139,7 +139,7 @@ func (e *env) consumeWith(n int, fail func(m *consumer.Message, attempt int) err
 	done := make(chan struct{})
 	var outcomes atomic.Int32
 	cfg := &consumer.Config{
-		Kafka: testenv.Kafka(e.t), Topic: e.topic, GroupID: e.group, Pool: e.db.Pool, Store: e.store,
+		Kafka: testenv.Kafka(e.t), Topic: e.topic, GroupID: e.group, Store: e.store,
 		Logger: e.logger, OnFailure: w.OnFailure,
 		Retry: &retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 20 * time.Millisecond, MaxAttempts: 3},
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
@@ -161,7 +161,7 @@ func (e *env) consumeWith(n int, fail func(m *consumer.Message, attempt int) err
 	if mutate != nil {
 		mutate(cfg)
 	}
-	r, err := consumer.New(cfg)
+	r, err := consumer.New(e.db.Pool, cfg)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -293,7 +293,13 @@ func TestDLQUnavailableMakesThePartitionWait(t *testing.T) {
 
 func (e *env) reprocessor(mode dlq.Mode, h consumer.HandlerFunc, mutate func(*dlq.ReprocessorConfig)) *dlq.Reprocessor {
 	e.t.Helper()
-	cfg := &dlq.ReprocessorConfig{Kafka: testenv.Kafka(e.t), Topic: e.dlq, Mode: mode, Pool: e.db.Pool,
+	return e.reprocessorOn(e.db.Pool, mode, h, mutate)
+}
+
+// reprocessorOn is reprocessor with its records reached through pool.
+func (e *env) reprocessorOn(pool *pgxpool.Pool, mode dlq.Mode, h consumer.HandlerFunc, mutate func(*dlq.ReprocessorConfig)) *dlq.Reprocessor {
+	e.t.Helper()
+	cfg := &dlq.ReprocessorConfig{Kafka: testenv.Kafka(e.t), Topic: e.dlq, Mode: mode,
 		Schema: e.db.Schema, Logger: e.logger, ReplayedBy: "test",
 		Retry: &retry.Policy{InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond, MaxAttempts: 2}}
 	if h != nil {
@@ -302,7 +308,7 @@ func (e *env) reprocessor(mode dlq.Mode, h consumer.HandlerFunc, mutate func(*dl
 	if mutate != nil {
 		mutate(cfg)
 	}
-	r, err := dlq.NewReprocessor(cfg)
+	r, err := dlq.NewReprocessor(pool, cfg)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -465,16 +471,19 @@ func TestNewReprocessorRejectsBadConfig(t *testing.T) {
 	pool := &pgxpool.Pool{}
 	for i, cfg := range []*dlq.ReprocessorConfig{
 		nil,
-		{Topic: "t.dlq", Mode: dlq.Republish, Pool: pool},
-		{Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Mode: dlq.Republish, Pool: pool},
-		{Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t.dlq", Pool: pool},
-		{Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t.dlq", Mode: dlq.Redrive, Pool: pool},
-		{Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t.dlq", Mode: dlq.Republish},
-		{Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t.dlq", Mode: dlq.Republish, Pool: pool, Rate: -1},
+		{Topic: "t.dlq", Mode: dlq.Republish},
+		{Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Mode: dlq.Republish},
+		{Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t.dlq"},
+		{Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t.dlq", Mode: dlq.Redrive},
+		{Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t.dlq", Mode: dlq.Republish, Rate: -1},
 	} {
-		if _, err := dlq.NewReprocessor(cfg); !errors.Is(err, dlq.ErrInvalidConfig) {
+		if _, err := dlq.NewReprocessor(pool, cfg); !errors.Is(err, dlq.ErrInvalidConfig) {
 			t.Errorf("config %d: %v, want ErrInvalidConfig", i, err)
 		}
+	}
+	valid := &dlq.ReprocessorConfig{Kafka: kafkaconn.Config{Brokers: []string{"b"}}, Topic: "t.dlq", Mode: dlq.Republish}
+	if _, err := dlq.NewReprocessor(nil, valid); !errors.Is(err, dlq.ErrInvalidConfig) {
+		t.Errorf("nil pool: %v, want ErrInvalidConfig", err)
 	}
 	if _, err := dlq.NewWriter(&dlq.WriterConfig{}); !errors.Is(err, dlq.ErrInvalidConfig) {
 		t.Errorf("writer without brokers: %v", err)

@@ -23,11 +23,10 @@ func ExampleReprocessor() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	r, err := dlq.NewReprocessor(&dlq.ReprocessorConfig{
+	r, err := dlq.NewReprocessor(pool, &dlq.ReprocessorConfig{
 		Kafka: kafkaconn.Config{Brokers: []string{"127.0.0.1:9092"}},
 		Topic: "payments.dlq",
 		Mode:  dlq.Redrive,
-		Pool:  pool,
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 			_, err := tx.Exec(ctx, `UPDATE orders SET status = 'paid' WHERE id = $1`, string(msg.Key))
 			return err

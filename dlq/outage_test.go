@@ -104,14 +104,13 @@ func TestReprocessorRidesOutPostgresTermination(t *testing.T) {
 	pool, app := appPool(t, 1)
 	var logs logBuffer
 	killedInTx := false
-	r := e.reprocessor(dlq.Redrive, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+	r := e.reprocessorOn(pool, dlq.Redrive, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		if m.ID == "p3" && !killedInTx {
 			killedInTx = true
 			e.terminate(app) // the connection of this very transaction
 		}
 		return e.effect(ctx, tx, m)
 	}, func(c *dlq.ReprocessorConfig) {
-		c.Pool = pool
 		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 		c.Retry = &retry.Policy{MaxAttempts: 1} // an outage must not use up the handler's attempts
 		c.Progress = func(it dlq.Item) {
@@ -167,8 +166,8 @@ func TestReprocessorMaxOutage(t *testing.T) {
 	defer nowhere.Close()
 	const maxOutage = 500 * time.Millisecond
 	start := time.Now()
-	_, err = e.reprocessor(dlq.Redrive, e.effect, func(c *dlq.ReprocessorConfig) {
-		c.Pool, c.MaxOutage = nowhere, maxOutage
+	_, err = e.reprocessorOn(nowhere, dlq.Redrive, e.effect, func(c *dlq.ReprocessorConfig) {
+		c.MaxOutage = maxOutage
 	}).Run(ctx)
 	checkOutage(t, "reprocessor without PostgreSQL", err, start, maxOutage)
 }

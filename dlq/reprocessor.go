@@ -72,8 +72,9 @@ const (
 	ReplayLimitDefault = 3
 )
 
-// ReprocessorConfig configures a Reprocessor. Kafka.Brokers, Topic, Mode and
-// Pool are required, and Handler in Redrive mode.
+// ReprocessorConfig configures a Reprocessor. Kafka.Brokers, Topic and Mode
+// are required, and Handler in Redrive mode; the pool is NewReprocessor's
+// first argument, as in every idemkit constructor.
 type ReprocessorConfig struct {
 	// Kafka is how to reach the cluster: its brokers, TLS and SASL (see
 	// package kafkaconn). The scans of the dead-letter topic and the writes
@@ -86,8 +87,9 @@ type ReprocessorConfig struct {
 	// Handler re-runs a message in Redrive mode: the consumer's handler.
 	Handler consumer.Handler
 
-	// Pool is where dedup records and replay records live.
-	Pool *pgxpool.Pool
+	// pool is where dedup records and replay records live:
+	// NewReprocessor's argument.
+	pool *pgxpool.Pool
 	// Schema holds the dedup and replay records tables (see package
 	// migrate, versions 4 and 7). Defaults to "public".
 	Schema string
@@ -155,20 +157,23 @@ type Reprocessor struct {
 	closeClient func()
 }
 
-// NewReprocessor validates cfg and returns a Reprocessor. Close it when done.
-func NewReprocessor(cfg *ReprocessorConfig) (*Reprocessor, error) {
-	if cfg == nil {
+// NewReprocessor validates cfg and returns a Reprocessor whose dedup and
+// replay records live in pool. Close it when done.
+func NewReprocessor(pool *pgxpool.Pool, cfg *ReprocessorConfig) (*Reprocessor, error) {
+	switch {
+	case pool == nil:
+		return nil, fmt.Errorf("%w: nil pool", ErrInvalidConfig)
+	case cfg == nil:
 		return nil, fmt.Errorf("%w: nil config", ErrInvalidConfig)
 	}
 	c := *cfg
+	c.pool = pool
 	invalid := func(msg string) error { return fmt.Errorf("%w: %s", ErrInvalidConfig, msg) }
 	switch {
 	case c.Kafka.Validate() != nil:
 		return nil, fmt.Errorf("%w: Kafka: %w", ErrInvalidConfig, c.Kafka.Validate())
 	case c.Topic == "":
 		return nil, invalid("Topic is empty")
-	case c.Pool == nil:
-		return nil, invalid("Pool is nil")
 	case c.Mode != Redrive && c.Mode != Republish:
 		return nil, invalid("Mode must be Redrive or Republish")
 	case c.Mode == Redrive && c.Handler == nil:
@@ -352,7 +357,7 @@ func (rn *run) replay(ctx context.Context, d *DeadLetter) (Action, error, error)
 		var applied bool
 		err := rn.pg.Do(ctx, func(ctx context.Context) error {
 			var err error
-			applied, err = rn.store.Processed(ctx, rn.cfg.Pool, d.Consumer, d.MessageID)
+			applied, err = rn.store.Processed(ctx, rn.cfg.pool, d.Consumer, d.MessageID)
 			return err
 		})
 		if err != nil {
@@ -497,7 +502,7 @@ func (rn *run) redrive(ctx context.Context, d *DeadLetter) (Action, error, error
 // the message ID, runs the handler and commits. A handler error comes back
 // as a *handlerFailure; any other error is the database's.
 func (rn *run) redriveTx(ctx context.Context, d *DeadLetter, msg *consumer.Message) (Action, error) {
-	tx, err := rn.cfg.Pool.Begin(ctx)
+	tx, err := rn.cfg.pool.Begin(ctx)
 	if err != nil {
 		return "", fmt.Errorf("begin: %w", err)
 	}
@@ -569,7 +574,7 @@ func callHandler(ctx context.Context, h consumer.Handler, tx pgx.Tx, m *consumer
 func (rn *run) replayed(ctx context.Context, d *DeadLetter) (bool, error) {
 	var done bool
 	err := rn.pg.Do(ctx, func(ctx context.Context) error {
-		return rn.cfg.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+rn.replays+` WHERE origin_topic = $1
+		return rn.cfg.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+rn.replays+` WHERE origin_topic = $1
 			AND origin_incarnation = $2 AND origin_partition = $3 AND origin_offset = $4 AND replay_round = $5)`,
 			d.Origin.Topic, d.Origin.Incarnation, d.Origin.Partition, d.Origin.Offset, d.Round).Scan(&done)
 	})
@@ -591,7 +596,7 @@ func (rn *run) record(ctx context.Context, d *DeadLetter, a Action, detail strin
 	}
 	name, detail := pgtext.Text(d.Consumer, 0), pgtext.Text(detail, maxErrorText)
 	err := rn.pg.Do(ctx, func(ctx context.Context) error {
-		_, err := rn.cfg.Pool.Exec(ctx, `INSERT INTO `+rn.replays+` (origin_topic, origin_incarnation,
+		_, err := rn.cfg.pool.Exec(ctx, `INSERT INTO `+rn.replays+` (origin_topic, origin_incarnation,
 			origin_partition, origin_offset, replay_round, dead_letter_topic, message_id, consumer, outcome, detail,
 			replayed_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, NULLIF($10, ''), $11) ON CONFLICT DO NOTHING`,
 			d.Origin.Topic, d.Origin.Incarnation, d.Origin.Partition, d.Origin.Offset, d.Round, rn.cfg.Topic,

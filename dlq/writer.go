@@ -13,6 +13,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemkit/idemkit"
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/outage"
@@ -100,7 +101,7 @@ type Writer struct {
 }
 
 // ErrInvalidConfig is wrapped by configuration errors.
-var ErrInvalidConfig = errors.New("dlq: invalid config")
+var ErrInvalidConfig = fmt.Errorf("dlq: %w", idemkit.ErrInvalidConfig)
 
 // NewWriter validates cfg and returns a Writer. Close it when done.
 func NewWriter(cfg *WriterConfig) (*Writer, error) {

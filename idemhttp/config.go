@@ -6,13 +6,14 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"log/slog"
 	"mime"
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/idemkit/idemkit"
 )
 
 // Defaults of Config.
@@ -44,7 +45,7 @@ var deniedHeaders = []string{
 }
 
 // ErrInvalidConfig is wrapped by every error New returns for a bad Config.
-var ErrInvalidConfig = errors.New("idemhttp: invalid config")
+var ErrInvalidConfig = fmt.Errorf("idemhttp: %w", idemkit.ErrInvalidConfig)
 
 // IntentFunc returns the bytes that define a request's intent; the
 // fingerprint is the SHA-256 of the operation and these bytes. body is the

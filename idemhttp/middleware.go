@@ -29,7 +29,7 @@ type Middleware struct {
 // ErrInvalidConfig) and does not touch the database.
 func New(pool *pgxpool.Pool, cfg *Config) (*Middleware, error) {
 	if pool == nil {
-		return nil, errors.New("idemhttp: nil pool")
+		return nil, fmt.Errorf("%w: nil pool", ErrInvalidConfig)
 	}
 	c, err := validate(cfg)
 	if err != nil {
@@ -49,7 +49,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Middleware, error) {
 // validates cfg (the error wraps ErrInvalidConfig) and does not touch b.
 func NewWithBackend(b Backend, cfg *Config) (*Middleware, error) {
 	if b == nil {
-		return nil, errors.New("idemhttp: nil backend")
+		return nil, fmt.Errorf("%w: nil backend", ErrInvalidConfig)
 	}
 	c, err := validate(cfg)
 	if err != nil {

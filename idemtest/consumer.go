@@ -87,17 +87,17 @@ type Consumer struct {
 	crashErr error      // the crash could not be made
 }
 
-// NewConsumer returns a Consumer for cfg, which is what you give
-// consumer.New in production: Pool, Store (its schema migrated) and Handler
+// NewConsumer returns a Consumer for pool and cfg, which are what you give
+// consumer.New in production: cfg with Store (its schema migrated) and Handler
 // or BatchHandler, with your Name, IDHeader, IDFunc, MissingID, Middleware
 // and Hooks. Empty Topic, GroupID and Brokers are set to TopicDefault,
 // GroupIDDefault and BrokersDefault; no broker is contacted. cfg is not
 // modified. An invalid cfg returns consumer.New's error.
-func NewConsumer(cfg *consumer.Config) (*Consumer, error) {
+func NewConsumer(pool *pgxpool.Pool, cfg *consumer.Config) (*Consumer, error) {
 	if cfg == nil {
 		return nil, fmt.Errorf("idemtest: %w: nil config", consumer.ErrInvalidConfig)
 	}
-	c := &Consumer{pool: cfg.Pool, calls: map[string]int{}}
+	c := &Consumer{pool: pool, calls: map[string]int{}}
 	rc := *cfg
 	rc.Topic = cmp.Or(rc.Topic, TopicDefault)
 	rc.GroupID = cmp.Or(rc.GroupID, GroupIDDefault)
@@ -131,7 +131,7 @@ func NewConsumer(cfg *consumer.Config) (*Consumer, error) {
 			c.mu.Unlock()
 		}
 	}
-	r, err := consumer.New(&rc)
+	r, err := consumer.New(pool, &rc)
 	if err != nil {
 		return nil, fmt.Errorf("idemtest: %w", err)
 	}

@@ -66,7 +66,7 @@ func TestCorrectHandlerPasses(t *testing.T) {
 		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
 			t.Parallel()
 			p := newPayments(t)
-			cfg := &consumer.Config{Pool: p.pool, Store: p.store, Name: "billing"}
+			cfg := &consumer.Config{Store: p.store, Name: "billing"}
 			if batch {
 				cfg.BatchHandler = consumer.BatchHandlerFunc(func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
 					for _, m := range msgs {
@@ -81,7 +81,7 @@ func TestCorrectHandlerPasses(t *testing.T) {
 					return p.charge(ctx, tx, m.ID)
 				})
 			}
-			c, err := idemtest.NewConsumer(cfg)
+			c, err := idemtest.NewConsumer(p.pool, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -118,7 +118,7 @@ func TestCatchesNonIdempotentHandlers(t *testing.T) {
 		t.Parallel()
 		p := newPayments(t)
 		var sent atomic.Int64 // e.g. e-mails sent: outside the transaction
-		c, err := idemtest.NewConsumer(&consumer.Config{Pool: p.pool, Store: p.store,
+		c, err := idemtest.NewConsumer(p.pool, &consumer.Config{Store: p.store,
 			Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 				sent.Add(1)
 				return p.charge(ctx, tx, m.ID)
@@ -145,7 +145,7 @@ func TestCatchesNonIdempotentHandlers(t *testing.T) {
 		if _, err := p.pool.Exec(t.Context(), `CREATE TABLE `+stats+` (charged int NOT NULL); INSERT INTO `+stats+` VALUES (0)`); err != nil {
 			t.Fatal(err)
 		}
-		c, err := idemtest.NewConsumer(&consumer.Config{Pool: p.pool, Store: p.store,
+		c, err := idemtest.NewConsumer(p.pool, &consumer.Config{Store: p.store,
 			Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 				if err := p.charge(ctx, tx, m.ID); err != nil {
 					return err
@@ -173,7 +173,7 @@ func TestCatchesNonIdempotentHandlers(t *testing.T) {
 	t.Run("ID from coordinates", func(t *testing.T) {
 		t.Parallel()
 		p := newPayments(t)
-		c, err := idemtest.NewConsumer(&consumer.Config{Pool: p.pool, Store: p.store,
+		c, err := idemtest.NewConsumer(p.pool, &consumer.Config{Store: p.store,
 			MissingID: consumer.MissingIDUseCoordinates,
 			Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 				return p.charge(ctx, tx, string(m.Value))
@@ -189,7 +189,7 @@ func TestCatchesNonIdempotentHandlers(t *testing.T) {
 	t.Run("effect that reads nothing", func(t *testing.T) {
 		t.Parallel()
 		p := newPayments(t)
-		c, err := idemtest.NewConsumer(&consumer.Config{Pool: p.pool, Store: p.store,
+		c, err := idemtest.NewConsumer(p.pool, &consumer.Config{Store: p.store,
 			Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error { return nil })})
 		if err != nil {
 			t.Fatal(err)
@@ -203,7 +203,7 @@ func TestCatchesNonIdempotentHandlers(t *testing.T) {
 	t.Run("ID already claimed", func(t *testing.T) {
 		t.Parallel()
 		p := newPayments(t)
-		c, err := idemtest.NewConsumer(&consumer.Config{Pool: p.pool, Store: p.store,
+		c, err := idemtest.NewConsumer(p.pool, &consumer.Config{Store: p.store,
 			Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 				return p.charge(ctx, tx, m.ID)
 			})})

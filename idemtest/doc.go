@@ -74,7 +74,7 @@
 //		s := idemtest.NewSchema(t, pool) // idemkit's tables, dropped at the end
 //		createTables(t, pool, s.Name)    // your schema
 //		store, _ := dedup.New(&dedup.Config{Schema: s.Name})
-//		c, err := idemtest.NewConsumer(&consumer.Config{Pool: pool, Store: store,
+//		c, err := idemtest.NewConsumer(pool, &consumer.Config{Store: store,
 //			Handler: payments.NewHandler(s.Name)})
 //		if err != nil {
 //			t.Fatal(err)

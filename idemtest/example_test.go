@@ -39,7 +39,7 @@ func ExampleConsumer_Deliver() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	c, err := idemtest.NewConsumer(&consumer.Config{Pool: pool, Store: store, Name: "billing",
+	c, err := idemtest.NewConsumer(pool, &consumer.Config{Store: store, Name: "billing",
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 			_, err := tx.Exec(ctx, `INSERT INTO `+charges+` (id, n) VALUES ($1, 1)
 				ON CONFLICT (id) DO UPDATE SET n = `+charges+`.n + 1`, msg.ID)

@@ -99,7 +99,7 @@ func TestEnqueuedSince(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := idemtest.NewConsumer(&consumer.Config{Pool: p.pool, Store: p.store,
+	c, err := idemtest.NewConsumer(p.pool, &consumer.Config{Store: p.store,
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			_, err := ob.EnqueueTx(ctx, tx, outbox.Message{Topic: "receipts", Key: m.Key, Value: m.Value})
 			return err

@@ -14,7 +14,7 @@
 //		TLS:     tlsConf,
 //		SASL:    &kafkaconn.SASL{Mechanism: kafkaconn.ScramSHA512, Username: "orders", Password: secret},
 //	}
-//	runner, err := consumer.New(&consumer.Config{Kafka: kc, Topic: "payments", ...})
+//	runner, err := consumer.New(pool, &consumer.Config{Kafka: kc, Topic: "payments", ...})
 //	relay, err := outbox.NewRelay(pool, store, &outbox.RelayConfig{Kafka: kc})
 //
 // A Config is checked by Validate, which every constructor calls: an

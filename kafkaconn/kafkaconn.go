@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -15,6 +14,8 @@ import (
 	"github.com/segmentio/kafka-go/sasl"
 	"github.com/segmentio/kafka-go/sasl/plain"
 	"github.com/segmentio/kafka-go/sasl/scram"
+
+	"github.com/idemkit/idemkit"
 )
 
 // DialTimeoutDefault is how long opening one connection to a broker (TCP,
@@ -74,7 +75,7 @@ type Config struct {
 }
 
 // ErrInvalidConfig is wrapped by every error of Validate.
-var ErrInvalidConfig = errors.New("kafkaconn: invalid config")
+var ErrInvalidConfig = fmt.Errorf("kafkaconn: %w", idemkit.ErrInvalidConfig)
 
 // Validate checks c without connecting.
 func (c *Config) Validate() error {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/idemkit/idemkit"
 )
 
 // Defaults of Config.
@@ -36,7 +38,7 @@ const (
 const MaxIdentifierLength = 63
 
 // ErrInvalidConfig is wrapped by every error Config.Validate returns.
-var ErrInvalidConfig = errors.New("migrate: invalid config")
+var ErrInvalidConfig = fmt.Errorf("migrate: %w", idemkit.ErrInvalidConfig)
 
 // Tables names idemkit's tables, unqualified. Any string PostgreSQL accepts
 // as a quoted identifier is allowed: names are quoted, never interpolated raw.

@@ -162,7 +162,7 @@ func New(db *pgxpool.Pool, cfg *Config) (*Migrator, error) {
 		return nil, loadErr
 	}
 	if db == nil {
-		return nil, errors.New("migrate: nil pool")
+		return nil, fmt.Errorf("%w: nil pool", ErrInvalidConfig)
 	}
 	var c Config
 	if cfg != nil {

@@ -117,7 +117,7 @@ func benchmarkOverhead(b *testing.B, batch, n int) {
 		finished := make(chan struct{})
 		var once sync.Once
 		cfg := consumer.Config{
-			Kafka: testenv.Kafka(b), Topic: topic, GroupID: name, Pool: db.Pool, Store: store, BatchSize: batch,
+			Kafka: testenv.Kafka(b), Topic: topic, GroupID: name, Store: store, BatchSize: batch,
 			Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 				_, err := tx.Exec(ctx, `INSERT INTO `+effects+` (consumer, id) VALUES ($1, $2)`, name, m.ID)
 				return err
@@ -141,7 +141,7 @@ func benchmarkOverhead(b *testing.B, batch, n int) {
 				b.Fatal(err)
 			}
 			defer c.Close()
-			r, err := consumer.New(&cfg)
+			r, err := consumer.New(db.Pool, &cfg)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -150,7 +150,7 @@ func benchmarkOverhead(b *testing.B, batch, n int) {
 			}
 			return timeRun(b, r, finished, &first)
 		}
-		r, err := consumer.New(&cfg)
+		r, err := consumer.New(db.Pool, &cfg)
 		if err != nil {
 			b.Fatal(err)
 		}

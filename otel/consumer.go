@@ -105,7 +105,7 @@ type retryNote struct {
 
 // Consumer wires the telemetry into cfg, which must name its Topic, its
 // GroupID (or Name) and its Handler or BatchHandler: call it after filling
-// cfg and before consumer.New(cfg). It chains, never replaces, what cfg
+// cfg and before consumer.New(pool, cfg). It chains, never replaces, what cfg
 // already has:
 //
 //   - Hooks.TxStart and TxEnd open and end a span per transaction (see the
@@ -139,7 +139,6 @@ func (t *Telemetry) Consumer(cfg *consumer.Config) (*Consumer, error) {
 		name:      name,
 		topic:     cfg.Topic,
 		opPrefix:  "consumer " + cfg.GroupID + "/" + cfg.Topic + ": ",
-		pool:      cfg.Pool,
 		retention: cfg.Retention,
 		spanName:  "process " + cfg.Topic,
 		spanAttrs: []attribute.KeyValue{

@@ -8,7 +8,7 @@ import (
 	"github.com/idemkit/idemkit/dlq"
 )
 
-// Reprocessor wires the telemetry into cfg before dlq.NewReprocessor(cfg):
+// Reprocessor wires the telemetry into cfg before dlq.NewReprocessor(pool, cfg):
 // it chains cfg.Progress (the function cfg already had runs after) so that
 // each dead letter handled counts into idemkit_dlq_replayed_total, labelled
 // with the dead-letter topic (cfg.Topic) and what was done (the dlq.Action:

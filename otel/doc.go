@@ -11,7 +11,7 @@
 //	tel, err := idemotel.New(&idemotel.Config{TracerProvider: tp, MeterProvider: mp})
 //	c, err := tel.Consumer(&cfg)      // spans, counters, histograms
 //	cfg.OnFailure = c.DeadLetters(w)  // optional: count dead letters of a dlq.Writer
-//	r, err := consumer.New(&cfg)
+//	r, err := consumer.New(pool, &cfg)
 //	err = c.Observe(r)                // gauges: lag, position, parked, ages, retention
 //	defer c.Close()
 //	err = tel.Reprocessor(&rcfg)      // optional: count replays of a dlq.Reprocessor

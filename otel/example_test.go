@@ -61,7 +61,7 @@ func Example() {
 	}
 	defer dead.Close()
 	cfg := consumer.Config{
-		Kafka: kafkaconn.Config{Brokers: brokers}, Topic: "payments", GroupID: "order-service", Pool: pool,
+		Kafka: kafkaconn.Config{Brokers: brokers}, Topic: "payments", GroupID: "order-service",
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 			// ctx carries the transaction's span: spans started here are its children.
 			_, err := tx.Exec(ctx, `UPDATE orders SET status = 'paid' WHERE id = $1`, string(msg.Key))
@@ -73,7 +73,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	cfg.OnFailure = c.DeadLetters(dead) // dead.OnFailure, counted
-	r, err := consumer.New(&cfg)
+	r, err := consumer.New(pool, &cfg)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -133,7 +133,7 @@ func ExampleTelemetry_Consumer() {
 	runCtx, stop := context.WithCancel(ctx)
 	seen := 0
 	cfg := consumer.Config{
-		Kafka: kafkaconn.Config{Brokers: brokers}, Topic: topic, GroupID: topic + "-payments", Pool: pool, Store: store, BatchSize: 1,
+		Kafka: kafkaconn.Config{Brokers: brokers}, Topic: topic, GroupID: topic + "-payments", Store: store, BatchSize: 1,
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 			return nil // the business write goes here, in tx
 		}),
@@ -147,7 +147,7 @@ func ExampleTelemetry_Consumer() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	r, err := consumer.New(&cfg)
+	r, err := consumer.New(pool, &cfg)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -27,7 +27,7 @@ var ErrObserving = errors.New("idemotel: consumer already observes a runner")
 //     I/O; nothing while r holds no partition);
 //   - idemkit_consumer_parked_oldest_age_seconds and
 //     idemkit_dedup_oldest_record_age_seconds, from PostgreSQL through the
-//     consumer's Pool: each a min() over an index of the consumer's rows,
+//     runner's pool (Runner.Pool): each a min() over an index of the consumer's rows,
 //     run at most once per Config.QueryInterval and bounded by
 //     Config.QueryTimeout (0 when there is no row);
 //   - idemkit_dedup_retention_seconds, the consumer's Config.Retention, when
@@ -45,6 +45,7 @@ func (c *Consumer) Observe(r *consumer.Runner) error {
 	if c.reg != nil {
 		return ErrObserving
 	}
+	c.pool = r.Pool()
 	in := &c.t.consumer
 	observed := []metric.Observable{in.lag, in.position, in.parked}
 	if c.pool != nil {

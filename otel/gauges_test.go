@@ -61,7 +61,7 @@ func TestLagAndPositionFollowABlockedHandler(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := consumer.New(cfg)
+	r, err := consumer.New(e.db.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +139,7 @@ func TestParkedGauges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := consumer.New(cfg)
+	r, err := consumer.New(e.db.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

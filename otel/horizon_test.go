@@ -38,7 +38,7 @@ func TestBeyondHorizonCounted(t *testing.T) {
 			if _, err := e.tel.Consumer(cfg); err != nil { // chains its hooks into cfg
 				t.Fatal(err)
 			}
-			r, err := consumer.New(cfg)
+			r, err := consumer.New(e.db.Pool, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}

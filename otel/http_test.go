@@ -111,7 +111,7 @@ func TestTraceFromHTTPToConsumer(t *testing.T) {
 	if _, err := e.tel.Consumer(cfg); err != nil {
 		t.Fatal(err)
 	}
-	r, err := consumer.New(cfg)
+	r, err := consumer.New(e.db.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,6 @@ package idemotel
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"time"
 
@@ -12,6 +11,8 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/idemkit/idemkit"
 )
 
 // ScopeName is the instrumentation scope of every tracer and meter the
@@ -28,7 +29,7 @@ const (
 )
 
 // ErrInvalidConfig is wrapped by every configuration error of the package.
-var ErrInvalidConfig = errors.New("idemotel: invalid config")
+var ErrInvalidConfig = fmt.Errorf("idemotel: %w", idemkit.ErrInvalidConfig)
 
 // Config configures a Telemetry. Every field is optional.
 type Config struct {

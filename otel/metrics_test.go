@@ -65,7 +65,7 @@ func TestCountsByOutcome(t *testing.T) {
 				t.Fatal(err)
 			}
 			cfg.OnFailure = c.DeadLetters(w)
-			r, err := consumer.New(cfg)
+			r, err := consumer.New(e.db.Pool, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -136,11 +136,11 @@ func TestCountsByOutcome(t *testing.T) {
 
 			// Replaying the dead letter counts it by what was done.
 			rcfg := &dlq.ReprocessorConfig{Kafka: testenv.Kafka(t), Topic: dlqTopic, Mode: dlq.Redrive,
-				Handler: consumer.HandlerFunc(e.effect), Pool: e.db.Pool, Schema: e.store.Tables().Schema, Tables: e.store.Tables().Tables}
+				Handler: consumer.HandlerFunc(e.effect), Schema: e.store.Tables().Schema, Tables: e.store.Tables().Tables}
 			if err := e.tel.Reprocessor(rcfg); err != nil {
 				t.Fatal(err)
 			}
-			rp, err := dlq.NewReprocessor(rcfg)
+			rp, err := dlq.NewReprocessor(e.db.Pool, rcfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -200,7 +200,7 @@ func TestChainsExistingMiddleware(t *testing.T) {
 	if len(cfg.Middleware) != 2 {
 		t.Fatalf("Middleware has %d entries, want the user's and the telemetry's", len(cfg.Middleware))
 	}
-	r, err := consumer.New(cfg)
+	r, err := consumer.New(e.db.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -166,7 +166,7 @@ func TestPrometheusNames(t *testing.T) {
 	// topic and a partition; the label keeps what was waited for).
 	cfg.Hooks.OutageStarted("consumer "+e.group+"/"+e.topic+": partition 1", errors.New("connection refused"))
 	cfg.Hooks.OutageEnded("consumer "+e.group+"/"+e.topic+": partition 1", time.Second)
-	r, err := consumer.New(cfg)
+	r, err := consumer.New(e.db.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,11 +178,11 @@ func TestPrometheusNames(t *testing.T) {
 	wait(t, oc.done, "5 outcomes")
 
 	rcfg := &dlq.ReprocessorConfig{Kafka: testenv.Kafka(t), Topic: dlqTopic, Mode: dlq.Redrive,
-		Handler: consumer.HandlerFunc(e.effect), Pool: e.db.Pool, Schema: e.store.Tables().Schema, Tables: e.store.Tables().Tables}
+		Handler: consumer.HandlerFunc(e.effect), Schema: e.store.Tables().Schema, Tables: e.store.Tables().Tables}
 	if err := tel.Reprocessor(rcfg); err != nil {
 		t.Fatal(err)
 	}
-	rp, err := dlq.NewReprocessor(rcfg)
+	rp, err := dlq.NewReprocessor(e.db.Pool, rcfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -95,7 +95,7 @@ func TestSpanContinuesProducerTrace(t *testing.T) {
 	if _, err := e.tel.Consumer(cfg); err != nil {
 		t.Fatal(err)
 	}
-	r, err := consumer.New(cfg)
+	r, err := consumer.New(e.db.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +197,7 @@ func TestBatchSpanLinksMessages(t *testing.T) {
 	if _, err := e.tel.Consumer(cfg); err != nil {
 		t.Fatal(err)
 	}
-	r, err := consumer.New(cfg)
+	r, err := consumer.New(e.db.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

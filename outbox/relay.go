@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemkit/idemkit"
 	"github.com/idemkit/idemkit/kafkaconn"
 )
 
@@ -36,7 +37,7 @@ const (
 
 // ErrInvalidConfig is wrapped by every configuration error NewRelay and
 // NewDispatcher return.
-var ErrInvalidConfig = errors.New("outbox: invalid config")
+var ErrInvalidConfig = fmt.Errorf("outbox: %w", idemkit.ErrInvalidConfig)
 
 // ErrMessageTooLarge is the error of a message bigger than the relay's
 // MaxBatchBytes: it is parked at once.

@@ -8,7 +8,6 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -17,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/idemkit"
 	"github.com/idemkit/idemkit/idemhttp"
 )
 
@@ -24,7 +24,7 @@ import (
 const PrefixDefault = "idemkit:idemhttp:"
 
 // ErrInvalidConfig is wrapped by the errors of New for a bad Config.
-var ErrInvalidConfig = errors.New("idemredis: invalid config")
+var ErrInvalidConfig = fmt.Errorf("idemredis: %w", idemkit.ErrInvalidConfig)
 
 // Config says where a Store's keys live.
 type Config struct {

@@ -424,8 +424,8 @@ func runConsumer(t *testing.T, e *seekEnv, partitions int) map[int]int64 {
 	done := make(chan struct{})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	r, err := consumer.New(&consumer.Config{
-		Kafka: testenv.Kafka(t), Topic: e.topic, GroupID: e.group, Pool: e.db.Pool, Store: e.store,
+	r, err := consumer.New(e.db.Pool, &consumer.Config{
+		Kafka: testenv.Kafka(t), Topic: e.topic, GroupID: e.group, Store: e.store,
 		MissingID: consumer.MissingIDUseCoordinates, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Handler: consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil }),
 		Hooks: consumer.Hooks{ // signals only: a hook must never block the runner

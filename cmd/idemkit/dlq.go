@@ -329,8 +329,8 @@ func (f *dlqFlags) replay(ctx context.Context, kc kafkaconn.Config, out io.Write
 	}
 	defer pool.Close()
 	defer func() { err = f.dbErr(err) }()
-	r, err := dlq.NewReprocessor(&dlq.ReprocessorConfig{
-		Kafka: kc, Topic: f.topic, Mode: dlq.Republish, Pool: pool,
+	r, err := dlq.NewReprocessor(pool, &dlq.ReprocessorConfig{
+		Kafka: kc, Topic: f.topic, Mode: dlq.Republish,
 		Schema: f.schema, Filter: f.filter, DryRun: f.dryRun, Rate: f.rate,
 		ReplayLimit: f.replayLimit, MaxOutage: f.maxOutage,
 		Progress: func(it dlq.Item) {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/consumer"
@@ -98,7 +99,7 @@ func saslCLIEnv(t *testing.T, kc kafkaconn.Config, password string) []string {
 // runSASLConsumer runs a consumer on origin through kc until want outcomes were
 // seen or the time is up, and returns Run's error and the outcomes by
 // message ID.
-func runSASLConsumer(t *testing.T, cfg consumer.Config, want int) (map[string]consumer.Outcome, error) {
+func runSASLConsumer(t *testing.T, pool *pgxpool.Pool, cfg consumer.Config, want int) (map[string]consumer.Outcome, error) {
 	t.Helper()
 	var (
 		mu   sync.Mutex
@@ -113,7 +114,7 @@ func runSASLConsumer(t *testing.T, cfg consumer.Config, want int) (map[string]co
 			close(done)
 		}
 	}
-	r, err := consumer.New(&cfg)
+	r, err := consumer.New(pool, &cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +168,7 @@ func TestSASLConsumeDeadLetterReplayList(t *testing.T) {
 	defer w.Close()
 	var healed bool
 	var applied []string
-	cfg := consumer.Config{Kafka: kc, Topic: origin, GroupID: group, Pool: db.Pool, Store: store,
+	cfg := consumer.Config{Kafka: kc, Topic: origin, GroupID: group, Store: store,
 		Retry: &retry.Policy{MaxAttempts: 1}, OnFailure: w.OnFailure,
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 			if msg.ID == "pay-bad" && !healed {
@@ -176,7 +177,7 @@ func TestSASLConsumeDeadLetterReplayList(t *testing.T) {
 			applied = append(applied, msg.ID)
 			return nil
 		})}
-	seen, err := runSASLConsumer(t, cfg, 2)
+	seen, err := runSASLConsumer(t, db.Pool, cfg, 2)
 	if err != nil {
 		t.Fatalf("consumer over SASL_SSL: %v", err)
 	}
@@ -203,7 +204,7 @@ func TestSASLConsumeDeadLetterReplayList(t *testing.T) {
 
 	healed = true
 	applied = nil
-	seen, err = runSASLConsumer(t, cfg, 1)
+	seen, err = runSASLConsumer(t, db.Pool, cfg, 1)
 	if err != nil {
 		t.Fatalf("consumer over SASL_SSL after the replay: %v", err)
 	}
@@ -261,7 +262,7 @@ func TestSASLWrongPassword(t *testing.T) {
 	// The consumer stops at once with the error; it does not wait it out.
 	handler := consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })
 	start := time.Now()
-	_, err = runSASLConsumer(t, consumer.Config{Kafka: bad, Topic: origin, GroupID: testenv.Name(t, "g"), Pool: db.Pool,
+	_, err = runSASLConsumer(t, db.Pool, consumer.Config{Kafka: bad, Topic: origin, GroupID: testenv.Name(t, "g"),
 		Store: store, Handler: handler}, 1)
 	checkErr("consumer.Run", err)
 	if d := time.Since(start); d > 30*time.Second {
@@ -294,7 +295,7 @@ func TestSASLWrongPassword(t *testing.T) {
 	}
 
 	// Nothing was lost: with the right password the message is applied.
-	seen, err := runSASLConsumer(t, consumer.Config{Kafka: good, Topic: origin, GroupID: testenv.Name(t, "g"), Pool: db.Pool,
+	seen, err := runSASLConsumer(t, db.Pool, consumer.Config{Kafka: good, Topic: origin, GroupID: testenv.Name(t, "g"),
 		Store: store, Handler: handler}, 1)
 	if err != nil || seen["pay-1"] != consumer.Applied {
 		t.Fatalf("with the right password: outcomes %v, Run: %v; want pay-1 applied", seen, err)
@@ -314,7 +315,7 @@ func TestSASLSettingsRefused(t *testing.T) {
 		"no username":       {Brokers: []string{"127.0.0.1:1"}, SASL: &kafkaconn.SASL{Mechanism: kafkaconn.ScramSHA256, Password: "p"}},
 		"no password":       {Brokers: []string{"127.0.0.1:1"}, SASL: &kafkaconn.SASL{Mechanism: kafkaconn.Plain, Username: "u"}},
 	} {
-		if _, err := consumer.New(&consumer.Config{Kafka: kc, Topic: "t", GroupID: "g", Pool: pool, Handler: h}); !errors.Is(err, kafkaconn.ErrInvalidConfig) || !errors.Is(err, consumer.ErrInvalidConfig) {
+		if _, err := consumer.New(pool, &consumer.Config{Kafka: kc, Topic: "t", GroupID: "g", Handler: h}); !errors.Is(err, kafkaconn.ErrInvalidConfig) || !errors.Is(err, consumer.ErrInvalidConfig) {
 			t.Errorf("consumer.New, %s: %v", name, err)
 		}
 		if _, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: kc, Group: "g"}); !errors.Is(err, kafkaconn.ErrInvalidConfig) {

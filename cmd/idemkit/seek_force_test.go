@@ -38,8 +38,8 @@ func TestSeekForceWhileRunning(t *testing.T) {
 		progress = make(chan struct{})
 		once     sync.Once
 	)
-	r, err := consumer.New(&consumer.Config{
-		Kafka: testenv.Kafka(t), Topic: e.topic, GroupID: e.group, Pool: e.db.Pool, Store: e.store,
+	r, err := consumer.New(e.db.Pool, &consumer.Config{
+		Kafka: testenv.Kafka(t), Topic: e.topic, GroupID: e.group, Store: e.store,
 		MissingID: consumer.MissingIDUseCoordinates, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Handler: consumer.HandlerFunc(func(ctx context.Context, _ pgx.Tx, _ *consumer.Message) error {
 			time.Sleep(20 * time.Millisecond)

@@ -196,7 +196,7 @@ func TestCLIParked(t *testing.T) {
 	seen := map[string]bool{}
 	flowed, released := make(chan struct{}), make(chan struct{})
 	var flowOnce, releaseOnce sync.Once
-	r, err := consumer.New(&consumer.Config{Kafka: testenv.Kafka(t), Topic: topic, GroupID: group, Pool: db.Pool, Store: store,
+	r, err := consumer.New(db.Pool, &consumer.Config{Kafka: testenv.Kafka(t), Topic: topic, GroupID: group, Store: store,
 		BatchSize: 1, FailureMode: consumer.NonBlocking, Retry: &retry.Policy{MaxAttempts: 1},
 		ParkedRetry: &retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxAttempts: 5},
 		ParkedPoll:  20 * time.Millisecond,

@@ -134,7 +134,7 @@ func scenario(ctx context.Context, dbURL string, brokers []string, schema string
 	newRunner := func(group string, hooks consumer.Hooks) (*consumer.Runner, error) {
 		cfg := &consumer.Config{
 			Kafka: kafkaconn.Config{Brokers: brokers}, Topic: topic, GroupID: group, Name: consumerName,
-			Pool: pool, Store: store, Handler: consumer.HandlerFunc(markPaid),
+			Store: store, Handler: consumer.HandlerFunc(markPaid),
 			// One transaction per message, so that the demo's stop lands
 			// between two events' commits (by default the runner takes
 			// every event already fetched into one transaction).
@@ -142,13 +142,13 @@ func scenario(ctx context.Context, dbURL string, brokers []string, schema string
 			Logger:    logger, Hooks: hooks,
 		}
 		if tel == nil {
-			return consumer.New(cfg)
+			return consumer.New(pool, cfg)
 		}
 		c, err := tel.Consumer(cfg) // spans and metrics, chained to the hooks above
 		if err != nil {
 			return nil, err
 		}
-		r, err := consumer.New(cfg)
+		r, err := consumer.New(pool, cfg)
 		if err != nil {
 			return nil, err
 		}

@@ -311,7 +311,7 @@ func run(t *testing.T, sc scenario) {
 	}
 	hooks := make([]struct{ started, ended atomic.Int64 }, len(runners))
 	for i, name := range runners {
-		cfg := &consumer.Config{Kafka: kafkaconn.Config{Brokers: brokers}, Topic: inTopic, GroupID: group, Pool: pools[name], Store: store,
+		cfg := &consumer.Config{Kafka: kafkaconn.Config{Brokers: brokers}, Topic: inTopic, GroupID: group, Store: store,
 			SessionTimeout: 6 * time.Second, RebalanceTimeout: 10 * time.Second, Logger: loggers[name],
 			Hooks: consumer.Hooks{
 				OutageStarted: func(string, error) { hooks[i].started.Add(1) },
@@ -325,7 +325,7 @@ func run(t *testing.T, sc scenario) {
 		default: // up to 100 messages per transaction, one handler call for all
 			cfg.BatchSize, cfg.BatchHandler = 100, a.batchHandler(name)
 		}
-		r, err := consumer.New(cfg)
+		r, err := consumer.New(pools[name], cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -339,8 +339,8 @@ func run(t *testing.T, sc scenario) {
 	}
 	wg.Go(func() { exits <- exit{name: relay, err: rl.Run(runCtx)} })
 	var replayedItems atomic.Int64
-	rp, err := dlq.NewReprocessor(&dlq.ReprocessorConfig{Kafka: kafkaconn.Config{Brokers: brokers}, Topic: dlqTopic, Mode: dlq.Redrive,
-		Handler: a.handler(reprocessor), Pool: pools[reprocessor], Schema: schema,
+	rp, err := dlq.NewReprocessor(pools[reprocessor], &dlq.ReprocessorConfig{Kafka: kafkaconn.Config{Brokers: brokers}, Topic: dlqTopic, Mode: dlq.Redrive,
+		Handler: a.handler(reprocessor), Schema: schema,
 		Rate: sc.replayRate, Logger: loggers[reprocessor],
 		Progress: func(dlq.Item) { replayedItems.Add(1) }})
 	if err != nil {

@@ -64,7 +64,7 @@ func newFixture(t *testing.T) *fixture {
 
 func (f *fixture) config(brokers []string, topic, group string) *consumer.Config {
 	return &consumer.Config{
-		Kafka: kafkaconn.Config{Brokers: brokers}, Topic: topic, GroupID: group, Pool: f.db.Pool, Store: f.store,
+		Kafka: kafkaconn.Config{Brokers: brokers}, Topic: topic, GroupID: group, Store: f.store,
 		Logger: f.logger,
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			_, err := tx.Exec(ctx, `INSERT INTO `+f.effects+` (id, runs) VALUES ($1, 1)
@@ -103,8 +103,8 @@ type running struct {
 	done   bool
 }
 
-func start(t *testing.T, cfg *consumer.Config) *running {
-	r, err := consumer.New(cfg)
+func start(t *testing.T, pool *pgxpool.Pool, cfg *consumer.Config) *running {
+	r, err := consumer.New(pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +204,7 @@ func TestBrokerDownAtStart(t *testing.T) {
 	cfg := f.config([]string{broker.Addr}, topic, group)
 	cfg.Hooks.OutageStarted = func(string, error) { started.Add(1) }
 	cfg.Hooks.OutageEnded = func(string, time.Duration) { ended.Add(1) }
-	r := start(t, cfg)
+	r := start(t, f.db.Pool, cfg)
 	waitFor(t, r, 30*time.Second, "the outage to be reported", func() bool { return started.Load() > 0 })
 	time.Sleep(3 * time.Second) // several tries while the broker is down
 	r.alive(t, "while its broker was down")
@@ -240,7 +240,7 @@ func TestBrokerKilledUnderConsumer(t *testing.T) {
 	f := newFixture(t)
 	cfg := f.config([]string{broker.Addr}, topic, group)
 	cfg.SessionTimeout = 6 * time.Second
-	r := start(t, cfg)
+	r := start(t, f.db.Pool, cfg)
 	produce(t, broker.Addr, topic, 0, 200)
 	waitFor(t, r, time.Minute, "the first messages", func() bool { return f.applied.Load() > 0 })
 
@@ -286,7 +286,7 @@ func TestMessagesDeletedBeforeProcessing(t *testing.T) {
 
 	// The consumer processed 3 messages, then stopped.
 	produce(t, broker.Addr, topic, 0, 3)
-	r := start(t, f.config([]string{broker.Addr}, topic, group))
+	r := start(t, f.db.Pool, f.config([]string{broker.Addr}, topic, group))
 	waitFor(t, r, time.Minute, "3 messages", func() bool { return len(f.runs()) == 3 })
 	r.stop(t)
 
@@ -306,7 +306,7 @@ func TestMessagesDeletedBeforeProcessing(t *testing.T) {
 	var moved atomic.Pointer[consumer.PositionError]
 	cfg := f.config([]string{broker.Addr}, topic, group)
 	cfg.Hooks.PositionMoved = func(err *consumer.PositionError) { moved.Store(err) }
-	r = start(t, cfg)
+	r = start(t, f.db.Pool, cfg)
 	waitFor(t, r, time.Minute, "the 2 messages left", func() bool { return len(f.runs()) == 5 })
 	m := moved.Load()
 	if m == nil || !errors.Is(m, consumer.ErrMessagesLost) || m.Position != 3 || m.LogStart != 8 {

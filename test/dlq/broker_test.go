@@ -131,8 +131,8 @@ func TestBrokerKilledMidReplay(t *testing.T) {
 
 	var waits []func()
 	seen0 := 0
-	r, err := dlq.NewReprocessor(&dlq.ReprocessorConfig{Kafka: kafkaconn.Config{Brokers: brokers}, Topic: dead, Mode: dlq.Republish,
-		Pool: db.Pool, Schema: db.Schema, Logger: logger, ReplayedBy: "test",
+	r, err := dlq.NewReprocessor(db.Pool, &dlq.ReprocessorConfig{Kafka: kafkaconn.Config{Brokers: brokers}, Topic: dead, Mode: dlq.Republish,
+		Schema: db.Schema, Logger: logger, ReplayedBy: "test",
 		Progress: func(it dlq.Item) {
 			if it.Raw.Partition != 0 {
 				return

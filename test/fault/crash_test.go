@@ -81,11 +81,10 @@ func child() int {
 	}
 	defer dead.Close()
 	failID := os.Getenv(childFail)
-	r, err := consumer.New(&consumer.Config{
+	r, err := consumer.New(pool, &consumer.Config{
 		Kafka:     kafkaconn.Config{Brokers: brokers},
 		Topic:     os.Getenv(childTopic),
 		GroupID:   os.Getenv(childGroup),
-		Pool:      pool,
 		Store:     store,
 		BatchSize: batch,
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
@@ -290,8 +289,8 @@ func TestCrashAfterDeadLetterWrite(t *testing.T) {
 				}
 			}
 			table := db.Table("effects")
-			rp, err := dlq.NewReprocessor(&dlq.ReprocessorConfig{Kafka: testenv.Kafka(t), Topic: topic + dlq.TopicSuffixDefault,
-				Mode: dlq.Redrive, Pool: db.Pool, Schema: db.Schema,
+			rp, err := dlq.NewReprocessor(db.Pool, &dlq.ReprocessorConfig{Kafka: testenv.Kafka(t), Topic: topic + dlq.TopicSuffixDefault,
+				Mode: dlq.Redrive, Schema: db.Schema,
 				Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 					return applyEffect(ctx, tx, table, m)
 				})})

@@ -58,7 +58,7 @@ func TestInstancesJoinAndLeave(t *testing.T) {
 				}
 			}
 			cfg := consumer.Config{
-				Kafka: testenv.Kafka(t), Topic: topic, GroupID: group, Pool: db.Pool, Store: store,
+				Kafka: testenv.Kafka(t), Topic: topic, GroupID: group, Store: store,
 				BatchSize: md.batch, SessionTimeout: 6 * time.Second,
 			}
 			if md.set {
@@ -74,7 +74,7 @@ func TestInstancesJoinAndLeave(t *testing.T) {
 			var wg sync.WaitGroup
 			start := func() (stop func()) {
 				c := cfg
-				r, err := consumer.New(&c)
+				r, err := consumer.New(db.Pool, &c)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -140,8 +140,8 @@ func TestCrashAfterPublishChain(t *testing.T) {
 	runCtx, stopAll := context.WithCancel(ctx)
 	t.Cleanup(func() { stopAll(); wg.Wait() })
 	startConsumer := func(cfg consumer.Config) {
-		cfg.Kafka, cfg.Pool, cfg.Store, cfg.SessionTimeout = testenv.Kafka(t), db.Pool, dd, 6*time.Second
-		r, err := consumer.New(&cfg)
+		cfg.Kafka, cfg.Store, cfg.SessionTimeout = testenv.Kafka(t), dd, 6*time.Second
+		r, err := consumer.New(db.Pool, &cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -94,7 +94,7 @@ var consumerModes = []consumerMode{
 
 func (c *consumerDB) config(t *testing.T, md consumerMode, topic string) *consumer.Config {
 	cfg := &consumer.Config{
-		Kafka: testenv.Kafka(t), Topic: topic, GroupID: testenv.Name(t, "g"), Pool: c.db.Pool, Store: c.store,
+		Kafka: testenv.Kafka(t), Topic: topic, GroupID: testenv.Name(t, "g"), Store: c.store,
 		BatchSize: md.batch, Logger: slog.New(slog.NewTextHandler(t.Output(), nil)),
 		Retry: &retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
 	}
@@ -118,9 +118,9 @@ func (c *consumerDB) config(t *testing.T, md consumerMode, topic string) *consum
 
 // runConsumer runs cfg until cond holds, failing the test if Run returns
 // first (a marker handed over as a message has no ID: ErrMissingID).
-func runConsumer(t *testing.T, cfg *consumer.Config, what string, cond func() bool) {
+func runConsumer(t *testing.T, pool *pgxpool.Pool, cfg *consumer.Config, what string, cond func() bool) {
 	t.Helper()
-	r, err := consumer.New(cfg)
+	r, err := consumer.New(pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +166,7 @@ func TestConsumerCommittedOnly(t *testing.T) {
 			cfg := c.config(t, md, topic)
 			var committedOffsets sync.Map
 			cfg.Hooks.OffsetCommitted = func(_ string, p int, next int64) { committedOffsets.Store(p, next) }
-			runConsumer(t, cfg, "positions at the log end", func() bool {
+			runConsumer(t, c.db.Pool, cfg, "positions at the log end", func() bool {
 				for p, end := range ends {
 					if v, ok := committedOffsets.Load(p); !ok || v.(int64) != end {
 						return false
@@ -224,7 +224,7 @@ func TestConsumerHeldByOpenTransaction(t *testing.T) {
 				cfg.HeldWarnAfter = 500 * time.Millisecond
 				var reported atomic.Int64
 				cfg.Hooks.HeldByTransaction = func(_ string, _ int, lastStable, _ int64, _ time.Duration) { reported.Store(lastStable + 1) }
-				r, err := consumer.New(cfg)
+				r, err := consumer.New(c.db.Pool, cfg)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -94,11 +94,10 @@ func child() int {
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	r, err := consumer.New(&consumer.Config{
+	r, err := consumer.New(pool, &consumer.Config{
 		Kafka:     kafkaconn.Config{Brokers: strings.Split(os.Getenv(testenv.EnvKafkaBrokers), ",")},
 		Topic:     os.Getenv(childTopic),
 		GroupID:   os.Getenv(childGroup),
-		Pool:      pool,
 		Store:     store,
 		BatchSize: batch,
 		// The broker's smallest: the member a SIGKILL left behind is

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/consumer"
@@ -214,12 +215,12 @@ func TestDeadLettersWrittenTransactionally(t *testing.T) {
 
 	// replay runs a Reprocessor and returns its summary and the letters it
 	// reported, as records of the dead-letter topic.
-	replay := func(cfg *dlq.ReprocessorConfig) (dlq.Summary, []rec) {
+	replay := func(pool *pgxpool.Pool, cfg *dlq.ReprocessorConfig) (dlq.Summary, []rec) {
 		t.Helper()
 		var seen []kafka.Message
 		cfg.Kafka, cfg.Topic = kafkaconn.Config{Brokers: brokers}, dead
 		cfg.Progress = func(it dlq.Item) { seen = append(seen, it.Raw) }
-		rp, err := dlq.NewReprocessor(cfg)
+		rp, err := dlq.NewReprocessor(pool, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -235,10 +236,10 @@ func TestDeadLettersWrittenTransactionally(t *testing.T) {
 	t.Run("redrive", func(t *testing.T) {
 		db := newConsumerDB(t)
 		cfg := func() *dlq.ReprocessorConfig {
-			return &dlq.ReprocessorConfig{Mode: dlq.Redrive, Pool: db.db.Pool, Schema: db.db.Schema,
+			return &dlq.ReprocessorConfig{Mode: dlq.Redrive, Schema: db.db.Schema,
 				Handler: consumer.HandlerFunc(db.apply)}
 		}
-		sum, seen := replay(cfg())
+		sum, seen := replay(db.db.Pool, cfg())
 		if !maps.Equal(sum, dlq.Summary{dlq.Applied: n}) {
 			t.Fatalf("redrive: %v, want %d applied", sum, n)
 		}
@@ -255,14 +256,14 @@ func TestDeadLettersWrittenTransactionally(t *testing.T) {
 				t.Fatalf("replay record of %s: outcome %q, want %q", id, outcome, dlq.Applied)
 			}
 		}
-		if sum, _ := replay(cfg()); !maps.Equal(sum, dlq.Summary{dlq.AlreadyReplayed: n}) {
+		if sum, _ := replay(db.db.Pool, cfg()); !maps.Equal(sum, dlq.Summary{dlq.AlreadyReplayed: n}) {
 			t.Fatalf("second redrive: %v, want %d already-replayed", sum, n)
 		}
 	})
 
 	t.Run("republish", func(t *testing.T) {
 		db := newConsumerDB(t)
-		sum, seen := replay(&dlq.ReprocessorConfig{Mode: dlq.Republish, Pool: db.db.Pool,
+		sum, seen := replay(db.db.Pool, &dlq.ReprocessorConfig{Mode: dlq.Republish,
 			Schema: db.db.Schema})
 		if !maps.Equal(sum, dlq.Summary{dlq.Republished: n}) {
 			t.Fatalf("republish: %v, want %d republished", sum, n)
@@ -336,10 +337,10 @@ func TestDeadLettersWrittenTransactionally(t *testing.T) {
 		stableBounds(t, dead, 0)
 		db := newConsumerDB(t)
 		cfg := func() *dlq.ReprocessorConfig {
-			return &dlq.ReprocessorConfig{Mode: dlq.Redrive, Pool: db.db.Pool, Schema: db.db.Schema,
+			return &dlq.ReprocessorConfig{Mode: dlq.Redrive, Schema: db.db.Schema,
 				Handler: consumer.HandlerFunc(db.apply)}
 		}
-		sum, seen := replay(cfg())
+		sum, seen := replay(db.db.Pool, cfg())
 		if !maps.Equal(sum, dlq.Summary{dlq.Applied: n + 1}) {
 			t.Fatalf("redrive: %v, want %d applied", sum, n+1)
 		}

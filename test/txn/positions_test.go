@@ -146,7 +146,7 @@ func TestCLIPositionsHeldByTransaction(t *testing.T) {
 			ends := map[int]int64{0: 11, 1: 11, 2: 7}
 			var committedOffsets sync.Map
 			cfg.Hooks.OffsetCommitted = func(_ string, p int, next int64) { committedOffsets.Store(p, next) }
-			runConsumer(t, cfg, "positions at the log end", func() bool {
+			runConsumer(t, c.db.Pool, cfg, "positions at the log end", func() bool {
 				for p, end := range ends {
 					if v, ok := committedOffsets.Load(p); !ok || v.(int64) != end {
 						return false

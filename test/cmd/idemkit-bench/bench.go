@@ -134,11 +134,14 @@ func runBench(ctx context.Context, o *options) (err error) {
 	}()
 
 	sel := o.selected()
-	var throughput, steady []*scenario
+	var throughput, steady, scale []*scenario
 	for _, sc := range sel {
-		if sc.kind == kindSteady {
+		switch sc.kind {
+		case kindSteady:
 			steady = append(steady, sc)
-		} else {
+		case kindScale:
+			scale = append(scale, sc)
+		default:
 			throughput = append(throughput, sc)
 		}
 		if sc.peer && b.peerBin == "" {
@@ -186,6 +189,30 @@ func runBench(ctx context.Context, o *options) (err error) {
 			}
 			rounds[sc.name] = append(rounds[sc.name], r)
 			progress("%s: %.0f msgs/s, peak RSS %.1f MiB", sc.name, r.Rate, r.PeakRSSMiB)
+		}
+	}
+	// Scaling: the process counts interleave within each round.
+	scaleRounds := map[int][]*scaleResult{}
+	defer func() {
+		rep.scale = rep.scale[:0]
+		for _, n := range o.processes {
+			if len(scaleRounds[n]) > 0 {
+				rep.scale = append(rep.scale, medianScale(scaleRounds[n]))
+			}
+		}
+	}()
+	for round := 1; round <= o.repeat && len(scale) > 0; round++ {
+		b.round = round
+		for _, sc := range scale {
+			for _, n := range o.processes {
+				progress("%s: %d processes, round %d of %d", sc.name, n, round, o.repeat)
+				r, err := b.runScale(ctx, sc, n)
+				if err != nil {
+					return fmt.Errorf("%s with %d processes: %w", sc.name, n, err)
+				}
+				scaleRounds[n] = append(scaleRounds[n], r)
+				progress("%s: %d processes: %.0f msgs/s (%.0f per process)", sc.name, n, r.Rate, r.PerProcess)
+			}
 		}
 	}
 	// Steady rates: a latency run, not a throughput one, so once per mode and

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -47,6 +48,7 @@ type childSpec struct {
 	KafkaPID    int           `json:"kafka_pid"`
 	Timeout     time.Duration `json:"timeout"`
 	CPUProfile  string        `json:"cpu_profile,omitempty"` // file to write a CPU profile to
+	Pool        int           `json:"pool,omitempty"`        // connections; 0: one per partition
 }
 
 // childResult is what a child reports on its last stdout line, after
@@ -110,7 +112,7 @@ func childMain(specJSON string) int {
 		err error
 	)
 	switch sc.kind {
-	case kindConsumer, kindSteady, kindPeer:
+	case kindConsumer, kindSteady, kindPeer, kindScale:
 		if sc.peer {
 			fmt.Fprintf(os.Stderr, "idemkit-bench child: %s runs the Watermill peer's binary\n", sc.name)
 			return 2
@@ -143,20 +145,20 @@ func openPool(ctx context.Context, spec *childSpec, tracer pgx.QueryTracer) (*pg
 	if tracer != nil {
 		cfg.ConnConfig.Tracer = tracer
 	}
-	cfg.MaxConns = int32(spec.Partitions)
+	cfg.MaxConns = int32(cmp.Or(spec.Pool, spec.Partitions))
 	cfg.MinConns = cfg.MaxConns
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
-	conns := make([]*pgxpool.Conn, 0, spec.Partitions)
+	conns := make([]*pgxpool.Conn, 0, cfg.MaxConns)
 	defer func() {
 		for _, c := range conns {
 			c.Release()
 		}
 	}()
-	pids := make([]int, 0, spec.Partitions)
-	for range spec.Partitions {
+	pids := make([]int, 0, cfg.MaxConns)
+	for range cfg.MaxConns {
 		c, err := pool.Acquire(ctx)
 		if err != nil {
 			pool.Close()
@@ -201,6 +203,9 @@ func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*chil
 	clock := newWorkerClock(spec.Partitions)
 	meter := &cpuMeter{backends: backends, kafkaPID: spec.KafkaPID}
 	steady := sc.kind == kindSteady
+	// A scaling process handles its share of the group's messages: it runs
+	// until the parent, which counts the claims, closes its stdin.
+	scale := sc.kind == kindScale
 
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
@@ -228,10 +233,13 @@ func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*chil
 			finish()
 		}
 	}
-	if steady {
+	if steady || scale {
 		target.Store(-1)
 		go func() { // ends when the parent closes stdin
 			defer close(stdinClosed)
+			if scale {
+				defer finish()
+			}
 			sc := bufio.NewScanner(os.Stdin)
 			for sc.Scan() {
 				if v, ok := strings.CutPrefix(sc.Text(), "expect "); ok {
@@ -251,7 +259,6 @@ func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*chil
 		Kafka:   kafkaconn.Config{Brokers: spec.Brokers},
 		Topic:   spec.Topic,
 		GroupID: spec.Group,
-		Pool:    pool,
 		Store:   store,
 		Logger:  slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		// IDFunc reads the message-id header as IDHeader would; the runner
@@ -327,9 +334,12 @@ func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*chil
 			return upsertOne(ctx, tx, table, e)
 		})
 	}
-	r, err := consumer.New(cfg)
+	r, err := consumer.New(pool, cfg)
 	if err != nil {
 		return nil, err
+	}
+	if scale {
+		fmt.Println("ready")
 	}
 	runErr := r.Run(runCtx)
 	span.mu.Lock()

@@ -56,11 +56,12 @@ type options struct {
 	jsonPath   string
 	profileDir string
 	repeat     int
+	processes  []int
 }
 
 func parseFlags() (*options, error) {
 	o := &options{}
-	var list, rates string
+	var list, rates, processes string
 	fs := flag.NewFlagSet("idemkit-bench", flag.ContinueOnError)
 	fs.IntVar(&o.messages, "messages", 100_000, "messages in the backlog (and synthesized for the PostgreSQL-alone scenarios)")
 	fs.IntVar(&o.partitions, "partitions", 6, "topic partitions; also the PostgreSQL-alone workers and each process's pool size")
@@ -74,6 +75,7 @@ func parseFlags() (*options, error) {
 		strings.Join(scenarioNames(), ", "))
 	fs.StringVar(&o.jsonPath, "json", "", "also write the results as JSON to this file")
 	fs.IntVar(&o.repeat, "repeat", 3, "rounds of every selected scenario (interleaved); figures are each scenario's median round")
+	fs.StringVar(&processes, "processes", "1,2,4,8", "comma-separated process counts of the scaling phase (scenario \"scale\"; use -partitions 24)")
 	fs.StringVar(&o.profileDir, "cpuprofile", "", "write each scenario's CPU profile to DIR/SCENARIO.cpu.prof")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: idemkit-bench [flags]\n\n"+
@@ -115,12 +117,17 @@ func parseFlags() (*options, error) {
 	if len(o.rates) == 0 {
 		return nil, fmt.Errorf("-rates: none given")
 	}
+
 	for _, s := range strings.Split(list, ",") {
 		s = strings.TrimSpace(s)
 		switch {
 		case s == "":
-		case s == "all":
-			o.scenarios = append(o.scenarios, scenarioNames()...)
+		case s == "all": // every scenario but the scaling phase, which wants its own -partitions
+			for _, sc := range scenarios {
+				if sc.kind != kindScale {
+					o.scenarios = append(o.scenarios, sc.name)
+				}
+			}
 		case s == "steady": // every steady-rate scenario
 			for _, sc := range scenarios {
 				if sc.kind == kindSteady {
@@ -135,6 +142,19 @@ func parseFlags() (*options, error) {
 	}
 	if len(o.scenarios) == 0 {
 		return nil, fmt.Errorf("-scenarios: none given")
+	}
+	for _, v := range strings.Split(processes, ",") {
+		if v = strings.TrimSpace(v); v == "" {
+			continue
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || (n > o.partitions && slices.Contains(o.scenarios, "scale")) {
+			return nil, fmt.Errorf("-processes: %q is not a count from 1 to -partitions (%d)", v, o.partitions)
+		}
+		o.processes = append(o.processes, n)
+	}
+	if len(o.processes) == 0 {
+		return nil, fmt.Errorf("-processes: none given")
 	}
 	return o, nil
 }
@@ -165,6 +185,7 @@ const (
 	kindPG                       // the same SQL on PostgreSQL alone
 	kindPeer                     // the Watermill peer over a backlog on Kafka
 	kindSteady                   // the runner (or the peer) at steady produce rates
+	kindScale                    // several runner processes of one group (issue 13)
 )
 
 // pgMode is how a PostgreSQL-alone scenario writes one transaction.
@@ -226,6 +247,8 @@ var scenarios = []scenario{
 	{name: "steady-batch-handler", title: "BatchSize 500, batch handler", kind: kindSteady, batched: true,
 		batchHandler: true},
 	{name: "steady-watermill", title: "Watermill peer", kind: kindSteady, peer: true},
+	// Horizontal scaling: once per -processes count and round, after the rest.
+	{name: "scale", title: "N consumer processes of one group, default settings", kind: kindScale, defaults: true},
 }
 
 func scenarioNames() []string {

@@ -38,6 +38,7 @@ type report struct {
 
 	results []*result // throughput scenarios, each its median round
 	steady  []*result // steady-rate runs, in run order
+	scale   []*scaleResult
 }
 
 func (r *report) find(name string) *result {
@@ -242,6 +243,10 @@ func (r *report) print(w io.Writer) {
 		}
 	}
 	r.printSteady(p)
+	r.printScale(p)
+	if len(r.results) == 0 && len(r.steady) == 0 {
+		return // a scaling run alone measures none of the targets below
+	}
 
 	p("\nTargets (issues 3 and 11):\n\n| target | wanted | measured | |\n| --- | --- | --- | --- |\n")
 	for _, t := range r.targets() {
@@ -351,22 +356,24 @@ func cores(x *result) string {
 func (r *report) writeJSON(path string) error {
 	o := r.o
 	doc := struct {
-		Time       time.Time `json:"time"`
-		Go         string    `json:"go"`
-		GOMAXPROCS int       `json:"gomaxprocs"`
-		CPUs       int       `json:"cpus"`
-		Postgres   string    `json:"postgres"`
-		Messages   int       `json:"messages"`
-		Partitions int       `json:"partitions"`
-		Batch      int       `json:"batch"`
-		Accounts   int       `json:"accounts"`
-		Rates      []int     `json:"steady_rates"`
-		SteadyFor  float64   `json:"steady_s"`
-		Results    []*result `json:"results"`
-		Steady     []*result `json:"steady"`
-		Targets    []target  `json:"targets"`
+		Time       time.Time      `json:"time"`
+		Go         string         `json:"go"`
+		GOMAXPROCS int            `json:"gomaxprocs"`
+		CPUs       int            `json:"cpus"`
+		Postgres   string         `json:"postgres"`
+		Messages   int            `json:"messages"`
+		Partitions int            `json:"partitions"`
+		Batch      int            `json:"batch"`
+		Accounts   int            `json:"accounts"`
+		Rates      []int          `json:"steady_rates"`
+		SteadyFor  float64        `json:"steady_s"`
+		Results    []*result      `json:"results"`
+		Steady     []*result      `json:"steady"`
+		Targets    []target       `json:"targets"`
+		Scale      []*scaleResult `json:"scale,omitempty"`
 	}{time.Now().UTC(), runtime.Version(), runtime.GOMAXPROCS(0), runtime.NumCPU(), r.pgVersion,
-		o.messages, o.partitions, o.batch, o.accounts, o.rates, o.steady.Seconds(), r.results, r.steady, r.targets()}
+		o.messages, o.partitions, o.batch, o.accounts, o.rates, o.steady.Seconds(), r.results, r.steady, r.targets(),
+		r.scale}
 	b, err := json.MarshalIndent(doc, "", "  ")
 	if err != nil {
 		return err

@@ -89,11 +89,10 @@ func runChild(ctx context.Context, spec *childSpec, log *slog.Logger) error {
 		fmt.Fprintf(os.Stdout, format+"\n", args...)
 		out.Unlock()
 	}
-	r, err := consumer.New(&consumer.Config{
+	r, err := consumer.New(pool, &consumer.Config{
 		Kafka:             kafkaconn.Config{Brokers: spec.Brokers},
 		Topic:             spec.Topic,
 		GroupID:           spec.Group,
-		Pool:              pool,
 		Store:             store,
 		BatchSize:         spec.Batch,
 		SessionTimeout:    spec.Session,
