@@ -2,7 +2,7 @@
 // the processed-message table grown to each of -sizes records (spread over
 // -consumers consumer names and 30 days of processed_at), then, at each
 // size and for each table layout in turn (one interleaved run, medians of
-// -rounds):
+// -rounds, each round starting with the next layout):
 //
 //   - claims/s with one message per transaction, sent as the consumer sends
 //     it (BEGIN and the claim with its position in one round trip, then
@@ -149,14 +149,22 @@ func run() error {
 		one := make([][]float64, len(vs))
 		batched := make([][]float64, len(vs))
 		for r := 0; r < o.rounds; r++ {
-			for i, v := range vs {
+			// Each round starts with another layout: none always runs
+			// right after the other's writes.
+			order := make([]int, len(vs))
+			for k := range order {
+				order[k] = (k + r) % len(vs)
+			}
+			for _, i := range order {
+				v := vs[i]
 				rate, err := v.claimOne(ctx, pool, o)
 				if err != nil {
 					return fmt.Errorf("%s: one-message claims: %w", v.name, err)
 				}
 				one[i] = append(one[i], rate)
 			}
-			for i, v := range vs {
+			for _, i := range order {
+				v := vs[i]
 				rate, err := v.claimBatched(ctx, pool, o)
 				if err != nil {
 					return fmt.Errorf("%s: batched claims: %w", v.name, err)
