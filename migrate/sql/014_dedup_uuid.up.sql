@@ -20,16 +20,17 @@
 -- the text index reads and sorts the whole table and blocks writes to it
 -- meanwhile (about as long as building the old primary key: see
 -- scripts/bench-dedup), and the uuid index reads it once more. To keep
--- writes flowing, build both first, with the names and definitions below,
--- using CREATE UNIQUE INDEX CONCURRENTLY: this migration then finds them
--- and changes the catalog only. An index of that name left INVALID by a
+-- writes flowing, add the column (ALTER TABLE … ADD COLUMN message_uuid
+-- uuid: the catalog only) and build both indexes first, with the names and
+-- definitions below, using CREATE UNIQUE INDEX CONCURRENTLY: this migration
+-- then finds them and changes the catalog only. An index of that name left INVALID by a
 -- failed concurrent build fails the migration (drop it and build it again).
 --
 -- Binaries of earlier versions name (consumer, message_id) as their
 -- conflict target, which no longer matches a unique index: their claims
 -- fail (they never write a row that would escape dedup). Stop them before
 -- migrating, or accept that they stop until upgraded.
-ALTER TABLE {{.ProcessedMessages}} ADD COLUMN message_uuid uuid;
+ALTER TABLE {{.ProcessedMessages}} ADD COLUMN IF NOT EXISTS message_uuid uuid;
 
 CREATE UNIQUE INDEX IF NOT EXISTS {{.Index "ProcessedMessages" "_id_key"}}
     ON {{.ProcessedMessages}} (consumer, message_id) WHERE message_id IS NOT NULL;
