@@ -71,9 +71,9 @@
 //     column. No row is rewritten (older UUID rows stay text and keep
 //     deduplicating). Building the text index scans and sorts the table and
 //     blocks writes meanwhile; on a large table add the column and build
-//     both indexes first
-//     with CREATE UNIQUE INDEX CONCURRENTLY (the definitions are in
-//     014_dedup_uuid.up.sql) and the migration changes the catalog only.
+//     both indexes first with CREATE UNIQUE INDEX CONCURRENTLY (the
+//     definitions are in 014_dedup_uuid.up.sql): the migration then changes
+//     the catalog only.
 //     Binaries of earlier versions cannot claim after it: stop them, migrate,
 //     start the new ones. See package dedup.
 package migrate
