@@ -18,7 +18,9 @@
 //     it leaves (bloat until vacuumed), and the VACUUM that reclaims them
 //     (duration and WAL).
 //
-// Records are made in the database (generate_series, random processed_at),
+// Records are made in the database (generate_series; each load's records
+// spread over the last 30 days in insertion order, as a table written by a
+// consumer has them, so that a day's records share pages),
 // with the table's indexes dropped during the load and built again after it,
 // then VACUUM ANALYZE: the indexes are as compact as a fresh build makes
 // them (a B-tree filled by random keys settles near 70% full, so production
@@ -289,7 +291,7 @@ func newVariant(ctx context.Context, pool *pgxpool.Pool, name string) (*variant,
 	load := func(idColumn, idExpr string) string {
 		return `INSERT INTO ` + v.table + ` (consumer, ` + idColumn + `, topic, kafka_partition, kafka_offset, processed_at)
 	SELECT 'bench-consumer-' || (g % $3), ` + idExpr + `, '` + topic + `', (g % 24)::int, g,
-		now() - random() * interval '30 days'
+		now() - interval '30 days' * (1 - (g - $1 + 1)::float8 / ($2 - $1 + 1))
 	FROM generate_series($1::bigint, $2::bigint) AS g`
 	}
 	ids := `md5('bench' || g)::uuid`
@@ -357,15 +359,13 @@ func (v *variant) grow(ctx context.Context, pool *pgxpool.Pool, size int64, cons
 			return fmt.Errorf("%s: %w", q, err)
 		}
 	}
-	const chunk = 5_000_000
-	for v.rows < size {
-		n := min(size-v.rows, chunk)
-		if _, err := pool.Exec(ctx, v.load, v.next, v.next+n-1, consumers); err != nil {
-			return err
-		}
-		v.next += n
-		v.rows += n
+	// One statement: its records spread over 30 days in order.
+	n := size - v.rows
+	if _, err := pool.Exec(ctx, v.load, v.next, v.next+n-1, consumers); err != nil {
+		return err
 	}
+	v.next += n
+	v.rows += n
 	for _, x := range idx {
 		q := x.def
 		if x.constraint != "" {
