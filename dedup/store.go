@@ -126,8 +126,8 @@ func validatePartition(partition int) error {
 // its SQL: it is safe for concurrent use.
 type Store struct {
 	tables               migrate.Config
-	claimSQL             string
-	claimWithPositionSQL string
+	claimSQL             [2]string // by key: keyText, keyUUID
+	claimWithPositionSQL [2]string
 	claimBatchSQL        string
 	claimBatchOneSQL     string // all claims of one consumer, topic and partition
 	savePositionSQL      string
@@ -205,24 +205,43 @@ func New(cfg *Config) (*Store, error) {
 		tables: mc,
 		// A canonical UUID travels twice: as text (to find a row written
 		// before migration 14 stored it as text) and as uuid (the key it is
-		// stored under now); any other ID travels once, as text, with a NULL
-		// uuid. A UUID claim inserts nothing when such an old row exists:
-		// no new row ever stores a UUID as text, so that check races with
-		// nothing, and the unique index on the uuid settles concurrent
-		// claims as before.
-		claimSQL: `INSERT INTO ` + processed + ` (consumer, message_id, message_uuid, topic, kafka_partition, kafka_offset)
-	SELECT $1::text, CASE WHEN $6::uuid IS NULL THEN $2::text END, $6::uuid, $3::text, $4::int, $5::bigint
-	WHERE $6::uuid IS NULL OR NOT EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1::text AND message_id = $2::text)
+		// stored under now); any other ID travels once, as text. A UUID claim
+		// inserts nothing when such an old row exists: no new row ever
+		// stores a UUID as text, so that check races with nothing, and the
+		// unique index on the uuid settles concurrent claims as before.
+		//
+		// Each kind of key has a statement of its own, so that no plan
+		// depends on a parameter's value: PostgreSQL's plan cache then
+		// settles on one generic plan per statement instead of planning a
+		// claim again at every execution (which cost the one-message claims
+		// of UUIDs a quarter of their rate; scripts/bench-dedup).
+		claimSQL: [2]string{
+			keyText: `INSERT INTO ` + processed + ` (consumer, message_id, topic, kafka_partition, kafka_offset)
+	VALUES ($1, $2, $3, $4, $5)
 	ON CONFLICT DO NOTHING`,
+			keyUUID: `INSERT INTO ` + processed + ` (consumer, message_uuid, topic, kafka_partition, kafka_offset)
+	SELECT $1::text, $6::uuid, $3::text, $4::int, $5::bigint
+	WHERE NOT EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1::text AND message_id = $2::text)
+	ON CONFLICT DO NOTHING`,
+		},
 
-		claimWithPositionSQL: `WITH claimed AS (
-	INSERT INTO ` + processed + ` (consumer, message_id, message_uuid, topic, kafka_partition, kafka_offset)
-	SELECT $1::text, CASE WHEN $9::uuid IS NULL THEN $2::text END, $9::uuid, $3::text, $4::int, $5::bigint
-	WHERE $9::uuid IS NULL OR NOT EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1::text AND message_id = $2::text)
+		claimWithPositionSQL: [2]string{
+			keyText: `WITH claimed AS (
+	INSERT INTO ` + processed + ` (consumer, message_id, topic, kafka_partition, kafka_offset)
+	VALUES ($1, $2, $3, $4, $5)
 	ON CONFLICT DO NOTHING
 	RETURNING 1
 ), ` + withPosition(`VALUES ($1::text, $3::text, $4::int, $6::bigint, $7::timestamptz, $8::bigint)`) + `
 SELECT NOT EXISTS (SELECT 1 FROM claimed)`,
+			keyUUID: `WITH claimed AS (
+	INSERT INTO ` + processed + ` (consumer, message_uuid, topic, kafka_partition, kafka_offset)
+	SELECT $1::text, $9::uuid, $3::text, $4::int, $5::bigint
+	WHERE NOT EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1::text AND message_id = $2::text)
+	ON CONFLICT DO NOTHING
+	RETURNING 1
+), ` + withPosition(`VALUES ($1::text, $3::text, $4::int, $6::bigint, $7::timestamptz, $8::bigint)`) + `
+SELECT NOT EXISTS (SELECT 1 FROM claimed)`,
+		},
 
 		claimBatchSQL: `WITH input AS (
 	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::bigint[], $12::uuid[]) WITH ORDINALITY
@@ -297,7 +316,12 @@ func (s *Store) ClaimTx(ctx context.Context, tx pgx.Tx, c Claim) (duplicate bool
 	if tx == nil {
 		return false, errors.New("dedup: claim: nil tx")
 	}
-	tag, err := tx.Exec(ctx, s.claimSQL, c.Consumer, c.MessageID, c.Topic, c.Partition, c.Offset, compactID(c.MessageID))
+	args := []any{c.Consumer, c.MessageID, c.Topic, c.Partition, c.Offset}
+	u := compactID(c.MessageID)
+	if u.Valid {
+		args = append(args, u)
+	}
+	tag, err := tx.Exec(ctx, s.claimSQL[keyOf(u)], args...)
 	if err != nil {
 		return false, fail("claim", err)
 	}
@@ -315,16 +339,36 @@ func (s *Store) ClaimWithPositionTx(ctx context.Context, tx pgx.Tx, c Claim) (du
 	if tx == nil {
 		return false, errors.New("dedup: claim: nil tx")
 	}
-	err = tx.QueryRow(ctx, s.claimWithPositionSQL, s.claimWithPositionArgs(c)...).Scan(&duplicate)
+	q, args := s.claimWithPosition(c)
+	err = tx.QueryRow(ctx, q, args...).Scan(&duplicate)
 	if err != nil {
 		return false, fail("claim", err)
 	}
 	return duplicate, nil
 }
 
-func (s *Store) claimWithPositionArgs(c Claim) []any {
-	return []any{c.Consumer, c.MessageID, c.Topic, c.Partition, c.Offset, c.Offset + 1, anchor(c.Time), c.Epoch,
-		compactID(c.MessageID)}
+// claimWithPosition returns ClaimWithPositionTx's statement for c's kind of
+// key, and its arguments.
+func (s *Store) claimWithPosition(c Claim) (string, []any) {
+	args := []any{c.Consumer, c.MessageID, c.Topic, c.Partition, c.Offset, c.Offset + 1, anchor(c.Time), c.Epoch}
+	u := compactID(c.MessageID)
+	if u.Valid {
+		args = append(args, u)
+	}
+	return s.claimWithPositionSQL[keyOf(u)], args
+}
+
+// The kinds of key a message ID is stored under.
+const (
+	keyText = iota // message_id, text
+	keyUUID        // message_uuid, a canonical UUID
+)
+
+func keyOf(u pgtype.UUID) int {
+	if u.Valid {
+		return keyUUID
+	}
+	return keyText
 }
 
 // QueueClaimWithPosition queues on b the statement ClaimWithPositionTx
@@ -345,7 +389,8 @@ func (s *Store) QueueClaimWithPosition(b *pgx.Batch, c Claim, duplicate *bool) e
 	if b == nil || duplicate == nil {
 		return errors.New("dedup: claim: nil batch or result")
 	}
-	b.Queue(s.claimWithPositionSQL, s.claimWithPositionArgs(c)...).QueryRow(func(row pgx.Row) error {
+	q, args := s.claimWithPosition(c)
+	b.Queue(q, args...).QueryRow(func(row pgx.Row) error {
 		if err := row.Scan(duplicate); err != nil {
 			return fail("claim", err)
 		}
