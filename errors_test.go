@@ -92,6 +92,14 @@ func TestErrInvalidConfigEverywhere(t *testing.T) {
 			return err
 		}()},
 		"kafkaconn.Validate": {kafkaconn.ErrInvalidConfig, (&kafkaconn.Config{}).Validate()},
+		"idemhttp.Store.Backend": {idemhttp.ErrInvalidConfig, func() error {
+			s, err := idemhttp.NewStore(nil)
+			if err != nil {
+				return err
+			}
+			_, err = s.Backend(nil)
+			return err
+		}()},
 	} {
 		if !errors.Is(c.err, c.pkg) || !errors.Is(c.err, idemkit.ErrInvalidConfig) {
 			t.Errorf("%s: %v; want an error matching its package's ErrInvalidConfig and idemkit.ErrInvalidConfig", name, c.err)

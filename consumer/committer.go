@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -30,6 +31,28 @@ type committer struct {
 	pending map[int]int64
 	wake    chan struct{} // size 1: a mark arrived
 	workers sync.WaitGroup
+
+	failing int // commits failed in a row with a coordinator error (run's goroutine only)
+}
+
+// commitRetryDelay is the wait before an offset commit that failed with a
+// coordinator error is sent again.
+const commitRetryDelay = time.Second
+
+// coordinatorBusy reports whether a failed offset commit says that the
+// group coordinator could not write it now, not that the generation is
+// over: on a cluster, the coordinator answers COORDINATOR_NOT_AVAILABLE (or
+// a timeout) while __consumer_offsets waits for a replica that died and has
+// not yet left the ISR, for as long as the broker session timeout, although
+// the member, its generation and the coordinator are all still fine.
+func coordinatorBusy(err error) bool {
+	for _, e := range []kafka.Error{kafka.GroupCoordinatorNotAvailable, kafka.GroupLoadInProgress, kafka.RequestTimedOut,
+		kafka.NotEnoughReplicas, kafka.NotEnoughReplicasAfterAppend} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 func newCommitter(gen *kafka.Generation, topic string, interval time.Duration, log *slog.Logger, hooks *Hooks) *committer {
@@ -52,8 +75,10 @@ func (c *committer) mark(partition int, next int64) {
 }
 
 // run commits marks until the generation ends, then waits for the workers and
-// commits their last marks. A failed commit ends the generation: the group
-// rebalances and the next owner of each partition starts from PostgreSQL.
+// commits their last marks. A commit the coordinator could not write now
+// (coordinatorBusy) is sent again; any other failed commit ends the
+// generation: the group rebalances and the next owner of each partition
+// starts from PostgreSQL.
 func (c *committer) run(genCtx context.Context) {
 	for {
 		select {
@@ -89,16 +114,48 @@ func (c *committer) flush(genCtx context.Context) bool {
 		return true
 	}
 	if err := c.gen.CommitOffsets(map[string]map[int]int64{c.topic: batch}); err != nil {
+		if h := c.hooks.OffsetCommitFailed; h != nil {
+			h(c.topic, batch, err)
+		}
+		if genCtx.Err() == nil && coordinatorBusy(err) {
+			// The generation goes on (its heartbeats end it if it is
+			// really over): the offsets go again with the next commit, after
+			// commitRetryDelay. Nothing waits for them.
+			c.failing++
+			if c.failing == 1 {
+				c.log.Warn("kafka offset commit failed; keeping the generation and trying again (positions are safe in PostgreSQL)",
+					"offsets", batch, "err", err)
+			}
+			c.mu.Lock()
+			for p, next := range batch {
+				if next > c.pending[p] {
+					c.pending[p] = next
+				}
+			}
+			c.mu.Unlock()
+			t := time.NewTimer(commitRetryDelay)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-genCtx.Done():
+			}
+			select {
+			case c.wake <- struct{}{}:
+			default:
+			}
+			return true
+		}
 		if genCtx.Err() == nil {
 			c.log.Error("kafka offset commit failed; leaving the generation (positions are safe in PostgreSQL)",
 				"offsets", batch, "err", err)
 		} else {
 			c.log.Debug("kafka offset commit after the generation ended", "offsets", batch, "err", err)
 		}
-		if h := c.hooks.OffsetCommitFailed; h != nil {
-			h(c.topic, batch, err)
-		}
 		return false
+	}
+	if c.failing > 0 {
+		c.log.Info("kafka offset commit succeeded again", "failed_before", c.failing)
+		c.failing = 0
 	}
 	if h := c.hooks.OffsetCommitted; h != nil {
 		for p, next := range batch {

@@ -249,13 +249,12 @@ type Config struct {
 	// and MessageOverhead each) fetched ahead of the handler, over all
 	// assigned partitions: each
 	// partition may buffer MaxBufferedBytes divided by the partitions
-	// assigned, and always at least one message; a fetch asks for half a
-	// partition's share (64 KiB to 4 MiB). The runner's memory for messages
-	// stays below 1.5 × MaxBufferedBytes + assigned partitions × (64 KiB +
-	// 3 × the largest record batch). Fetch sizes count the bytes on the wire:
-	// on a compressed topic a decoded fetch is up to the compression ratio
-	// times larger, so lower MaxBufferedBytes accordingly. Defaults to 16 MiB:
-	// tens of thousands of small messages, far more than batches need.
+	// assigned, and always at least one message; fetches are sized by what
+	// they decode to (see "Memory" in the package documentation). The
+	// runner's memory for messages stays below 1.5 × MaxBufferedBytes +
+	// assigned partitions × (64 KiB + 3 × the largest record batch).
+	// Defaults to 16 MiB: tens of thousands of small messages, far more than
+	// batches need.
 	MaxBufferedBytes int64
 	// OffsetCommitInterval is the least time between two Kafka offset
 	// commits: positions committed meanwhile go in the next request, so
@@ -339,9 +338,14 @@ type Hooks struct {
 	// OffsetCommitted runs after a Kafka offset commit succeeded; next is the
 	// offset of the next message to read.
 	OffsetCommitted func(topic string, partition int, next int64)
-	// OffsetCommitFailed runs when a Kafka offset commit failed. The runner
-	// then leaves the generation and the group forms again; the PostgreSQL
-	// positions are what it resumes from, so nothing is lost or re-applied.
+	// OffsetCommitFailed runs when a Kafka offset commit failed. When the
+	// group coordinator could not write it for now (coordinator not
+	// available, load in progress, a timeout, not enough replicas: on a
+	// cluster, while __consumer_offsets waits for a replica that died), the
+	// offsets go again with the next commit and the generation goes on;
+	// after any other failure the runner leaves the generation and the group
+	// forms again. Either way the PostgreSQL positions are what the runner
+	// resumes from, so nothing is lost or re-applied.
 	OffsetCommitFailed func(topic string, offsets map[int]int64, err error)
 	// Purged runs after each retention purge with the records it deleted.
 	Purged func(deleted int64)

@@ -591,65 +591,83 @@ func TestPostgresConnectionLossIsWaitedOut(t *testing.T) {
 // partition.
 func TestPrefetchBoundedByBytes(t *testing.T) {
 	// Not parallel, nor are its subtests: it measures this process's heap.
-	for _, md := range baseModes {
-		t.Run(md.name, func(t *testing.T) {
-			e := newEnv(t, 2)
-			const (
-				size    = 900 << 10
-				perPart = 40
-				budget  = 8 << 20
-			)
-			value := []byte(strings.Repeat("x", size))
-			w := &kafka.Writer{Addr: kafka.TCP(testenv.Brokers(t)...), Topic: e.topic, RequiredAcks: kafka.RequireAll,
-				Balancer: &kafka.RoundRobin{}, BatchTimeout: time.Millisecond, BatchBytes: 2 << 20}
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
-			for i := range 2 * perPart {
-				m := kafka.Message{Value: value, Headers: []kafka.Header{{Key: consumer.IDHeaderDefault, Value: fmt.Appendf(nil, "big-%d", i)}}}
-				if err := w.WriteMessages(ctx, m); err != nil {
-					t.Fatalf("produce: %v", err)
-				}
-			}
-			_ = w.Close()
-
-			runtime.GC()
-			var ms runtime.MemStats
-			runtime.ReadMemStats(&ms)
-			base := ms.HeapAlloc
-
-			blocked := make(chan struct{})
-			var once sync.Once
-			release := make(chan struct{})
-			cfg := e.config(md, nil)
-			cfg.MaxBufferedBytes = budget
-			cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, _ pgx.Tx, _ *consumer.Message) error {
-				once.Do(func() { close(blocked) })
-				select {
-				case <-release:
-				case <-ctx.Done():
-				}
-				return ctx.Err()
+	// Large messages, and small ones, which decode to several times their
+	// size on the wire (a fetch sized on the wire alone held about three
+	// times the budget with them).
+	sizes := []struct {
+		name          string
+		size, perPart int
+		budget        int64
+		batch         int // the producer's batch, in messages
+	}{
+		{"900KB", 900 << 10, 40, 8 << 20, 1},
+		{"10B", 10, 100_000, 4 << 20, 5000},
+	}
+	for _, sz := range sizes {
+		for _, md := range baseModes {
+			t.Run(sz.name+"/"+md.name, func(t *testing.T) {
+				testPrefetchBounded(t, md, sz.size, sz.perPart, sz.budget, sz.batch)
 			})
-			stop := run(t, e.db.Pool, cfg)
-			wait(t, blocked, "the handler")
-			var peak uint64
-			for range 60 { // 3 s: the readers have long filled whatever they may
-				runtime.ReadMemStats(&ms)
-				peak = max(peak, ms.HeapAlloc)
-				time.Sleep(50 * time.Millisecond)
-			}
-			close(release)
-			_ = stop()
-			grown := int64(peak) - int64(base)
-			// Documented bound: 1.5 × MaxBufferedBytes + partitions × (64 KiB + 3 ×
-			// largest batch); 8 MiB more for kafka-go's and pgx's own buffers and
-			// the runtime.
-			bound := int64(budget*3/2 + 2*(64<<10+3*size) + 8<<20)
-			t.Logf("heap grew by %.1f MiB (bound %.1f MiB)", float64(grown)/(1<<20), float64(bound)/(1<<20))
-			if grown > bound {
-				t.Fatalf("heap grew by %d bytes with a stuck handler, over the bound %d", grown, bound)
-			}
-		})
+		}
+	}
+}
+
+func testPrefetchBounded(t *testing.T, md mode, size, perPart int, budget int64, batch int) {
+	e := newEnv(t, 2)
+	value := []byte(strings.Repeat("x", size))
+	w := &kafka.Writer{Addr: kafka.TCP(testenv.Brokers(t)...), Topic: e.topic, RequiredAcks: kafka.RequireAll,
+		Balancer: &kafka.RoundRobin{}, BatchTimeout: time.Millisecond, BatchBytes: 2 << 20, BatchSize: batch}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for from := 0; from < 2*perPart; from += 10_000 {
+		msgs := make([]kafka.Message, 0, 10_000)
+		for i := from; i < min(from+10_000, 2*perPart); i++ {
+			msgs = append(msgs, kafka.Message{Value: value,
+				Headers: []kafka.Header{{Key: consumer.IDHeaderDefault, Value: fmt.Appendf(nil, "m-%d", i)}}})
+		}
+		if err := w.WriteMessages(ctx, msgs...); err != nil {
+			t.Fatalf("produce: %v", err)
+		}
+	}
+	_ = w.Close()
+	largestBatch := max(size, batch*(size+32))
+
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	base := ms.HeapAlloc
+
+	blocked := make(chan struct{})
+	var once sync.Once
+	release := make(chan struct{})
+	cfg := e.config(md, nil)
+	cfg.MaxBufferedBytes = budget
+	cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, _ pgx.Tx, _ *consumer.Message) error {
+		once.Do(func() { close(blocked) })
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return ctx.Err()
+	})
+	stop := run(t, e.db.Pool, cfg)
+	wait(t, blocked, "the handler")
+	var peak uint64
+	for range 60 { // 3 s: the readers have long filled whatever they may
+		runtime.ReadMemStats(&ms)
+		peak = max(peak, ms.HeapAlloc)
+		time.Sleep(50 * time.Millisecond)
+	}
+	close(release)
+	_ = stop()
+	grown := int64(peak) - int64(base)
+	// Documented bound: 1.5 × MaxBufferedBytes + partitions × (64 KiB + 3 ×
+	// largest batch); 8 MiB more for kafka-go's and pgx's own buffers and
+	// the runtime.
+	bound := budget*3/2 + int64(2*(64<<10+3*largestBatch)) + 8<<20
+	t.Logf("heap grew by %.1f MiB (bound %.1f MiB)", float64(grown)/(1<<20), float64(bound)/(1<<20))
+	if grown > bound {
+		t.Fatalf("heap grew by %d bytes with a stuck handler, over the bound %d", grown, bound)
 	}
 }
 

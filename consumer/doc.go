@@ -27,7 +27,10 @@
 // duplicates, replays, positions lost). Kafka offsets are still committed,
 // synchronously, by one committer per generation that sends the newest
 // committed position of every partition in one request — never an offset
-// whose transaction did not commit — so lag tooling keeps working. A failed
+// whose transaction did not commit — so lag tooling keeps working. An
+// offset commit the group coordinator could not write for now (on a
+// cluster, while a dead replica of __consumer_offsets is still in its ISR)
+// is logged once and sent again with the next commit; any other failed
 // offset commit is logged and ends the generation.
 //
 // # Checked positions, recreated topics, lost messages
@@ -69,7 +72,8 @@
 // # Outages
 //
 // Errors that mean a server could not be reached (retry.IsConnection:
-// SQLSTATE classes 08 and 53, 57P01–57P03, network errors, Kafka brokers or
+// SQLSTATE classes 08 and 53, 57P01–57P03, 25006 (a read-only server: a
+// standby not yet promoted), network errors, Kafka brokers or
 // coordinators unavailable) are outages, not verdicts on a message. The
 // runner waits them out with backoff and jitter wherever it meets them — the
 // topic check at start, joining the group, reading positions, a transaction
@@ -85,12 +89,15 @@
 //
 // Each partition fetches ahead of its handler at most its share of
 // Config.MaxBufferedBytes (the budget divided by the partitions assigned),
-// and always at least one message, with fetches of half its share (64 KiB
-// to 4 MiB; Kafka returns a larger record batch whole): the messages held
-// stay below 1.5 × MaxBufferedBytes + assigned partitions × (64 KiB + 3 ×
-// the largest record batch). A fetch's size counts compressed bytes: on a
-// compressed topic the decoded fetch is up to the compression ratio times
-// larger.
+// and always at least one message. A fetch's records are held decoded until
+// the last of them is handed on, and small messages decode to several times
+// their size on the wire, so fetches are sized by what they decode to: the
+// first asks for an eighth of the share (16 KiB to 1 MiB), each later one
+// for what decodes to half the share at the ratio the previous fetch
+// showed (16 KiB to 4 MiB; Kafka returns a larger record batch whole). The
+// messages held stay below 1.5 × MaxBufferedBytes + assigned partitions ×
+// (64 KiB + 3 × the largest record batch). On a compressed topic the ratio
+// includes the compression.
 //
 // # Order, batching, rebalances
 //

@@ -200,7 +200,7 @@ type parkedMsg struct {
 	msg      *Message
 	attempts int
 	first    *time.Time
-	nextAt   time.Time
+	due      bool // next_attempt_at has come, by the database's clock
 }
 
 // head returns the first parked message of key, if any.
@@ -215,10 +215,10 @@ func (p *parker) head(ctx context.Context, key []byte) (*parkedMsg, error) {
 	)
 	var incarnation int64
 	err := cfg.pool.QueryRow(ctx, `SELECT incarnation, kafka_offset, message_id, value, headers, message_time, attempts,
-		first_failed_at, next_attempt_at FROM `+p.table+`
+		first_failed_at, next_attempt_at <= now() FROM `+p.table+`
 		WHERE consumer = $1 AND topic = $2 AND kafka_partition = $3 AND message_key = $4
 		ORDER BY incarnation, kafka_offset LIMIT 1`, cfg.Name, cfg.Topic, p.w.partition, key).
-		Scan(&incarnation, &m.Offset, &id, &m.Value, &js, &mtime, &pm.attempts, &pm.first, &pm.nextAt)
+		Scan(&incarnation, &m.Offset, &id, &m.Value, &js, &mtime, &pm.attempts, &pm.first, &pm.due)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
@@ -286,7 +286,7 @@ func (p *parker) releaseKey(ctx context.Context, key []byte) error {
 			delete(p.keys, string(key))
 			return nil
 		}
-		if time.Now().Before(pm.nextAt) {
+		if !pm.due {
 			return nil
 		}
 		var dup bool
@@ -299,6 +299,12 @@ func (p *parker) releaseKey(ctx context.Context, key []byte) error {
 			if err != nil {
 				return err
 			}
+			// idemkit's own writes go before the handler's: an error after
+			// the handler ran is the handler's (say, a transaction it made
+			// read-only), never taken for an outage.
+			if err := p.remove(ctx, tx, pm.msg); err != nil {
+				return err
+			}
 			if !dup {
 				if err := p.w.handleOne(ctx, tx, pm.msg); err != nil {
 					if lost := connectionLost(tx, err); lost != nil {
@@ -307,7 +313,7 @@ func (p *parker) releaseKey(ctx context.Context, key []byte) error {
 					return &handlerError{err: err}
 				}
 			}
-			return p.remove(ctx, tx, pm.msg)
+			return nil
 		})
 		outcome := Applied
 		if dup {

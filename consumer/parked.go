@@ -64,7 +64,10 @@ type ParkedMessage struct {
 	// NextAttempt is when the runner attempts the head again (a message
 	// behind its head follows it at once).
 	NextAttempt time.Time
-	ParkedAt    time.Time
+	// Due is true when NextAttempt has come by the database's clock, the
+	// one the runner goes by (not the caller's).
+	Due      bool
+	ParkedAt time.Time
 }
 
 // RetriedParked is a head RetryParked made due: Message with NextAttempt
@@ -137,7 +140,7 @@ func ListParked(ctx context.Context, db dedup.DBTX, store *dedup.Store, q Parked
 	if limit == 0 {
 		limit = ParkedListLimitDefault
 	}
-	rows, err := db.Query(ctx, `SELECT `+parkedColumns+`, head, behind FROM (
+	rows, err := db.Query(ctx, `SELECT `+parkedColumns+`, head, behind, next_attempt_at <= now() FROM (
 		SELECT `+parkedColumns+`,
 			row_number() OVER w = 1 AS head, count(*) OVER (PARTITION BY kafka_partition, message_key) - 1 AS behind
 		FROM `+parkedTable(store)+` WHERE `+parkedFilter+`
@@ -149,7 +152,7 @@ func ListParked(ctx context.Context, db dedup.DBTX, store *dedup.Store, q Parked
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ParkedMessage, error) {
 		var pm ParkedMessage
 		var behind int64
-		err := scanParked(row, &pm, &pm.Head, &behind)
+		err := scanParked(row, &pm, &pm.Head, &behind, &pm.Due)
 		if !pm.Head {
 			behind = 0
 		}
@@ -192,14 +195,14 @@ func RetryParked(ctx context.Context, db dedup.DBTX, store *dedup.Store, q Parke
 			AND t.incarnation = h.incarnation AND t.kafka_offset = h.kafka_offset
 		RETURNING t.consumer, t.topic, t.kafka_partition, t.incarnation, t.kafka_offset, t.message_key, t.message_id,
 			t.value, t.headers, t.message_time, t.attempts, t.first_failed_at, t.last_failed_at, t.last_error,
-			t.next_attempt_at, t.parked_at, h.behind, h.next_attempt_at`, q.args()...)
+			t.next_attempt_at, t.parked_at, h.behind, h.next_attempt_at, t.next_attempt_at <= now()`, q.args()...)
 	if err != nil {
 		return nil, parkedErr("retry parked", err)
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (RetriedParked, error) {
 		var r RetriedParked
 		var behind int64
-		err := scanParked(row, &r.ParkedMessage, &behind, &r.Before)
+		err := scanParked(row, &r.ParkedMessage, &behind, &r.Before, &r.Due)
 		r.Head, r.Behind = true, int(behind)
 		return r, err
 	})

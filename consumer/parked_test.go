@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testenv"
@@ -24,10 +27,10 @@ import (
 // for the hour and the test would time out.
 //
 // The runner's host clock may differ from the database's (and from the
-// host running the CLI): in the "skewed clock" run the runner's clock is
-// ten minutes behind. Due times are on the database's clock, so a head made
-// due by RetryParked is released all the same (before, the runner compared
-// the database's now() with its own clock and waited the skew out).
+// host running the CLI): in the "skewed clock" run the runner's own timers
+// run ten minutes behind, and a head made due by RetryParked is released
+// all the same (TestParkedDueOnDatabaseClock skews the database's clock
+// instead).
 func TestListAndRetryParked(t *testing.T) {
 	t.Parallel()
 	for _, skew := range []time.Duration{0, -10 * time.Minute} {
@@ -191,5 +194,84 @@ func TestParkedNotMigrated(t *testing.T) {
 		if _, err := consumer.ListParked(ctx, db.Pool, store, bad); err == nil || errors.Is(err, consumer.ErrNotMigrated) {
 			t.Errorf("ListParked(%+v): %v, want an input error", bad, err)
 		}
+	}
+}
+
+// TestParkedDueOnDatabaseClock: the database's clock is ten minutes ahead of
+// the runner's host (now() shadowed by a function of the test's schema,
+// first on the pool's search_path). A parked head made due by RetryParked
+// (due at the database's now()) is released at once: the runner decides
+// what is due on the database's clock, as RetryParked does. Before, the
+// release compared the due time with the host's clock and waited the skew
+// out (found by review).
+func TestParkedDueOnDatabaseClock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, 1)
+	if _, err := e.db.Pool.Exec(ctx, `CREATE FUNCTION `+pgx.Identifier{e.db.Schema, "now"}.Sanitize()+
+		`() RETURNS timestamptz LANGUAGE sql STABLE AS $$ SELECT pg_catalog.now() + interval '10 minutes' $$`); err != nil {
+		t.Fatal(err)
+	}
+	pcfg := e.db.Pool.Config()
+	pcfg.ConnConfig.RuntimeParams["search_path"] = pgx.Identifier{e.db.Schema}.Sanitize() + ", pg_catalog"
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var ahead bool
+	if err := pool.QueryRow(ctx, `SELECT now() > pg_catalog.now() + interval '5 minutes'`).Scan(&ahead); err != nil || !ahead {
+		t.Fatalf("test setup: now() is not shadowed (%v)", err)
+	}
+
+	e.produce(msg("b1", "B", 1))
+	var healed atomic.Bool
+	cfg := e.config(baseModes[0], func(_ context.Context, m *consumer.Message) error {
+		if !healed.Load() {
+			return errors.New("dependency down")
+		}
+		return nil
+	})
+	cfg.FailureMode = consumer.NonBlocking
+	cfg.Retry = &retry.Policy{MaxAttempts: 1}
+	cfg.ParkedRetry = &retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxAttempts: 5}
+	cfg.ParkedPoll = 20 * time.Millisecond
+	applied := make(chan struct{})
+	var once sync.Once
+	cfg.Hooks.Outcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
+		if m.ID == "b1" && o == consumer.Applied {
+			once.Do(func() { close(applied) })
+		}
+	}
+	stop := run(t, pool, cfg)
+	q := consumer.ParkedQuery{Consumer: cfg.GroupID, Topic: e.topic}
+	for deadline := time.Now().Add(time.Minute); ; {
+		list, err := consumer.ListParked(ctx, pool, e.store, q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(list) == 1 {
+			if list[0].Due {
+				t.Fatalf("a head parked for an hour is due: %+v", list[0])
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("b1 not parked")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	healed.Store(true)
+	got, err := consumer.RetryParked(ctx, pool, e.store, q)
+	if err != nil || len(got) != 1 || !got[0].Due {
+		t.Fatalf("RetryParked = %+v, %v; want b1, due", got, err)
+	}
+	select {
+	case <-applied:
+	case <-time.After(15 * time.Second):
+		t.Fatal("b1 not released 15s after RetryParked: the runner went by its host's clock")
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
 	}
 }

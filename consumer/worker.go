@@ -66,7 +66,7 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	}
 	defer closeClient()
 	reader, err := kread.New(&kread.Config{Client: client, Topic: cfg.Topic, Partition: w.partition,
-		MinBytes: 1, MaxBytes: fetchBytes(w.budget), MaxWait: 250 * time.Millisecond}, w.start)
+		MinBytes: 1, MaxBytes: firstFetchBytes(w.budget), MaxWait: 250 * time.Millisecond}, w.start)
 	if err != nil {
 		w.fail(fmt.Errorf("consumer: partition %d: %w", w.partition, err))
 		return
@@ -167,12 +167,36 @@ type verdictError struct{ err error }
 func (e *verdictError) Error() string { return e.err.Error() }
 func (e *verdictError) Unwrap() error { return e.err }
 
-// fetchBytes is the size of one fetch for a partition whose share of
-// MaxBufferedBytes is budget: half of it, between 64 KiB and 4 MiB. Kafka
-// returns a record batch larger than that whole, so a large message still
-// comes.
-func fetchBytes(budget int64) int {
-	return int(min(max(budget/2, 64<<10), 4<<20))
+// firstFetchBytes bounds a partition's first fetch, before the size its
+// messages decode to is known: an eighth of its share of
+// MaxBufferedBytes (small messages decode to up to about eight times their
+// size on the wire), between 16 KiB and 1 MiB. Later fetches are sized by
+// nextFetchBytes. Kafka returns a record batch larger than the bound
+// whole, so a large message still comes.
+func firstFetchBytes(budget int64) int {
+	return int(min(max(budget/8, 16<<10), 1<<20))
+}
+
+// recordWireBytes estimates what a record costs on the wire besides its
+// key, value and headers (offset and length varints, attributes, the
+// header count): for the ratio of a fetch's decoded size to its size on
+// the wire.
+const recordWireBytes = 16
+
+// nextFetchBytes sizes the next fetch of a partition whose share of
+// MaxBufferedBytes is budget, from the last fetch: its records counted
+// decoded bytes (messageBytes: MessageOverhead each) for wire estimated
+// bytes on the wire. A fetch's records are held decoded until the last of
+// them is handed on, so the fetch asks for what decodes to about half the
+// share: small messages decode to several times their size on the wire,
+// and a fetch sized on the wire alone held several times the budget. Kafka
+// returns a record batch larger than the bound whole.
+func nextFetchBytes(budget, decoded, wire int64) int {
+	if decoded <= 0 || wire <= 0 {
+		return firstFetchBytes(budget)
+	}
+	n := budget / 2 * wire / decoded
+	return int(min(max(n, 16<<10), 4<<20))
 }
 
 // loadParked makes the partition's parker: always in NonBlocking mode, and
@@ -243,13 +267,19 @@ func (w *worker) prefetch(ctx context.Context, reader *kread.Reader) {
 			begin = f.Records[0].Offset
 		}
 		w.state.started(begin)
+		var decoded, wire int64
 		for _, m := range f.Records {
 			msg := w.message(m)
 			msg.size = messageBytes(msg)
+			decoded += msg.size
+			wire += msg.size - MessageOverhead + recordWireBytes
 			if !w.bytes.acquire(ctx, msg.size) || !w.send(ctx, msg) {
 				return
 			}
 			sent = m.Offset + 1
+		}
+		if len(f.Records) > 0 {
+			reader.SetMaxBytes(nextFetchBytes(w.budget, decoded, wire))
 		}
 		if f.Next > sent && f.Next > 0 {
 			if !w.send(ctx, &Message{skipTo: f.Next}) {
@@ -821,12 +851,9 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 			}
 			beyond = append(beyond, horizonNote{i, herr})
 		}
-		if err := w.handle(ctx, tx, msgs, outcomes); err != nil {
-			if lost := connectionLost(tx, err); lost != nil {
-				return lost // an outage, not the handler's verdict
-			}
-			return err
-		}
+		// idemkit's own writes go before the handler's: an error after the
+		// handler ran is the handler's (say, a transaction it made
+		// read-only), never taken for an outage.
 		if parking {
 			var waiting []*Message
 			for i, m := range msgs {
@@ -841,6 +868,12 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 			if err := cfg.Store.SavePositionTx(ctx, tx, cfg.Name, last.Topic, last.Partition, last.Offset+1, last.Time, w.epoch); err != nil {
 				return err
 			}
+		}
+		if err := w.handle(ctx, tx, msgs, outcomes); err != nil {
+			if lost := connectionLost(tx, err); lost != nil {
+				return lost // an outage, not the handler's verdict
+			}
+			return err
 		}
 		if h := cfg.Hooks.BeforeCommit; h != nil {
 			h(ctx, msgs)
@@ -1002,19 +1035,36 @@ func inTxWith(ctx context.Context, pool *pgxpool.Pool, first func(*pgx.Batch) er
 		br := pool.SendBatch(ctx, b)
 		tx = br.Tx()
 		if err := br.Close(); err != nil {
+			dropReadOnly(detached, tx, err)
 			_ = tx.Rollback(detached)
 			return err
 		}
 	}
 	if err := f(tx); err != nil {
+		dropReadOnly(detached, tx, err)
 		_ = tx.Rollback(detached)
 		return err
 	}
 	if err := tx.Commit(detached); err != nil {
+		dropReadOnly(detached, tx, err)
 		_ = tx.Rollback(detached)
 		return err
 	}
 	return nil
+}
+
+// dropReadOnly closes tx's connection after a read_only_sql_transaction
+// error (SQLSTATE 25006), before the rollback gives it back to the pool
+// (which then discards it; the server rolls the transaction back), so that
+// the pool opens a new one rather than hand it out again: a session made read-only (SET SESSION CHARACTERISTICS, a
+// handler's doing) is gone with it, and a new session goes to the server
+// the pool's URL names now (target_session_attrs=read-write finds the
+// promoted standby). If the server itself takes no writes, the new session
+// gets 25006 as well: an outage, waited out.
+func dropReadOnly(ctx context.Context, tx pgx.Tx, err error) {
+	if retry.IsReadOnly(err) {
+		_ = tx.Conn().Close(ctx)
+	}
 }
 
 // commitTimeout bounds a commit or rollback that outlives a cancellation.

@@ -52,7 +52,7 @@ func finishContext(ctx context.Context) (context.Context, context.CancelFunc) {
 // (idemhttptest).
 func (s *Store) Backend(pool *pgxpool.Pool) (Backend, error) {
 	if pool == nil {
-		return nil, errors.New("idemhttp: nil pool")
+		return nil, fmt.Errorf("%w: nil pool", ErrInvalidConfig)
 	}
 	return &pgBackend{pool: pool, store: s, log: slog.Default()}, nil
 }

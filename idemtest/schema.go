@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemkit/idemkit"
 	"github.com/idemkit/idemkit/migrate"
 )
 
@@ -41,7 +42,7 @@ func (s *Schema) Table(name string) string { return pgx.Identifier{s.Name, name}
 // tests call NewSchema.
 func CreateSchema(ctx context.Context, pool *pgxpool.Pool) (*Schema, error) {
 	if pool == nil {
-		return nil, errors.New("idemtest: create schema: nil pool")
+		return nil, fmt.Errorf("idemtest: create schema: %w: nil pool", idemkit.ErrInvalidConfig)
 	}
 	s := &Schema{Name: "idemtest_" + randomSuffix(), pool: pool}
 	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{s.Name}.Sanitize()); err != nil {

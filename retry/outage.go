@@ -15,6 +15,16 @@ import (
 	"github.com/idemkit/idemkit/kafkaconn"
 )
 
+// IsReadOnly reports whether err is PostgreSQL's read_only_sql_transaction
+// (SQLSTATE 25006): a write in a read-only transaction. IsConnection counts
+// it as an outage (a standby not yet promoted, a server set read-only); the
+// connection that got it should be closed rather than reused, since a
+// session made read-only stays so.
+func IsReadOnly(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "25006"
+}
+
 // IsConnection reports whether err means a server could not be reached or a
 // connection to it was lost, as opposed to a server that answered with a
 // verdict. Such an error is an outage, not a property of the work: the
@@ -23,8 +33,15 @@ import (
 //
 // Connection-class errors are:
 //   - PostgreSQL SQLSTATE class 08 (connection exception), 57P01–57P03
-//     (admin or crash shutdown, cannot connect now) and class 53
-//     (insufficient resources, e.g. too many connections);
+//     (admin or crash shutdown, cannot connect now), class 53
+//     (insufficient resources, e.g. too many connections) and 25006
+//     (read_only_sql_transaction: the session is on a server that takes no
+//     writes now — a standby not yet promoted during a failover, whose
+//     sessions take writes once it is, or a server an operator set
+//     read-only). idemkit's transactions are read-write, so 25006 from its
+//     own statements is about the server; a handler that makes its own
+//     transaction read-only meets it on a connection that stays open, which
+//     the consumer charges to the handler as before;
 //   - errors pgconn marks safe to retry (the request never reached the
 //     server), network errors, refused or reset connections, an unexpected
 //     EOF and a closed connection;
@@ -49,6 +66,8 @@ func IsConnection(err error) bool {
 		case pgErr.Code[:2] == "08", pgErr.Code[:2] == "53":
 			return true
 		case pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03":
+			return true
+		case pgErr.Code == "25006":
 			return true
 		}
 		return false

@@ -29,6 +29,8 @@ func TestIsConnection(t *testing.T) {
 		{"cannot connect now 57P03", pg("57P03"), true},
 		{"connection failure 08006", pg("08006"), true},
 		{"too many connections 53300", pg("53300"), true},
+		{"read-only server 25006", pg("25006"), true},
+		{"idle in transaction timeout 25P03", pg("25P03"), false},
 		{"query canceled 57014", pg("57014"), false},
 		{"unique violation 23505", pg("23505"), false},
 		{"serialization failure 40001", pg("40001"), false},

@@ -189,6 +189,7 @@ type parkedJSON struct {
 	LastFailure  *time.Time   `json:"last_failure"`
 	LastError    string       `json:"last_error"`
 	NextAttempt  time.Time    `json:"next_attempt"`
+	Due          bool         `json:"due"` // next_attempt has come, by the database's clock
 	ParkedAt     time.Time    `json:"parked_at"`
 	Before       *time.Time   `json:"next_attempt_before,omitempty"` // retry: when it was due before
 }
@@ -204,7 +205,7 @@ func (f *parkedFlags) toJSON(p consumer.ParkedMessage, withPayload bool) parkedJ
 	j := parkedJSON{Partition: p.Partition, Incarnation: p.Incarnation, Offset: p.Offset, Key: f.red.bytes(p.Key),
 		MessageID: p.MessageID, Time: when(p.Time), Head: p.Head, Behind: p.Behind, Attempts: p.Attempts,
 		FirstFailure: when(p.FirstFailure), LastFailure: when(p.LastFailure), LastError: f.red.text(p.LastError),
-		NextAttempt: p.NextAttempt.UTC(), ParkedAt: p.ParkedAt.UTC()}
+		NextAttempt: p.NextAttempt.UTC(), Due: p.Due, ParkedAt: p.ParkedAt.UTC()}
 	if withPayload {
 		j.Value = ptr(f.red.value(p.Value))
 		j.Headers = []headerJSON{}
@@ -231,14 +232,13 @@ func (f *parkedFlags) printList(list []consumer.ParkedMessage, out io.Writer) er
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "PARTITION\tOFFSET\tKEY\tMESSAGE ID\tSTATE\tATTEMPTS\tNEXT ATTEMPT\tPARKED\tLAST ERROR")
 	keys := map[string]bool{}
-	now := time.Now()
 	for _, p := range list {
 		keys[strconv.Itoa(p.Partition)+"/"+string(p.Key)] = true
 		state, next, why := "behind its head", "-", "-"
 		if p.Head {
 			state, why = fmt.Sprintf("head, %d behind", p.Behind), short(f.red.text(p.LastError), 60)
 			next = p.NextAttempt.UTC().Format(time.RFC3339)
-			if !p.NextAttempt.After(now) {
+			if p.Due { // by the database's clock, the runner's
 				next = "due"
 			}
 		}

@@ -103,6 +103,10 @@ func (r *Reader) Offset() int64 { return r.offset }
 // error for any other negative value.
 func (r *Reader) SetOffset(offset int64) { r.offset = offset }
 
+// SetMaxBytes bounds the responses of the next fetches (Config.MaxBytes);
+// n < 1 is taken as 1.
+func (r *Reader) SetMaxBytes(n int) { r.cfg.MaxBytes = max(n, 1) }
+
 // Fetch is what one Reader.Fetch returned.
 type Fetch struct {
 	// Records are the committed data records (or, with ReadUncommitted, all

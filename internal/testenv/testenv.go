@@ -492,6 +492,20 @@ func (l *Logs) Count(msg, op string) int {
 	return n
 }
 
+// CountFunc returns how many records have the message msg and satisfy f,
+// which gets the record's fields (as JSON decodes them).
+func (l *Logs) CountFunc(msg string, f func(rec map[string]any) bool) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, rec := range l.recs {
+		if rec["msg"] == msg && f(rec) {
+			n++
+		}
+	}
+	return n
+}
+
 // Migrate is a NewDB setup that applies every idemkit migration to the
 // test's schema: testenv.NewDB(t, testenv.Migrate).
 func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {

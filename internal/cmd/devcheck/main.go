@@ -3,7 +3,9 @@
 // wait for the servers it starts; it exits 0 once every named server answered,
 // and 1 with a one-line reason when the time is up. With -kafka-ca and
 // -kafka-sasl it checks a SASL_SSL listener: the TLS handshake against that CA
-// and the SASL exchange with -kafka-user and $IDEMKIT_KAFKA_PASSWORD.
+// and the SASL exchange with -kafka-user and $IDEMKIT_KAFKA_PASSWORD. With
+// -kafka-brokers N it waits until the metadata lists N brokers (a cluster
+// whose nodes all registered).
 package main
 
 import (
@@ -26,6 +28,7 @@ func main() {
 	ca := flag.String("kafka-ca", "", "PEM CA file: speak TLS to -kafka, trusting it")
 	mech := flag.String("kafka-sasl", "", "SASL mechanism for -kafka (password from $IDEMKIT_KAFKA_PASSWORD)")
 	user := flag.String("kafka-user", "", "SASL user for -kafka")
+	want := flag.Int("kafka-brokers", 1, "how many brokers -kafka's metadata must list (a cluster: every node registered)")
 	wait := flag.Duration("wait", 60*time.Second, "how long to keep trying")
 	flag.Parse()
 	if *pgURL == "" && *brokers == "" {
@@ -49,7 +52,7 @@ func main() {
 
 	var last error
 	for {
-		last = check(ctx, *pgURL, *brokers, &kc)
+		last = check(ctx, *pgURL, *brokers, *want, &kc)
 		if last == nil {
 			return
 		}
@@ -62,7 +65,7 @@ func main() {
 	}
 }
 
-func check(ctx context.Context, pgURL, broker string, kc *kafkaconn.Config) error {
+func check(ctx context.Context, pgURL, broker string, want int, kc *kafkaconn.Config) error {
 	attempt, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if pgURL != "" {
@@ -92,6 +95,9 @@ func check(ctx context.Context, pgURL, broker string, kc *kafkaconn.Config) erro
 		}
 		if len(md.Brokers) == 0 {
 			return errors.New("kafka: metadata lists no broker yet")
+		}
+		if len(md.Brokers) < want {
+			return fmt.Errorf("kafka: metadata lists %d of %d brokers", len(md.Brokers), want)
 		}
 		fmt.Printf("kafka (%s) answers: %d broker(s), controller %d, cluster %s\n", kc, len(md.Brokers), md.Controller.ID, md.ClusterID)
 	}

@@ -296,7 +296,11 @@ func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*chil
 				if o == consumer.Duplicate {
 					dups.Add(1)
 				}
-				reached(done.Add(1))
+				n := done.Add(1)
+				if heapProfile != "" && n == int64(spec.Messages)/2 {
+					writeHeapProfile(heapProfile)
+				}
+				reached(n)
 			},
 			Assigned: func(string, int, int64) {
 				if assigned.Add(1) == int64(spec.Partitions) && steady {
@@ -364,6 +368,22 @@ func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*chil
 		FetchLatency: fetchLat.stats(),
 		LastEffect:   end,
 	}, nil
+}
+
+// heapProfile, from $IDEMKIT_BENCH_HEAPPROFILE, is a file a consumer child
+// writes its heap profile to when half its messages are done.
+var heapProfile = os.Getenv("IDEMKIT_BENCH_HEAPPROFILE")
+
+func writeHeapProfile(path string) {
+	f, err := os.Create(path)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "idemkit-bench child: heap profile:", err)
+		return
+	}
+	defer f.Close()
+	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+		fmt.Fprintln(os.Stderr, "idemkit-bench child: heap profile:", err)
+	}
 }
 
 // messageEffect decodes a message: key = account, value = amount.

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -32,13 +34,19 @@ type scaleResult struct {
 	PerProcess float64 `json:"msgs_per_s_per_process"`
 	// Spread is the largest share of the messages one process handled,
 	// times Processes (1 is a perfectly even split).
-	Spread     float64   `json:"spread"`
-	ClientCPU  float64   `json:"client_cpu_s"` // all processes, their measured intervals
-	PGCPU      float64   `json:"pg_backends_cpu_s"`
-	KafkaCPU   float64   `json:"kafka_cpu_s"`    // the parent's interval
-	MachineCPU float64   `json:"machine_busy_s"` // the parent's interval
-	PeakRSSMiB float64   `json:"peak_rss_mib"`   // the largest process
-	Rounds     []float64 `json:"rounds"`
+	Spread     float64 `json:"spread"`
+	ClientCPU  float64 `json:"client_cpu_s"` // all processes, their measured intervals
+	PGCPU      float64 `json:"pg_backends_cpu_s"`
+	KafkaCPU   float64 `json:"kafka_cpu_s"`    // the parent's interval
+	MachineCPU float64 `json:"machine_busy_s"` // the parent's interval
+	// CPUSeconds is the parent's interval (from the first claim it saw to
+	// the last), over which KafkaCPU and MachineCPU are measured.
+	CPUSeconds float64 `json:"cpu_interval_s"`
+	// ProduceSeconds is how long producing the backlog took (the
+	// consumers start on it meanwhile).
+	ProduceSeconds float64   `json:"produce_s"`
+	PeakRSSMiB     float64   `json:"peak_rss_mib"` // the largest process
+	Rounds         []float64 `json:"rounds"`
 }
 
 // scaleTimeout bounds the wait for a stable group and for the backlog.
@@ -69,9 +77,12 @@ func (b *bench) runScale(ctx context.Context, sc *scenario, n int) (*scaleResult
 		runs []*childRun
 	)
 	pool := (b.o.partitions+n-1)/n + 1 // the most partitions one process holds, and one more
-	for range n {
+	for i := range n {
 		spec := b.spec(sc, schema, topic, group, -1)
 		spec.Pool = pool
+		if spec.CPUProfile != "" { // one file per process
+			spec.CPUProfile = filepath.Join(b.o.profileDir, fmt.Sprintf("%s-%dp-%d-r%d.cpu.prof", sc.name, n, i, b.round))
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -123,9 +134,11 @@ func (b *bench) measureScale(ctx context.Context, topic, group, schema string, n
 	if err := b.waitStableGroup(wctx, topic, group, n); err != nil {
 		return nil, err
 	}
+	produceStart := time.Now()
 	if err := b.produceBacklog(wctx, topic); err != nil {
 		return nil, err
 	}
+	produced := time.Since(produceStart)
 	count := `SELECT count(*) FROM ` + pgx.Identifier{schema, "processed_messages"}.Sanitize()
 	var (
 		start, end      time.Time
@@ -154,8 +167,20 @@ func (b *bench) measureScale(ctx context.Context, topic, group, schema string, n
 			end = now
 		}
 	}
-	r := &scaleResult{Processes: n, Messages: int64(b.o.messages), Seconds: end.Sub(start).Seconds()}
+	// The interval comes from the claims themselves (processed_at is the
+	// start of each claiming transaction), not from the polls, which a busy
+	// machine may delay: from the first claiming transaction to the last.
+	var first, last time.Time
+	if err := b.admin.QueryRow(wctx, `SELECT min(processed_at), max(processed_at) FROM `+
+		pgx.Identifier{schema, "processed_messages"}.Sanitize()).Scan(&first, &last); err != nil {
+		return nil, fmt.Errorf("claim times: %w", err)
+	}
+	r := &scaleResult{Processes: n, Messages: int64(b.o.messages), Seconds: last.Sub(first).Seconds()}
+	if r.Seconds <= 0 {
+		r.Seconds = end.Sub(start).Seconds()
+	}
 	r.Rate = float64(r.Messages) / r.Seconds
+	r.CPUSeconds, r.ProduceSeconds = end.Sub(start).Seconds(), produced.Seconds()
 	r.PerProcess = r.Rate / float64(n)
 	if k1, ok := processCPU(b.kafkaPID); ok && kafkaOK {
 		r.KafkaCPU = (k1 - kafka0).Seconds()
@@ -236,9 +261,15 @@ func (r *report) printScale(p func(format string, args ...any)) {
 		return
 	}
 	p("\nHorizontal scaling: N consumer processes (default settings) in one group over %d partitions, "+
-		"%d messages produced once the group is stable; measured from the first claim to the last "+
-		"(PostgreSQL polled every 20 ms); each process's pool holds ceil(partitions/N)+1 connections.\n\n",
+		"%d messages produced once the group is stable; measured from the first claiming transaction to the last "+
+		"(their processed_at); CPU from the first claim seen to the last (polled every 20 ms); each process's pool holds ceil(partitions/N)+1 connections.\n\n",
 		r.o.partitions, r.o.messages)
+	var produce []string
+	for _, s := range r.scale {
+		produce = append(produce, fmt.Sprintf("%.2f s", s.ProduceSeconds))
+	}
+	p("Producing the backlog took %s (N = %v, median rounds): the consumers start on it meanwhile.\n\n",
+		strings.Join(produce, ", "), r.o.processes)
 	p("| processes | msgs/s (median) | rounds | × 1 process | msgs/s per process | busiest process's share × N | client CPU-s / 100k | PG backends CPU-s / 100k | Kafka CPU-s / 100k | machine busy (cores) | peak RSS MiB (largest process) |\n")
 	p("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	base := r.scale[0].Rate
@@ -253,6 +284,6 @@ func (r *report) printScale(p func(format string, args ...any)) {
 		}
 		p("| %d | %.0f | %s | %.2f× | %.0f | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f |\n",
 			s.Processes, s.Rate, rounds, s.Rate/base, s.PerProcess, s.Spread, per100k(s.ClientCPU),
-			per100k(s.PGCPU), per100k(s.KafkaCPU), s.MachineCPU/s.Seconds, s.PeakRSSMiB)
+			per100k(s.PGCPU), per100k(s.KafkaCPU), s.MachineCPU/s.CPUSeconds, s.PeakRSSMiB)
 	}
 }

@@ -1,8 +1,10 @@
 // Package kafkaproc runs a private, single-node Apache Kafka broker (KRaft)
-// for one test: formatted in a temporary directory, on free loopback ports,
-// with a small heap. The test may stop it (SIGTERM or SIGKILL) and start it
-// again with the same data, to see what clients do while it is gone. The
-// shared broker of scripts/dev is never touched.
+// for one test (Start), or a private three-node cluster (StartCluster):
+// formatted in a temporary directory, on free loopback ports, with small
+// heaps. The test may stop a node (SIGTERM or SIGKILL) and start it again
+// with the same data, to see what clients do while it is gone, and ask a
+// cluster which node leads a partition. The shared brokers of scripts/dev
+// are never touched.
 //
 // The broker runs the jars that scripts/dev installs: IDEMKIT_KAFKA_LIBS
 // names their folder, else <repository>/.dev/kafka/libs (the repository is
@@ -19,6 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -36,6 +39,9 @@ const EnvLibs = "IDEMKIT_KAFKA_LIBS"
 type Broker struct {
 	// Addr is the bootstrap address, 127.0.0.1:port.
 	Addr string
+	// ID is the broker's node.id: 1 for a single broker, 1 to 3 in a
+	// Cluster.
+	ID int
 
 	dir, libs, props string
 	mu               sync.Mutex
@@ -86,6 +92,34 @@ func freePort() (int, error) {
 // with a one-line message when the jars or Java are missing.
 func Start(tb testing.TB) *Broker {
 	tb.Helper()
+	libs := mustPrereqs(tb)
+	ports := freePorts(tb, 2)
+	b := newNode(tb, tb.TempDir(), libs, 1, ports[0], ports[1], fmt.Sprintf("1@127.0.0.1:%d", ports[1]), singleSettings)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := b.format(ctx, newClusterID(tb)); err != nil {
+		tb.Fatal(err)
+	}
+	b.cleanup(tb)
+	if err := b.Start(ctx); err != nil {
+		tb.Fatal(err)
+	}
+	return b
+}
+
+// singleSettings are the settings of a single-node broker: every internal
+// topic on one replica.
+const singleSettings = `offsets.topic.replication.factor=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+`
+
+// mustPrereqs returns the jars' folder, or fails the test with the fix when
+// the jars or Java are missing.
+func mustPrereqs(tb testing.TB) string {
+	tb.Helper()
 	libs, err := Libs()
 	if err != nil {
 		tb.Fatal(err)
@@ -93,20 +127,51 @@ func Start(tb testing.TB) *Broker {
 	if _, err := exec.LookPath("java"); err != nil {
 		tb.Fatal("kafkaproc: java is not installed: run scripts/dev start (Kafka needs Java 17)")
 	}
-	port, err := freePort()
-	if err != nil {
-		tb.Fatal(err)
+	return libs
+}
+
+// freePorts returns n distinct free loopback ports.
+func freePorts(tb testing.TB, n int) []int {
+	tb.Helper()
+	var ports []int
+	for len(ports) < n {
+		p, err := freePort()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if !slices.Contains(ports, p) {
+			ports = append(ports, p)
+		}
 	}
-	cport, err := freePort()
-	if err != nil {
-		tb.Fatal(err)
+	return ports
+}
+
+// newClusterID draws a KRaft cluster ID. One that starts with "-" reads as
+// an option to the storage tool ("expected one argument"): draw again, as
+// Kafka's own Uuid.randomUuid does.
+func newClusterID(tb testing.TB) string {
+	tb.Helper()
+	var clusterID string
+	for clusterID == "" || strings.HasPrefix(clusterID, "-") {
+		var id [16]byte
+		if _, err := rand.Read(id[:]); err != nil {
+			tb.Fatal(err)
+		}
+		clusterID = base64.RawURLEncoding.EncodeToString(id[:])
 	}
-	dir := tb.TempDir()
-	b := &Broker{Addr: "127.0.0.1:" + strconv.Itoa(port), dir: dir, libs: libs,
+	return clusterID
+}
+
+// newNode writes the configuration of KRaft node id (broker and controller)
+// in dir: its client port, its controller port, the quorum's voters and
+// settings of the caller.
+func newNode(tb testing.TB, dir, libs string, id, port, cport int, voters, settings string) *Broker {
+	tb.Helper()
+	b := &Broker{ID: id, Addr: "127.0.0.1:" + strconv.Itoa(port), dir: dir, libs: libs,
 		props: filepath.Join(dir, "server.properties")}
 	config := fmt.Sprintf(`process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@127.0.0.1:%[2]d
+node.id=%[4]d
+controller.quorum.voters=%[5]s
 listeners=PLAINTEXT://127.0.0.1:%[1]d,CONTROLLER://127.0.0.1:%[2]d
 advertised.listeners=PLAINTEXT://127.0.0.1:%[1]d
 controller.listener.names=CONTROLLER
@@ -114,15 +179,10 @@ listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
 inter.broker.listener.name=PLAINTEXT
 log.dirs=%[3]s
 num.partitions=1
-offsets.topic.replication.factor=1
 offsets.topic.num.partitions=3
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
 auto.create.topics.enable=false
 group.initial.rebalance.delay.ms=0
-`, port, cport, filepath.Join(dir, "data"))
+`, port, cport, filepath.Join(dir, "data"), id, voters) + settings
 	logCfg := `Configuration:
   Appenders:
     Console:
@@ -141,36 +201,31 @@ group.initial.rebalance.delay.ms=0
 	if err := os.WriteFile(filepath.Join(dir, "log4j2.yaml"), []byte(logCfg), 0o644); err != nil {
 		tb.Fatal(err)
 	}
-	// A cluster ID that starts with "-" reads as an option to the storage
-	// tool ("expected one argument"): draw again, as Kafka's own
-	// Uuid.randomUuid does.
-	var clusterID string
-	for clusterID == "" || strings.HasPrefix(clusterID, "-") {
-		var id [16]byte
-		if _, err := rand.Read(id[:]); err != nil {
-			tb.Fatal(err)
-		}
-		clusterID = base64.RawURLEncoding.EncodeToString(id[:])
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	return b
+}
+
+// format formats the node's storage for the cluster clusterID.
+func (b *Broker) format(ctx context.Context, clusterID string) error {
 	format := exec.CommandContext(ctx, "java", append(b.jvm(), "kafka.tools.StorageTool", "format",
 		"-t", clusterID, "-c", b.props)...)
 	if out, err := format.CombinedOutput(); err != nil {
-		tb.Fatalf("kafkaproc: format storage: %v\n%s", err, out)
+		return fmt.Errorf("kafkaproc: format storage of node %d: %v\n%s", b.ID, err, out)
 	}
+	return nil
+}
+
+// cleanup kills the node at the end of the test.
+func (b *Broker) cleanup(tb testing.TB) {
 	tb.Cleanup(func() {
 		if err := b.Stop(syscall.SIGKILL); err != nil {
 			tb.Errorf("kafkaproc: %v", err)
 		}
+		b.mu.Lock()
 		if b.log != nil {
 			b.log.Close()
 		}
+		b.mu.Unlock()
 	})
-	if err := b.Start(ctx); err != nil {
-		tb.Fatal(err)
-	}
-	return b
 }
 
 func (b *Broker) jvm() []string {
@@ -226,6 +281,14 @@ func (b *Broker) Start(ctx context.Context) error {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// Running reports whether the broker's process was started and not
+// stopped by Stop.
+func (b *Broker) Running() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.cmd != nil
 }
 
 // Stop sends sig (SIGTERM: clean shutdown; SIGKILL: a crash) and waits for

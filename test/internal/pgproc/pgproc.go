@@ -3,8 +3,10 @@
 // only, with the server's default durability (fsync and synchronous commit
 // on; only initdb skips its final sync). The test may stop the server the way
 // `pg_ctl stop -m immediate|fast|smart` does and start it again on the same
-// data and port, to see what clients do while it is gone. The shared server
-// of scripts/dev is never touched.
+// data and port, to see what clients do while it is gone, or kill it with
+// SIGKILL (Kill). StartPair starts a primary with a synchronous streaming
+// standby for failover tests (replica.go). The shared server of scripts/dev
+// is never touched.
 //
 // The server runs the binaries of Debian's postgresql package: the newest
 // /usr/lib/postgresql/*/bin, or the folder IDEMKIT_PG_BIN names. As root, the
@@ -87,11 +89,21 @@ type Server struct {
 	port           int
 	cred           *syscall.Credential // the postgres user, when running as root
 	log            *os.File
+	// args are the server settings of this server's role (see replica.go),
+	// given to postgres at every start after the common ones.
+	args []string
 
 	mu     sync.Mutex
-	cmd    *exec.Cmd
+	cmd    *exec.Cmd // nil once the postmaster has exited (or never started)
 	exited chan struct{}
+	// kill sends signals to the server's processes when Kill (or Stop's
+	// last resort) kills them: syscall.Kill when nil; tests make it fail.
+	kill func(pid int, sig syscall.Signal) error
 }
+
+// killWait bounds the waits after a SIGKILL: the postmaster's exit, then its
+// backends'.
+const killWait = 10 * time.Second
 
 // Bin returns the folder of the PostgreSQL server binaries, or an error that
 // says how to get them.
@@ -125,6 +137,34 @@ func version(bin string) int {
 // binaries, or as root the postgres user, are missing.
 func Start(tb testing.TB) *Server {
 	tb.Helper()
+	return start(tb)
+}
+
+// start is Start; args are server settings given at every start.
+func start(tb testing.TB, args ...string) *Server {
+	tb.Helper()
+	s := newServer(tb, args...)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// -N: initdb does not fsync the new cluster; the server itself runs
+	// with fsync on.
+	initdb := exec.CommandContext(ctx, filepath.Join(s.bin, "initdb"), "-D", s.data, "-U", "postgres",
+		"--auth=trust", "--encoding=UTF8", "--locale=C", "-N", "--no-instructions")
+	s.as(initdb)
+	if out, err := initdb.CombinedOutput(); err != nil {
+		tb.Fatalf("pgproc: initdb: %v\n%s", err, out)
+	}
+	if err := s.Start(ctx); err != nil {
+		tb.Fatal(err)
+	}
+	return s
+}
+
+// newServer makes the folder, the log and the port of a server whose data
+// folder is still to be made; at cleanup it stops the server (immediate)
+// and removes the folder.
+func newServer(tb testing.TB, args ...string) *Server {
+	tb.Helper()
 	bin, err := Bin()
 	if err != nil {
 		tb.Fatal(err)
@@ -137,7 +177,7 @@ func Start(tb testing.TB) *Server {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	s := &Server{bin: bin, dir: dir, data: filepath.Join(dir, "data"), cred: cred}
+	s := &Server{bin: bin, dir: dir, data: filepath.Join(dir, "data"), cred: cred, args: args}
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -155,19 +195,6 @@ func Start(tb testing.TB) *Server {
 		tb.Fatal(err)
 	}
 	if s.log, err = os.Create(filepath.Join(dir, "postgres.log")); err != nil {
-		tb.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	// -N: initdb does not fsync the new cluster; the server itself runs
-	// with fsync on.
-	initdb := exec.CommandContext(ctx, filepath.Join(bin, "initdb"), "-D", s.data, "-U", "postgres",
-		"--auth=trust", "--encoding=UTF8", "--locale=C", "-N", "--no-instructions")
-	s.as(initdb)
-	if out, err := initdb.CombinedOutput(); err != nil {
-		tb.Fatalf("pgproc: initdb: %v\n%s", err, out)
-	}
-	if err := s.Start(ctx); err != nil {
 		tb.Fatal(err)
 	}
 	return s
@@ -259,6 +286,7 @@ func (s *Server) Start(ctx context.Context) error {
 	cmd := exec.Command(filepath.Join(s.bin, "postgres"), "-D", s.data, "-p", strconv.Itoa(s.port),
 		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=",
 		"-c", "max_connections=100", "-c", "shared_buffers=32MB")
+	cmd.Args = append(cmd.Args, s.args...)
 	cmd.Stdout, cmd.Stderr = s.log, s.log
 	s.as(cmd)
 	// Its own process group (a terminal's ^C goes to the test only); SIGQUIT
@@ -314,8 +342,10 @@ func ping(ctx context.Context, url string) error {
 
 // Stop shuts the server down in the given mode, as pg_ctl stop -m does (the
 // same signal to the postmaster), and waits until it and its backends have
-// exited. When ctx ends first, the server is killed (SIGKILL). Stopping a
-// stopped server does nothing.
+// exited. When ctx ends first, the server is killed (SIGKILL), as by Kill;
+// when that fails too, the error names the postmaster's pid and the server
+// stays this Server's, for a later Stop or Kill. Stopping a stopped server
+// does nothing.
 func (s *Server) Stop(ctx context.Context, mode Mode) error {
 	sig, err := mode.signal()
 	if err != nil {
@@ -327,18 +357,129 @@ func (s *Server) Stop(ctx context.Context, mode Mode) error {
 	if cmd == nil {
 		return nil
 	}
-	s.cmd = nil
 	if err := cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("pgproc: signal the server: %w", err)
+		return fmt.Errorf("pgproc: signal the server (postmaster %d): %w", cmd.Process.Pid, err)
 	}
 	select {
 	case <-exited:
+		s.cmd = nil
 		return nil
 	case <-ctx.Done():
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // the postmaster and its backends
-		<-exited
-		return fmt.Errorf("pgproc: %s shutdown did not finish (%v); killed the server", mode, ctx.Err())
 	}
+	if err := s.killLocked(); err != nil {
+		return fmt.Errorf("pgproc: %s shutdown did not finish (%v), and killing the server failed: %w", mode, ctx.Err(), err)
+	}
+	return fmt.Errorf("pgproc: %s shutdown did not finish (%v); killed the server", mode, ctx.Err())
+}
+
+// Kill kills the server and every backend with SIGKILL, like a machine
+// that loses its power: no shutdown, no last WAL sent to a standby, clients
+// left with connections that were reset. It waits until the processes have
+// exited. Killing a stopped server does nothing. When a signal cannot be
+// sent, or the postmaster has not exited 10 s after SIGKILL, the error names
+// its pid and the server stays this Server's (the test's cleanup stops it).
+//
+// Killing the postmaster alone is not that: each backend leads a process
+// group of its own (PostgreSQL calls setsid), survives the postmaster for a
+// moment and ends its session with 57P01 "terminating connection due to
+// unexpected postmaster exit". So the postmaster is stopped (SIGSTOP: it
+// forks no more), its children are listed, and all are killed.
+func (s *Server) Kill() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return nil
+	}
+	return s.killLocked()
+}
+
+// killLocked kills the running server (s.mu held) and waits, within
+// killWait each, until the postmaster and then its children have exited.
+// s.cmd is cleared once the postmaster has exited, not before: a server
+// that could not be killed is still there to stop.
+func (s *Server) killLocked() error {
+	cmd, exited := s.cmd, s.exited
+	pid := cmd.Process.Pid
+	kill := s.kill
+	if kill == nil {
+		kill = syscall.Kill
+	}
+	kids, err := killTree(kill, pid)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-exited:
+		s.cmd = nil
+	case <-time.After(killWait):
+		return fmt.Errorf("pgproc: postmaster %d has not exited %v after SIGKILL", pid, killWait)
+	}
+	// The children are init's now: wait until none runs (gone, or a zombie
+	// whose sockets are closed).
+	for deadline := time.Now().Add(killWait); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		alive := 0
+		for _, p := range kids {
+			if st, _, ok := procStat(p); ok && st != 'Z' {
+				alive++
+			}
+		}
+		if alive == 0 {
+			return nil
+		}
+	}
+	return fmt.Errorf("pgproc: processes of the killed server (postmaster %d) still run %v after SIGKILL", pid, killWait)
+}
+
+// killTree stops the postmaster pid (SIGSTOP: it forks no more), then kills
+// it and each of its children with SIGKILL, by kill (syscall.Kill); it
+// returns the children. Its errors name the process.
+func killTree(kill func(int, syscall.Signal) error, pid int) ([]int, error) {
+	if err := kill(pid, syscall.SIGSTOP); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return nil, fmt.Errorf("pgproc: stop the postmaster %d: %w", pid, err)
+	}
+	kids := children(pid)
+	for _, p := range append(kids, pid) {
+		if err := kill(p, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return kids, fmt.Errorf("pgproc: kill process %d of the server (postmaster %d): %w", p, pid, err)
+		}
+	}
+	return kids, nil
+}
+
+// children returns the processes whose parent is pid.
+func children(pid int) []int {
+	entries, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range entries {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if _, ppid, ok := procStat(p); ok && ppid == pid {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// procStat returns the state and the parent of process pid, from
+// /proc/<pid>/stat ("pid (comm) state ppid ..."; comm may hold spaces and
+// parentheses).
+func procStat(pid int) (state byte, ppid int, ok bool) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, false
+	}
+	i := strings.LastIndexByte(string(data), ')')
+	if i < 0 {
+		return 0, 0, false
+	}
+	f := strings.Fields(string(data[i+1:]))
+	if len(f) < 2 {
+		return 0, 0, false
+	}
+	ppid, err = strconv.Atoi(f[1])
+	return f[0][0], ppid, err == nil
 }
 
 // Restart stops the server in the given mode and starts it again, as
