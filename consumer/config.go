@@ -102,6 +102,27 @@ const (
 	MissingIDUseCoordinates
 )
 
+// HorizonPolicy says what happens to a message beyond the dedup horizon
+// (see ErrBeyondHorizon and Config.Retention): its record timestamp is older
+// than Retention minus HorizonMargin, and its claim came back new, which may
+// mean it is new or that its record was purged.
+type HorizonPolicy int
+
+const (
+	// HorizonFail treats the message as failed with a *HorizonError
+	// (matching ErrBeyondHorizon): its claim and effects are rolled back, it
+	// is not retried, and it goes to Config.OnFailure (or stops the runner).
+	// This is the default: what dedup can no longer vouch for is never
+	// applied silently.
+	HorizonFail HorizonPolicy = iota
+	// HorizonApply applies the message as new, as the runner did before the
+	// guard existed; Hooks.BeyondHorizon still counts it.
+	HorizonApply
+)
+
+// HorizonMarginMax is the largest default of Config.HorizonMargin.
+const HorizonMarginMax = 5 * time.Minute
+
 // FailureFunc receives a message whose handler failed for good (a permanent
 // error, or retries exhausted); err is a *MessageError with the message's
 // failure history. Returning nil means the message was taken care of (for
@@ -205,6 +226,17 @@ type Config struct {
 	// PurgeInterval is how often Run purges when Retention is set. Defaults
 	// to 10m.
 	PurgeInterval time.Duration
+	// OnBeyondHorizon says what happens, when Retention is set, to a message
+	// whose claim is new although its record timestamp is older than
+	// Retention minus HorizonMargin (its record may have been purged: see
+	// ErrBeyondHorizon). Unused without Retention. Defaults to HorizonFail.
+	OnBeyondHorizon HorizonPolicy
+	// HorizonMargin is how much younger than Retention a message must be for
+	// its claim to be trusted: it covers the skew between the clocks of the
+	// producers (or brokers, for LogAppendTime), of this process and of
+	// PostgreSQL, whose now() the purge uses. Defaults to Retention/10, at
+	// most HorizonMarginMax (5m); it must be less than Retention.
+	HorizonMargin time.Duration
 
 	// StartOffset is where a partition with no committed position starts:
 	// kafka.FirstOffset or kafka.LastOffset. Defaults to kafka.FirstOffset.
@@ -317,6 +349,11 @@ type Hooks struct {
 	OffsetCommitFailed func(topic string, offsets map[int]int64, err error)
 	// Purged runs after each retention purge with the records it deleted.
 	Purged func(deleted int64)
+	// BeyondHorizon runs once per message found beyond the dedup horizon
+	// (see ErrBeyondHorizon): err is its *HorizonError; applied tells
+	// whether it was applied anyway (HorizonApply, after its transaction
+	// committed) or failed (HorizonFail, before it goes to OnFailure).
+	BeyondHorizon func(ctx context.Context, msg *Message, err *HorizonError, applied bool)
 	// Rebalanced runs when the group assigned this runner its partitions of
 	// a new generation (partitions may be empty), before Assigned runs for
 	// each.
@@ -399,6 +436,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	c.ParkedPoll = cmp.Or(c.ParkedPoll, ParkedPollDefault)
 	c.PurgeInterval = cmp.Or(c.PurgeInterval, PurgeIntervalDefault)
+	if c.Retention > 0 {
+		c.HorizonMargin = cmp.Or(c.HorizonMargin, min(c.Retention/10, HorizonMarginMax))
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -445,6 +485,10 @@ func (c Config) withDefaults() (Config, error) {
 		return c, invalid("ParkedPoll %s < 0", c.ParkedPoll)
 	case c.Retention < 0, c.PurgeInterval < 0:
 		return c, invalid("Retention and PurgeInterval must not be negative")
+	case c.OnBeyondHorizon != HorizonFail && c.OnBeyondHorizon != HorizonApply:
+		return c, invalid("unknown OnBeyondHorizon policy %d", c.OnBeyondHorizon)
+	case c.HorizonMargin < 0, c.Retention > 0 && c.HorizonMargin >= c.Retention:
+		return c, invalid("HorizonMargin %s must be at least 0 and less than Retention %s", c.HorizonMargin, c.Retention)
 	case c.SessionTimeout < 0, c.HeartbeatInterval < 0, c.RebalanceTimeout < 0:
 		return c, invalid("SessionTimeout, HeartbeatInterval and RebalanceTimeout must not be negative")
 	case c.HeartbeatInterval >= c.SessionTimeout:

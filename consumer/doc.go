@@ -139,6 +139,34 @@
 // time ParkedRetry gave them: the runner still releases each key in order,
 // through dedup and the handler (`idemkit consumer parked list|retry`).
 //
+// # Dedup horizon
+//
+// With Config.Retention set, the runner purges dedup records older than
+// Retention (by PostgreSQL's clock, against the time each record was
+// written), so a message can be deduplicated only while its record lives.
+// A message's record is written when it is first processed, which is never
+// before its Kafka record timestamp; so a message whose timestamp is younger
+// than Retention still has its record, if it ever had one. The horizon is
+// Retention minus Config.HorizonMargin (by default a tenth of Retention, at
+// most 5 minutes), the margin covering the skew between the clocks of the
+// producers (or brokers, for LogAppendTime topics), of the runner and of
+// PostgreSQL.
+//
+// A message older than the horizon, by the runner's clock, whose claim comes
+// back new cannot be told from one applied before and purged since. By
+// default (HorizonFail) it is not applied: its claim is rolled back, and it
+// goes without retries to Config.OnFailure (or stops the runner) with a
+// *HorizonError matching ErrBeyondHorizon and retry.IsPermanent; with
+// HorizonApply it is applied as new. Either way Hooks.BeyondHorizon counts it
+// (the otel module exports idemkit_consumer_beyond_horizon_total). An old
+// message whose claim finds its record is a duplicate as always; messages
+// without a timestamp, messages released from parking (NonBlocking; they
+// were checked when first handled), and every message of a runner without
+// Retention are not checked. A consumer that falls further behind than the
+// horizon (down longer than Retention, or a new group reading a topic from
+// its start) sends what it reads from beyond the horizon to OnFailure:
+// raise Retention, or choose HorizonApply where applying twice is harmless.
+//
 // # Observing it
 //
 // The package depends on no metrics or tracing library; it offers seams that

@@ -15,6 +15,38 @@ import (
 // is MissingIDFail. It is never retried.
 var ErrMissingID = errors.New("consumer: message has no usable ID")
 
+// ErrBeyondHorizon matches (errors.Is) every *HorizonError: a message whose
+// record timestamp is older than the dedup horizon (Config.Retention minus
+// Config.HorizonMargin) and whose claim came back new. Its dedup record, if
+// it ever had one, may have been purged, so "new" cannot be told from
+// "applied before and forgotten". With HorizonFail (the default) the runner
+// does not apply it: it goes to OnFailure with this error, without retries.
+var ErrBeyondHorizon = errors.New("consumer: message older than the dedup horizon")
+
+// HorizonError is the error of a message beyond the dedup horizon; it
+// matches ErrBeyondHorizon and retry.IsPermanent.
+type HorizonError struct {
+	// Time is the message's record timestamp.
+	Time time.Time
+	// Age is how old the message was when its claim came back new, by this
+	// process's clock.
+	Age time.Duration
+	// Horizon is Config.Retention minus Config.HorizonMargin: the age past
+	// which a claim is not trusted.
+	Horizon time.Duration
+}
+
+func (e *HorizonError) Error() string {
+	return fmt.Sprintf("%v: its timestamp %s is %s old, past the horizon of %s (Retention minus HorizonMargin): its dedup record may have been purged",
+		ErrBeyondHorizon, e.Time.UTC().Format(time.RFC3339Nano), e.Age.Round(time.Millisecond), e.Horizon)
+}
+
+// Is reports whether target is ErrBeyondHorizon.
+func (e *HorizonError) Is(target error) bool { return target == ErrBeyondHorizon }
+
+// Unwrap marks the error permanent: retrying cannot make it younger.
+func (e *HorizonError) Unwrap() error { return retry.Permanent(ErrBeyondHorizon) }
+
 // MessageError is what Run returns when a message failed for good and no
 // OnFailure took it: the runner stopped, and the message's offset did not move.
 type MessageError struct {

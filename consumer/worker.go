@@ -563,7 +563,7 @@ func (w *worker) process(ctx context.Context, msgs []*Message) error {
 		}
 		// Commit what came before the failure, isolate the failure, go on.
 		// A batch handler does not say which message failed: split in halves.
-		if w.r.cfg.BatchHandler != nil {
+		if w.r.cfg.BatchHandler != nil && !errors.Is(err, ErrBeyondHorizon) {
 			failed = len(msgs) / 2
 			if err := w.process(ctx, msgs[:failed]); err != nil {
 				return err
@@ -601,6 +601,18 @@ func (w *worker) retry(ctx, tctx context.Context, msg *Message, err error) error
 	f := failure{first: time.Now(), ctx: tctx}
 	for f.attempts = 1; ; f.attempts++ {
 		f.last, f.err = time.Now(), err
+		if herr := (*HorizonError)(nil); errors.As(err, &herr) {
+			// Not the handler's failure: the message was never applied.
+			// Retrying cannot make it younger, and parking it would only
+			// make it older.
+			f.class = retry.ClassPermanent
+			w.log.WarnContext(f.logCtx(ctx), "message beyond the dedup horizon; not applied", "offset", msg.Offset,
+				"message_id", msg.ID, "age", herr.Age, "horizon", herr.Horizon)
+			if h := cfg.Hooks.BeyondHorizon; h != nil {
+				h(f.logCtx(ctx), msg, herr, false)
+			}
+			return w.giveUp(ctx, msg, f, true)
+		}
 		f.class = cfg.Retry.Classify(err)
 		switch f.class {
 		case retry.ClassStop:
@@ -802,6 +814,7 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 	}
 	var dup []bool
 	var one bool
+	var beyond []horizonNote // messages applied beyond the horizon (HorizonApply)
 	// The claims travel with BEGIN: one round trip before the handler runs.
 	claims := func(b *pgx.Batch) error {
 		switch {
@@ -825,6 +838,18 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 			if dup[j] {
 				outcomes[i] = Duplicate
 			}
+		}
+		beyond = beyond[:0]
+		now := time.Now()
+		for _, i := range live {
+			herr := w.beyondHorizon(msgs[i], outcomes[i], now)
+			if herr == nil {
+				continue
+			}
+			if cfg.OnBeyondHorizon == HorizonFail {
+				return &handlerError{index: i, err: herr}
+			}
+			beyond = append(beyond, horizonNote{i, herr})
 		}
 		// idemkit's own writes go before the handler's: an error after the
 		// handler ran is the handler's (say, a transaction it made
@@ -873,7 +898,36 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 	if h := cfg.Hooks.AfterCommit; h != nil {
 		h(ctx, msgs)
 	}
+	for _, b := range beyond {
+		w.log.WarnContext(ctx, "message beyond the dedup horizon applied (HorizonApply)", "offset", msgs[b.index].Offset,
+			"message_id", msgs[b.index].ID, "age", b.err.Age, "horizon", b.err.Horizon)
+		if h := cfg.Hooks.BeyondHorizon; h != nil {
+			h(ctx, msgs[b.index], b.err, true)
+		}
+	}
 	return -1, outcomes, nil
+}
+
+// horizonNote is a message of a transaction found beyond the horizon.
+type horizonNote struct {
+	index int
+	err   *HorizonError
+}
+
+// beyondHorizon returns the *HorizonError of a message whose claim came
+// back new (outcome Applied) although its timestamp is older than
+// Retention minus HorizonMargin, by now; nil when Retention is not set,
+// the claim was a duplicate, or the message has no timestamp.
+func (w *worker) beyondHorizon(m *Message, outcome Outcome, now time.Time) *HorizonError {
+	cfg := &w.r.cfg
+	if cfg.Retention <= 0 || outcome != Applied || m.Time.IsZero() {
+		return nil
+	}
+	horizon := cfg.Retention - cfg.HorizonMargin
+	if age := now.Sub(m.Time); age > horizon {
+		return &HorizonError{Time: m.Time, Age: age, Horizon: horizon}
+	}
+	return nil
 }
 
 // connectionLost returns a non-handler error when a handler failed because

@@ -65,9 +65,32 @@
 // schedule you own, set consumer.Config.Retention (the runner then purges
 // every PurgeInterval), or run `idemkit dedup purge -older-than D`.
 //
+// # Compact keys
+//
+// A message ID in the canonical form of a UUID (36 characters: lower-case
+// hex digits in groups of 8-4-4-4-12 separated by hyphens, as PostgreSQL
+// prints a uuid) is stored in 16 bytes, in the uuid column message_uuid,
+// with message_id NULL; any other ID (upper case, braces, no hyphens, any
+// other string) is stored as text in message_id, unchanged. The API takes
+// and returns strings either way: since only the canonical form qualifies,
+// the stored uuid prints as the very ID that was claimed, and two IDs that
+// differ as strings never share a key. Each column has its own partial
+// unique index, per consumer; a claim is still one INSERT … ON CONFLICT DO
+// NOTHING, whose arbiters are both indexes, so it stays atomic and
+// concurrent claims of an ID still settle on one winner.
+//
+// UUIDs claimed before migration 14 stay stored as text (the migration
+// rewrites no row). A UUID claim also looks for such a row (one index probe
+// in the same statement) and is a duplicate when it finds one. That probe
+// races with nothing: no row storing a UUID as text is written any more
+// (the store writes uuid, and binaries of earlier versions cannot claim at
+// all after migration 14, their conflict target matching no index). Those
+// rows leave as retention purges them. scripts/bench-dedup measures the
+// layouts (README: "The dedup store at scale").
+//
 // # Tables
 //
-// The tables are created by package migrate (version 1); Config and
+// The tables are created by package migrate (versions 1 and 14); Config and
 // migrate.Config must name the same schema and tables. Nothing in this
 // package runs DDL.
 package dedup

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // MaxIDLength is the longest consumer name or message ID, in bytes.
@@ -69,4 +71,51 @@ func printableASCII(v string) bool {
 		}
 	}
 	return true
+}
+
+// compactID returns id as a uuid when id is a UUID in canonical form (36
+// characters: lower-case hex digits in groups of 8-4-4-4-12 separated by
+// hyphens, as PostgreSQL prints a uuid), so that it is stored in 16 bytes;
+// any other ID returns an invalid (NULL) uuid and is stored as text. Only
+// the canonical form qualifies: it is the one uuid::text gives back, so the
+// stored uuid and the ID are one and the same string, and "ABC…" (upper
+// case) or "{…}" stay distinct IDs, as they were as text.
+func compactID(id string) pgtype.UUID {
+	var u pgtype.UUID
+	if len(id) != 36 {
+		return u
+	}
+	j := 0
+	for i := 0; i < 36; i++ {
+		switch i {
+		case 8, 13, 18, 23:
+			if id[i] != '-' {
+				return u
+			}
+			continue
+		}
+		h, ok := hexDigit(id[i])
+		if !ok {
+			return u
+		}
+		if j%2 == 0 {
+			u.Bytes[j/2] = h << 4
+		} else {
+			u.Bytes[j/2] |= h
+		}
+		j++
+	}
+	u.Valid = true
+	return u
+}
+
+// hexDigit decodes a lower-case hex digit.
+func hexDigit(c byte) (byte, bool) {
+	switch {
+	case '0' <= c && c <= '9':
+		return c - '0', true
+	case 'a' <= c && c <= 'f':
+		return c - 'a' + 10, true
+	}
+	return 0, false
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idemkit"
@@ -125,8 +126,8 @@ func validatePartition(partition int) error {
 // its SQL: it is safe for concurrent use.
 type Store struct {
 	tables               migrate.Config
-	claimSQL             string
-	claimWithPositionSQL string
+	claimSQL             [2]string // by key: keyText, keyUUID
+	claimWithPositionSQL [2]string
 	claimBatchSQL        string
 	claimBatchOneSQL     string // all claims of one consumer, topic and partition
 	savePositionSQL      string
@@ -202,61 +203,99 @@ func New(cfg *Config) (*Store, error) {
 
 	return &Store{
 		tables: mc,
-		claimSQL: `INSERT INTO ` + processed + ` (consumer, message_id, topic, kafka_partition, kafka_offset)
+		// A canonical UUID travels twice: as text (to find a row written
+		// before migration 14 stored it as text) and as uuid (the key it is
+		// stored under now); any other ID travels once, as text. A UUID claim
+		// inserts nothing when such an old row exists: no new row ever
+		// stores a UUID as text, so that check races with nothing, and the
+		// unique index on the uuid settles concurrent claims as before.
+		//
+		// Each kind of key has a statement of its own, so that no plan
+		// depends on a parameter's value: PostgreSQL's plan cache then
+		// settles on one generic plan per statement instead of planning a
+		// claim again at every execution (which cost the one-message claims
+		// of UUIDs a quarter of their rate; scripts/bench-dedup).
+		claimSQL: [2]string{
+			keyText: `INSERT INTO ` + processed + ` (consumer, message_id, topic, kafka_partition, kafka_offset)
 	VALUES ($1, $2, $3, $4, $5)
-	ON CONFLICT (consumer, message_id) DO NOTHING`,
+	ON CONFLICT DO NOTHING`,
+			keyUUID: `INSERT INTO ` + processed + ` (consumer, message_uuid, topic, kafka_partition, kafka_offset)
+	SELECT $1::text, $6::uuid, $3::text, $4::int, $5::bigint
+	WHERE NOT EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1::text AND message_id = $2::text)
+	ON CONFLICT DO NOTHING`,
+		},
 
-		claimWithPositionSQL: `WITH claimed AS (
+		claimWithPositionSQL: [2]string{
+			keyText: `WITH claimed AS (
 	INSERT INTO ` + processed + ` (consumer, message_id, topic, kafka_partition, kafka_offset)
 	VALUES ($1, $2, $3, $4, $5)
-	ON CONFLICT (consumer, message_id) DO NOTHING
+	ON CONFLICT DO NOTHING
 	RETURNING 1
 ), ` + withPosition(`VALUES ($1::text, $3::text, $4::int, $6::bigint, $7::timestamptz, $8::bigint)`) + `
 SELECT NOT EXISTS (SELECT 1 FROM claimed)`,
+			keyUUID: `WITH claimed AS (
+	INSERT INTO ` + processed + ` (consumer, message_uuid, topic, kafka_partition, kafka_offset)
+	SELECT $1::text, $9::uuid, $3::text, $4::int, $5::bigint
+	WHERE NOT EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1::text AND message_id = $2::text)
+	ON CONFLICT DO NOTHING
+	RETURNING 1
+), ` + withPosition(`VALUES ($1::text, $3::text, $4::int, $6::bigint, $7::timestamptz, $8::bigint)`) + `
+SELECT NOT EXISTS (SELECT 1 FROM claimed)`,
+		},
 
 		claimBatchSQL: `WITH input AS (
-	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::bigint[]) WITH ORDINALITY
-		AS i (consumer, message_id, topic, kafka_partition, kafka_offset, ord)
+	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::bigint[], $12::uuid[]) WITH ORDINALITY
+		AS i (consumer, message_id, topic, kafka_partition, kafka_offset, message_uuid, ord)
 ), claimed AS (
-	INSERT INTO ` + processed + ` (consumer, message_id, topic, kafka_partition, kafka_offset)
-	SELECT consumer, message_id, topic, kafka_partition, kafka_offset FROM input ORDER BY ord
-	ON CONFLICT (consumer, message_id) DO NOTHING
-	RETURNING consumer, message_id
+	INSERT INTO ` + processed + ` (consumer, message_id, message_uuid, topic, kafka_partition, kafka_offset)
+	SELECT i.consumer, CASE WHEN i.message_uuid IS NULL THEN i.message_id END, i.message_uuid, i.topic, i.kafka_partition, i.kafka_offset
+	FROM input AS i
+	WHERE i.message_uuid IS NULL OR NOT EXISTS (SELECT 1 FROM ` + processed + ` AS o
+		WHERE o.consumer = i.consumer AND o.message_id = i.message_id)
+	ORDER BY i.ord
+	ON CONFLICT DO NOTHING
+	RETURNING consumer, coalesce(message_id, message_uuid::text) AS message_id
 ), ` + withPosition(`SELECT * FROM unnest($6::text[], $7::text[], $8::int[], $9::bigint[], $10::timestamptz[], $11::bigint[])`) + `
 SELECT input.ord FROM input JOIN claimed USING (consumer, message_id)`,
 
 		// The consumer's batches: one consumer, topic and partition, so those
 		// travel once, as scalars, instead of once per message.
 		claimBatchOneSQL: `WITH input AS (
-	SELECT * FROM unnest($2::text[], $4::bigint[]) WITH ORDINALITY AS i (message_id, kafka_offset, ord)
+	SELECT * FROM unnest($2::text[], $4::bigint[], $9::uuid[]) WITH ORDINALITY AS i (message_id, kafka_offset, message_uuid, ord)
 ), claimed AS (
-	INSERT INTO ` + processed + ` (consumer, message_id, topic, kafka_partition, kafka_offset)
-	SELECT $1, message_id, $3, $5, kafka_offset FROM input ORDER BY ord
-	ON CONFLICT (consumer, message_id) DO NOTHING
-	RETURNING message_id
+	INSERT INTO ` + processed + ` (consumer, message_id, message_uuid, topic, kafka_partition, kafka_offset)
+	SELECT $1::text, CASE WHEN i.message_uuid IS NULL THEN i.message_id END, i.message_uuid, $3::text, $5::int, i.kafka_offset
+	FROM input AS i
+	WHERE i.message_uuid IS NULL OR NOT EXISTS (SELECT 1 FROM ` + processed + ` AS o
+		WHERE o.consumer = $1::text AND o.message_id = i.message_id)
+	ORDER BY i.ord
+	ON CONFLICT DO NOTHING
+	RETURNING coalesce(message_id, message_uuid::text) AS message_id
 ), ` + withPosition(`VALUES ($1::text, $3::text, $5::int, $6::bigint, $7::timestamptz, $8::bigint)`) + `
 SELECT input.ord FROM input JOIN claimed USING (message_id)`,
 
 		savePositionSQL: `WITH ` + positionCTEs(`VALUES ($1::text, $2::text, $3::int, $4::bigint, $5::timestamptz, $6::bigint)`) + `
 ` + positionInsert,
 
-		processedSQL: `SELECT EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1 AND message_id = $2)`,
+		processedSQL: `SELECT EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1 AND message_id = $2)
+	OR ($3::uuid IS NOT NULL AND EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1 AND message_uuid = $3::uuid))`,
 
-		purgeSQL: `DELETE FROM ` + processed + ` WHERE (consumer, message_id) IN (
-	SELECT consumer, message_id FROM ` + processed + `
+		// Rows are found by their ctid: a row has one of two keys.
+		purgeSQL: `DELETE FROM ` + processed + ` WHERE ctid = ANY (ARRAY (
+	SELECT ctid FROM ` + processed + `
 	WHERE processed_at < $1
 	ORDER BY processed_at
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED
-)`,
+))`,
 
-		purgeConsumerSQL: `DELETE FROM ` + processed + ` WHERE (consumer, message_id) IN (
-	SELECT consumer, message_id FROM ` + processed + `
+		purgeConsumerSQL: `DELETE FROM ` + processed + ` WHERE ctid = ANY (ARRAY (
+	SELECT ctid FROM ` + processed + `
 	WHERE consumer = $1 AND processed_at < $2
 	ORDER BY processed_at
 	LIMIT $3
 	FOR UPDATE SKIP LOCKED
-)`,
+))`,
 	}, nil
 }
 
@@ -277,7 +316,12 @@ func (s *Store) ClaimTx(ctx context.Context, tx pgx.Tx, c Claim) (duplicate bool
 	if tx == nil {
 		return false, errors.New("dedup: claim: nil tx")
 	}
-	tag, err := tx.Exec(ctx, s.claimSQL, c.Consumer, c.MessageID, c.Topic, c.Partition, c.Offset)
+	args := []any{c.Consumer, c.MessageID, c.Topic, c.Partition, c.Offset}
+	u := compactID(c.MessageID)
+	if u.Valid {
+		args = append(args, u)
+	}
+	tag, err := tx.Exec(ctx, s.claimSQL[keyOf(u)], args...)
 	if err != nil {
 		return false, fail("claim", err)
 	}
@@ -295,15 +339,36 @@ func (s *Store) ClaimWithPositionTx(ctx context.Context, tx pgx.Tx, c Claim) (du
 	if tx == nil {
 		return false, errors.New("dedup: claim: nil tx")
 	}
-	err = tx.QueryRow(ctx, s.claimWithPositionSQL, s.claimWithPositionArgs(c)...).Scan(&duplicate)
+	q, args := s.claimWithPosition(c)
+	err = tx.QueryRow(ctx, q, args...).Scan(&duplicate)
 	if err != nil {
 		return false, fail("claim", err)
 	}
 	return duplicate, nil
 }
 
-func (s *Store) claimWithPositionArgs(c Claim) []any {
-	return []any{c.Consumer, c.MessageID, c.Topic, c.Partition, c.Offset, c.Offset + 1, anchor(c.Time), c.Epoch}
+// claimWithPosition returns ClaimWithPositionTx's statement for c's kind of
+// key, and its arguments.
+func (s *Store) claimWithPosition(c Claim) (string, []any) {
+	args := []any{c.Consumer, c.MessageID, c.Topic, c.Partition, c.Offset, c.Offset + 1, anchor(c.Time), c.Epoch}
+	u := compactID(c.MessageID)
+	if u.Valid {
+		args = append(args, u)
+	}
+	return s.claimWithPositionSQL[keyOf(u)], args
+}
+
+// The kinds of key a message ID is stored under.
+const (
+	keyText = iota // message_id, text
+	keyUUID        // message_uuid, a canonical UUID
+)
+
+func keyOf(u pgtype.UUID) int {
+	if u.Valid {
+		return keyUUID
+	}
+	return keyText
 }
 
 // QueueClaimWithPosition queues on b the statement ClaimWithPositionTx
@@ -324,7 +389,8 @@ func (s *Store) QueueClaimWithPosition(b *pgx.Batch, c Claim, duplicate *bool) e
 	if b == nil || duplicate == nil {
 		return errors.New("dedup: claim: nil batch or result")
 	}
-	b.Queue(s.claimWithPositionSQL, s.claimWithPositionArgs(c)...).QueryRow(func(row pgx.Row) error {
+	q, args := s.claimWithPosition(c)
+	b.Queue(q, args...).QueryRow(func(row pgx.Row) error {
 		if err := row.Scan(duplicate); err != nil {
 			return fail("claim", err)
 		}
@@ -445,16 +511,17 @@ func (s *Store) batchClaim(claims []Claim) (*claimBatch, error) {
 			strings.Compare(claims[a].MessageID, claims[b].MessageID))
 	})
 	ids := make([]string, len(first))
+	uuids := make([]pgtype.UUID, len(first))
 	offsets := make([]int64, len(first))
 	for j, i := range first {
-		ids[j], offsets[j] = claims[i].MessageID, claims[i].Offset
+		ids[j], uuids[j], offsets[j] = claims[i].MessageID, compactID(claims[i].MessageID), claims[i].Offset
 	}
 	q := &claimBatch{n: len(claims), first: first}
 	if len(next) == 1 { // one consumer, topic and partition: the consumer's batches
 		c := claims[0]
 		pk := positionKey{c.Consumer, c.Topic, c.Partition}
 		q.sql = s.claimBatchOneSQL
-		q.args = []any{c.Consumer, ids, c.Topic, offsets, int32(c.Partition), next[pk], anchors[pk], epochs[pk]}
+		q.args = []any{c.Consumer, ids, c.Topic, offsets, int32(c.Partition), next[pk], anchors[pk], epochs[pk], uuids}
 		return q, nil
 	}
 	consumers := make([]string, len(first))
@@ -483,7 +550,7 @@ func (s *Store) batchClaim(claims []Claim) (*claimBatch, error) {
 		pAnchors[j], pEpochs[j] = anchors[k], epochs[k]
 	}
 	q.sql = s.claimBatchSQL
-	q.args = []any{consumers, ids, topics, partitions, offsets, pConsumers, pTopics, pPartitions, pNext, pAnchors, pEpochs}
+	q.args = []any{consumers, ids, topics, partitions, offsets, pConsumers, pTopics, pPartitions, pNext, pAnchors, pEpochs, uuids}
 	return q, nil
 }
 
@@ -580,7 +647,7 @@ func (s *Store) Processed(ctx context.Context, db DBTX, consumer, messageID stri
 		return false, fmt.Errorf("dedup: processed: %w", &inputError{err: err})
 	}
 	var ok bool
-	if err := db.QueryRow(ctx, s.processedSQL, consumer, messageID).Scan(&ok); err != nil {
+	if err := db.QueryRow(ctx, s.processedSQL, consumer, messageID, compactID(messageID)).Scan(&ok); err != nil {
 		return false, fail("processed", err)
 	}
 	return ok, nil

@@ -65,4 +65,15 @@
 //     parked heads: the new waiting column) and rows held behind them are
 //     kept out of it. Unsent rows are kept, in order. Stop the relays,
 //     migrate, start the new relays. See package outbox.
+//   - 14 (014_dedup_uuid): a message ID that is a canonical UUID is stored
+//     as uuid (16 bytes) in the new column message_uuid; the primary key on
+//     (consumer, message_id) becomes two partial unique indexes, one per
+//     column. No row is rewritten (older UUID rows stay text and keep
+//     deduplicating). Building the text index scans and sorts the table and
+//     blocks writes meanwhile; on a large table add the column and build
+//     both indexes first with CREATE UNIQUE INDEX CONCURRENTLY (the
+//     definitions are in 014_dedup_uuid.up.sql): the migration then changes
+//     the catalog only.
+//     Binaries of earlier versions cannot claim after it: stop them, migrate,
+//     start the new ones. See package dedup.
 package migrate

@@ -129,6 +129,13 @@ func (d templateData) Index(field, suffix string) (string, error) {
 	return pgx.Identifier{indexName(table, suffix)}.Sanitize(), nil
 }
 
+// Literal returns s as a quoted SQL string literal: templates pass a
+// quoted identifier to a function that takes text, as in
+// {{.Literal .ProcessedMessages}}::regclass.
+func (d templateData) Literal(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}
+
 // step is one migration rendered for a Config.
 type step struct {
 	version  int

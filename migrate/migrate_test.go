@@ -143,11 +143,12 @@ func TestUpDownUp(t *testing.T) {
 
 	wantProcessed := []column{
 		{"consumer", "text", true, ""},
-		{"message_id", "text", true, ""},
+		{"message_id", "text", false, ""},
 		{"topic", "text", true, ""},
 		{"kafka_partition", "integer", true, ""},
 		{"kafka_offset", "bigint", true, ""},
 		{"processed_at", "timestamp with time zone", true, "now()"},
+		{"message_uuid", "uuid", false, ""},
 	}
 	if got := columns(t, db.Pool, processed); !slices.Equal(got, wantProcessed) {
 		t.Fatalf("processed_messages columns:\n got  %v\n want %v", got, wantProcessed)
@@ -167,8 +168,16 @@ func TestUpDownUp(t *testing.T) {
 		t.Fatalf("consumer_positions columns:\n got  %v\n want %v", got, wantPositions)
 	}
 	idx := indexes(t, db.Pool, processed)
-	if def := idx["processed_messages_pkey"]; !strings.Contains(def, "UNIQUE") || !strings.HasSuffix(def, "(consumer, message_id)") {
-		t.Fatalf("processed_messages primary key = %q; all indexes %v", def, idx)
+	if def := idx["processed_messages_id_key"]; !strings.Contains(def, "UNIQUE") ||
+		!strings.HasSuffix(def, "(consumer, message_id) WHERE (message_id IS NOT NULL)") {
+		t.Fatalf("processed_messages text key = %q; all indexes %v", def, idx)
+	}
+	if def := idx["processed_messages_uuid_key"]; !strings.Contains(def, "UNIQUE") ||
+		!strings.HasSuffix(def, "(consumer, message_uuid) WHERE (message_uuid IS NOT NULL)") {
+		t.Fatalf("processed_messages uuid key = %q; all indexes %v", def, idx)
+	}
+	if _, ok := idx["processed_messages_pkey"]; ok {
+		t.Fatalf("processed_messages kept its primary key; all indexes %v", idx)
 	}
 	if def := idx["processed_messages_processed_at_idx"]; !strings.HasSuffix(def, "(processed_at)") {
 		t.Fatalf("processed_at index = %q; all indexes %v", def, idx)
@@ -308,7 +317,7 @@ func TestOutboxScanIndexes(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Down(10): %v", err)
 	}
-	wantInts(t, "Down(10) reverted", reverted, 13, 12, 11)
+	wantInts(t, "Down(10) reverted", reverted, 14, 13, 12, 11)
 	check("after Down(10)", want5)
 	reverted, err = m.Down(ctx, 4)
 	if err != nil {
@@ -320,7 +329,7 @@ func TestOutboxScanIndexes(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Up again: %v", err)
 	}
-	wantInts(t, "Up again applied", applied, 5, 6, 7, 8, 9, 10, 11, 12, 13)
+	wantInts(t, "Up again applied", applied, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14)
 	check("after Up again", want11)
 }
 

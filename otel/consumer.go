@@ -78,7 +78,8 @@ type Consumer struct {
 	consumerOnly attrOpts // consumer
 	outcomes     [consumer.Parked + 1]attrOpts
 	classes      map[retry.Class]attrOpts
-	commit       attrOpts // consumer, topic, result
+	beyond       map[bool]attrOpts // by applied, for the beyond-horizon counter
+	commit       attrOpts          // consumer, topic, result
 	rollback     attrOpts
 
 	retryMu sync.Mutex
@@ -154,6 +155,7 @@ func (t *Telemetry) Consumer(cfg *consumer.Config) (*Consumer, error) {
 		commit:       attrs(keyConsumer, name, keyTopic, cfg.Topic, keyResult, "commit"),
 		rollback:     attrs(keyConsumer, name, keyTopic, cfg.Topic, keyResult, "rollback"),
 		classes:      map[retry.Class]attrOpts{},
+		beyond:       map[bool]attrOpts{},
 		retries:      map[int]retryNote{},
 		partitions:   map[int]attrOpts{},
 	}
@@ -182,6 +184,12 @@ func (t *Telemetry) Consumer(cfg *consumer.Config) (*Consumer, error) {
 	}
 	in.rebalances.Add(ctx, 0, c.consumerOnly.add...)
 	in.commitFailures.Add(ctx, 0, c.consumerOnly.add...)
+	if cfg.Retention > 0 {
+		for _, action := range []string{"failed", "applied"} {
+			c.beyond[action == "applied"] = attrs(keyConsumer, name, keyTopic, cfg.Topic, keyAction, action)
+			in.beyondHorizon.Add(ctx, 0, c.beyond[action == "applied"].add...)
+		}
+	}
 	in.outageActive.Add(ctx, 0, c.consumerOnly.add...)
 
 	c.chainHooks(&cfg.Hooks)
@@ -274,6 +282,13 @@ func (c *Consumer) chainHooks(h *consumer.Hooks) {
 		c.retryMu.Unlock()
 		if prevRetry != nil {
 			prevRetry(ctx, msg, attempt, err, class, delay)
+		}
+	}
+	prevBeyond := h.BeyondHorizon
+	h.BeyondHorizon = func(ctx context.Context, msg *consumer.Message, err *consumer.HorizonError, applied bool) {
+		in.beyondHorizon.Add(ctx, 1, c.beyond[applied].add...)
+		if prevBeyond != nil {
+			prevBeyond(ctx, msg, err, applied)
 		}
 	}
 	prevRebalanced := h.Rebalanced

@@ -82,6 +82,7 @@
 //	idemkit_consumer_outages_total{consumer,op}
 //	idemkit_consumer_outage_active{consumer}                   gauge
 //	idemkit_consumer_offset_commit_failures_total{consumer}
+//	idemkit_consumer_beyond_horizon_total{consumer,topic,action}  failed, applied (with Retention)
 //	idemkit_dedup_oldest_record_age_seconds{consumer}          gauge
 //	idemkit_dedup_retention_seconds{consumer}                  gauge
 //	idemkit_dlq_writes_total{consumer,topic,dlq_topic}

@@ -17,6 +17,7 @@ const (
 	keyResult    = "result"
 	keyOp        = "op"
 	keyDLQTopic  = "dlq_topic"
+	keyAction    = "action"
 )
 
 // consumerInstruments are the consumer's instruments. Their names, with
@@ -33,6 +34,7 @@ type consumerInstruments struct {
 	outages         metric.Int64Counter       // idemkit_consumer_outages_total
 	outageActive    metric.Int64UpDownCounter // idemkit_consumer_outage_active
 	commitFailures  metric.Int64Counter       // idemkit_consumer_offset_commit_failures_total
+	beyondHorizon   metric.Int64Counter       // idemkit_consumer_beyond_horizon_total
 
 	// Observed by each Consumer's callback (see Consumer.Observe).
 	lag             metric.Int64ObservableGauge   // idemkit_consumer_lag
@@ -45,7 +47,7 @@ type consumerInstruments struct {
 
 func newConsumerInstruments(m metric.Meter) (consumerInstruments, error) {
 	var in consumerInstruments
-	var errs [15]error
+	var errs [16]error
 	in.messages, errs[0] = m.Int64Counter("idemkit.consumer.messages", metric.WithUnit("{message}"),
 		metric.WithDescription("Messages by fate: applied, duplicate (a redelivery the claim caught), parked, failed (handed to OnFailure)."))
 	in.retries, errs[1] = m.Int64Counter("idemkit.consumer.retries", metric.WithUnit("{retry}"),
@@ -79,6 +81,8 @@ func newConsumerInstruments(m metric.Meter) (consumerInstruments, error) {
 		metric.WithDescription("Age of the consumer's oldest processed-message record (0 when none)."))
 	in.retention, errs[14] = m.Float64ObservableGauge("idemkit.dedup.retention", metric.WithUnit("s"),
 		metric.WithDescription("The consumer's configured retention of processed-message records (absent when it purges nothing)."))
+	in.beyondHorizon, errs[15] = m.Int64Counter("idemkit.consumer.beyond_horizon", metric.WithUnit("{message}"),
+		metric.WithDescription("Messages older than the dedup horizon whose claim was new, by what became of them: failed (handed to OnFailure) or applied (HorizonApply)."))
 	return in, errors.Join(errs[:]...)
 }
 

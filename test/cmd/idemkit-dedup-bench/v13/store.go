@@ -1,0 +1,653 @@
+// Package v13 is the dedup store as it was at migration 13 (idemkit commit
+// 528973f, dedup/store.go, id.go and seek.go unchanged but for the package
+// name): message IDs stored as text only. idemkit-dedup-bench measures it
+// against the current store, in one run.
+package v13
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idemkit"
+	"github.com/idemkit/idemkit/internal/pgexec"
+	"github.com/idemkit/idemkit/migrate"
+)
+
+// PurgeBatchDefault is the number of rows Purge deletes per statement when
+// given a batch size of zero or less.
+const PurgeBatchDefault = 1000
+
+// ErrInvalidInput matches (with errors.Is) every error for input rejected
+// before any SQL runs: an invalid consumer name or message ID (which also
+// matches ErrInvalidID), an empty topic, a negative partition or offset.
+// Nothing is written when it is returned.
+var ErrInvalidInput = errors.New("dedup: invalid input")
+
+// inputError marks an error as ErrInvalidInput while keeping what it wraps
+// reachable (errors.Is(err, ErrInvalidID), errors.As(err, **InvalidIDError)).
+type inputError struct{ err error }
+
+func (e *inputError) Error() string        { return e.err.Error() }
+func (e *inputError) Unwrap() error        { return e.err }
+func (e *inputError) Is(target error) bool { return target == ErrInvalidInput }
+
+func invalid(format string, args ...any) error {
+	return &inputError{err: fmt.Errorf(format, args...)}
+}
+
+// Config says where the store's tables live. They are created by package
+// migrate, which must be given the same Schema and Tables.
+type Config struct {
+	// Schema holds the tables. Defaults to "public".
+	Schema string
+	// Tables names the tables inside Schema; each name defaults as documented
+	// on migrate.Tables (Migrations is not used by the store).
+	Tables migrate.Tables
+}
+
+// DBTX runs queries: a pgx.Tx, a *pgxpool.Pool and a *pgx.Conn all satisfy
+// it. Read-only methods take it so they can run inside or outside a
+// transaction.
+type DBTX = pgexec.DB
+
+// Claim identifies one message to claim: the consumer that handles it, its
+// stable ID, and where it was read.
+type Claim struct {
+	// Consumer names the logical consumer (typically the consumer group); IDs
+	// are unique per consumer. Checked with ValidateID.
+	Consumer string
+	// MessageID is the message's stable ID. Checked with ValidateID.
+	MessageID string
+	// Topic is the Kafka topic the message was read from; not empty.
+	Topic string
+	// Partition is the message's partition, 0 to math.MaxInt32.
+	Partition int
+	// Offset is the message's offset, 0 or more.
+	Offset int64
+	// Time is the record's timestamp. When the claim records a position,
+	// the time of the record just before that position is stored with it
+	// (anchor_time), so that a consumer recognises a topic that was deleted
+	// and created again. The zero Time records no anchor.
+	Time time.Time
+	// Epoch is the epoch of the partition's position as its writer read it
+	// (Position.Epoch): the position moves only while no seek changed it.
+	Epoch int64
+}
+
+func (c *Claim) validate() error {
+	if err := ValidateID("Consumer", c.Consumer); err != nil {
+		return &inputError{err: err}
+	}
+	if err := validateTopic(c.Topic); err != nil {
+		return err
+	}
+	return c.validateMessage()
+}
+
+// validateMessage checks what differs between the claims of one consumer
+// and topic.
+func (c *Claim) validateMessage() error {
+	if err := ValidateID("MessageID", c.MessageID); err != nil {
+		return &inputError{err: err}
+	}
+	if err := validatePartition(c.Partition); err != nil {
+		return err
+	}
+	if c.Offset < 0 || c.Offset == math.MaxInt64 {
+		return invalid("invalid Offset %d", c.Offset)
+	}
+	return nil
+}
+
+func validateTopic(topic string) error {
+	if topic == "" || !utf8.ValidString(topic) || strings.IndexByte(topic, 0) >= 0 {
+		return invalid("invalid Topic %q: empty, not valid UTF-8 or contains NUL", topic)
+	}
+	return nil
+}
+
+func validatePartition(partition int) error {
+	if partition < 0 || partition > math.MaxInt32 {
+		return invalid("invalid Partition %d", partition)
+	}
+	return nil
+}
+
+// Store claims message IDs and records consumer positions in the tables
+// created by package migrate. It holds no connection and no state besides
+// its SQL: it is safe for concurrent use.
+type Store struct {
+	tables               migrate.Config
+	claimSQL             string
+	claimWithPositionSQL string
+	claimBatchSQL        string
+	claimBatchOneSQL     string // all claims of one consumer, topic and partition
+	savePositionSQL      string
+	processedSQL         string
+	purgeSQL             string
+	purgeConsumerSQL     string
+}
+
+// New returns a Store for the tables cfg names. cfg may be nil, meaning
+// every default. An invalid cfg returns an error wrapping
+// migrate.ErrInvalidConfig. New does not touch the database.
+func New(cfg *Config) (*Store, error) {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	mc := migrate.Config{Schema: c.Schema, Tables: c.Tables}.WithDefaults()
+	if err := mc.Validate(); err != nil {
+		return nil, fmt.Errorf("dedup: %w", err)
+	}
+	processed := pgx.Identifier{mc.Schema, mc.Tables.ProcessedMessages}.Sanitize()
+	positions := pgx.Identifier{mc.Schema, mc.Tables.ConsumerPositions}.Sanitize()
+
+	// The position statements never move a position back: a redelivered or
+	// replayed message at a lower offset leaves it as it is.
+	// The anchor (the record at next_offset - 1 and its timestamp) moves
+	// with the position when the time is known; a position that moves on
+	// without one (over transaction markers) keeps the last anchor.
+	// A position written under another epoch (a seek happened since its
+	// writer read it) is left as it is.
+	//
+	// A position row exists from a partition's first write on, so it is
+	// moved by a plain UPDATE: INSERT … ON CONFLICT DO UPDATE would also
+	// lock the row first, one more WAL record per message. Only a row that
+	// does not exist yet is inserted (ON CONFLICT DO NOTHING: a row a
+	// concurrent owner inserted meanwhile keeps its position, which can
+	// only make the next start read again what is then a duplicate).
+	// positionCTEs reads its input rows (c, t, k, n, a, e) from the
+	// statement it is given and leaves positionInsert to finish.
+	positionCTEs := func(input string) string {
+		return `position_input AS (
+	SELECT * FROM (` + input + `) AS v (c, t, k, n, a, e)
+), position_moved AS (
+	UPDATE ` + positions + ` AS p SET next_offset = v.n,
+		anchor_offset = CASE WHEN v.a IS NULL THEN p.anchor_offset ELSE v.n - 1 END,
+		anchor_time = coalesce(v.a, p.anchor_time), updated_at = now()
+	FROM position_input AS v
+	WHERE p.consumer = v.c AND p.topic = v.t AND p.kafka_partition = v.k
+		AND p.next_offset < v.n AND p.epoch = v.e
+	RETURNING p.consumer, p.topic, p.kafka_partition
+)`
+	}
+	//
+	// A row the UPDATE did not move either does not exist, is ahead, has
+	// another epoch, or was inserted by a transaction that committed after
+	// the statement's snapshot (two first writers during a rebalance): ON
+	// CONFLICT DO UPDATE rechecks the committed row, so the last case still
+	// moves it (DO NOTHING dropped that write).
+	positionInsert := `INSERT INTO ` + positions + ` AS p (consumer, topic, kafka_partition, next_offset, anchor_time, anchor_offset, epoch)
+	SELECT c, t, k, n, a, CASE WHEN a IS NULL THEN NULL ELSE n - 1 END, e FROM position_input AS v
+	WHERE NOT EXISTS (SELECT 1 FROM position_moved AS m
+		WHERE m.consumer = v.c AND m.topic = v.t AND m.kafka_partition = v.k)
+	ON CONFLICT (consumer, topic, kafka_partition) DO UPDATE
+	SET next_offset = EXCLUDED.next_offset,
+		anchor_offset = CASE WHEN EXCLUDED.anchor_time IS NULL THEN p.anchor_offset ELSE EXCLUDED.anchor_offset END,
+		anchor_time = coalesce(EXCLUDED.anchor_time, p.anchor_time), updated_at = now()
+	WHERE p.next_offset < EXCLUDED.next_offset AND p.epoch = EXCLUDED.epoch`
+	withPosition := func(input string) string {
+		return positionCTEs(input) + `, position_new AS (
+	` + positionInsert + `
+)`
+	}
+
+	return &Store{
+		tables: mc,
+		claimSQL: `INSERT INTO ` + processed + ` (consumer, message_id, topic, kafka_partition, kafka_offset)
+	VALUES ($1, $2, $3, $4, $5)
+	ON CONFLICT (consumer, message_id) DO NOTHING`,
+
+		claimWithPositionSQL: `WITH claimed AS (
+	INSERT INTO ` + processed + ` (consumer, message_id, topic, kafka_partition, kafka_offset)
+	VALUES ($1, $2, $3, $4, $5)
+	ON CONFLICT (consumer, message_id) DO NOTHING
+	RETURNING 1
+), ` + withPosition(`VALUES ($1::text, $3::text, $4::int, $6::bigint, $7::timestamptz, $8::bigint)`) + `
+SELECT NOT EXISTS (SELECT 1 FROM claimed)`,
+
+		claimBatchSQL: `WITH input AS (
+	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::bigint[]) WITH ORDINALITY
+		AS i (consumer, message_id, topic, kafka_partition, kafka_offset, ord)
+), claimed AS (
+	INSERT INTO ` + processed + ` (consumer, message_id, topic, kafka_partition, kafka_offset)
+	SELECT consumer, message_id, topic, kafka_partition, kafka_offset FROM input ORDER BY ord
+	ON CONFLICT (consumer, message_id) DO NOTHING
+	RETURNING consumer, message_id
+), ` + withPosition(`SELECT * FROM unnest($6::text[], $7::text[], $8::int[], $9::bigint[], $10::timestamptz[], $11::bigint[])`) + `
+SELECT input.ord FROM input JOIN claimed USING (consumer, message_id)`,
+
+		// The consumer's batches: one consumer, topic and partition, so those
+		// travel once, as scalars, instead of once per message.
+		claimBatchOneSQL: `WITH input AS (
+	SELECT * FROM unnest($2::text[], $4::bigint[]) WITH ORDINALITY AS i (message_id, kafka_offset, ord)
+), claimed AS (
+	INSERT INTO ` + processed + ` (consumer, message_id, topic, kafka_partition, kafka_offset)
+	SELECT $1, message_id, $3, $5, kafka_offset FROM input ORDER BY ord
+	ON CONFLICT (consumer, message_id) DO NOTHING
+	RETURNING message_id
+), ` + withPosition(`VALUES ($1::text, $3::text, $5::int, $6::bigint, $7::timestamptz, $8::bigint)`) + `
+SELECT input.ord FROM input JOIN claimed USING (message_id)`,
+
+		savePositionSQL: `WITH ` + positionCTEs(`VALUES ($1::text, $2::text, $3::int, $4::bigint, $5::timestamptz, $6::bigint)`) + `
+` + positionInsert,
+
+		processedSQL: `SELECT EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1 AND message_id = $2)`,
+
+		purgeSQL: `DELETE FROM ` + processed + ` WHERE (consumer, message_id) IN (
+	SELECT consumer, message_id FROM ` + processed + `
+	WHERE processed_at < $1
+	ORDER BY processed_at
+	LIMIT $2
+	FOR UPDATE SKIP LOCKED
+)`,
+
+		purgeConsumerSQL: `DELETE FROM ` + processed + ` WHERE (consumer, message_id) IN (
+	SELECT consumer, message_id FROM ` + processed + `
+	WHERE consumer = $1 AND processed_at < $2
+	ORDER BY processed_at
+	LIMIT $3
+	FOR UPDATE SKIP LOCKED
+)`,
+	}, nil
+}
+
+// Tables returns where the store's tables live, with defaults applied:
+// packages that keep their own tables next to the store's use it.
+func (s *Store) Tables() migrate.Config { return s.tables }
+
+// ClaimTx claims c.MessageID for c.Consumer in tx. duplicate is false when
+// the ID is newly claimed: the claim then commits or rolls back with tx.
+// duplicate is true when the ID was already claimed by a committed
+// transaction (a transaction still claiming it concurrently makes ClaimTx
+// wait for its outcome). Invalid input returns an error matching
+// ErrInvalidInput before any SQL runs.
+func (s *Store) ClaimTx(ctx context.Context, tx pgx.Tx, c Claim) (duplicate bool, err error) {
+	if err := c.validate(); err != nil {
+		return false, fail("claim", err)
+	}
+	if tx == nil {
+		return false, errors.New("dedup: claim: nil tx")
+	}
+	tag, err := tx.Exec(ctx, s.claimSQL, c.Consumer, c.MessageID, c.Topic, c.Partition, c.Offset)
+	if err != nil {
+		return false, fail("claim", err)
+	}
+	return tag.RowsAffected() == 0, nil
+}
+
+// ClaimWithPositionTx does what ClaimTx does and, in the same statement,
+// records c.Offset+1 as the consumer's next offset for c.Topic and
+// c.Partition, unless a higher one is recorded already. The position is
+// recorded for duplicates too: the message is done either way.
+func (s *Store) ClaimWithPositionTx(ctx context.Context, tx pgx.Tx, c Claim) (duplicate bool, err error) {
+	if err := c.validate(); err != nil {
+		return false, fail("claim", err)
+	}
+	if tx == nil {
+		return false, errors.New("dedup: claim: nil tx")
+	}
+	err = tx.QueryRow(ctx, s.claimWithPositionSQL, s.claimWithPositionArgs(c)...).Scan(&duplicate)
+	if err != nil {
+		return false, fail("claim", err)
+	}
+	return duplicate, nil
+}
+
+func (s *Store) claimWithPositionArgs(c Claim) []any {
+	return []any{c.Consumer, c.MessageID, c.Topic, c.Partition, c.Offset, c.Offset + 1, anchor(c.Time), c.Epoch}
+}
+
+// QueueClaimWithPosition queues on b the statement ClaimWithPositionTx
+// runs, so that it travels in one round trip with the rest of b: queued
+// after b.BeginTx, a transaction begins, claims and records the position
+// in one round trip (b.BeginTx must come first, as pgx requires). The
+// outcome is stored in *duplicate when b's results are read
+// (pgx.BatchResults.Close); an error of the statement is returned from
+// there, wrapped, and *duplicate then means nothing (pgx may also fail the
+// batch before running it, for example
+// preparing it on a schema that is not migrated: that error is pgx's).
+// Invalid input returns an error matching ErrInvalidInput and queues
+// nothing.
+func (s *Store) QueueClaimWithPosition(b *pgx.Batch, c Claim, duplicate *bool) error {
+	if err := c.validate(); err != nil {
+		return fail("claim", err)
+	}
+	if b == nil || duplicate == nil {
+		return errors.New("dedup: claim: nil batch or result")
+	}
+	b.Queue(s.claimWithPositionSQL, s.claimWithPositionArgs(c)...).QueryRow(func(row pgx.Row) error {
+		if err := row.Scan(duplicate); err != nil {
+			return fail("claim", err)
+		}
+		return nil
+	})
+	return nil
+}
+
+type idKey struct{ consumer, messageID string }
+
+type positionKey struct {
+	consumer, topic string
+	partition       int
+}
+
+// ClaimBatchTx claims many IDs in one statement in tx and records, for each
+// (consumer, topic, partition) present, the highest offset+1 as the next
+// offset (unless a higher one is recorded already). duplicate[i] reports
+// whether claims[i] was a duplicate: of an ID claimed before, or of an
+// earlier claim in the same batch (the first occurrence claims). Any invalid
+// claim fails the whole batch before any SQL runs. An empty batch does
+// nothing.
+func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, claims []Claim) (duplicate []bool, err error) {
+	q, err := s.batchClaim(claims)
+	if err != nil {
+		return nil, err
+	}
+	if tx == nil {
+		return nil, errors.New("dedup: claim batch: nil tx")
+	}
+	if q == nil {
+		return []bool{}, nil
+	}
+	rows, err := tx.Query(ctx, q.sql, q.args...)
+	if err != nil {
+		return nil, fail("claim batch", err)
+	}
+	return q.result(rows)
+}
+
+// QueueClaimBatch queues on b the statement ClaimBatchTx runs (see
+// QueueClaimWithPosition for how a batch begins a transaction with it).
+// The outcome is stored in *duplicate when b's results are read. Invalid
+// input returns an error matching ErrInvalidInput and queues nothing; an
+// empty claims queues nothing and stores an empty slice.
+func (s *Store) QueueClaimBatch(b *pgx.Batch, claims []Claim, duplicate *[]bool) error {
+	q, err := s.batchClaim(claims)
+	if err != nil {
+		return err
+	}
+	if b == nil || duplicate == nil {
+		return errors.New("dedup: claim batch: nil batch or result")
+	}
+	if q == nil {
+		*duplicate = []bool{}
+		return nil
+	}
+	b.Queue(q.sql, q.args...).Query(func(rows pgx.Rows) error {
+		d, err := q.result(rows)
+		*duplicate = d
+		return err
+	})
+	return nil
+}
+
+// claimBatch is one prepared batch claim.
+type claimBatch struct {
+	sql   string
+	args  []any
+	n     int   // claims
+	first []int // the claims that claim (first occurrences), in statement order
+}
+
+// batchClaim validates claims and builds their statement; nil for none.
+// Claims of the same consumer and topic as the claim before them (the
+// consumer's batches) are checked for those once.
+func (s *Store) batchClaim(claims []Claim) (*claimBatch, error) {
+	for i := range claims {
+		c := &claims[i]
+		var err error
+		if i > 0 && c.Consumer == claims[i-1].Consumer && c.Topic == claims[i-1].Topic {
+			err = c.validateMessage()
+		} else {
+			err = c.validate()
+		}
+		if err != nil {
+			return nil, fmt.Errorf("dedup: claim batch: claims[%d]: %w", i, err)
+		}
+	}
+	if len(claims) == 0 {
+		return nil, nil
+	}
+
+	// ON CONFLICT cannot see a row inserted by the same statement twice, and
+	// the answer must say which occurrence claimed: keep first occurrences.
+	seen := make(map[idKey]struct{}, len(claims))
+	first := make([]int, 0, len(claims)) // indexes into claims
+	next := map[positionKey]int64{}
+	anchors := map[positionKey]*time.Time{}
+	epochs := map[positionKey]int64{}
+	for i, c := range claims {
+		pk := positionKey{c.Consumer, c.Topic, c.Partition}
+		epochs[pk] = c.Epoch
+		if c.Offset+1 > next[pk] {
+			next[pk], anchors[pk] = c.Offset+1, anchor(c.Time)
+		}
+		k := idKey{c.Consumer, c.MessageID}
+		if _, ok := seen[k]; ok {
+			continue
+		}
+		seen[k] = struct{}{}
+		first = append(first, i)
+	}
+	// A stable order of inserts and row locks keeps concurrent batches that
+	// overlap from deadlocking.
+	slices.SortFunc(first, func(a, b int) int {
+		return cmp.Or(strings.Compare(claims[a].Consumer, claims[b].Consumer),
+			strings.Compare(claims[a].MessageID, claims[b].MessageID))
+	})
+	ids := make([]string, len(first))
+	offsets := make([]int64, len(first))
+	for j, i := range first {
+		ids[j], offsets[j] = claims[i].MessageID, claims[i].Offset
+	}
+	q := &claimBatch{n: len(claims), first: first}
+	if len(next) == 1 { // one consumer, topic and partition: the consumer's batches
+		c := claims[0]
+		pk := positionKey{c.Consumer, c.Topic, c.Partition}
+		q.sql = s.claimBatchOneSQL
+		q.args = []any{c.Consumer, ids, c.Topic, offsets, int32(c.Partition), next[pk], anchors[pk], epochs[pk]}
+		return q, nil
+	}
+	consumers := make([]string, len(first))
+	topics := make([]string, len(first))
+	partitions := make([]int32, len(first))
+	for j, i := range first {
+		c := claims[i]
+		consumers[j], topics[j], partitions[j] = c.Consumer, c.Topic, int32(c.Partition)
+	}
+	keys := make([]positionKey, 0, len(next))
+	for k := range next {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b positionKey) int {
+		return cmp.Or(strings.Compare(a.consumer, b.consumer), strings.Compare(a.topic, b.topic),
+			cmp.Compare(a.partition, b.partition))
+	})
+	pConsumers := make([]string, len(keys))
+	pTopics := make([]string, len(keys))
+	pPartitions := make([]int32, len(keys))
+	pNext := make([]int64, len(keys))
+	pAnchors := make([]*time.Time, len(keys))
+	pEpochs := make([]int64, len(keys))
+	for j, k := range keys {
+		pConsumers[j], pTopics[j], pPartitions[j], pNext[j] = k.consumer, k.topic, int32(k.partition), next[k]
+		pAnchors[j], pEpochs[j] = anchors[k], epochs[k]
+	}
+	q.sql = s.claimBatchSQL
+	q.args = []any{consumers, ids, topics, partitions, offsets, pConsumers, pTopics, pPartitions, pNext, pAnchors, pEpochs}
+	return q, nil
+}
+
+// result reads the statement's rows: the 1-based positions in q.first of
+// the claims that claimed.
+func (q *claimBatch) result(rows pgx.Rows) ([]bool, error) {
+	claimed, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fail("claim batch", err)
+	}
+	duplicate := make([]bool, q.n)
+	for i := range duplicate {
+		duplicate[i] = true
+	}
+	for _, ord := range claimed {
+		if ord < 1 || int(ord) > len(q.first) {
+			return nil, fmt.Errorf("dedup: claim batch: unexpected ordinality %d", ord)
+		}
+		duplicate[q.first[ord-1]] = false
+	}
+	return duplicate, nil
+}
+
+// anchor is the value stored as anchor_time: NULL for the zero time.
+func anchor(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+// SavePositionTx records next as consumer's next offset for topic and
+// partition in tx, unless a higher one is recorded already: positions never
+// move back through the store. (ClaimWithPositionTx and ClaimBatchTx already
+// record positions; this is for messages handled without a claim and for
+// tooling. To move a position back, use SeekTx, or the command
+// `idemkit consumer seek`, which also moves Kafka's committed offsets.)
+// anchorTime is the timestamp of the record at next-1; when it is zero (the
+// position moves on over records without a time of their own, such as
+// transaction markers) the last anchor is kept. epoch is the position's
+// epoch as the writer read it (Position.Epoch): after a seek changed it, the
+// position is left as it is.
+func (s *Store) SavePositionTx(ctx context.Context, tx pgx.Tx, consumer, topic string, partition int, next int64, anchorTime time.Time, epoch int64) error {
+	if err := ValidateID("Consumer", consumer); err != nil {
+		return fmt.Errorf("dedup: save position: %w", &inputError{err: err})
+	}
+	if err := validateTopic(topic); err != nil {
+		return fail("save position", err)
+	}
+	if err := validatePartition(partition); err != nil {
+		return fail("save position", err)
+	}
+	if next < 0 {
+		return fmt.Errorf("dedup: save position: %w", invalid("invalid next offset %d", next))
+	}
+	if tx == nil {
+		return errors.New("dedup: save position: nil tx")
+	}
+	if _, err := tx.Exec(ctx, s.savePositionSQL, consumer, topic, partition, next, anchor(anchorTime), epoch); err != nil {
+		return fail("save position", err)
+	}
+	return nil
+}
+
+// Positions returns consumer's next offset per partition of topic: the
+// offset of the first message whose effects are not committed, as far as
+// positions were recorded. Partitions without a record are absent.
+func (s *Store) Positions(ctx context.Context, db DBTX, consumer, topic string) (map[int]int64, error) {
+	if err := ValidateID("Consumer", consumer); err != nil {
+		return nil, fmt.Errorf("dedup: positions: %w", &inputError{err: err})
+	}
+	if err := validateTopic(topic); err != nil {
+		return nil, fail("positions", err)
+	}
+	records, err := s.ListPositions(ctx, db, consumer, topic)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[int]int64, len(records))
+	for _, r := range records {
+		out[r.Partition] = r.Next
+	}
+	return out, nil
+}
+
+// Processed reports whether messageID is recorded as claimed by consumer, as
+// db sees it (within a transaction, its own uncommitted claims count). After
+// a record is purged, Processed reports false.
+func (s *Store) Processed(ctx context.Context, db DBTX, consumer, messageID string) (bool, error) {
+	if err := ValidateID("Consumer", consumer); err != nil {
+		return false, fmt.Errorf("dedup: processed: %w", &inputError{err: err})
+	}
+	if err := ValidateID("MessageID", messageID); err != nil {
+		return false, fmt.Errorf("dedup: processed: %w", &inputError{err: err})
+	}
+	var ok bool
+	if err := db.QueryRow(ctx, s.processedSQL, consumer, messageID).Scan(&ok); err != nil {
+		return false, fail("processed", err)
+	}
+	return ok, nil
+}
+
+// Purge deletes the records of messages processed more than olderThan ago
+// (by the database's clock, fixed when Purge starts), at most batchSize rows
+// per statement, each statement its own short transaction on db, until no
+// such record is left or ctx ends. It returns how many records it deleted,
+// also when it returns an error. batchSize <= 0 means PurgeBatchDefault.
+// Rows locked by a concurrent Purge are skipped, not waited for. Positions
+// are never purged.
+func (s *Store) Purge(ctx context.Context, db *pgxpool.Pool, olderThan time.Duration, batchSize int) (int64, error) {
+	return s.purge(ctx, db, "", olderThan, batchSize)
+}
+
+// PurgeConsumer is Purge limited to the records of one consumer (a runner's
+// Config.Name): other consumers sharing the table keep theirs.
+func (s *Store) PurgeConsumer(ctx context.Context, db *pgxpool.Pool, consumer string, olderThan time.Duration, batchSize int) (int64, error) {
+	if err := ValidateID("Consumer", consumer); err != nil {
+		return 0, fmt.Errorf("dedup: purge: %w", &inputError{err: err})
+	}
+	return s.purge(ctx, db, consumer, olderThan, batchSize)
+}
+
+func (s *Store) purge(ctx context.Context, db *pgxpool.Pool, consumer string, olderThan time.Duration, batchSize int) (int64, error) {
+	if olderThan <= 0 {
+		return 0, fmt.Errorf("dedup: purge: %w", invalid("olderThan %v is not positive", olderThan))
+	}
+	if db == nil {
+		return 0, errors.New("dedup: purge: nil pool")
+	}
+	if batchSize <= 0 {
+		batchSize = PurgeBatchDefault
+	}
+	var cutoff time.Time
+	if err := db.QueryRow(ctx, `SELECT now() - $1::bigint * interval '1 microsecond'`,
+		olderThan.Microseconds()).Scan(&cutoff); err != nil {
+		return 0, fail("purge", err)
+	}
+	var deleted int64
+	var err error
+	if consumer == "" {
+		deleted, err = pgexec.DeleteInBatches(ctx, db, s.purgeSQL, batchSize, cutoff)
+	} else {
+		deleted, err = pgexec.DeleteInBatches(ctx, db, s.purgeConsumerSQL, batchSize, consumer, cutoff)
+	}
+	if err != nil {
+		return deleted, fail("purge", err)
+	}
+	return deleted, nil
+}
+
+// ErrNotMigrated means the store's tables are missing or older than the
+// store needs (PostgreSQL's undefined_table or undefined_column): run
+// package migrate (`idemkit migrate up`) with the same schema and names.
+var ErrNotMigrated = fmt.Errorf("dedup: tables missing: %w", idemkit.ErrNotMigrated)
+
+// fail wraps err for op, marking a schema that is not migrated.
+func fail(op string, err error) error {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) && (pg.Code == "42P01" || pg.Code == "42703") {
+		return fmt.Errorf("dedup: %s: %w: %w", op, ErrNotMigrated, err)
+	}
+	return fmt.Errorf("dedup: %s: %w", op, err)
+}
