@@ -143,8 +143,14 @@ func TestUpgradeKeepsRecords(t *testing.T) {
 	e.crashed(stuck, "acct-1", payment) // one more payment: the fingerprint's donor
 	wantPayments(t, e, 2)
 
-	if applied, err := m.Up(ctx); err != nil || !slices.Equal(applied, []int{11, 12, 13}) {
-		t.Fatalf("Up = %v, %v; want [11 12 13]", applied, err)
+	// Versions 11 to 13 changed this table; later ones (other tables) come
+	// and go with them.
+	var upper []int
+	for v := 11; v <= m.Latest(); v++ {
+		upper = append(upper, v)
+	}
+	if applied, err := m.Up(ctx); err != nil || !slices.Equal(applied, upper) {
+		t.Fatalf("Up = %v, %v; want %v", applied, err, upper)
 	}
 	layout("at version 13", false, false, "fillfactor=70")
 	r := e.post(done, "acct-1", payment)
@@ -159,8 +165,10 @@ func TestUpgradeKeepsRecords(t *testing.T) {
 	want(t, e.post(stuck, "acct-1", payment), http.StatusCreated, false) // taken over
 	wantPayments(t, e, 3)
 
-	if reverted, err := m.Down(ctx, 10); err != nil || !slices.Equal(reverted, []int{13, 12, 11}) {
-		t.Fatalf("Down(10) = %v, %v; want [13 12 11]", reverted, err)
+	down := slices.Clone(upper)
+	slices.Reverse(down)
+	if reverted, err := m.Down(ctx, 10); err != nil || !slices.Equal(reverted, down) {
+		t.Fatalf("Down(10) = %v, %v; want %v", reverted, err, down)
 	}
 	layout("reverted to version 10", true, true, "")
 	want(t, e.post(done, "acct-1", payment), http.StatusCreated, true)

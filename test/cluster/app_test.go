@@ -300,7 +300,7 @@ func (a *app) checkEffects(t *testing.T, ctx context.Context, group string, want
 		t.Errorf("effects applied more than once (first 20): %+v", twice)
 	}
 
-	rows, err = a.db.Pool.Query(ctx, `SELECT message_id FROM `+a.db.Table("processed_messages")+` WHERE consumer = $1`, group)
+	rows, err = a.db.Pool.Query(ctx, `SELECT coalesce(message_id, message_uuid::text) FROM `+a.db.Table("processed_messages")+` WHERE consumer = $1`, group)
 	if err != nil {
 		t.Fatal(err)
 	}
