@@ -96,8 +96,9 @@
 // for what decodes to half the share at the ratio the previous fetch
 // showed (16 KiB to 4 MiB; Kafka returns a larger record batch whole). The
 // messages held stay below 1.5 × MaxBufferedBytes + assigned partitions ×
-// (64 KiB + 3 × the largest record batch). On a compressed topic the ratio
-// includes the compression.
+// (64 KiB + 3 × the largest record batch). The ratio is estimated from the
+// records' uncompressed sizes: on a compressed topic a fetch decodes to up
+// to the compression ratio times more.
 //
 // # Order, batching, rebalances
 //
