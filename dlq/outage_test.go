@@ -188,3 +188,37 @@ func TestWriterMaxOutage(t *testing.T) {
 		errors.New("bug"))
 	checkOutage(t, "writer without Kafka", err, start, maxOutage)
 }
+
+// TestReprocessorReplacesReadOnlySession: the only connection of the
+// reprocessor's pool was made read-only by other code sharing the pool (SET
+// SESSION CHARACTERISTICS outlives a transaction). The replay's first
+// write gets 25006; the reprocessor closes that connection instead of
+// giving it back, and the replay goes through on a new one. Before, it was
+// waited on as an outage until MaxOutage (found by review).
+func TestReprocessorReplacesReadOnlySession(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, true)
+	e.produce("r1")
+	e.consume(1, func(*consumer.Message, int) error { return retry.Permanent(errors.New("bug")) })
+
+	pcfg := e.db.Pool.Config()
+	pcfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, `SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY`); err != nil {
+		t.Fatal(err)
+	}
+	sum, err := e.reprocessorOn(pool, dlq.Redrive, e.effect, func(c *dlq.ReprocessorConfig) {
+		c.MaxOutage = 20 * time.Second
+	}).Run(ctx)
+	if err != nil || sum[dlq.Applied] != 1 {
+		t.Fatalf("Run = %v, %v; want r1 applied", sum, err)
+	}
+	if runs := e.runs(); runs["r1"] != 1 {
+		t.Fatalf("effects %v, want r1 once", runs)
+	}
+}

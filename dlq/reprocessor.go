@@ -501,12 +501,19 @@ func (rn *run) redrive(ctx context.Context, d *DeadLetter) (Action, error, error
 // redriveTx is one attempt: a transaction that records the replay, claims
 // the message ID, runs the handler and commits. A handler error comes back
 // as a *handlerFailure; any other error is the database's.
-func (rn *run) redriveTx(ctx context.Context, d *DeadLetter, msg *consumer.Message) (Action, error) {
+func (rn *run) redriveTx(ctx context.Context, d *DeadLetter, msg *consumer.Message) (_ Action, err error) {
 	tx, err := rn.cfg.pool.Begin(ctx)
 	if err != nil {
 		return "", fmt.Errorf("begin: %w", err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer func() {
+		if retry.IsReadOnly(err) {
+			// A session made read-only (SET SESSION CHARACTERISTICS) stays
+			// so: close it before the rollback gives it back to the pool.
+			_ = tx.Conn().Close(context.WithoutCancel(ctx))
+		}
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+	}()
 	// The replay record first: a concurrent or repeated replay of the same
 	// dead letter waits here, then finds it and does nothing.
 	tag, err := tx.Exec(ctx, `INSERT INTO `+rn.replays+` (origin_topic, origin_incarnation, origin_partition,

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/idemkit/idemkit/outbox"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -140,4 +142,48 @@ func TestDispatcherHandlersTakeTurns(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("urgent message not handled")
 	}
+}
+
+// TestDispatcherReplacesReadOnlySession: every connection of the
+// dispatcher's pool was made read-only by other code sharing the pool (SET
+// SESSION CHARACTERISTICS outlives a transaction). A round's writes get
+// 25006; the dispatcher closes that connection instead of giving it back,
+// and the next round runs on a new one. Before, the rounds waited on the
+// same read-only session as an outage for ever (found by review).
+func TestDispatcherReplacesReadOnlySession(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, store := newDB(t)
+	pcfg := db.Pool.Config()
+	pcfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var conns []*pgxpool.Conn
+	for range 2 {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Exec(ctx, `SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY`); err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		c.Release()
+	}
+	pub := newPublished()
+	d, err := outbox.NewDispatcher(pool, store, &outbox.DispatcherConfig{
+		Handlers:     map[string]outbox.Handler{"email": outbox.HandlerFunc(func(context.Context, *outbox.Record) error { return nil })},
+		PollInterval: 50 * time.Millisecond, Logger: testLogger(t), Hooks: outbox.Hooks{Published: pub.hook},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, d)
+	ids := enqueue(t, db.Pool, store, outbox.Message{Handler: "email", Key: []byte("a"), Value: []byte("hello")})
+	pub.wait(t, 15*time.Second, ids[0])
 }

@@ -332,8 +332,7 @@ type update struct {
 // round claims keys, reads their rows, delivers a prefix of each key, and
 // records the outcome, all in one transaction whose advisory locks keep
 // other relays off these keys until the marks are committed.
-func (e *engine) round(ctx context.Context) (roundResult, error) {
-	var res roundResult
+func (e *engine) round(ctx context.Context) (res roundResult, err error) {
 	// READ COMMITTED whatever default_transaction_isolation says: keyRows
 	// must see, in a snapshot taken after the scan locked the keys, the marks
 	// of the keys' previous holders. Under REPEATABLE READ it would read the
@@ -345,6 +344,12 @@ func (e *engine) round(ctx context.Context) (roundResult, error) {
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
+		if retry.IsReadOnly(err) {
+			// A session made read-only (SET SESSION CHARACTERISTICS, by
+			// other code sharing the pool) stays so: close it before the
+			// rollback gives it back, so that the pool opens a new one.
+			_ = tx.Conn().Close(rctx)
+		}
 		_ = tx.Rollback(rctx) // no-op after Commit
 	}()
 
