@@ -516,3 +516,25 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	_, err = m.Up(ctx)
 	return err
 }
+
+// PartPool is a pool of its own for one part of a fault test (a runner, a
+// relay), on url, with at most maxConns connections, an empty search_path (a
+// table name the code forgets to qualify fails) and name as
+// application_name (so that a test can find or kill its backends). It is
+// closed when the test ends.
+func PartPool(tb testing.TB, ctx context.Context, url, name string, maxConns int32) *pgxpool.Pool {
+	tb.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = ""
+	cfg.ConnConfig.RuntimeParams["application_name"] = name
+	cfg.MaxConns = maxConns
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(pool.Close)
+	return pool
+}

@@ -255,7 +255,7 @@ func run(t *testing.T, sc scenario) {
 	lg, loggers := newPartLogs(t, append(all, "seed")...)
 	pools := map[string]*pgxpool.Pool{}
 	for _, name := range append(slices.Clone(runners), relay, reprocessor, "test") {
-		pools[name] = newPool(t, ctx, pg.URL(), name)
+		pools[name] = testenv.PartPool(t, ctx, pg.URL(), name, 8)
 	}
 	a, err := newApp(outTopic)
 	if err != nil {
@@ -522,24 +522,4 @@ func createTopics(t *testing.T, ctx context.Context, addr string, topics map[str
 			t.Fatal(err)
 		}
 	}
-}
-
-// newPool is a pool of its own for one part, with an empty search_path (a
-// table name the code forgets to qualify fails) and its name as
-// application_name.
-func newPool(t *testing.T, ctx context.Context, url, name string) *pgxpool.Pool {
-	t.Helper()
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = ""
-	cfg.ConnConfig.RuntimeParams["application_name"] = name
-	cfg.MaxConns = 8
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
 }

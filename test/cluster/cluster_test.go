@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/consumer"
@@ -198,7 +197,7 @@ func run(t *testing.T, c *kafkaproc.Cluster, sc scenario) {
 		OffsetCommitFailed: func(string, map[int]int64, error) { commitFailures.Add(1) },
 	}
 	for i, name := range runners {
-		pool := newPool(t, ctx, url, name)
+		pool := testenv.PartPool(t, ctx, url, name, 4)
 		cfg := &consumer.Config{Kafka: kc, Topic: topic, GroupID: group, Store: claims,
 			SessionTimeout: 6 * time.Second, RebalanceTimeout: 10 * time.Second, Logger: loggers[name], Hooks: hooks}
 		switch i {
@@ -223,7 +222,7 @@ func run(t *testing.T, c *kafkaproc.Cluster, sc scenario) {
 		nDelivered  atomic.Int64
 	)
 	for _, name := range relays {
-		rl, err := outbox.NewRelay(newPool(t, ctx, url, name), store, &outbox.RelayConfig{Kafka: kc,
+		rl, err := outbox.NewRelay(testenv.PartPool(t, ctx, url, name, 4), store, &outbox.RelayConfig{Kafka: kc,
 			PollInterval: 100 * time.Millisecond, PublishTimeout: 5 * time.Second, RetryMax: 2 * time.Second,
 			Logger: loggers[name], Hooks: outbox.Hooks{AfterPublish: func(_ context.Context, recs []outbox.Record) {
 				deliveredMu.Lock()
@@ -250,7 +249,7 @@ func run(t *testing.T, c *kafkaproc.Cluster, sc scenario) {
 
 	var src sources
 	srcDone := make(chan error, 2)
-	enqPool := newPool(t, ctx, url, "enqueuer")
+	enqPool := testenv.PartPool(t, ctx, url, "enqueuer", 4)
 	wg.Go(func() {
 		srcDone <- src.enqueue(runCtx, enqPool, store, topic, sc.outboxMsgs, sc.keys, sc.produceFor)
 	})
@@ -504,24 +503,4 @@ func coordinator(ctx context.Context, brokers []string, group string) (int, erro
 		return 0, errors.New("no coordinator")
 	}
 	return res.Coordinator.NodeID, nil
-}
-
-// newPool is a pool of its own for one part, with an empty search_path (a
-// table name the code forgets to qualify fails) and its name as
-// application_name.
-func newPool(t *testing.T, ctx context.Context, url, name string) *pgxpool.Pool {
-	t.Helper()
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = ""
-	cfg.ConnConfig.RuntimeParams["application_name"] = name
-	cfg.MaxConns = 4
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
 }

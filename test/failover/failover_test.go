@@ -105,7 +105,7 @@ func run(t *testing.T, sc scenario) {
 		if name == standbyRunner {
 			u = pair.Standby().URL()
 		}
-		pools[name] = newPool(t, ctx, u, name)
+		pools[name] = testenv.PartPool(t, ctx, u, name, 8)
 	}
 	a, err := newApp(outTopic)
 	if err != nil {
@@ -390,26 +390,6 @@ func (h *harness) mustWait(what string, within time.Duration, cond func() (bool,
 	if err := h.wait(what, within, cond); err != nil {
 		h.t.Fatal(err)
 	}
-}
-
-// newPool is a pool of its own for one part on the multi-host URL, with an
-// empty search_path (a table name the code forgets to qualify fails) and its
-// name as application_name.
-func newPool(t *testing.T, ctx context.Context, url, name string) *pgxpool.Pool {
-	t.Helper()
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = ""
-	cfg.ConnConfig.RuntimeParams["application_name"] = name
-	cfg.MaxConns = 8
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
 }
 
 // app is the application: its handler applies an effect per message (and
