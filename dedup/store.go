@@ -8,6 +8,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -125,15 +126,20 @@ func validatePartition(partition int) error {
 // created by package migrate. It holds no connection and no state besides
 // its SQL: it is safe for concurrent use.
 type Store struct {
-	tables               migrate.Config
-	claimSQL             [2]string // by key: keyText, keyUUID
-	claimWithPositionSQL [2]string
-	claimBatchSQL        string
-	claimBatchOneSQL     string // all claims of one consumer, topic and partition
-	savePositionSQL      string
-	processedSQL         string
-	purgeSQL             string
-	purgeConsumerSQL     string
+	tables                migrate.Config
+	claimSQL              [3]string // by key: keyText, keyUUID, keyDaily
+	claimWithPositionSQL  [3]string
+	claimBatchDailySQL    string // claimBatchSQL with claims for the daily table
+	claimBatchOneDailySQL string
+	processedDailySQL     string
+	daily                 dailyNames
+	layout                atomic.Pointer[layoutState] // nil: not read yet
+	claimBatchSQL         string
+	claimBatchOneSQL      string // all claims of one consumer, topic and partition
+	savePositionSQL       string
+	processedSQL          string
+	purgeSQL              string
+	purgeConsumerSQL      string
 }
 
 // New returns a Store for the tables cfg names. cfg may be nil, meaning
@@ -150,6 +156,7 @@ func New(cfg *Config) (*Store, error) {
 	}
 	processed := pgx.Identifier{mc.Schema, mc.Tables.ProcessedMessages}.Sanitize()
 	positions := pgx.Identifier{mc.Schema, mc.Tables.ConsumerPositions}.Sanitize()
+	daily := newDailyNames(mc)
 
 	// The position statements never move a position back: a redelivered or
 	// replayed message at a lower offset leaves it as it is.
@@ -215,7 +222,7 @@ func New(cfg *Config) (*Store, error) {
 		// settles on one generic plan per statement instead of planning a
 		// claim again at every execution (which cost the one-message claims
 		// of UUIDs a quarter of their rate; scripts/bench-dedup).
-		claimSQL: [2]string{
+		claimSQL: [3]string{
 			keyText: `INSERT INTO ` + processed + ` (consumer, message_id, topic, kafka_partition, kafka_offset)
 	VALUES ($1, $2, $3, $4, $5)
 	ON CONFLICT DO NOTHING`,
@@ -223,9 +230,14 @@ func New(cfg *Config) (*Store, error) {
 	SELECT $1::text, $6::uuid, $3::text, $4::int, $5::bigint
 	WHERE NOT EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1::text AND message_id = $2::text)
 	ON CONFLICT DO NOTHING`,
+			// The daily table holds no UUID claimed before migration 14
+			// (EnableDaily checks): no probe for one stored as text.
+			keyDaily: `INSERT INTO ` + daily.table + ` (consumer, message_uuid, day, topic, kafka_partition, kafka_offset)
+	VALUES ($1, $2, $3, $4, $5, $6)
+	ON CONFLICT DO NOTHING`,
 		},
 
-		claimWithPositionSQL: [2]string{
+		claimWithPositionSQL: [3]string{
 			keyText: `WITH claimed AS (
 	INSERT INTO ` + processed + ` (consumer, message_id, topic, kafka_partition, kafka_offset)
 	VALUES ($1, $2, $3, $4, $5)
@@ -240,6 +252,13 @@ SELECT NOT EXISTS (SELECT 1 FROM claimed)`,
 	ON CONFLICT DO NOTHING
 	RETURNING 1
 ), ` + withPosition(`VALUES ($1::text, $3::text, $4::int, $6::bigint, $7::timestamptz, $8::bigint)`) + `
+SELECT NOT EXISTS (SELECT 1 FROM claimed)`,
+			keyDaily: `WITH claimed AS (
+	INSERT INTO ` + daily.table + ` (consumer, message_uuid, day, topic, kafka_partition, kafka_offset)
+	VALUES ($1, $2, $3, $4, $5, $6)
+	ON CONFLICT DO NOTHING
+	RETURNING 1
+), ` + withPosition(`VALUES ($1::text, $4::text, $5::int, $7::bigint, $8::timestamptz, $9::bigint)`) + `
 SELECT NOT EXISTS (SELECT 1 FROM claimed)`,
 		},
 
@@ -273,6 +292,57 @@ SELECT input.ord FROM input JOIN claimed USING (consumer, message_id)`,
 	RETURNING coalesce(message_id, message_uuid::text) AS message_id
 ), ` + withPosition(`VALUES ($1::text, $3::text, $5::int, $6::bigint, $7::timestamptz, $8::bigint)`) + `
 SELECT input.ord FROM input JOIN claimed USING (message_id)`,
+
+		// The same two with claims routed to the daily table (day not NULL):
+		// separate statements, so that a flat layout's plans stay as they
+		// were and need no migration 15.
+		claimBatchDailySQL: `WITH input AS (
+	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::bigint[], $12::uuid[], $13::date[]) WITH ORDINALITY
+		AS i (consumer, message_id, topic, kafka_partition, kafka_offset, message_uuid, day, ord)
+), claimed AS (
+	INSERT INTO ` + processed + ` (consumer, message_id, message_uuid, topic, kafka_partition, kafka_offset)
+	SELECT i.consumer, CASE WHEN i.message_uuid IS NULL THEN i.message_id END, i.message_uuid, i.topic, i.kafka_partition, i.kafka_offset
+	FROM input AS i
+	WHERE i.day IS NULL AND (i.message_uuid IS NULL OR NOT EXISTS (SELECT 1 FROM ` + processed + ` AS o
+		WHERE o.consumer = i.consumer AND o.message_id = i.message_id))
+	ORDER BY i.ord
+	ON CONFLICT DO NOTHING
+	RETURNING consumer, coalesce(message_id, message_uuid::text) AS message_id
+), claimed_daily AS (
+	INSERT INTO ` + daily.table + ` (consumer, message_uuid, day, topic, kafka_partition, kafka_offset)
+	SELECT i.consumer, i.message_uuid, i.day, i.topic, i.kafka_partition, i.kafka_offset
+	FROM input AS i
+	WHERE i.day IS NOT NULL
+	ORDER BY i.ord
+	ON CONFLICT DO NOTHING
+	RETURNING consumer, message_uuid::text AS message_id
+), ` + withPosition(`SELECT * FROM unnest($6::text[], $7::text[], $8::int[], $9::bigint[], $10::timestamptz[], $11::bigint[])`) + `
+SELECT input.ord FROM input JOIN (SELECT * FROM claimed UNION ALL SELECT * FROM claimed_daily) AS c USING (consumer, message_id)`,
+
+		claimBatchOneDailySQL: `WITH input AS (
+	SELECT * FROM unnest($2::text[], $4::bigint[], $9::uuid[], $10::date[]) WITH ORDINALITY AS i (message_id, kafka_offset, message_uuid, day, ord)
+), claimed AS (
+	INSERT INTO ` + processed + ` (consumer, message_id, message_uuid, topic, kafka_partition, kafka_offset)
+	SELECT $1::text, CASE WHEN i.message_uuid IS NULL THEN i.message_id END, i.message_uuid, $3::text, $5::int, i.kafka_offset
+	FROM input AS i
+	WHERE i.day IS NULL AND (i.message_uuid IS NULL OR NOT EXISTS (SELECT 1 FROM ` + processed + ` AS o
+		WHERE o.consumer = $1::text AND o.message_id = i.message_id))
+	ORDER BY i.ord
+	ON CONFLICT DO NOTHING
+	RETURNING coalesce(message_id, message_uuid::text) AS message_id
+), claimed_daily AS (
+	INSERT INTO ` + daily.table + ` (consumer, message_uuid, day, topic, kafka_partition, kafka_offset)
+	SELECT $1::text, i.message_uuid, i.day, $3::text, $5::int, i.kafka_offset
+	FROM input AS i
+	WHERE i.day IS NOT NULL
+	ORDER BY i.ord
+	ON CONFLICT DO NOTHING
+	RETURNING message_uuid::text AS message_id
+), ` + withPosition(`VALUES ($1::text, $3::text, $5::int, $6::bigint, $7::timestamptz, $8::bigint)`) + `
+SELECT input.ord FROM input JOIN (SELECT * FROM claimed UNION ALL SELECT * FROM claimed_daily) AS c USING (message_id)`,
+
+		processedDailySQL: `SELECT EXISTS (SELECT 1 FROM ` + daily.table + ` WHERE consumer = $1 AND message_uuid = $2 AND day = $3)`,
+		daily:             daily,
 
 		savePositionSQL: `WITH ` + positionCTEs(`VALUES ($1::text, $2::text, $3::int, $4::bigint, $5::timestamptz, $6::bigint)`) + `
 ` + positionInsert,
@@ -316,14 +386,22 @@ func (s *Store) ClaimTx(ctx context.Context, tx pgx.Tx, c Claim) (duplicate bool
 	if tx == nil {
 		return false, errors.New("dedup: claim: nil tx")
 	}
-	args := []any{c.Consumer, c.MessageID, c.Topic, c.Partition, c.Offset}
-	u := compactID(c.MessageID)
-	if u.Valid {
-		args = append(args, u)
-	}
-	tag, err := tx.Exec(ctx, s.claimSQL[keyOf(u)], args...)
+	kind, u, day, err := s.route(ctx, tx, c.MessageID)
 	if err != nil {
-		return false, fail("claim", err)
+		return false, fmt.Errorf("dedup: claim: %w", err)
+	}
+	var args []any
+	switch kind {
+	case keyText:
+		args = []any{c.Consumer, c.MessageID, c.Topic, c.Partition, c.Offset}
+	case keyUUID:
+		args = []any{c.Consumer, c.MessageID, c.Topic, c.Partition, c.Offset, u}
+	case keyDaily:
+		args = []any{c.Consumer, u, day, c.Topic, c.Partition, c.Offset}
+	}
+	tag, err := tx.Exec(ctx, s.claimSQL[kind], args...)
+	if err != nil {
+		return false, s.claimError("claim", err, day)
 	}
 	return tag.RowsAffected() == 0, nil
 }
@@ -339,37 +417,43 @@ func (s *Store) ClaimWithPositionTx(ctx context.Context, tx pgx.Tx, c Claim) (du
 	if tx == nil {
 		return false, errors.New("dedup: claim: nil tx")
 	}
-	q, args := s.claimWithPosition(c)
+	q, args, day, err := s.claimWithPosition(ctx, tx, c)
+	if err != nil {
+		return false, fmt.Errorf("dedup: claim: %w", err)
+	}
 	err = tx.QueryRow(ctx, q, args...).Scan(&duplicate)
 	if err != nil {
-		return false, fail("claim", err)
+		return false, s.claimError("claim", err, day)
 	}
 	return duplicate, nil
 }
 
 // claimWithPosition returns ClaimWithPositionTx's statement for c's kind of
-// key, and its arguments.
-func (s *Store) claimWithPosition(c Claim) (string, []any) {
-	args := []any{c.Consumer, c.MessageID, c.Topic, c.Partition, c.Offset, c.Offset + 1, anchor(c.Time), c.Epoch}
-	u := compactID(c.MessageID)
-	if u.Valid {
-		args = append(args, u)
+// key, its arguments and, for the daily table, the claim's day. db reads
+// the layout if needed (nil: queued, see route).
+func (s *Store) claimWithPosition(ctx context.Context, db DBTX, c Claim) (string, []any, time.Time, error) {
+	kind, u, day, err := s.route(ctx, db, c.MessageID)
+	if err != nil {
+		return "", nil, day, err
 	}
-	return s.claimWithPositionSQL[keyOf(u)], args
+	var args []any
+	switch kind {
+	case keyText:
+		args = []any{c.Consumer, c.MessageID, c.Topic, c.Partition, c.Offset, c.Offset + 1, anchor(c.Time), c.Epoch}
+	case keyUUID:
+		args = []any{c.Consumer, c.MessageID, c.Topic, c.Partition, c.Offset, c.Offset + 1, anchor(c.Time), c.Epoch, u}
+	case keyDaily:
+		args = []any{c.Consumer, u, day, c.Topic, c.Partition, c.Offset, c.Offset + 1, anchor(c.Time), c.Epoch}
+	}
+	return s.claimWithPositionSQL[kind], args, day, nil
 }
 
 // The kinds of key a message ID is stored under.
 const (
-	keyText = iota // message_id, text
-	keyUUID        // message_uuid, a canonical UUID
+	keyText  = iota // message_id, text
+	keyUUID         // message_uuid, a canonical UUID
+	keyDaily        // the daily table: a UUIDv7 from the layout's DailyFrom on
 )
-
-func keyOf(u pgtype.UUID) int {
-	if u.Valid {
-		return keyUUID
-	}
-	return keyText
-}
 
 // QueueClaimWithPosition queues on b the statement ClaimWithPositionTx
 // runs, so that it travels in one round trip with the rest of b: queued
@@ -389,10 +473,13 @@ func (s *Store) QueueClaimWithPosition(b *pgx.Batch, c Claim, duplicate *bool) e
 	if b == nil || duplicate == nil {
 		return errors.New("dedup: claim: nil batch or result")
 	}
-	q, args := s.claimWithPosition(c)
+	q, args, day, err := s.claimWithPosition(context.Background(), nil, c)
+	if err != nil {
+		return fmt.Errorf("dedup: claim: %w", err)
+	}
 	b.Queue(q, args...).QueryRow(func(row pgx.Row) error {
 		if err := row.Scan(duplicate); err != nil {
-			return fail("claim", err)
+			return s.claimError("claim", err, day)
 		}
 		return nil
 	})
@@ -414,21 +501,21 @@ type positionKey struct {
 // claim fails the whole batch before any SQL runs. An empty batch does
 // nothing.
 func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, claims []Claim) (duplicate []bool, err error) {
-	q, err := s.batchClaim(claims)
-	if err != nil {
-		return nil, err
-	}
 	if tx == nil {
 		return nil, errors.New("dedup: claim batch: nil tx")
+	}
+	q, err := s.batchClaim(ctx, tx, claims)
+	if err != nil {
+		return nil, err
 	}
 	if q == nil {
 		return []bool{}, nil
 	}
 	rows, err := tx.Query(ctx, q.sql, q.args...)
 	if err != nil {
-		return nil, fail("claim batch", err)
+		return nil, s.claimError("claim batch", err, time.Time{})
 	}
-	return q.result(rows)
+	return q.result(s, rows)
 }
 
 // QueueClaimBatch queues on b the statement ClaimBatchTx runs (see
@@ -437,7 +524,7 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, claims []Claim) (du
 // input returns an error matching ErrInvalidInput and queues nothing; an
 // empty claims queues nothing and stores an empty slice.
 func (s *Store) QueueClaimBatch(b *pgx.Batch, claims []Claim, duplicate *[]bool) error {
-	q, err := s.batchClaim(claims)
+	q, err := s.batchClaim(context.Background(), nil, claims)
 	if err != nil {
 		return err
 	}
@@ -449,7 +536,7 @@ func (s *Store) QueueClaimBatch(b *pgx.Batch, claims []Claim, duplicate *[]bool)
 		return nil
 	}
 	b.Queue(q.sql, q.args...).Query(func(rows pgx.Rows) error {
-		d, err := q.result(rows)
+		d, err := q.result(s, rows)
 		*duplicate = d
 		return err
 	})
@@ -466,8 +553,9 @@ type claimBatch struct {
 
 // batchClaim validates claims and builds their statement; nil for none.
 // Claims of the same consumer and topic as the claim before them (the
-// consumer's batches) are checked for those once.
-func (s *Store) batchClaim(claims []Claim) (*claimBatch, error) {
+// consumer's batches) are checked for those once. db reads the layout if a
+// UUIDv7 needs it (nil: queued, see route).
+func (s *Store) batchClaim(ctx context.Context, db DBTX, claims []Claim) (*claimBatch, error) {
 	for i := range claims {
 		c := &claims[i]
 		var err error
@@ -513,8 +601,19 @@ func (s *Store) batchClaim(claims []Claim) (*claimBatch, error) {
 	ids := make([]string, len(first))
 	uuids := make([]pgtype.UUID, len(first))
 	offsets := make([]int64, len(first))
+	var days []pgtype.Date // for the daily table; nil when no claim goes there
 	for j, i := range first {
-		ids[j], uuids[j], offsets[j] = claims[i].MessageID, compactID(claims[i].MessageID), claims[i].Offset
+		kind, u, day, err := s.route(ctx, db, claims[i].MessageID)
+		if err != nil {
+			return nil, fmt.Errorf("dedup: claim batch: %w", err)
+		}
+		if kind == keyDaily {
+			if days == nil {
+				days = make([]pgtype.Date, len(first))
+			}
+			days[j] = pgtype.Date{Time: day, Valid: true}
+		}
+		ids[j], uuids[j], offsets[j] = claims[i].MessageID, u, claims[i].Offset
 	}
 	q := &claimBatch{n: len(claims), first: first}
 	if len(next) == 1 { // one consumer, topic and partition: the consumer's batches
@@ -522,6 +621,10 @@ func (s *Store) batchClaim(claims []Claim) (*claimBatch, error) {
 		pk := positionKey{c.Consumer, c.Topic, c.Partition}
 		q.sql = s.claimBatchOneSQL
 		q.args = []any{c.Consumer, ids, c.Topic, offsets, int32(c.Partition), next[pk], anchors[pk], epochs[pk], uuids}
+		if days != nil {
+			q.sql = s.claimBatchOneDailySQL
+			q.args = append(q.args, days)
+		}
 		return q, nil
 	}
 	consumers := make([]string, len(first))
@@ -551,15 +654,19 @@ func (s *Store) batchClaim(claims []Claim) (*claimBatch, error) {
 	}
 	q.sql = s.claimBatchSQL
 	q.args = []any{consumers, ids, topics, partitions, offsets, pConsumers, pTopics, pPartitions, pNext, pAnchors, pEpochs, uuids}
+	if days != nil {
+		q.sql = s.claimBatchDailySQL
+		q.args = append(q.args, days)
+	}
 	return q, nil
 }
 
 // result reads the statement's rows: the 1-based positions in q.first of
 // the claims that claimed.
-func (q *claimBatch) result(rows pgx.Rows) ([]bool, error) {
+func (q *claimBatch) result(s *Store, rows pgx.Rows) ([]bool, error) {
 	claimed, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {
-		return nil, fail("claim batch", err)
+		return nil, s.claimError("claim batch", err, time.Time{})
 	}
 	duplicate := make([]bool, q.n)
 	for i := range duplicate {
@@ -646,8 +753,17 @@ func (s *Store) Processed(ctx context.Context, db DBTX, consumer, messageID stri
 	if err := ValidateID("MessageID", messageID); err != nil {
 		return false, fmt.Errorf("dedup: processed: %w", &inputError{err: err})
 	}
+	kind, u, day, err := s.route(ctx, db, messageID)
+	if err != nil {
+		return false, fmt.Errorf("dedup: processed: %w", err)
+	}
 	var ok bool
-	if err := db.QueryRow(ctx, s.processedSQL, consumer, messageID, compactID(messageID)).Scan(&ok); err != nil {
+	if kind == keyDaily {
+		err = db.QueryRow(ctx, s.processedDailySQL, consumer, u, day).Scan(&ok)
+	} else {
+		err = db.QueryRow(ctx, s.processedSQL, consumer, messageID, u).Scan(&ok)
+	}
+	if err != nil {
 		return false, fail("processed", err)
 	}
 	return ok, nil

@@ -235,8 +235,8 @@ func TestUUIDClaimedBeforeVersion14StaysClaimed(t *testing.T) {
 		ON CONFLICT (consumer, message_id) DO NOTHING`, id); err != nil {
 		t.Fatal(err)
 	}
-	if applied, err := m.Up(ctx); err != nil || len(applied) != 1 || applied[0] != 14 {
-		t.Fatalf("Up: %v, %v; want [14]", applied, err)
+	if applied, err := m.Up(ctx); err != nil || len(applied) == 0 || applied[0] != 14 {
+		t.Fatalf("Up: %v, %v; want 14 first", applied, err)
 	}
 	s, err := dedup.New(&dedup.Config{Schema: db.Schema})
 	if err != nil {

