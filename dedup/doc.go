@@ -24,6 +24,12 @@
 // Store.QueueClaimWithPosition and Store.QueueClaimBatch queue the same
 // statements on a pgx.Batch instead: after pgx.Batch.BeginTx, the
 // transaction begins and claims in one round trip (the consumer does this).
+// Store.QueueClaimMovePosition queues the claim and a plain UPDATE of an
+// existing position row, two statements PostgreSQL runs for less CPU than
+// the one of QueueClaimWithPosition; it reports whether the row moved, and
+// when it did not, Store.SavePositionTx in the same transaction writes what
+// QueueClaimWithPosition would have (the consumer does this with one
+// message per transaction).
 //
 // Input is checked before any SQL runs: consumer names and message IDs with
 // ValidateID (non-empty, at most MaxIDLength bytes, valid UTF-8, no control

@@ -159,6 +159,14 @@ func TestQueueInvalidInput(t *testing.T) {
 	if err := s.QueueClaimWithPosition(nil, good, new(bool)); err == nil {
 		t.Error("nil batch accepted")
 	}
+	b := &pgx.Batch{}
+	var dup, moved bool
+	if err := s.QueueClaimMovePosition(b, dedup.Claim{Consumer: "billing", Topic: "orders"}, &dup, &moved); !errors.Is(err, dedup.ErrInvalidInput) || b.Len() != 0 {
+		t.Errorf("QueueClaimMovePosition of an empty ID = %v with %d queued, want ErrInvalidInput and none", err, b.Len())
+	}
+	if err := s.QueueClaimMovePosition(b, good, &dup, nil); err == nil || b.Len() != 0 {
+		t.Errorf("QueueClaimMovePosition with a nil result = %v with %d queued, want an error and none", err, b.Len())
+	}
 }
 
 // TestPositionWritePaths: the position row is inserted by a partition's
@@ -257,4 +265,162 @@ func TestNotMigrated(t *testing.T) {
 	if err := tx(func(tx pgx.Tx) error { _, err := s.ClaimTx(ctx, tx, dedup.Claim{}); return err }); errors.Is(err, dedup.ErrNotMigrated) || !errors.Is(err, dedup.ErrInvalidInput) {
 		t.Errorf("empty claim: %v, want ErrInvalidInput only", err)
 	}
+}
+
+// queueMove begins a transaction with c claimed and its position moved by
+// QueueClaimMovePosition and, when the UPDATE did not move it, finishes with
+// SavePositionTx, as the consumer does.
+func queueMove(t *testing.T, s *dedup.Store, pool *pgxpool.Pool, c dedup.Claim) (tx pgx.Tx, duplicate, moved bool) {
+	t.Helper()
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	duplicate, moved = true, true // must be overwritten
+	if err := s.QueueClaimMovePosition(b, c, &duplicate, &moved); err != nil {
+		t.Fatalf("QueueClaimMovePosition: %v", err)
+	}
+	if b.Len() != 3 {
+		t.Fatalf("%d statements queued, want BEGIN, the claim and the UPDATE", b.Len())
+	}
+	tx = beginWith(t, pool, b)
+	if !moved {
+		if err := s.SavePositionTx(context.Background(), tx, c.Consumer, c.Topic, c.Partition, c.Offset+1, c.Time, c.Epoch); err != nil {
+			t.Fatalf("SavePositionTx: %v", err)
+		}
+	}
+	return tx, duplicate, moved
+}
+
+// TestQueueClaimMovePosition: the claim and the UPDATE of the position row
+// travel with BEGIN; the UPDATE moves an existing row on with
+// ClaimWithPositionTx's rules (never back, the anchor with a known time, the
+// same epoch only) and reports whether it did; a missing row is left to
+// SavePositionTx. A rollback undoes both statements.
+func TestQueueClaimMovePosition(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, s := newStore(t)
+	t0 := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	get := func() dedup.Position {
+		t.Helper()
+		ps, err := s.ListPositions(ctx, db.Pool, "billing", "orders")
+		if err != nil || len(ps) != 1 {
+			t.Fatalf("ListPositions = %v, %v; want one", ps, err)
+		}
+		return ps[0]
+	}
+	commit := func(tx pgx.Tx) {
+		t.Helper()
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	uuid := "0190a4b6-3c5d-4e8f-9a0b-1c2d3e4f5a6b"
+	for i, tc := range []struct {
+		what          string
+		c             dedup.Claim
+		dup, moved    bool
+		next, anchor  int64
+		anchorTime    time.Time
+		rollback      bool
+		epochAfter    int64
+		wantProcessed bool
+	}{
+		{what: "first write: no row to move", c: dedup.Claim{MessageID: "a", Offset: 9, Time: t0},
+			moved: false, next: 10, anchor: 9, anchorTime: t0},
+		{what: "a UUID, rolled back", c: dedup.Claim{MessageID: uuid, Offset: 10, Time: t0.Add(time.Second)},
+			moved: true, next: 10, anchor: 9, anchorTime: t0, rollback: true},
+		{what: "a UUID", c: dedup.Claim{MessageID: uuid, Offset: 10, Time: t0.Add(time.Second)},
+			moved: true, next: 11, anchor: 10, anchorTime: t0.Add(time.Second)},
+		{what: "a duplicate still moves the position", c: dedup.Claim{MessageID: "a", Offset: 11, Time: t0.Add(2 * time.Second)},
+			dup: true, moved: true, next: 12, anchor: 11, anchorTime: t0.Add(2 * time.Second)},
+		{what: "no time: the anchor stays", c: dedup.Claim{MessageID: "b", Offset: 14},
+			moved: true, next: 15, anchor: 11, anchorTime: t0.Add(2 * time.Second)},
+		{what: "lower: left as it is", c: dedup.Claim{MessageID: "c", Offset: 3, Time: t0.Add(time.Hour)},
+			moved: false, next: 15, anchor: 11, anchorTime: t0.Add(2 * time.Second)},
+		{what: "another epoch: left as it is", c: dedup.Claim{MessageID: "d", Offset: 30, Time: t0.Add(time.Hour), Epoch: 7},
+			moved: false, next: 15, anchor: 11, anchorTime: t0.Add(2 * time.Second)},
+	} {
+		c := tc.c
+		c.Consumer, c.Topic, c.Partition = "billing", "orders", 4
+		tx, dup, moved := queueMove(t, s, db.Pool, c)
+		if dup != tc.dup || moved != tc.moved {
+			t.Fatalf("%d %s: duplicate %v, moved %v; want %v, %v", i, tc.what, dup, moved, tc.dup, tc.moved)
+		}
+		if tc.rollback {
+			if err := tx.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			commit(tx)
+		}
+		p := get()
+		if p.Next != tc.next || p.AnchorOffset != tc.anchor || !p.AnchorTime.Equal(tc.anchorTime) || p.Epoch != 0 {
+			t.Fatalf("%d %s: position %+v; want next %d, anchor %d at %v, epoch 0", i, tc.what, p, tc.next, tc.anchor, tc.anchorTime)
+		}
+		ok, err := s.Processed(ctx, db.Pool, "billing", c.MessageID)
+		if err != nil || ok == tc.rollback {
+			t.Fatalf("%d %s: Processed = %v, %v; want %v", i, tc.what, ok, err, !tc.rollback)
+		}
+	}
+	if n := count(t, db.Pool, "SELECT count(*) FROM "+db.Table(migrate.ConsumerPositionsDefault)); n != 1 {
+		t.Fatalf("%d position rows, want 1", n)
+	}
+}
+
+// TestQueueClaimMovePositionRaces: two owners of a partition during a
+// rebalance. Their first writes (no row yet) both end in SavePositionTx,
+// whose ON CONFLICT rechecks the row the other committed: the higher
+// position wins whichever commits first. Later, an UPDATE that waited on
+// the other owner's uncommitted move rechecks the committed row: a lower
+// position does not overwrite a higher one.
+func TestQueueClaimMovePositionRaces(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, s := newStore(t)
+	claim := func(id string, offset int64) dedup.Claim {
+		return dedup.Claim{Consumer: "billing", MessageID: id, Topic: "orders", Partition: 0, Offset: offset}
+	}
+	race := func(first, second dedup.Claim, want int64) {
+		t.Helper()
+		a, _, _ := queueMove(t, s, db.Pool, first)
+		done := make(chan error, 1)
+		go func() {
+			// queueMove may not run outside the test's goroutine (t.Fatal).
+			b := &pgx.Batch{}
+			b.BeginTx(pgx.TxOptions{})
+			var dup, moved bool
+			if err := s.QueueClaimMovePosition(b, second, &dup, &moved); err != nil {
+				done <- err
+				return
+			}
+			br := db.Pool.SendBatch(ctx, b)
+			tx := br.Tx()
+			defer func() { _ = tx.Rollback(ctx) }()
+			if err := br.Close(); err != nil {
+				done <- err
+				return
+			}
+			if !moved {
+				if err := s.SavePositionTx(ctx, tx, second.Consumer, second.Topic, second.Partition, second.Offset+1, second.Time, second.Epoch); err != nil {
+					done <- err
+					return
+				}
+			}
+			done <- tx.Commit(ctx)
+		}()
+		time.Sleep(500 * time.Millisecond) // the second waits on the first's row
+		if err := a.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if got := positions(t, s, db.Pool, "billing", "orders"); got[0] != want {
+			t.Fatalf("position %d after both committed (%s at %d, then %s at %d); want %d",
+				got[0], first.MessageID, first.Offset, second.MessageID, second.Offset, want)
+		}
+	}
+	race(claim("m4", 4), claim("m9", 9), 10)     // two first writers
+	race(claim("m20", 20), claim("m15", 15), 21) // the row exists: never back
+	race(claim("m24", 24), claim("m30", 30), 31) // and on
 }

@@ -555,11 +555,11 @@ func (w *pgWorker) tx(ctx context.Context, msgs []pgMessage) (err error) {
 		b := &pgx.Batch{}
 		b.BeginTx(pgx.TxOptions{})
 		var dups []bool
-		var one bool
+		var one, moved bool
 		if w.mode == pgPerMessage {
 			m := msgs[0]
-			err = w.store.QueueClaimWithPosition(b, dedup.Claim{Consumer: w.consumer, MessageID: m.id,
-				Topic: w.topic, Partition: w.partition, Offset: m.offset}, &one)
+			err = w.store.QueueClaimMovePosition(b, dedup.Claim{Consumer: w.consumer, MessageID: m.id,
+				Topic: w.topic, Partition: w.partition, Offset: m.offset}, &one, &moved)
 		} else {
 			claims := make([]dedup.Claim, len(msgs))
 			for i, m := range msgs {
@@ -578,6 +578,12 @@ func (w *pgWorker) tx(ctx context.Context, msgs []pgMessage) (err error) {
 		}
 		if w.mode == pgPerMessage {
 			dups = []bool{one}
+			if !moved { // the partition's first write, as the runner does it
+				m := msgs[0]
+				if err = w.store.SavePositionTx(ctx, tx, w.consumer, w.topic, w.partition, m.offset+1, time.Time{}, 0); err != nil {
+					return err
+				}
+			}
 		}
 		if i := slices.Index(dups, true); i >= 0 {
 			return fmt.Errorf("message %s claimed twice", msgs[i].id)
