@@ -210,3 +210,55 @@ func ExampleStore_QueueClaimWithPosition() {
 	// offset 3: order-7 already processed
 	// next offset: 4
 }
+
+// The consumer's one-message transaction: BEGIN, the claim and a plain
+// UPDATE of the position row in one round trip; the partition's first write
+// (no row yet) finishes with SavePositionTx.
+func ExampleStore_QueueClaimMovePosition() {
+	ctx := context.Background()
+	pool, schema, drop := exampleDB()
+	defer drop()
+
+	store, err := dedup.New(&dedup.Config{Schema: schema})
+	if err != nil {
+		panic(err)
+	}
+	handle := func(id string, offset int64) error {
+		c := dedup.Claim{Consumer: "billing", MessageID: id, Topic: "orders", Partition: 0, Offset: offset}
+		b := &pgx.Batch{}
+		b.BeginTx(pgx.TxOptions{})
+		var duplicate, moved bool
+		if err := store.QueueClaimMovePosition(b, c, &duplicate, &moved); err != nil {
+			return err // invalid input: nothing was sent
+		}
+		br := pool.SendBatch(ctx, b)
+		tx := br.Tx()
+		defer func() { _ = tx.Rollback(ctx) }()
+		if err := br.Close(); err != nil {
+			return err
+		}
+		if !moved {
+			if err := store.SavePositionTx(ctx, tx, c.Consumer, c.Topic, c.Partition, c.Offset+1, c.Time, c.Epoch); err != nil {
+				return err
+			}
+		}
+		// ... unless duplicate, the business writes, in tx ...
+		fmt.Printf("offset %d: %s duplicate %v, position moved by the UPDATE %v\n", offset, id, duplicate, moved)
+		return tx.Commit(ctx)
+	}
+	for i, id := range []string{"order-7", "order-8", "order-8"} {
+		if err := handle(id, int64(3+i)); err != nil {
+			panic(err)
+		}
+	}
+	positions, err := store.Positions(ctx, pool, "billing", "orders")
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("next offset:", positions[0])
+	// Output:
+	// offset 3: order-7 duplicate false, position moved by the UPDATE false
+	// offset 4: order-8 duplicate false, position moved by the UPDATE true
+	// offset 5: order-8 duplicate true, position moved by the UPDATE true
+	// next offset: 6
+}
