@@ -465,7 +465,8 @@ const (
 // batch before running it, for example
 // preparing it on a schema that is not migrated: that error is pgx's).
 // Invalid input returns an error matching ErrInvalidInput and queues
-// nothing.
+// nothing. A UUIDv7 ID needs the schema's layout, which a queued claim cannot
+// read: call Store.Layout once before (ErrLayoutUnknown otherwise).
 func (s *Store) QueueClaimWithPosition(b *pgx.Batch, c Claim, duplicate *bool) error {
 	if err := c.validate(); err != nil {
 		return fail("claim", err)
@@ -775,7 +776,8 @@ func (s *Store) Processed(ctx context.Context, db DBTX, consumer, messageID stri
 // such record is left or ctx ends. It returns how many records it deleted,
 // also when it returns an error. batchSize <= 0 means PurgeBatchDefault.
 // Rows locked by a concurrent Purge are skipped, not waited for. Positions
-// are never purged.
+// are never purged. Records in daily partitions are not deleted here: they
+// go with their day's partition (MaintainPartitions).
 func (s *Store) Purge(ctx context.Context, db *pgxpool.Pool, olderThan time.Duration, batchSize int) (int64, error) {
 	return s.purge(ctx, db, "", olderThan, batchSize)
 }
