@@ -83,7 +83,6 @@ type dailyNames struct {
 	table     string // the partitioned table, qualified and quoted
 	rawTable  string // its name, unquoted
 	layout    string // the layout row's table, qualified and quoted
-	dayFunc   string // the UUIDv7 day function, qualified and quoted
 	fromCheck string // the flat table's CHECK added by EnableDaily, unquoted
 	schema    string // unquoted
 	processed string // the flat table, unquoted
@@ -95,7 +94,6 @@ func newDailyNames(mc migrate.Config) dailyNames {
 		table:     pgx.Identifier{mc.Schema, migrate.DerivedName(p, "_daily")}.Sanitize(),
 		rawTable:  migrate.DerivedName(p, "_daily"),
 		layout:    pgx.Identifier{mc.Schema, migrate.DerivedName(p, "_layout")}.Sanitize(),
-		dayFunc:   pgx.Identifier{mc.Schema, migrate.DerivedName(p, "_uuid7_day")}.Sanitize(),
 		fromCheck: migrate.DerivedName(p, "_daily_from"),
 		schema:    mc.Schema,
 		processed: p,
@@ -108,8 +106,9 @@ func (n dailyNames) partitionName(day time.Time) string {
 }
 
 // uuid7Day returns the UTC day of a UUIDv7's timestamp (RFC 9562: version
-// 7, variant 10, the first 48 bits milliseconds since the Unix epoch), as
-// the schema's day function computes it; false for any other UUID.
+// 7, variant 10, the first 48 bits milliseconds since the Unix epoch);
+// false for any other UUID. It decides a claim's partition: one ID, one
+// day, on every delivery.
 func uuid7Day(u pgtype.UUID) (time.Time, bool) {
 	b := u.Bytes
 	if !u.Valid || b[6]>>4 != 7 || b[8]>>6 != 2 {
@@ -387,12 +386,16 @@ func (s *Store) createPartition(ctx context.Context, db *pgxpool.Pool, day time.
 		if attached {
 			return nil // a concurrent maintainer made it
 		}
-		// The CHECK on the bounds lets ATTACH skip scanning the table.
+		// The CHECK on the bounds lets ATTACH skip scanning the table; it
+		// goes after, as every CHECK is prepared again at each insert.
 		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+name+` (LIKE `+s.daily.table+` INCLUDING DEFAULTS INCLUDING CONSTRAINTS,
-			CHECK (day >= `+from+` AND day < `+to+`))`); err != nil {
+			CONSTRAINT idemkit_day_bounds CHECK (day >= `+from+` AND day < `+to+`))`); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `ALTER TABLE `+s.daily.table+` ATTACH PARTITION `+name+` FOR VALUES FROM (`+from+`) TO (`+to+`)`)
+		if _, err := tx.Exec(ctx, `ALTER TABLE `+s.daily.table+` ATTACH PARTITION `+name+` FOR VALUES FROM (`+from+`) TO (`+to+`)`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `ALTER TABLE `+name+` DROP CONSTRAINT IF EXISTS idemkit_day_bounds`)
 		return err
 	})
 	if err != nil {
@@ -447,6 +450,21 @@ func (s *Store) dropPartition(ctx context.Context, db *pgxpool.Pool, p Partition
 // dateLiteral is day as an SQL date literal: DDL takes no parameters, and
 // a formatted date cannot carry anything else.
 func dateLiteral(day time.Time) string { return "DATE '" + day.Format(time.DateOnly) + "'" }
+
+// uuid7Bound is the least UUID whose first 48 bits are day's first
+// millisecond: UUIDs compare bytewise, so a UUIDv7 is dated day or later
+// exactly when it is not below it.
+func uuid7Bound(day time.Time) string {
+	ms := day.UnixMilli()
+	return fmt.Sprintf("%08x-%04x-0000-0000-000000000000", ms>>16, ms&0xffff)
+}
+
+// uuid7From is an SQL condition on column (a uuid): a UUIDv7 dated day or
+// later. Built-in operators only: a function would be planned again at
+// every insert the CHECK guards, which costs more than the insert.
+func uuid7From(column string, day time.Time) string {
+	return `(` + column + ` >= '` + uuid7Bound(day) + `' AND get_byte(uuid_send(` + column + `), 6) >> 4 = 7 AND get_byte(uuid_send(` + column + `), 8) >> 6 = 2)`
+}
 
 // EnableDaily switches the schema to the daily layout, or, when it is
 // already daily, updates its KeepDays and AheadDays. UUIDv7 IDs dated from
@@ -519,8 +537,8 @@ func (s *Store) EnableDaily(ctx context.Context, db *pgxpool.Pool, cfg DailyConf
 	}
 	var textRows bool // UUIDs stored as text before migration 14
 	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+pgx.Identifier{s.daily.schema, s.daily.processed}.Sanitize()+`
-		WHERE message_id ~ '^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$'
-			AND `+s.daily.dayFunc+`(message_id::uuid) >= $1)`, l.DailyFrom).Scan(&textRows); err != nil {
+		WHERE CASE WHEN message_id ~ '^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$'
+			THEN message_id::uuid >= $1::uuid ELSE false END)`, uuid7Bound(l.DailyFrom)).Scan(&textRows); err != nil {
 		return Layout{}, fail("enable daily", err)
 	}
 	if textRows {
@@ -608,7 +626,7 @@ func (s *Store) addFromCheck(ctx context.Context, db *pgxpool.Pool, keep *int, a
 			return nil // a concurrent EnableDaily did it
 		}
 		if _, err := tx.Exec(ctx, `ALTER TABLE `+flat+` ADD CONSTRAINT `+pgx.Identifier{s.daily.fromCheck}.Sanitize()+
-			` CHECK (coalesce(`+s.daily.dayFunc+`(message_uuid) < `+dateLiteral(from)+`, true)) NOT VALID`); err != nil {
+			` CHECK (message_uuid IS NULL OR NOT `+uuid7From("message_uuid", from)+`) NOT VALID`); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, `UPDATE `+s.daily.layout+` SET daily_from = $1, daily_ready = false, keep_days = $2, ahead_days = $3, changed_at = now()`,

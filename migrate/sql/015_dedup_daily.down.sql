@@ -9,6 +9,3 @@ INSERT INTO {{.ProcessedMessages}} (consumer, message_uuid, topic, kafka_partiti
     ON CONFLICT DO NOTHING;
 DROP TABLE {{.Schema}}.{{.Index "ProcessedMessages" "_daily"}};
 DROP TABLE {{.Schema}}.{{.Index "ProcessedMessages" "_layout"}};
--- CASCADE: a partition that MaintainPartitions detached but had not dropped
--- yet still carries the daily table's CHECK.
-DROP FUNCTION {{.Schema}}.{{.Index "ProcessedMessages" "_uuid7_day"}}(uuid) CASCADE;

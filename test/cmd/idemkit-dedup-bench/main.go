@@ -92,7 +92,8 @@ func run() error {
 	flag.IntVar(&o.rounds, "rounds", 3, "rounds per size; each round runs every layout in turn")
 	flag.Float64Var(&o.purge, "purge", 1.0/30, "fraction of the records the retention purge deletes")
 	flag.StringVar(&layouts, "layouts", "v13,v14", "table layouts to compare, of "+strings.Join(layoutNames(), ", ")+
-		" (v13: text key, the store of migration 13; v14: UUIDs as uuid; v14-text: migration 14 with IDs that are no UUID)")
+		" (v13: text key, the store of migration 13; v14: UUIDs as uuid; v14-text: migration 14 with IDs that are no UUID;"+
+			" daily: UUIDv7 IDs in the daily-partitioned table of migration 15, retention by dropping a day)")
 	flag.Parse()
 	if o.url == "" {
 		return errors.New("no -url (run scripts/bench-dedup, which starts a private server)")
@@ -248,12 +249,15 @@ type variant struct {
 	rows  int64 // records in the table
 	parts []int64
 	newID func() string // a new message ID
+	// daily is set for the daily layout: its store, and the layout row.
+	daily  *dedup.Store
+	layout string
 }
 
 const topic = "bench.orders"
 
 // layoutNames lists the layouts -layouts accepts, the default first.
-func layoutNames() []string { return []string{"v13", "v14", "v14-text"} }
+func layoutNames() []string { return []string{"v13", "v14", "v14-text", "daily"} }
 
 // v13Store runs the store of migration 13 (package v13) on dedup.Claims.
 type v13Store struct{ s *v13.Store }
@@ -288,6 +292,9 @@ func newVariant(ctx context.Context, pool *pgxpool.Pool, name string) (*variant,
 		return nil, err
 	}
 	v.table = pgx.Identifier{v.schema, migrate.ProcessedMessagesDefault}.Sanitize()
+	if name == "daily" {
+		return v, v.enableDaily(ctx, pool)
+	}
 	load := func(idColumn, idExpr string) string {
 		return `INSERT INTO ` + v.table + ` (consumer, ` + idColumn + `, topic, kafka_partition, kafka_offset, processed_at)
 	SELECT 'bench-consumer-' || (g % $3), ` + idExpr + `, '` + topic + `', (g % 24)::int, g,
@@ -324,6 +331,56 @@ func newVariant(ctx context.Context, pool *pgxpool.Pool, name string) (*variant,
 	return v, nil
 }
 
+// enableDaily makes v the daily layout, as if enabled more than 30 days
+// ago: the records, spread over the last 30 days, all go to partitions.
+func (v *variant) enableDaily(ctx context.Context, pool *pgxpool.Pool) error {
+	s, err := dedup.New(&dedup.Config{Schema: v.schema})
+	if err != nil {
+		return err
+	}
+	if _, err := s.EnableDaily(ctx, pool, dedup.DailyConfig{KeepDays: 31}); err != nil {
+		return err
+	}
+	v.daily, v.store = s, s
+	v.table = pgx.Identifier{v.schema, migrate.DerivedName(migrate.ProcessedMessagesDefault, "_daily")}.Sanitize()
+	v.layout = pgx.Identifier{v.schema, migrate.DerivedName(migrate.ProcessedMessagesDefault, "_layout")}.Sanitize()
+	if _, err := pool.Exec(ctx, `UPDATE `+v.layout+` SET daily_from = (now() AT TIME ZONE 'UTC')::date - 40`); err != nil {
+		return err
+	}
+	if _, err := s.MaintainPartitions(ctx, pool); err != nil {
+		return err
+	}
+	if _, err := s.Layout(ctx, pool); err != nil { // queued claims need it
+		return err
+	}
+	// UUIDv7: 48 bits of milliseconds, version 7, 12 random bits, variant
+	// 10, 62 random bits (md5 of the record number stands for them).
+	v.load = `WITH r AS (
+	SELECT g, now() - interval '30 days' * (1 - (g - $1 + 1)::float8 / ($2 - $1 + 1)) AS at, md5('bench' || g) AS h
+	FROM generate_series($1::bigint, $2::bigint) AS g
+)
+INSERT INTO ` + v.table + ` (consumer, message_uuid, day, topic, kafka_partition, kafka_offset, processed_at)
+SELECT 'bench-consumer-' || (g % $3),
+	(lpad(to_hex((extract(epoch FROM at) * 1000)::bigint), 12, '0') || '7' || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid,
+	(at AT TIME ZONE 'UTC')::date, '` + topic + `', (g % 24)::int, g, at
+FROM r`
+	v.newID = func() string { return newUUID7(time.Now()) }
+	return nil
+}
+
+// newUUID7 returns a random UUIDv7 of time at.
+func newUUID7(at time.Time) string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	ms := at.UnixMilli()
+	for i := 0; i < 6; i++ {
+		b[i] = byte(ms >> (40 - 8*i))
+	}
+	b[6] = b[6]&0x0f | 0x70
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
 // index is one index of the table, with the constraint it backs.
 type index struct {
 	name, def, constraint, constraintDef string
@@ -334,6 +391,14 @@ type index struct {
 func (v *variant) grow(ctx context.Context, pool *pgxpool.Pool, size int64, consumers int) error {
 	if v.rows >= size {
 		return nil
+	}
+	if v.daily != nil { // the days the last retention dropped come back
+		if _, err := pool.Exec(ctx, `UPDATE `+v.layout+` SET keep_days = 31`); err != nil {
+			return err
+		}
+		if _, err := v.daily.MaintainPartitions(ctx, pool); err != nil {
+			return err
+		}
 	}
 	rows, err := pool.Query(ctx, `SELECT c.relname, pg_get_indexdef(i.indexrelid), coalesce(con.conname, ''),
 		coalesce(pg_get_constraintdef(con.oid), '')
@@ -494,10 +559,13 @@ func (v *variant) sizes(ctx context.Context, pool *pgxpool.Pool, r *result) erro
 		return err
 	}
 	v.rows = r.records
-	if err := pool.QueryRow(ctx, `SELECT pg_relation_size($1::regclass), pg_total_relation_size($1::regclass),
+	// Summed over the table's partitions (a plain table is its own leaf).
+	if err := pool.QueryRow(ctx, `WITH leaves AS (SELECT relid FROM pg_partition_tree($1::regclass) WHERE isleaf
+		UNION ALL SELECT $1::regclass WHERE NOT EXISTS (SELECT 1 FROM pg_partition_tree($1::regclass)))
+	SELECT (SELECT sum(pg_relation_size(relid)) FROM leaves)::bigint, (SELECT sum(pg_total_relation_size(relid)) FROM leaves)::bigint,
 		coalesce(sum(pg_relation_size(i.indexrelid)) FILTER (WHERE c.relname NOT LIKE '%processed_at_idx'), 0)::bigint,
 		coalesce(sum(pg_relation_size(i.indexrelid)) FILTER (WHERE c.relname LIKE '%processed_at_idx'), 0)::bigint
-	FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid WHERE i.indrelid = $1::regclass`, v.table).
+	FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid WHERE i.indrelid IN (SELECT relid FROM leaves)`, v.table).
 		Scan(&r.heap, &r.total, &r.keyIndex, &r.timeIndex); err != nil {
 		return err
 	}
@@ -519,7 +587,28 @@ func (v *variant) retention(ctx context.Context, pool *pgxpool.Pool, fraction fl
 		return err
 	}
 	start := time.Now()
-	if r.purged, err = v.store.Purge(ctx, pool, olderThan, 0); err != nil {
+	if v.daily != nil {
+		// The oldest day of records goes (with any empty day before it):
+		// keep the days after it, and maintain.
+		var oldest time.Time
+		if err := pool.QueryRow(ctx, `SELECT min(day) FROM `+v.table).Scan(&oldest); err != nil {
+			return err
+		}
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+v.table+` WHERE day <= $1`, oldest).Scan(&r.purged); err != nil {
+			return err
+		}
+		if _, err := pool.Exec(ctx, `UPDATE `+v.layout+` SET keep_days = (now() AT TIME ZONE 'UTC')::date - $1::date - 1`, oldest); err != nil {
+			return err
+		}
+		start = time.Now()
+		ch, err := v.daily.MaintainPartitions(ctx, pool)
+		if err != nil {
+			return err
+		}
+		if len(ch.Dropped) == 0 || !ch.Dropped[len(ch.Dropped)-1].Equal(oldest) {
+			return fmt.Errorf("dropped %v, want the days up to %s", ch.Dropped, oldest.Format(time.DateOnly))
+		}
+	} else if r.purged, err = v.store.Purge(ctx, pool, olderThan, 0); err != nil {
 		return err
 	}
 	r.purgeTime = time.Since(start)
@@ -528,6 +617,10 @@ func (v *variant) retention(ctx context.Context, pool *pgxpool.Pool, fraction fl
 		return err
 	}
 	r.purgeWAL = w1 - w0
+	if v.daily != nil {
+		v.rows -= r.purged
+		return nil // no dead rows: nothing to vacuum
+	}
 	if _, err := pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
 		return err
 	}
