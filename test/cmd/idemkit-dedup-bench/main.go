@@ -93,7 +93,7 @@ func run() error {
 	flag.Float64Var(&o.purge, "purge", 1.0/30, "fraction of the records the retention purge deletes")
 	flag.StringVar(&layouts, "layouts", "v13,v14", "table layouts to compare, of "+strings.Join(layoutNames(), ", ")+
 		" (v13: text key, the store of migration 13; v14: UUIDs as uuid; v14-text: migration 14 with IDs that are no UUID;"+
-			" daily: UUIDv7 IDs in the daily-partitioned table of migration 15, retention by dropping a day)")
+		" daily: UUIDv7 IDs in the daily-partitioned table of migration 15, retention by dropping a day)")
 	flag.Parse()
 	if o.url == "" {
 		return errors.New("no -url (run scripts/bench-dedup, which starts a private server)")
