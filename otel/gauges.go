@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/dedup"
 )
 
 // ErrObserving is returned by Consumer.Observe when the consumer already
@@ -30,6 +31,10 @@ var ErrObserving = errors.New("idemotel: consumer already observes a runner")
 //     runner's pool (Runner.Pool): each a min() over an index of the consumer's rows,
 //     run at most once per Config.QueryInterval and bounded by
 //     Config.QueryTimeout (0 when there is no row);
+//   - idemkit_dedup_daily_partitions_ahead_days, with the daily dedup
+//     layout only: days from today (UTC, the database's clock) to the newest
+//     daily partition (dedup.Store.Partitions), at most once per
+//     QueryInterval; below 1, claims dated tomorrow will fail;
 //   - idemkit_dedup_retention_seconds, the consumer's Config.Retention, when
 //     it is set (without it nothing purges, and the gauge is absent so that
 //     a retention alert does not compare with 0).
@@ -49,7 +54,7 @@ func (c *Consumer) Observe(r *consumer.Runner) error {
 	in := &c.t.consumer
 	observed := []metric.Observable{in.lag, in.position, in.parked}
 	if c.pool != nil {
-		observed = append(observed, in.parkedOldestAge, in.oldestRecordAge)
+		observed = append(observed, in.parkedOldestAge, in.oldestRecordAge, in.partitionsAhead)
 	}
 	if c.retention > 0 {
 		observed = append(observed, in.retention)
@@ -99,6 +104,9 @@ func (c *Consumer) observe(ctx context.Context, o metric.Observer, r *consumer.R
 		}
 		if age, ok := c.oldest.get(ctx, c.pool, c.t.cfg.QueryInterval, c.t.cfg.QueryTimeout); ok {
 			o.ObserveFloat64(in.oldestRecordAge, age, c.consumerOnly.obs...)
+		}
+		if days, ok := c.ahead.get(ctx, c.pool, c.t.cfg.QueryInterval, c.t.cfg.QueryTimeout); ok {
+			o.ObserveInt64(in.partitionsAhead, days, c.consumerOnly.obs...)
 		}
 	}
 	if c.retention > 0 {
@@ -164,4 +172,47 @@ func (q *ageQuery) get(ctx context.Context, pool *pgxpool.Pool, interval, timeou
 		return 0, true
 	}
 	return q.age + time.Since(q.at).Seconds(), true
+}
+
+// aheadQuery reads how many days of daily partitions lie ahead of today,
+// cached like ageQuery.
+type aheadQuery struct {
+	store *dedup.Store // nil: no gauge
+
+	mu    sync.Mutex
+	at    time.Time
+	days  int64
+	daily bool // the last query succeeded and found the daily layout
+}
+
+// get returns the days ahead; false with the flat layout, or when the last
+// query failed (reported to otel.Handle).
+func (q *aheadQuery) get(ctx context.Context, pool *pgxpool.Pool, interval, timeout time.Duration) (int64, bool) {
+	if q.store == nil {
+		return 0, false
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.at.IsZero() || time.Since(q.at) >= interval {
+		qctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		q.at, q.daily = time.Now(), false
+		parts, err := q.store.Partitions(qctx, pool)
+		if err != nil {
+			otel.Handle(fmt.Errorf("idemotel: read the daily partitions: %w", err))
+			return 0, false
+		}
+		if len(parts) == 0 {
+			return 0, false
+		}
+		var today time.Time
+		if err := pool.QueryRow(qctx, `SELECT (now() AT TIME ZONE 'UTC')::date`).Scan(&today); err != nil {
+			otel.Handle(fmt.Errorf("idemotel: read the daily partitions: %w", err))
+			return 0, false
+		}
+		last := parts[len(parts)-1].Day
+		q.days = int64(last.Sub(time.Date(today.Year(), today.Month(), today.Day(), 0, 0, 0, 0, time.UTC)) / (24 * time.Hour))
+		q.daily = true
+	}
+	return q.days, q.daily
 }
