@@ -47,3 +47,14 @@ CREATE TABLE {{.Schema}}.{{.Index "ProcessedMessages" "_layout"}} (
     changed_at  timestamptz NOT NULL DEFAULT now()
 );
 INSERT INTO {{.Schema}}.{{.Index "ProcessedMessages" "_layout"}} DEFAULT VALUES;
+
+-- The flat table's autovacuum, per table. Retention deletes a steady share
+-- of its rows every day (a thirtieth with 30 days kept); PostgreSQL's
+-- default waits for dead rows to reach 20% of the table before vacuuming,
+-- so about six days of deleted rows sit as bloat that new claims cannot
+-- reuse, and each vacuum then has that many to clean at once. At 1% (and
+-- at least 10,000 rows) every day's purge is vacuumed soon after it, and
+-- new claims fill the space it freed (scripts/bench-dedup -churn measures
+-- both). It only changes the table's settings: no rewrite, no lock that
+-- claims wait for.
+ALTER TABLE {{.ProcessedMessages}} SET (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 10000);
