@@ -94,7 +94,7 @@ func run() error {
 	flag.Float64Var(&o.purge, "purge", 1.0/30, "fraction of the records the retention purge deletes")
 	flag.StringVar(&layouts, "layouts", "v13,v14", "table layouts to compare, of "+strings.Join(layoutNames(), ", ")+
 		" (v13: text key, the store of migration 13; v14: UUIDs as uuid; v14-text: migration 14 with IDs that are no UUID;"+
-			" v14-av: v14 with the autovacuum settings of migration 15 reverted to PostgreSQL's defaults;"+
+		" v14-av: v14 with the autovacuum settings of migration 15 reverted to PostgreSQL's defaults;"+
 		" daily: UUIDv7 IDs in the daily-partitioned table of migration 15, retention by dropping a day)")
 	flag.IntVar(&o.churn, "churn", 0, "then, at the last size, this many days of churn: a day of new records, "+
 		"the retention of the oldest day, and what autovacuum does meanwhile (table size, dead rows); 0: none")
