@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idemkit"
-	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -96,9 +95,6 @@ func recoverPanic(where string, err *error) {
 // retryableTx reports whether a whole transaction may simply run again:
 // serialization failures and deadlocks.
 func retryableTx(err error) bool {
-	if errors.Is(err, dedup.ErrLayoutChanged) {
-		return true // the store reads the layout again
-	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		return pgErr.Code == "40001" || pgErr.Code == "40P01"

@@ -718,6 +718,7 @@ func (w *worker) giveUp(ctx context.Context, msg *Message, f failure, savePositi
 // deadlocks run the transaction again.
 func (w *worker) commit(ctx context.Context, msgs []*Message, attempt int) (failed int, tctx context.Context, err error) {
 	cfg := &w.r.cfg
+	layoutWaits := 0
 	for try := 1; ; try++ {
 		failed, _, tctx, err = w.observedTx(ctx, msgs, attempt)
 		if err == nil {
@@ -728,6 +729,26 @@ func (w *worker) commit(ctx context.Context, msgs []*Message, attempt int) (fail
 			// One of the claims has no daily partition: find it alone.
 			w.r.askMaintenance()
 			return -1, tctx, errSplit
+		}
+		if failed < 0 && (errors.Is(err, dedup.ErrLayoutChanged) || errors.Is(err, dedup.ErrLayoutUnknown)) && ctx.Err() == nil {
+			// The dedup layout changed under the claims (the store reads it
+			// again), or a switch to the daily layout is in progress and
+			// refuses them until it is done: wait, with backoff, and run the
+			// same transaction again. Not the messages' fault: no attempt
+			// is spent.
+			layoutWaits++
+			if layoutWaits == 2 {
+				w.log.WarnContext(tctx, "dedup layout switch in progress: waiting to claim", "err", err)
+			}
+			t := time.NewTimer(min(5*time.Millisecond<<min(layoutWaits, 10), 2*time.Second))
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return -1, tctx, ctx.Err()
+			case <-t.C:
+			}
+			try = 0
+			continue
 		}
 		if failed < 0 && retry.IsConnection(err) && ctx.Err() == nil {
 			// An outage, not a verdict on the messages: wait it out and run

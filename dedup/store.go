@@ -754,6 +754,13 @@ func (s *Store) Processed(ctx context.Context, db DBTX, consumer, messageID stri
 	if err := ValidateID("MessageID", messageID); err != nil {
 		return false, fmt.Errorf("dedup: processed: %w", &inputError{err: err})
 	}
+	if _, ok := uuid7Day(compactID(messageID)); ok {
+		// A read, not a claim: no guard would tell it of a switch made by
+		// another process since this store read the layout.
+		if _, err := s.ReadLayout(ctx, db); err != nil {
+			return false, fmt.Errorf("dedup: processed: %w", err)
+		}
+	}
 	kind, u, day, err := s.route(ctx, db, messageID)
 	if err != nil {
 		return false, fmt.Errorf("dedup: processed: %w", err)

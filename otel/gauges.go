@@ -32,9 +32,10 @@ var ErrObserving = errors.New("idemotel: consumer already observes a runner")
 //     run at most once per Config.QueryInterval and bounded by
 //     Config.QueryTimeout (0 when there is no row);
 //   - idemkit_dedup_daily_partitions_ahead_days, with the daily dedup
-//     layout only: days from today (UTC, the database's clock) to the newest
-//     daily partition (dedup.Store.Partitions), at most once per
-//     QueryInterval; below 1, claims dated tomorrow will fail;
+//     layout only: how many days after today (UTC, the database's clock)
+//     are covered by partitions without a gap (dedup.Store.Partitions;
+//     days before DailyFrom need none), -1 when today is not, at most once
+//     per QueryInterval; below 1, claims dated tomorrow will fail;
 //   - idemkit_dedup_retention_seconds, the consumer's Config.Retention, when
 //     it is set (without it nothing purges, and the gauge is absent so that
 //     a retention alert does not compare with 0).
@@ -197,22 +198,41 @@ func (q *aheadQuery) get(ctx context.Context, pool *pgxpool.Pool, interval, time
 		qctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
 		q.at, q.daily = time.Now(), false
+		l, err := q.store.ReadLayout(qctx, pool)
+		if err != nil {
+			otel.Handle(fmt.Errorf("idemotel: read the dedup layout: %w", err))
+			return 0, false
+		}
+		if !l.Daily() {
+			return 0, false
+		}
 		parts, err := q.store.Partitions(qctx, pool)
 		if err != nil {
 			otel.Handle(fmt.Errorf("idemotel: read the daily partitions: %w", err))
 			return 0, false
 		}
-		if len(parts) == 0 {
-			return 0, false
-		}
+		q.daily = true
 		var today time.Time
 		if err := pool.QueryRow(qctx, `SELECT (now() AT TIME ZONE 'UTC')::date`).Scan(&today); err != nil {
 			otel.Handle(fmt.Errorf("idemotel: read the daily partitions: %w", err))
 			return 0, false
 		}
-		last := parts[len(parts)-1].Day
-		q.days = int64(last.Sub(time.Date(today.Year(), today.Month(), today.Day(), 0, 0, 0, 0, time.UTC)) / (24 * time.Hour))
-		q.daily = true
+		// The last day covered without a gap from the first day that
+		// needs a partition (today, or DailyFrom while it is ahead): a hole
+		// before the newest partition is where claims would fail first.
+		have := make(map[time.Time]bool, len(parts))
+		for _, p := range parts {
+			have[p.Day] = true
+		}
+		now := time.Date(today.Year(), today.Month(), today.Day(), 0, 0, 0, 0, time.UTC)
+		day := now
+		if l.DailyFrom.After(day) {
+			day = l.DailyFrom
+		}
+		for have[day] {
+			day = day.AddDate(0, 0, 1)
+		}
+		q.days = int64(day.Sub(now)/(24*time.Hour)) - 1
 	}
 	return q.days, q.daily
 }

@@ -12,14 +12,17 @@ import (
 )
 
 const dailyEnableHelp = `Switches the schema's dedup store to the daily layout (dedup.Store.EnableDaily),
-or, when it is daily already, sets -keep-days and -ahead-days. UUIDv7 message IDs
-dated from tomorrow (UTC) on are then stored in a table partitioned by their day,
+or, when it is daily already, changes the -keep-days and -ahead-days given. UUIDv7
+message IDs dated from the day after tomorrow (UTC) on are then stored in a table
+partitioned by their day,
 and retention drops whole days (no row deletes, no bloat); every other ID stays in
 the processed-messages table, where 'idemkit dedup purge' keeps deleting them.
 Safe while consumers run (each is told by its next claim), and safe to run again
 after a failure. Runners keep the partitions from then on (created -ahead-days
 ahead, dropped past -keep-days) every PurgeInterval; 'idemkit dedup daily maintain'
-does the same from cron.`
+does the same from cron. Keep -keep-days longer than the oldest message ID that can
+still arrive (outbox messages parked for days, dead letters replayed): a message
+whose ID's day was dropped is refused, however fresh its delivery.`
 
 const dailyStatusHelp = `Shows the schema's dedup layout and, when it is daily, its partitions with their
 estimated rows.`
@@ -38,8 +41,8 @@ func dailyCmd(ctx context.Context, cmd *command, args []string, out io.Writer) (
 	var asJSON bool
 	switch sub {
 	case "enable":
-		fs.IntVar(&keep, "keep-days", 0, "days of partitions kept behind today; 0 keeps them all (set it as your retention)")
-		fs.IntVar(&ahead, "ahead-days", dedup.AheadDaysDefault, "days of partitions created ahead of today (1 to 366)")
+		fs.IntVar(&keep, "keep-days", 0, "days of partitions kept behind today (set it as your retention); -1 keeps them all; default: unchanged (none dropped for a new layout)")
+		fs.IntVar(&ahead, "ahead-days", 0, "days of partitions created ahead of today, 1 to 366; default: unchanged (3 for a new layout)")
 	default:
 		fs.BoolVar(&asJSON, "json", false, "print JSON")
 	}
@@ -50,9 +53,9 @@ func dailyCmd(ctx context.Context, cmd *command, args []string, out io.Writer) (
 	switch {
 	case len(pos) != 0:
 		return usagef("dedup daily %s takes no arguments", sub)
-	case keep < 0:
-		return usagef("dedup daily enable: -keep-days must not be negative, not %d", keep)
-	case sub == "enable" && (ahead < 1 || ahead > 366):
+	case keep < -1:
+		return usagef("dedup daily enable: -keep-days must be -1 (keep all), 0 (unchanged) or a number of days, not %d", keep)
+	case sub == "enable" && (ahead < 0 || ahead > 366):
 		return usagef("dedup daily enable: -ahead-days must be within 1 to 366, not %d", ahead)
 	}
 	store, err := dedup.New(&dedup.Config{Schema: c.schema})
@@ -140,7 +143,7 @@ func layoutName(l dedup.Layout) string {
 	case l.Daily():
 		return "daily"
 	case !l.DailyFrom.IsZero():
-		return "switching (run 'idemkit dedup daily enable' again to finish)"
+		return "switching (finished by the next 'idemkit dedup daily maintain' or runner maintenance)"
 	}
 	return "flat"
 }

@@ -28,7 +28,7 @@ func TestDedupDaily(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "layout: flat") {
 		t.Fatalf("status before: %d %q", code, out)
 	}
-	for _, bad := range [][]string{{"-keep-days", "-1"}, {"-ahead-days", "0"}, {"-ahead-days", "400"}, {"extra"}} {
+	for _, bad := range [][]string{{"-keep-days", "-2"}, {"-ahead-days", "-1"}, {"-ahead-days", "400"}, {"extra"}} {
 		if _, errOut, code := cli(t, bin, env, append(append([]string{"dedup", "daily", "enable"}, bad...), schema...)...); code != 2 || errOut == "" {
 			t.Fatalf("enable %v: exit %d, stderr %q; want a usage error", bad, code, errOut)
 		}
@@ -44,8 +44,8 @@ func TestDedupDaily(t *testing.T) {
 		t.Fatalf("status -json after refused enables: %d %q (%v)", code, out, err)
 	}
 
-	out, errOut, code := cli(t, bin, env, append([]string{"dedup", "daily", "enable", "-keep-days", "7", "-ahead-days", "2"}, schema...)...)
-	if code != 0 || !strings.Contains(out, "7 day(s) kept, 2 day(s) created ahead") {
+	out, errOut, code := cli(t, bin, env, append([]string{"dedup", "daily", "enable", "-keep-days", "7", "-ahead-days", "3"}, schema...)...)
+	if code != 0 || !strings.Contains(out, "7 day(s) kept, 3 day(s) created ahead") {
 		t.Fatalf("enable: %d %q %q", code, out, errOut)
 	}
 	out, _, code = cli(t, bin, env, append([]string{"dedup", "daily", "status", "-json"}, schema...)...)

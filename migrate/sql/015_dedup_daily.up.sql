@@ -34,16 +34,19 @@ CREATE TABLE {{.Schema}}.{{.Index "ProcessedMessages" "_daily"}} (
 
 -- One row. daily_from: the first day (of UUIDv7 time) whose IDs are stored
 -- in the daily table; NULL while the layout is flat. daily_ready: false
--- while dedup.Store.EnableDaily is still switching (claims then stay in the
--- flat table, and those the switch would move fail and are retried).
--- keep_days: how many days of partitions MaintainPartitions keeps behind
--- today (NULL: it drops none). ahead_days: how many days it creates ahead.
+-- while the switch is in progress (claims then stay in the flat table, and
+-- those the switch would move fail and are retried). keep_days: how many
+-- days of partitions MaintainPartitions keeps behind today (NULL: it drops
+-- none). ahead_days: how many days it creates ahead. dropped_before: the
+-- retention's watermark, raised before a day is dropped; no day before it
+-- is ever created again.
 CREATE TABLE {{.Schema}}.{{.Index "ProcessedMessages" "_layout"}} (
     one_row     boolean     PRIMARY KEY DEFAULT true CHECK (one_row),
     daily_from  date,
     daily_ready boolean     NOT NULL DEFAULT false,
     keep_days   int         CHECK (keep_days > 0),
     ahead_days  int         NOT NULL DEFAULT 3 CHECK (ahead_days BETWEEN 1 AND 366),
+    dropped_before date,
     changed_at  timestamptz NOT NULL DEFAULT now()
 );
 INSERT INTO {{.Schema}}.{{.Index "ProcessedMessages" "_layout"}} DEFAULT VALUES;
