@@ -10,8 +10,8 @@ import (
 )
 
 // TestVersion15: the daily table and the layout row come empty and flat,
-// the flat table gets its autovacuum settings; Down(14) takes all of it
-// back.
+// the flat table gets its autovacuum settings and the positions table its
+// fillfactor; Down(14) takes all of it back.
 func TestVersion15(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.NewDB(t)
@@ -22,15 +22,19 @@ func TestVersion15(t *testing.T) {
 	flat := db.Table(migrate.ProcessedMessagesDefault)
 	daily := db.Table(migrate.DerivedName(migrate.ProcessedMessagesDefault, "_daily"))
 	layout := db.Table(migrate.DerivedName(migrate.ProcessedMessagesDefault, "_layout"))
-	reloptions := func() []string {
+	positions := db.Table(migrate.ConsumerPositionsDefault)
+	reloptions := func(table string) []string {
 		var opts []string
-		if err := db.Pool.QueryRow(ctx, `SELECT coalesce(reloptions, '{}') FROM pg_class WHERE oid = $1::regclass`, flat).Scan(&opts); err != nil {
+		if err := db.Pool.QueryRow(ctx, `SELECT coalesce(reloptions, '{}') FROM pg_class WHERE oid = $1::regclass`, table).Scan(&opts); err != nil {
 			t.Fatal(err)
 		}
 		return opts
 	}
-	if got := reloptions(); !slices.Contains(got, "autovacuum_vacuum_scale_factor=0.01") || !slices.Contains(got, "autovacuum_vacuum_threshold=10000") {
+	if got := reloptions(flat); !slices.Contains(got, "autovacuum_vacuum_scale_factor=0.01") || !slices.Contains(got, "autovacuum_vacuum_threshold=10000") {
 		t.Fatalf("flat table's options %v, want the autovacuum settings", got)
+	}
+	if got := reloptions(positions); !slices.Equal(got, []string{"fillfactor=50"}) {
+		t.Fatalf("positions table's options %v, want fillfactor=50", got)
 	}
 	var kind string
 	if err := db.Pool.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = $1::regclass`, daily).Scan(&kind); err != nil || kind != "p" {
@@ -45,8 +49,10 @@ func TestVersion15(t *testing.T) {
 	if _, err := m.Down(ctx, 14); err != nil {
 		t.Fatal(err)
 	}
-	if got := reloptions(); len(got) != 0 {
-		t.Fatalf("flat table's options after Down(14): %v, want none", got)
+	for _, table := range []string{flat, positions} {
+		if got := reloptions(table); len(got) != 0 {
+			t.Fatalf("%s's options after Down(14): %v, want none", table, got)
+		}
 	}
 	for _, table := range []string{daily, layout} {
 		if relExists(t, db.Pool, table) {

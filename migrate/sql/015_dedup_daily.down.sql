@@ -16,3 +16,4 @@ INSERT INTO {{.ProcessedMessages}} (consumer, message_uuid, topic, kafka_partiti
 DROP TABLE {{.Schema}}.{{.Index "ProcessedMessages" "_daily"}};
 DROP TABLE {{.Schema}}.{{.Index "ProcessedMessages" "_layout"}};
 ALTER TABLE {{.ProcessedMessages}} RESET (autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold);
+ALTER TABLE {{.ConsumerPositions}} RESET (fillfactor);

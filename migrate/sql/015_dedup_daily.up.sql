@@ -61,3 +61,13 @@ INSERT INTO {{.Schema}}.{{.Index "ProcessedMessages" "_layout"}} DEFAULT VALUES;
 -- both). It only changes the table's settings: no rewrite, no lock that
 -- claims wait for.
 ALTER TABLE {{.ProcessedMessages}} SET (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 10000);
+
+-- The positions table: a row per (consumer, topic, partition), updated by
+-- every claim. An update is HOT (no index entry, its old version pruned
+-- in place) only if the page has room for the new version; at the default
+-- fillfactor (100) a page of positions fills up between two prunings and
+-- 2 to 16% of the updates were not HOT (20,000 updates of 24 rows: the
+-- table grew to 20–134 pages and its index to 7); at 50, 99.5–99.8% were
+-- HOT and the table stayed at 4–6 pages. Only pages written from now on
+-- are affected.
+ALTER TABLE {{.ConsumerPositions}} SET (fillfactor = 50);
