@@ -168,6 +168,17 @@
 // its start) sends what it reads from beyond the horizon to OnFailure:
 // raise Retention, or choose HorizonApply where applying twice is harmless.
 //
+// With the daily dedup layout (dedup.Store.EnableDaily), the runner also
+// keeps the partitions: at start, every PurgeInterval and whenever a claim
+// found none for its day, it runs dedup.Store.MaintainPartitions (created
+// ahead, dropped past the days kept). A message whose UUIDv7 ID is dated on
+// a dropped day cannot be claimed at all: it goes to OnFailure with a
+// *HorizonError whose Cause is dedup.ErrPartitionDropped, whatever
+// OnBeyondHorizon says. One dated on a day without a partition yet (a
+// producer's clock far ahead) fails with dedup.ErrNoPartition and is
+// retried under the retry policy. A batch holding such a message is split
+// until it stands alone, so the others commit.
+//
 // # Observing it
 //
 // The package depends on no metrics or tracing library; it offers seams that

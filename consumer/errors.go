@@ -32,17 +32,28 @@ type HorizonError struct {
 	// process's clock.
 	Age time.Duration
 	// Horizon is Config.Retention minus Config.HorizonMargin: the age past
-	// which a claim is not trusted.
+	// which a claim is not trusted (with Cause, the days the daily layout
+	// keeps).
 	Horizon time.Duration
+	// Cause is set when the dedup store itself could not claim the message:
+	// dedup.ErrPartitionDropped, its ID's day is older than the daily
+	// partitions kept. Such a message is never applied, whatever
+	// Config.OnBeyondHorizon says: there is nowhere to record its claim.
+	Cause error
 }
 
 func (e *HorizonError) Error() string {
+	if e.Cause != nil {
+		return fmt.Sprintf("%v: %v", ErrBeyondHorizon, e.Cause)
+	}
 	return fmt.Sprintf("%v: its timestamp %s is %s old, past the horizon of %s (Retention minus HorizonMargin): its dedup record may have been purged",
 		ErrBeyondHorizon, e.Time.UTC().Format(time.RFC3339Nano), e.Age.Round(time.Millisecond), e.Horizon)
 }
 
-// Is reports whether target is ErrBeyondHorizon.
-func (e *HorizonError) Is(target error) bool { return target == ErrBeyondHorizon }
+// Is reports whether target is ErrBeyondHorizon, or what Cause matches.
+func (e *HorizonError) Is(target error) bool {
+	return target == ErrBeyondHorizon || e.Cause != nil && errors.Is(e.Cause, target)
+}
 
 // Unwrap marks the error permanent: retrying cannot make it younger.
 func (e *HorizonError) Unwrap() error { return retry.Permanent(ErrBeyondHorizon) }

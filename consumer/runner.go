@@ -50,6 +50,9 @@ type Runner struct {
 	// messages fall due is decided on the database's clock, which every
 	// runner of the group and `idemkit consumer parked retry` share.
 	now func() time.Time
+	// maintain asks partitionLoop for a run now (a claim found no daily
+	// partition for its day).
+	maintain chan struct{}
 }
 
 // New validates cfg, applies its defaults and returns a Runner whose
@@ -67,7 +70,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Runner{cfg: c, sem: make(chan struct{}, c.MaxPartitions), now: time.Now,
+	return &Runner{cfg: c, sem: make(chan struct{}, c.MaxPartitions), now: time.Now, maintain: make(chan struct{}, 1),
 		outages: &outage.Tracker{Log: c.Logger.With("topic", c.Topic, "group", c.GroupID),
 			OnStart: c.Hooks.OutageStarted, OnEnd: c.Hooks.OutageEnded}}, nil
 }
@@ -93,6 +96,15 @@ func (r *Runner) Run(ctx context.Context) error {
 	log := r.cfg.Logger.With("topic", r.cfg.Topic, "group", r.cfg.GroupID)
 
 	if err := r.waiter("postgres schema").Do(ctx, r.requireSchema); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	if err := r.waiter("dedup layout").Do(ctx, func(ctx context.Context) error {
+		_, err := r.cfg.Store.Layout(ctx, r.cfg.pool)
+		return err
+	}); err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -152,6 +164,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	if r.cfg.Retention > 0 {
 		wg.Go(func() { r.purgeLoop(ctx, log) })
 	}
+	wg.Go(func() { r.partitionLoop(ctx, log) })
 
 	groupWait := r.waiter("kafka consumer group")
 	defer groupWait.Stop()
@@ -250,6 +263,47 @@ func (r *Runner) purgeLoop(ctx context.Context, log *slog.Logger) {
 		case <-t.C:
 		}
 	}
+}
+
+// partitionLoop keeps the daily layout's partitions (dedup.Store.
+// MaintainPartitions: created ahead, dropped behind) at start, every
+// PurgeInterval and when a claim found none for its day, until ctx ends.
+// With the flat layout each run only reads the layout.
+func (r *Runner) partitionLoop(ctx context.Context, log *slog.Logger) {
+	t := time.NewTicker(r.cfg.PurgeInterval)
+	defer t.Stop()
+	for {
+		ch, err := r.cfg.Store.MaintainPartitions(ctx, r.cfg.pool)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			log.Error("dedup daily partitions: maintenance failed; next try at the next interval", "err", err)
+		case len(ch.Created) > 0 || len(ch.Dropped) > 0:
+			log.Info("dedup daily partitions maintained", "created", days(ch.Created), "dropped", days(ch.Dropped))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-r.maintain:
+		}
+	}
+}
+
+// askMaintenance asks partitionLoop for a run now.
+func (r *Runner) askMaintenance() {
+	select {
+	case r.maintain <- struct{}{}:
+	default:
+	}
+}
+
+// days formats days for a log.
+func days(ds []time.Time) []string {
+	out := make([]string, len(ds))
+	for i, d := range ds {
+		out[i] = d.Format(time.DateOnly)
+	}
+	return out
 }
 
 // ErrNotMigrated means the store's schema lacks migration versions the

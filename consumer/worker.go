@@ -718,11 +718,37 @@ func (w *worker) giveUp(ctx context.Context, msg *Message, f failure, savePositi
 // deadlocks run the transaction again.
 func (w *worker) commit(ctx context.Context, msgs []*Message, attempt int) (failed int, tctx context.Context, err error) {
 	cfg := &w.r.cfg
+	layoutWaits := 0
 	for try := 1; ; try++ {
 		failed, _, tctx, err = w.observedTx(ctx, msgs, attempt)
 		if err == nil {
 			w.outage.Ok()
 			return -1, tctx, nil
+		}
+		if failed < 0 && len(msgs) > 1 && (errors.Is(err, dedup.ErrNoPartition) || errors.Is(err, dedup.ErrPartitionDropped)) {
+			// One of the claims has no daily partition: find it alone.
+			w.r.askMaintenance()
+			return -1, tctx, errSplit
+		}
+		if failed < 0 && (errors.Is(err, dedup.ErrLayoutChanged) || errors.Is(err, dedup.ErrLayoutUnknown)) && ctx.Err() == nil {
+			// The dedup layout changed under the claims (the store reads it
+			// again), or a switch to the daily layout is in progress and
+			// refuses them until it is done: wait, with backoff, and run the
+			// same transaction again. Not the messages' fault: no attempt
+			// is spent.
+			layoutWaits++
+			if layoutWaits == 2 {
+				w.log.WarnContext(tctx, "dedup layout switch in progress: waiting to claim", "err", err)
+			}
+			t := time.NewTimer(min(5*time.Millisecond<<min(layoutWaits, 10), 2*time.Second))
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return -1, tctx, ctx.Err()
+			case <-t.C:
+			}
+			try = 0
+			continue
 		}
 		if failed < 0 && retry.IsConnection(err) && ctx.Err() == nil {
 			// An outage, not a verdict on the messages: wait it out and run
@@ -799,6 +825,12 @@ func (e *handlerError) Unwrap() error { return e.err }
 
 func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes []Outcome, err error) {
 	cfg := &w.r.cfg
+	// Claims of UUIDv7 IDs need the layout; read once, and again after
+	// a claim found it changed (dedup.ErrLayoutChanged).
+	layout, err := cfg.Store.Layout(ctx, cfg.pool)
+	if err != nil {
+		return -1, nil, fmt.Errorf("consumer: %w", err)
+	}
 	outcomes = make([]Outcome, len(msgs))
 	var live []int // messages handled now; the others wait behind a parked message of their key
 	for i, m := range msgs {
@@ -892,6 +924,18 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 	var herr *handlerError
 	if errors.As(err, &herr) {
 		return herr.index, nil, herr.err
+	}
+	if err != nil && len(msgs) == 1 {
+		// The message's own verdict: its ID's day has no daily partition.
+		m := msgs[0]
+		switch {
+		case errors.Is(err, dedup.ErrPartitionDropped):
+			return 0, nil, &HorizonError{Time: m.Time, Age: time.Since(m.Time),
+				Horizon: time.Duration(layout.KeepDays) * 24 * time.Hour, Cause: err}
+		case errors.Is(err, dedup.ErrNoPartition):
+			w.r.askMaintenance()
+			return 0, nil, err
+		}
 	}
 	if err != nil {
 		return -1, nil, fmt.Errorf("consumer: transaction: %w", err)

@@ -83,9 +83,10 @@ func claimOne(t *testing.T, db *testenv.DB, s *dedup.Store, c dedup.Claim) (bool
 	return dup, nil
 }
 
-// TestUUID7DayMatchesDatabase: the store's reading of a UUIDv7's day is the
-// schema's function's (the CHECK on the daily table would refuse any
-// other), for v7 IDs around day boundaries and for IDs that are not v7.
+// TestUUID7DayMatchesDatabase: the store's reading of a UUIDv7's day is
+// PostgreSQL's, for v7 IDs around day boundaries, and the claim lands in
+// that day's partition (the bounds of a partition refuse any other day);
+// IDs that are not v7 have none and stay in the flat table.
 func TestUUID7DayMatchesDatabase(t *testing.T) {
 	db, s := newStore(t)
 	ctx := context.Background()
@@ -93,15 +94,18 @@ func TestUUID7DayMatchesDatabase(t *testing.T) {
 	if _, err := s.EnableDaily(ctx, db.Pool, dedup.DailyConfig{AheadDays: 3}); err != nil {
 		t.Fatal(err)
 	}
-	fn := db.Table(migrate.DerivedName(migrate.ProcessedMessagesDefault, "_uuid7_day"))
-	from := today.AddDate(0, 0, 1)
+	// The day by another reading: PostgreSQL's, of the hex digits.
+	const sqlDayOf = `SELECT CASE WHEN substr(u::text, 15, 1) = '7' AND substr(u::text, 20, 1) IN ('8', '9', 'a', 'b')
+		THEN (timestamp '1970-01-01' + ('x' || substr(u::text, 1, 8) || substr(u::text, 10, 4))::bit(48)::bigint
+			* interval '1 millisecond')::date END FROM (SELECT $1::uuid AS u) AS id`
+	from := today.AddDate(0, 0, 2) // DailyFrom: the day after tomorrow
 	for i, at := range []time.Time{
 		from, from.Add(-time.Millisecond), from.Add(time.Millisecond), from.Add(24*time.Hour - time.Millisecond),
-		from.Add(36 * time.Hour), from.Add(2*24*time.Hour + 23*time.Hour),
+		from.Add(36 * time.Hour), from.Add(47*time.Hour + 59*time.Minute),
 	} {
 		id := uuid7(t, at)
 		var sqlDay *time.Time
-		if err := db.Pool.QueryRow(ctx, `SELECT `+fn+`($1::uuid)`, id).Scan(&sqlDay); err != nil {
+		if err := db.Pool.QueryRow(ctx, sqlDayOf, id).Scan(&sqlDay); err != nil {
 			t.Fatal(err)
 		}
 		wantDay := time.Date(at.Year(), at.Month(), at.Day(), 0, 0, 0, 0, time.UTC)
@@ -121,11 +125,18 @@ func TestUUID7DayMatchesDatabase(t *testing.T) {
 		if got := whereStored(t, db, "c", id); got != want {
 			t.Fatalf("%d: %s (day %s) stored in %q, want %q", i, id, wantDay.Format(time.DateOnly), got, want)
 		}
+		if want == "daily" {
+			var stored time.Time
+			if err := db.Pool.QueryRow(ctx, `SELECT day FROM `+db.Table(migrate.DerivedName(migrate.ProcessedMessagesDefault, "_daily"))+
+				` WHERE message_uuid = $1`, id).Scan(&stored); err != nil || !stored.Equal(*sqlDay) {
+				t.Fatalf("%d: %s stored with day %s (%v), want %s", i, id, stored, err, sqlDay)
+			}
+		}
 	}
 	// Not v7: version 4, and a v7 pattern with the wrong variant.
 	for _, id := range []string{"0192f5a4-7b2c-4d3e-8f40-0123456789ab", "0192f5a4-7b2c-7d3e-cf40-0123456789ab"} {
 		var sqlDay *time.Time
-		if err := db.Pool.QueryRow(ctx, `SELECT `+fn+`($1::uuid)`, id).Scan(&sqlDay); err != nil {
+		if err := db.Pool.QueryRow(ctx, sqlDayOf, id).Scan(&sqlDay); err != nil {
 			t.Fatal(err)
 		}
 		if sqlDay != nil {
@@ -147,7 +158,7 @@ func TestDailyLayout(t *testing.T) {
 	db, s := newStore(t)
 	ctx := context.Background()
 	today := dbToday(t, db)
-	tomorrow := today.AddDate(0, 0, 1)
+	first := today.AddDate(0, 0, 2) // DailyFrom: the day after tomorrow
 
 	// A store that reads the flat layout before the switch and keeps it.
 	stale, err := dedup.New(&dedup.Config{Schema: db.Schema})
@@ -168,8 +179,8 @@ func TestDailyLayout(t *testing.T) {
 	if err != nil {
 		t.Fatalf("EnableDaily: %v", err)
 	}
-	if !l.Daily() || !l.DailyFrom.Equal(tomorrow) || l.KeepDays != 7 || l.AheadDays != dedup.AheadDaysDefault {
-		t.Fatalf("layout = %+v, want daily from %s, keep 7, ahead %d", l, tomorrow, dedup.AheadDaysDefault)
+	if !l.Daily() || !l.DailyFrom.Equal(first) || l.KeepDays != 7 || l.AheadDays != dedup.AheadDaysDefault {
+		t.Fatalf("layout = %+v, want daily from %s, keep 7, ahead %d", l, first, dedup.AheadDaysDefault)
 	}
 	parts, err := s.Partitions(ctx, db.Pool)
 	if err != nil {
@@ -180,21 +191,28 @@ func TestDailyLayout(t *testing.T) {
 		days = append(days, p.Day.Format(time.DateOnly))
 	}
 	var want []string
-	for d := tomorrow; !d.After(today.AddDate(0, 0, dedup.AheadDaysDefault)); d = d.AddDate(0, 0, 1) {
+	for d := first; !d.After(today.AddDate(0, 0, dedup.AheadDaysDefault)); d = d.AddDate(0, 0, 1) {
 		want = append(want, d.Format(time.DateOnly))
 	}
 	if !slices.Equal(days, want) {
 		t.Fatalf("partitions %v, want %v", days, want)
 	}
-	// Enabling again changes nothing but the settings.
-	if l2, err := s.EnableDaily(ctx, db.Pool, dedup.DailyConfig{KeepDays: 7}); err != nil || l2 != l {
+	// Enabling again changes nothing but the settings given: none given,
+	// none changed; -1 keeps every partition again.
+	if l2, err := s.EnableDaily(ctx, db.Pool, dedup.DailyConfig{}); err != nil || l2 != l {
 		t.Fatalf("EnableDaily again: %+v, %v; want %+v", l2, err, l)
 	}
+	if l2, err := s.EnableDaily(ctx, db.Pool, dedup.DailyConfig{KeepDays: -1, AheadDays: 4}); err != nil || l2.KeepDays != 0 || l2.AheadDays != 4 {
+		t.Fatalf("EnableDaily keep -1, ahead 4: %+v, %v", l2, err)
+	}
+	if l, err = s.EnableDaily(ctx, db.Pool, dedup.DailyConfig{KeepDays: 7, AheadDays: dedup.AheadDaysDefault}); err != nil {
+		t.Fatal(err)
+	}
 
-	// The stale store claims a UUIDv7 of tomorrow: refused with
+	// The stale store claims a UUIDv7 dated DailyFrom: refused with
 	// ErrLayoutChanged (never stored in the flat table), then, in the next
 	// transaction, claimed in the daily table.
-	next := uuid7(t, noon(tomorrow))
+	next := uuid7(t, noon(first))
 	if _, err := claimOne(t, db, stale, dedup.Claim{Consumer: "c", MessageID: next, Topic: "t"}); !errors.Is(err, dedup.ErrLayoutChanged) {
 		t.Fatalf("stale store's claim: %v, want ErrLayoutChanged", err)
 	}
@@ -226,7 +244,7 @@ func TestDailyLayout(t *testing.T) {
 
 	// A batch mixing every kind, with an ID twice; then with a position.
 	ids := []string{"order-1", "0192f5a4-7b2c-4d3e-8f40-0123456789ab", uuid7(t, noon(today)),
-		uuid7(t, noon(tomorrow)), uuid7(t, noon(today.AddDate(0, 0, 2)))}
+		uuid7(t, noon(first)), uuid7(t, noon(today.AddDate(0, 0, 3)))}
 	ids = append(ids, ids[3])
 	var claims []dedup.Claim
 	for i, id := range ids {
@@ -255,7 +273,7 @@ func TestDailyLayout(t *testing.T) {
 		t.Fatalf("batch again: duplicates %v, want all", dups)
 	}
 	inTx(t, db.Pool, func(tx pgx.Tx) {
-		dup, err := s.ClaimWithPositionTx(ctx, tx, dedup.Claim{Consumer: "b", MessageID: uuid7(t, noon(tomorrow)),
+		dup, err := s.ClaimWithPositionTx(ctx, tx, dedup.Claim{Consumer: "b", MessageID: uuid7(t, noon(first)),
 			Topic: "t", Partition: 1, Offset: 40})
 		if err != nil || dup {
 			t.Fatalf("claim with position: %v %v", dup, err)
@@ -290,7 +308,7 @@ func TestDailyConcurrentClaims(t *testing.T) {
 	if _, err := s.EnableDaily(ctx, db.Pool, dedup.DailyConfig{}); err != nil {
 		t.Fatal(err)
 	}
-	id := uuid7(t, noon(dbToday(t, db).AddDate(0, 0, 1)))
+	id := uuid7(t, noon(dbToday(t, db).AddDate(0, 0, 2)))
 	var wins, dups atomic.Int32
 	var wg sync.WaitGroup
 	start := make(chan struct{})
@@ -347,8 +365,8 @@ func TestDailyRetention(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ch.Created) != 11 || !ch.Created[0].Equal(today.AddDate(0, 0, -10)) || len(ch.Dropped) != 0 {
-		t.Fatalf("MaintainPartitions created %v, dropped %v; want the 11 days from %s", ch.Created, ch.Dropped, today.AddDate(0, 0, -10))
+	if len(ch.Created) != 12 || !ch.Created[0].Equal(today.AddDate(0, 0, -10)) || len(ch.Dropped) != 0 {
+		t.Fatalf("MaintainPartitions created %v, dropped %v; want the 12 days from %s", ch.Created, ch.Dropped, today.AddDate(0, 0, -10))
 	}
 	s2, err := dedup.New(&dedup.Config{Schema: db.Schema}) // reads the new layout
 	if err != nil {
@@ -365,8 +383,8 @@ func TestDailyRetention(t *testing.T) {
 		}
 	}
 
-	// Keep 3 days: every day before today-3 goes.
-	if _, err := s2.EnableDaily(ctx, db.Pool, dedup.DailyConfig{KeepDays: 3, AheadDays: 2}); err != nil {
+	// Keep 3 days: every day before today-3 goes; 5 days ahead: 3 more.
+	if _, err := s2.EnableDaily(ctx, db.Pool, dedup.DailyConfig{KeepDays: 3, AheadDays: 5}); err != nil {
 		t.Fatal(err)
 	}
 	// Claims keep flowing while partitions are dropped and created.
@@ -400,15 +418,17 @@ func TestDailyRetention(t *testing.T) {
 	if claimed.Load() == 0 {
 		t.Fatal("no claim made while MaintainPartitions ran")
 	}
-	if len(ch.Dropped) != 7 || !ch.Dropped[6].Equal(today.AddDate(0, 0, -4)) || len(ch.Created) != 0 {
-		t.Fatalf("MaintainPartitions dropped %v, created %v; want the 7 days up to %s", ch.Dropped, ch.Created, today.AddDate(0, 0, -4))
+	if len(ch.Dropped) != 7 || !ch.Dropped[6].Equal(today.AddDate(0, 0, -4)) || len(ch.Created) != 3 ||
+		!ch.Created[2].Equal(today.AddDate(0, 0, 5)) {
+		t.Fatalf("MaintainPartitions dropped %v, created %v; want the 7 days up to %s, and 3 days up to %s",
+			ch.Dropped, ch.Created, today.AddDate(0, 0, -4), today.AddDate(0, 0, 5))
 	}
 	parts, err := s2.Partitions(ctx, db.Pool)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(parts) != 6 || !parts[0].Day.Equal(today.AddDate(0, 0, -3)) {
-		t.Fatalf("partitions after the drop: %v, want 6 from %s", parts, today.AddDate(0, 0, -3))
+	if len(parts) != 9 || !parts[0].Day.Equal(today.AddDate(0, 0, -3)) {
+		t.Fatalf("partitions after the drop: %v, want 9 from %s", parts, today.AddDate(0, 0, -3))
 	}
 	if _, err := claimOne(t, db, s2, dedup.Claim{Consumer: "c", MessageID: old, Topic: "t"}); !errors.Is(err, dedup.ErrPartitionDropped) {
 		t.Fatalf("claim in a dropped partition: %v, want ErrPartitionDropped", err)
@@ -458,9 +478,12 @@ func TestDailyMigrateDown(t *testing.T) {
 	if _, err := s.EnableDaily(ctx, db.Pool, dedup.DailyConfig{}); err != nil {
 		t.Fatal(err)
 	}
-	id := uuid7(t, noon(dbToday(t, db).AddDate(0, 0, 1)))
+	id := uuid7(t, noon(dbToday(t, db).AddDate(0, 0, 2)))
 	if _, err := claimOne(t, db, s, dedup.Claim{Consumer: "c", MessageID: id, Topic: "t"}); err != nil {
 		t.Fatal(err)
+	}
+	if got := whereStored(t, db, "c", id); got != "daily" {
+		t.Fatalf("stored in %q, want daily", got)
 	}
 	m, err := migrate.New(db.Pool, &migrate.Config{Schema: db.Schema})
 	if err != nil {
@@ -478,5 +501,33 @@ func TestDailyMigrateDown(t *testing.T) {
 	}
 	if got := storedAs(t, db, "c", id); got != "uuid" {
 		t.Fatalf("stored as %q after Down(14), want uuid", got)
+	}
+}
+
+// TestProcessedSeesASwitchByAnother: Processed of a UUIDv7 reads the
+// layout again, so a store that read the flat layout before another
+// process switched still finds a claim stored in the daily table.
+func TestProcessedSeesASwitchByAnother(t *testing.T) {
+	db, s := newStore(t)
+	ctx := context.Background()
+	id := uuid7(t, noon(dbToday(t, db).AddDate(0, 0, 2)))
+	if ok, err := s.Processed(ctx, db.Pool, "c", id); err != nil || ok {
+		t.Fatalf("Processed before: %v %v", ok, err)
+	}
+	other, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.EnableDaily(ctx, db.Pool, dedup.DailyConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := claimOne(t, db, other, dedup.Claim{Consumer: "c", MessageID: id, Topic: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := whereStored(t, db, "c", id); got != "daily" {
+		t.Fatalf("stored in %q, want daily", got)
+	}
+	if ok, err := s.Processed(ctx, db.Pool, "c", id); err != nil || !ok {
+		t.Fatalf("Processed by the store that read the flat layout: %v %v, want true", ok, err)
 	}
 }

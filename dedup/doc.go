@@ -94,9 +94,53 @@
 // rows leave as retention purges them. scripts/bench-dedup measures the
 // layouts (README: "The dedup store at scale").
 //
+// # Daily partitions
+//
+// A schema may store UUIDv7 IDs in a table partitioned by day instead
+// (Store.EnableDaily, `idemkit dedup daily enable`; migration 15): its
+// retention then drops whole days, an O(1) catalog change that leaves no
+// dead rows behind and takes no row locks from the claims, where Purge
+// deletes and vacuums row by row. PostgreSQL requires a unique index on a
+// partitioned table to include the partition key, so the key is
+// (consumer, message_uuid, day), and the day must be the same on every
+// delivery of a message: it is read from the ID itself, the 48-bit
+// millisecond timestamp of a UUIDv7 (RFC 9562), in UTC. Since the day is a
+// function of the ID, computed by the store from the ID alone, one ID
+// always lands in one partition, where the unique index sees every claim
+// of it: a claim is still one INSERT … ON CONFLICT DO NOTHING, atomic with
+// the business writes, and concurrent claims still settle on one winner.
+//
+// IDs without such a time stay in the flat table: any ID that is not a
+// canonical UUIDv7 (text IDs, UUIDs of other versions), and UUIDv7 IDs
+// dated before the day the layout took effect (Layout.DailyFrom, two days
+// after EnableDaily). An ID is in exactly one of the two tables, decided by
+// the ID and DailyFrom alone; EnableDaily makes that hold for processes
+// already running with a CHECK on the flat table that refuses the IDs the
+// daily table now takes (a store that read the old layout gets
+// ErrLayoutChanged and reads it again; the runner waits and runs the
+// transaction again). The CHECK costs each flat insert a few microseconds
+// once the layout is enabled, nothing before.
+//
+// Store.MaintainPartitions creates partitions ahead (Layout.AheadDays) and
+// drops those older than Layout.KeepDays, raising a watermark
+// (Layout.DroppedBefore) before it drops, so that a dropped day is never
+// created again; it also finishes a switch that EnableDaily left
+// unfinished. The consumer's runner calls it every PurgeInterval. A claim
+// dated on a day without a partition fails with ErrNoPartition (retried:
+// maintenance creates it, unless the producer's clock is far ahead), or
+// with ErrPartitionDropped when the day is below the watermark: such a
+// message can no longer be deduplicated, and the runner sends it to
+// OnFailure as beyond the horizon (a dlq Redrive reports it as
+// BeyondHorizon). Retention is by the ID's time, not by when the message
+// is delivered: keep KeepDays longer than the oldest ID a message can
+// still arrive with (an outbox message parked for days, a dead letter
+// replayed, a backlog), or such messages are refused, however fresh their
+// delivery. Migrating down to 14 copies the daily rows back into the flat
+// table; stop the consumers first.
+//
 // # Tables
 //
-// The tables are created by package migrate (versions 1 and 14); Config and
-// migrate.Config must name the same schema and tables. Nothing in this
-// package runs DDL.
+// The tables are created by package migrate (versions 1, 14 and 15);
+// Config and migrate.Config must name the same schema and tables. Only
+// the daily layout's DDL (EnableDaily, MaintainPartitions) runs here.
 package dedup

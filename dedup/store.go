@@ -475,7 +475,8 @@ const (
 // batch before running it, for example
 // preparing it on a schema that is not migrated: that error is pgx's).
 // Invalid input returns an error matching ErrInvalidInput and queues
-// nothing.
+// nothing. A UUIDv7 ID needs the schema's layout, which a queued claim cannot
+// read: call Store.Layout once before (ErrLayoutUnknown otherwise).
 func (s *Store) QueueClaimWithPosition(b *pgx.Batch, c Claim, duplicate *bool) error {
 	if err := c.validate(); err != nil {
 		return fail("claim", err)
@@ -814,6 +815,13 @@ func (s *Store) Processed(ctx context.Context, db DBTX, consumer, messageID stri
 	if err := ValidateID("MessageID", messageID); err != nil {
 		return false, fmt.Errorf("dedup: processed: %w", &inputError{err: err})
 	}
+	if _, ok := uuid7Day(compactID(messageID)); ok {
+		// A read, not a claim: no guard would tell it of a switch made by
+		// another process since this store read the layout.
+		if _, err := s.ReadLayout(ctx, db); err != nil {
+			return false, fmt.Errorf("dedup: processed: %w", err)
+		}
+	}
 	kind, u, day, err := s.route(ctx, db, messageID)
 	if err != nil {
 		return false, fmt.Errorf("dedup: processed: %w", err)
@@ -836,7 +844,8 @@ func (s *Store) Processed(ctx context.Context, db DBTX, consumer, messageID stri
 // such record is left or ctx ends. It returns how many records it deleted,
 // also when it returns an error. batchSize <= 0 means PurgeBatchDefault.
 // Rows locked by a concurrent Purge are skipped, not waited for. Positions
-// are never purged.
+// are never purged. Records in daily partitions are not deleted here: they
+// go with their day's partition (MaintainPartitions).
 func (s *Store) Purge(ctx context.Context, db *pgxpool.Pool, olderThan time.Duration, batchSize int) (int64, error) {
 	return s.purge(ctx, db, "", olderThan, batchSize)
 }

@@ -77,6 +77,12 @@
 // republish and its record may republish it twice, and each copy gets its
 // own coordinates.
 //
+// With the daily dedup layout (dedup.Store.EnableDaily), a dead letter
+// whose UUIDv7 ID is dated on a day the layout's retention dropped cannot
+// be claimed any more: Redrive reports it as BeyondHorizon (with
+// dedup.ErrPartitionDropped), records it and leaves it alone; the run goes
+// on.
+//
 // # Outages
 //
 // Run waits out PostgreSQL and Kafka outages (connection-class errors, see

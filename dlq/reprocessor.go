@@ -58,6 +58,7 @@ const (
 	FailedAgain     Action = "failed-again"      // failed again: back to the dead-letter topic, history extended
 	Parked          Action = "parked"            // its replay rounds are used up: recorded, not replayed again
 	NoMessageID     Action = "no-message-id"     // Redrive: no usable message ID, so no dedup: left alone
+	BeyondHorizon   Action = "beyond-horizon"    // Redrive: its ID's daily dedup partition was dropped, so no dedup: left alone
 	Skipped         Action = "skipped"           // not selected by the filter
 	WouldReplay     Action = "would-replay"      // dry run: would be replayed
 	Unreadable      Action = "unreadable"        // not an idemkit dead letter
@@ -445,8 +446,16 @@ func (rn *run) redrive(ctx context.Context, d *DeadLetter) (Action, error, error
 		var hf *handlerFailure
 		switch {
 		case errors.As(err, &hf):
-		case conflict(err) && conflicts < maxConflicts:
-			conflicts++ // a serialization failure or deadlock: run the transaction again
+		case errors.Is(err, dedup.ErrPartitionDropped):
+			// Its claim cannot be recorded any more (the daily layout's
+			// retention dropped its ID's day): redriving it could apply it
+			// twice. Left in the dead-letter topic, recorded, the run goes on.
+			rn.pg.Ok()
+			return BeyondHorizon, err, rn.record(ctx, d, BeyondHorizon, err.Error())
+		case errors.Is(err, dedup.ErrNoPartition):
+			hf = &handlerFailure{err} // no partition yet: retried as a transient failure
+		case (conflict(err) || errors.Is(err, dedup.ErrLayoutChanged)) && conflicts < maxConflicts:
+			conflicts++ // a serialization failure, a deadlock, a layout read again: run the transaction again
 			continue
 		default:
 			if werr := rn.pg.Wait(ctx, err); werr != nil {

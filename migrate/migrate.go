@@ -213,11 +213,6 @@ func render(t *template.Template, data templateData) (string, error) {
 	return b.String(), nil
 }
 
-// indexName derives an index name from its table's name that PostgreSQL
-// will not truncate: table+suffix when that fits in MaxIdentifierLength
-// bytes, else a prefix of table cut at a character boundary, a hash of the
-// whole table name (so two long names sharing a prefix still differ), and
-// suffix.
 // DerivedName returns the unquoted name idemkit gives an object derived
 // from table (an index, a constraint, a companion table such as the daily
 // dedup table, or one of its partitions): table followed by suffix, with
@@ -225,6 +220,11 @@ func render(t *template.Template, data templateData) (string, error) {
 // MaxIdentifierLength. Package dedup names what it creates with it.
 func DerivedName(table, suffix string) string { return indexName(table, suffix) }
 
+// indexName derives an index name from its table's name that PostgreSQL
+// will not truncate: table+suffix when that fits in MaxIdentifierLength
+// bytes, else a prefix of table cut at a character boundary, a hash of the
+// whole table name (so two long names sharing a prefix still differ), and
+// suffix.
 func indexName(table, suffix string) string {
 	if len(table)+len(suffix) <= MaxIdentifierLength {
 		return table + suffix

@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
@@ -89,6 +90,7 @@ type Consumer struct {
 	reg        metric.Registration
 	oldest     ageQuery
 	parkedAge  ageQuery
+	ahead      aheadQuery
 	partMu     sync.Mutex
 	partitions map[int]attrOpts // consumer, topic, partition
 }
@@ -167,6 +169,9 @@ func (t *Telemetry) Consumer(cfg *consumer.Config) (*Consumer, error) {
 		sql: "SELECT extract(epoch FROM now() - min(processed_at))::float8 FROM " +
 			pgx.Identifier{tables.Schema, tables.Tables.ProcessedMessages}.Sanitize() + " WHERE consumer = $1",
 		args: []any{name}}
+	if store, err := dedup.New(&dedup.Config{Schema: tables.Schema, Tables: tables.Tables}); err == nil {
+		c.ahead.store = store
+	}
 	c.parkedAge = ageQuery{what: "oldest parked message",
 		sql: "SELECT extract(epoch FROM now() - min(parked_at))::float8 FROM " +
 			pgx.Identifier{tables.Schema, tables.Tables.ParkedMessages}.Sanitize() + " WHERE consumer = $1 AND topic = $2",

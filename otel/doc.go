@@ -85,6 +85,7 @@
 //	idemkit_consumer_beyond_horizon_total{consumer,topic,action}  failed, applied (with Retention)
 //	idemkit_dedup_oldest_record_age_seconds{consumer}          gauge
 //	idemkit_dedup_retention_seconds{consumer}                  gauge
+//	idemkit_dedup_daily_partitions_ahead_days{consumer}        gauge (daily layout only)
 //	idemkit_dlq_writes_total{consumer,topic,dlq_topic}
 //	idemkit_dlq_replayed_total{dlq_topic,outcome}
 //

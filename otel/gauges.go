@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/dedup"
 )
 
 // ErrObserving is returned by Consumer.Observe when the consumer already
@@ -30,6 +31,11 @@ var ErrObserving = errors.New("idemotel: consumer already observes a runner")
 //     runner's pool (Runner.Pool): each a min() over an index of the consumer's rows,
 //     run at most once per Config.QueryInterval and bounded by
 //     Config.QueryTimeout (0 when there is no row);
+//   - idemkit_dedup_daily_partitions_ahead_days, with the daily dedup
+//     layout only: how many days after today (UTC, the database's clock)
+//     are covered by partitions without a gap (dedup.Store.Partitions;
+//     days before DailyFrom need none), -1 when today is not, at most once
+//     per QueryInterval; below 1, claims dated tomorrow will fail;
 //   - idemkit_dedup_retention_seconds, the consumer's Config.Retention, when
 //     it is set (without it nothing purges, and the gauge is absent so that
 //     a retention alert does not compare with 0).
@@ -49,7 +55,7 @@ func (c *Consumer) Observe(r *consumer.Runner) error {
 	in := &c.t.consumer
 	observed := []metric.Observable{in.lag, in.position, in.parked}
 	if c.pool != nil {
-		observed = append(observed, in.parkedOldestAge, in.oldestRecordAge)
+		observed = append(observed, in.parkedOldestAge, in.oldestRecordAge, in.partitionsAhead)
 	}
 	if c.retention > 0 {
 		observed = append(observed, in.retention)
@@ -99,6 +105,9 @@ func (c *Consumer) observe(ctx context.Context, o metric.Observer, r *consumer.R
 		}
 		if age, ok := c.oldest.get(ctx, c.pool, c.t.cfg.QueryInterval, c.t.cfg.QueryTimeout); ok {
 			o.ObserveFloat64(in.oldestRecordAge, age, c.consumerOnly.obs...)
+		}
+		if days, ok := c.ahead.get(ctx, c.pool, c.t.cfg.QueryInterval, c.t.cfg.QueryTimeout); ok {
+			o.ObserveInt64(in.partitionsAhead, days, c.consumerOnly.obs...)
 		}
 	}
 	if c.retention > 0 {
@@ -164,4 +173,66 @@ func (q *ageQuery) get(ctx context.Context, pool *pgxpool.Pool, interval, timeou
 		return 0, true
 	}
 	return q.age + time.Since(q.at).Seconds(), true
+}
+
+// aheadQuery reads how many days of daily partitions lie ahead of today,
+// cached like ageQuery.
+type aheadQuery struct {
+	store *dedup.Store // nil: no gauge
+
+	mu    sync.Mutex
+	at    time.Time
+	days  int64
+	daily bool // the last query succeeded and found the daily layout
+}
+
+// get returns the days ahead; false with the flat layout, or when the last
+// query failed (reported to otel.Handle).
+func (q *aheadQuery) get(ctx context.Context, pool *pgxpool.Pool, interval, timeout time.Duration) (int64, bool) {
+	if q.store == nil {
+		return 0, false
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.at.IsZero() || time.Since(q.at) >= interval {
+		qctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		q.at, q.daily = time.Now(), false
+		l, err := q.store.ReadLayout(qctx, pool)
+		if err != nil {
+			otel.Handle(fmt.Errorf("idemotel: read the dedup layout: %w", err))
+			return 0, false
+		}
+		if !l.Daily() {
+			return 0, false
+		}
+		parts, err := q.store.Partitions(qctx, pool)
+		if err != nil {
+			otel.Handle(fmt.Errorf("idemotel: read the daily partitions: %w", err))
+			return 0, false
+		}
+		q.daily = true
+		var today time.Time
+		if err := pool.QueryRow(qctx, `SELECT (now() AT TIME ZONE 'UTC')::date`).Scan(&today); err != nil {
+			otel.Handle(fmt.Errorf("idemotel: read the daily partitions: %w", err))
+			return 0, false
+		}
+		// The last day covered without a gap from the first day that
+		// needs a partition (today, or DailyFrom while it is ahead): a hole
+		// before the newest partition is where claims would fail first.
+		have := make(map[time.Time]bool, len(parts))
+		for _, p := range parts {
+			have[p.Day] = true
+		}
+		now := time.Date(today.Year(), today.Month(), today.Day(), 0, 0, 0, 0, time.UTC)
+		day := now
+		if l.DailyFrom.After(day) {
+			day = l.DailyFrom
+		}
+		for have[day] {
+			day = day.AddDate(0, 0, 1)
+		}
+		q.days = int64(day.Sub(now)/(24*time.Hour)) - 1
+	}
+	return q.days, q.daily
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -93,6 +94,9 @@ func TestLagAndPositionFollowABlockedHandler(t *testing.T) {
 	if got, ok := points(t, rm, "idemkit.dedup.oldest_record_age")[consumerOnly]; !ok || got <= 0 || got > 60 {
 		t.Errorf("oldest record age = %v (present %v), want a few seconds", got, ok)
 	}
+	if got := points(t, rm, "idemkit.dedup.daily_partitions_ahead"); len(got) != 0 {
+		t.Errorf("daily partitions ahead with the flat layout = %v, want nothing", got)
+	}
 	base := lbl("consumer", e.group, "topic", e.topic)
 	if got := points(t, rm, "idemkit.consumer.parked_messages"); got[base] != 0 || len(got) != 1 {
 		t.Errorf("parked = %v, want 0", got)
@@ -171,4 +175,42 @@ func TestParkedGauges(t *testing.T) {
 			break
 		}
 	}
+}
+
+// TestDailyPartitionsAheadGauge: with the daily layout, the gauge says how
+// many days of partitions lie ahead, and drops when the newest goes.
+func TestDailyPartitionsAheadGauge(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, 1)
+	store, err := dedup.New(&dedup.Config{Schema: e.db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.EnableDaily(ctx, e.db.Pool, dedup.DailyConfig{AheadDays: 2}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := e.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error { return e.effect(ctx, tx, m) })
+	c, err := e.tel.Consumer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := consumer.New(e.db.Pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Observe(r); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Close() }()
+	consumerOnly := lbl("consumer", e.group)
+	e.eventually("idemkit.dedup.daily_partitions_ahead", "2 days", func(m map[string]float64) bool { return m[consumerOnly] == 2 })
+	parts, err := store.Partitions(ctx, e.db.Pool)
+	if err != nil || len(parts) == 0 {
+		t.Fatalf("partitions: %v %v", parts, err)
+	}
+	if _, err := e.db.Pool.Exec(ctx, `DROP TABLE `+pgx.Identifier{e.db.Schema, parts[len(parts)-1].Name}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually("idemkit.dedup.daily_partitions_ahead", "1 day once the newest is gone", func(m map[string]float64) bool { return m[consumerOnly] == 1 })
 }

@@ -43,11 +43,12 @@ type consumerInstruments struct {
 	parkedOldestAge metric.Float64ObservableGauge // idemkit_consumer_parked_oldest_age_seconds
 	oldestRecordAge metric.Float64ObservableGauge // idemkit_dedup_oldest_record_age_seconds
 	retention       metric.Float64ObservableGauge // idemkit_dedup_retention_seconds
+	partitionsAhead metric.Int64ObservableGauge   // idemkit_dedup_daily_partitions_ahead_days
 }
 
 func newConsumerInstruments(m metric.Meter) (consumerInstruments, error) {
 	var in consumerInstruments
-	var errs [16]error
+	var errs [17]error
 	in.messages, errs[0] = m.Int64Counter("idemkit.consumer.messages", metric.WithUnit("{message}"),
 		metric.WithDescription("Messages by fate: applied, duplicate (a redelivery the claim caught), parked, failed (handed to OnFailure)."))
 	in.retries, errs[1] = m.Int64Counter("idemkit.consumer.retries", metric.WithUnit("{retry}"),
@@ -83,6 +84,8 @@ func newConsumerInstruments(m metric.Meter) (consumerInstruments, error) {
 		metric.WithDescription("The consumer's configured retention of processed-message records (absent when it purges nothing)."))
 	in.beyondHorizon, errs[15] = m.Int64Counter("idemkit.consumer.beyond_horizon", metric.WithUnit("{message}"),
 		metric.WithDescription("Messages older than the dedup horizon whose claim was new, by what became of them: failed (handed to OnFailure) or applied (HorizonApply)."))
+	in.partitionsAhead, errs[16] = m.Int64ObservableGauge("idemkit.dedup.daily_partitions_ahead", metric.WithUnit("d"),
+		metric.WithDescription("With the daily dedup layout: days from today (UTC) to the newest daily partition; claims dated past it fail until partitions are created (absent with the flat layout)."))
 	return in, errors.Join(errs[:]...)
 }
 

@@ -24,6 +24,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/otel"
@@ -124,6 +125,10 @@ func TestPrometheusNames(t *testing.T) {
 	e := newEnv(t, 2)
 	dlqTopic := e.topic + dlq.TopicSuffixDefault
 	testenv.CreateTopic(t, dlqTopic, 1)
+	// The daily dedup layout, for its gauge (text IDs stay in the flat table).
+	if _, err := e.store.EnableDaily(context.Background(), e.db.Pool, dedup.DailyConfig{}); err != nil {
+		t.Fatal(err)
+	}
 
 	reg := prometheus.NewRegistry()
 	exporter, err := otelprom.New(otelprom.WithRegisterer(reg))

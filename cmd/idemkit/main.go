@@ -2,7 +2,8 @@
 // migrations; lists, inspects and replays dead letters; lists stuck HTTP
 // idempotency records; shows and requeues parked outbox messages; lists the
 // messages a NonBlocking consumer parked and makes them due again; purges
-// processed-message records past their retention; and shows and moves
+// processed-message records past their retention, or switches them to daily
+// partitions and keeps those; and shows and moves
 // (rewinds, skips) a consumer's positions.
 //
 //	idemkit migrate up|down VERSION|status   [-json] -database URL [-schema S]
@@ -12,6 +13,7 @@
 //	idemkit idemhttp stuck [-json] -database URL [-schema S] [-table T] [-limit N]
 //	idemkit outbox stats|parked [-json] | retry ID... -database URL [-schema S] [-table T]
 //	idemkit dedup purge -older-than D -database URL [-schema S] [-batch N]
+//	idemkit dedup daily enable [-keep-days N] [-ahead-days N] | status [-json] | maintain [-json] -database URL [-schema S]
 //	idemkit consumer positions -group G -topic T [-name N] [-json] -brokers B -database URL
 //	idemkit consumer seek -group G -topic T TARGET [-partitions 0,2] [-recreated] [-force] [-dry-run] ...
 //	idemkit consumer parked list  -topic T -name N [-key K]... [-json] [redaction] -database URL
@@ -122,6 +124,12 @@ func init() {
 			summary: "requeue parked outbox messages (with the messages of their key parked behind them)", run: outboxCmd},
 		{name: "dedup purge", synopsis: "-older-than D [-batch N] [-database URL] [-schema S]",
 			summary: "delete processed-message records past their retention", doc: purgeHelp, run: dedupCmd},
+		{name: "dedup daily enable", synopsis: "[-keep-days N] [-ahead-days N] [-database URL] [-schema S]",
+			summary: "store UUIDv7 IDs by day from tomorrow on: retention drops whole days", doc: dailyEnableHelp, run: dailyCmd},
+		{name: "dedup daily status", synopsis: "[-json] [-database URL] [-schema S]",
+			summary: "the dedup layout and its daily partitions", doc: dailyStatusHelp, run: dailyCmd},
+		{name: "dedup daily maintain", synopsis: "[-json] [-database URL] [-schema S]",
+			summary: "create the daily partitions ahead, drop those past -keep-days", doc: dailyMaintainHelp, run: dailyCmd},
 		{name: "consumer positions", synopsis: "-group G -topic T [-name N] [-json] [-brokers B] [kafka] [-database URL] [-schema S] [-table T]",
 			summary: "where a consumer stands, per partition, in PostgreSQL and Kafka", doc: positionsHelp, run: consumerCmd},
 		{name: "consumer seek", synopsis: "-group G -topic T [-name N] TARGET [-partitions 0,2] [-recreated] [-new] [-force] [-dry-run] [-brokers B] [kafka] [-database URL] [-schema S] [-table T]",

@@ -77,6 +77,7 @@ type options struct {
 	rounds    int
 	purge     float64
 	layouts   []string
+	churn     int
 }
 
 func run() error {
@@ -92,7 +93,11 @@ func run() error {
 	flag.IntVar(&o.rounds, "rounds", 3, "rounds per size; each round runs every layout in turn")
 	flag.Float64Var(&o.purge, "purge", 1.0/30, "fraction of the records the retention purge deletes")
 	flag.StringVar(&layouts, "layouts", "v13,v14", "table layouts to compare, of "+strings.Join(layoutNames(), ", ")+
-		" (v13: text key, the store of migration 13; v14: UUIDs as uuid; v14-text: migration 14 with IDs that are no UUID)")
+		" (v13: text key, the store of migration 13; v14: UUIDs as uuid; v14-text: migration 14 with IDs that are no UUID;"+
+		" v14-av: v14 with the autovacuum settings of migration 15 reverted to PostgreSQL's defaults;"+
+		" daily: UUIDv7 IDs in the daily-partitioned table of migration 15, retention by dropping a day)")
+	flag.IntVar(&o.churn, "churn", 0, "then, at the last size, this many days of churn: a day of new records, "+
+		"the retention of the oldest day, and what autovacuum does meanwhile (table size, dead rows); 0: none")
 	flag.Parse()
 	if o.url == "" {
 		return errors.New("no -url (run scripts/bench-dedup, which starts a private server)")
@@ -209,8 +214,151 @@ func run() error {
 			fmt.Printf("  %s: %.2f×, %.2f×, %.2f×\n", human(a.size), b.one/a.one, b.batched/a.batched, b.perRecord/a.perRecord)
 		}
 	}
+	if o.churn > 0 {
+		if err := churn(ctx, pool, vs, o); err != nil {
+			return err
+		}
+	}
 	fmt.Printf("\n%s\n", loadavg())
 	return nil
+}
+
+// churn runs o.churn days of a steady state at the last size, each layout
+// in turn: a day's records (a thirtieth of the table) are claimed, the
+// oldest day goes by retention (Purge, or dropping its partition), and
+// autovacuum (woken every 5 s here) is given 60 s to run. Table sizes
+// include the indexes, summed over the partitions.
+func churn(ctx context.Context, pool *pgxpool.Pool, vs []*variant, o options) error {
+	for _, q := range []string{`ALTER SYSTEM SET autovacuum_naptime = '5s'`, `SELECT pg_reload_conf()`} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("\nchurn: %d days at %s records; autovacuum_naptime 5s, 60s allowed per day\n", o.churn, human(o.sizes[len(o.sizes)-1]))
+	fmt.Println("| layout | day | table + indexes MB | growth vs day 0 | dead rows after the day | autovacuum runs | retention s |")
+	fmt.Println("|---|--:|--:|--:|--:|--:|--:|")
+	for _, v := range vs {
+		size0, err := v.totalSize(ctx, pool)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("| %s | 0 | %.0f | | | | |\n", v.name, mb(size0))
+		if v.daily != nil {
+			if _, err := pool.Exec(ctx, `UPDATE `+v.layout+` SET ahead_days = $1`, o.churn+2); err != nil {
+				return err
+			}
+			if _, err := v.daily.MaintainPartitions(ctx, pool); err != nil {
+				return err
+			}
+		}
+		avRuns := 0
+		for d := 1; d <= o.churn; d++ {
+			n := v.rows / 30
+			if err := v.claimDay(ctx, pool, d, n); err != nil {
+				return fmt.Errorf("%s: churn day %d: %w", v.name, d, err)
+			}
+			start := time.Now()
+			var r result
+			if v.daily != nil {
+				if err := v.dropOldestDay(ctx, pool, &r); err != nil {
+					return fmt.Errorf("%s: churn day %d: %w", v.name, d, err)
+				}
+			} else {
+				if r.purged, err = v.store.Purge(ctx, pool, time.Duration(30-d)*24*time.Hour, 0); err != nil {
+					return fmt.Errorf("%s: churn day %d: %w", v.name, d, err)
+				}
+				r.purgeTime = time.Since(start)
+			}
+			took := r.purgeTime
+			v.rows += n - r.purged
+			dead := 0.0
+			if v.daily == nil {
+				ran, frac, err := v.awaitAutovacuum(ctx, pool, 60*time.Second)
+				if err != nil {
+					return err
+				}
+				if ran {
+					avRuns++
+				}
+				dead = frac
+			}
+			size, err := v.totalSize(ctx, pool)
+			if err != nil {
+				return err
+			}
+			fmt.Printf("| %s | %d | %.0f | %+.1f%% | %.1f%% | %d | %.1f |\n", v.name, d, mb(size), 100*(float64(size)/float64(size0)-1),
+				100*dead, avRuns, took.Seconds())
+		}
+	}
+	return nil
+}
+
+// claimDay claims n new records dated day d of the churn (now, or for the
+// daily layout IDs of today + d).
+func (v *variant) claimDay(ctx context.Context, pool *pgxpool.Pool, d int, n int64) error {
+	if v.daily != nil {
+		_, err := pool.Exec(ctx, `WITH r AS (
+	SELECT g, ((now() AT TIME ZONE 'UTC')::date + $3::int + time '12:00') AT TIME ZONE 'UTC' AS at, md5('churn' || g) AS h
+	FROM generate_series($1::bigint, $2::bigint) AS g
+)
+INSERT INTO `+v.table+` (consumer, message_uuid, day, topic, kafka_partition, kafka_offset)
+SELECT 'bench-consumer-' || (g % 4),
+	(lpad(to_hex((extract(epoch FROM at) * 1000)::bigint), 12, '0') || '7' || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid,
+	(at AT TIME ZONE 'UTC')::date, '`+topic+`', (g % 24)::int, g
+FROM r`, v.next, v.next+n-1, d)
+		v.next += n
+		return err
+	}
+	_, err := pool.Exec(ctx, `INSERT INTO `+v.table+` (consumer, message_uuid, topic, kafka_partition, kafka_offset)
+	SELECT 'bench-consumer-' || (g % 4), md5('churn' || g)::uuid, '`+topic+`', (g % 24)::int, g
+	FROM generate_series($1::bigint, $2::bigint) AS g`, v.next, v.next+n-1)
+	v.next += n
+	return err
+}
+
+// awaitAutovacuum waits up to limit for autovacuum to vacuum the table;
+// it returns whether it did and the dead rows' share after.
+func (v *variant) awaitAutovacuum(ctx context.Context, pool *pgxpool.Pool, limit time.Duration) (bool, float64, error) {
+	stats := func() (runs, live, dead int64, err error) {
+		if _, err = pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
+			return
+		}
+		err = pool.QueryRow(ctx, `SELECT autovacuum_count, n_live_tup, n_dead_tup FROM pg_stat_user_tables WHERE relid = $1::regclass`,
+			v.table).Scan(&runs, &live, &dead)
+		return
+	}
+	runs0, _, _, err := stats()
+	if err != nil {
+		return false, 0, err
+	}
+	deadline := time.Now().Add(limit)
+	for {
+		runs, live, dead, err := stats()
+		if err != nil {
+			return false, 0, err
+		}
+		frac := 0.0
+		if live+dead > 0 {
+			frac = float64(dead) / float64(live+dead)
+		}
+		if runs > runs0 || time.Now().After(deadline) {
+			return runs > runs0, frac, nil
+		}
+		select {
+		case <-ctx.Done():
+			return false, 0, ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// totalSize is the table's size with its indexes, over its partitions.
+func (v *variant) totalSize(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
+	var n int64
+	err := pool.QueryRow(ctx, `SELECT coalesce(sum(pg_total_relation_size(relid)), 0)::bigint FROM (
+		SELECT relid FROM pg_partition_tree($1::regclass) WHERE isleaf
+		UNION ALL SELECT $1::regclass WHERE NOT EXISTS (SELECT 1 FROM pg_partition_tree($1::regclass))) AS leaves`, v.table).Scan(&n)
+	return n, err
 }
 
 // result is one layout at one size.
@@ -248,12 +396,15 @@ type variant struct {
 	rows  int64 // records in the table
 	parts []int64
 	newID func() string // a new message ID
+	// daily is set for the daily layout: its store, and the layout row.
+	daily  *dedup.Store
+	layout string
 }
 
 const topic = "bench.orders"
 
 // layoutNames lists the layouts -layouts accepts, the default first.
-func layoutNames() []string { return []string{"v13", "v14", "v14-text"} }
+func layoutNames() []string { return []string{"v13", "v14", "v14-text", "v14-av", "daily"} }
 
 // v13Store runs the store of migration 13 (package v13) on dedup.Claims.
 type v13Store struct{ s *v13.Store }
@@ -288,6 +439,9 @@ func newVariant(ctx context.Context, pool *pgxpool.Pool, name string) (*variant,
 		return nil, err
 	}
 	v.table = pgx.Identifier{v.schema, migrate.ProcessedMessagesDefault}.Sanitize()
+	if name == "daily" {
+		return v, v.enableDaily(ctx, pool)
+	}
 	load := func(idColumn, idExpr string) string {
 		return `INSERT INTO ` + v.table + ` (consumer, ` + idColumn + `, topic, kafka_partition, kafka_offset, processed_at)
 	SELECT 'bench-consumer-' || (g % $3), ` + idExpr + `, '` + topic + `', (g % 24)::int, g,
@@ -307,7 +461,7 @@ func newVariant(ctx context.Context, pool *pgxpool.Pool, name string) (*variant,
 		}
 		v.store = v13Store{s}
 		v.load = load("message_id", ids+"::text")
-	case "v14", "v14-text": // the current store, UUIDs as uuid; IDs that are no UUID as text
+	case "v14", "v14-text", "v14-av": // the current store, UUIDs as uuid; IDs that are no UUID as text
 		s, err := dedup.New(&dedup.Config{Schema: v.schema})
 		if err != nil {
 			return nil, err
@@ -318,10 +472,66 @@ func newVariant(ctx context.Context, pool *pgxpool.Pool, name string) (*variant,
 			v.load = load("message_id", "upper("+ids+"::text)")
 			v.newID = func() string { return strings.ToUpper(newUUID()) }
 		}
+		if name == "v14-av" {
+			if _, err := pool.Exec(ctx, `ALTER TABLE `+v.table+` RESET (autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold,
+				autovacuum_vacuum_insert_scale_factor)`); err != nil {
+				return nil, err
+			}
+		}
 	default:
 		return nil, fmt.Errorf("unknown layout %q (have %v)", name, layoutNames())
 	}
 	return v, nil
+}
+
+// enableDaily makes v the daily layout, as if enabled more than 30 days
+// ago: the records, spread over the last 30 days, all go to partitions.
+func (v *variant) enableDaily(ctx context.Context, pool *pgxpool.Pool) error {
+	s, err := dedup.New(&dedup.Config{Schema: v.schema})
+	if err != nil {
+		return err
+	}
+	if _, err := s.EnableDaily(ctx, pool, dedup.DailyConfig{KeepDays: 31}); err != nil {
+		return err
+	}
+	v.daily, v.store = s, s
+	v.table = pgx.Identifier{v.schema, migrate.DerivedName(migrate.ProcessedMessagesDefault, "_daily")}.Sanitize()
+	v.layout = pgx.Identifier{v.schema, migrate.DerivedName(migrate.ProcessedMessagesDefault, "_layout")}.Sanitize()
+	if _, err := pool.Exec(ctx, `UPDATE `+v.layout+` SET daily_from = (now() AT TIME ZONE 'UTC')::date - 40`); err != nil {
+		return err
+	}
+	if _, err := s.MaintainPartitions(ctx, pool); err != nil {
+		return err
+	}
+	if _, err := s.Layout(ctx, pool); err != nil { // queued claims need it
+		return err
+	}
+	// UUIDv7: 48 bits of milliseconds, version 7, 12 random bits, variant
+	// 10, 62 random bits (md5 of the record number stands for them).
+	v.load = `WITH r AS (
+	SELECT g, now() - interval '30 days' * (1 - (g - $1 + 1)::float8 / ($2 - $1 + 1)) AS at, md5('bench' || g) AS h
+	FROM generate_series($1::bigint, $2::bigint) AS g
+)
+INSERT INTO ` + v.table + ` (consumer, message_uuid, day, topic, kafka_partition, kafka_offset, processed_at)
+SELECT 'bench-consumer-' || (g % $3),
+	(lpad(to_hex((extract(epoch FROM at) * 1000)::bigint), 12, '0') || '7' || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid,
+	(at AT TIME ZONE 'UTC')::date, '` + topic + `', (g % 24)::int, g, at
+FROM r`
+	v.newID = func() string { return newUUID7(time.Now()) }
+	return nil
+}
+
+// newUUID7 returns a random UUIDv7 of time at.
+func newUUID7(at time.Time) string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	ms := at.UnixMilli()
+	for i := 0; i < 6; i++ {
+		b[i] = byte(ms >> (40 - 8*i))
+	}
+	b[6] = b[6]&0x0f | 0x70
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
 // index is one index of the table, with the constraint it backs.
@@ -334,6 +544,14 @@ type index struct {
 func (v *variant) grow(ctx context.Context, pool *pgxpool.Pool, size int64, consumers int) error {
 	if v.rows >= size {
 		return nil
+	}
+	if v.daily != nil { // the days the last retention dropped come back
+		if _, err := pool.Exec(ctx, `UPDATE `+v.layout+` SET keep_days = 31`); err != nil {
+			return err
+		}
+		if _, err := v.daily.MaintainPartitions(ctx, pool); err != nil {
+			return err
+		}
 	}
 	rows, err := pool.Query(ctx, `SELECT c.relname, pg_get_indexdef(i.indexrelid), coalesce(con.conname, ''),
 		coalesce(pg_get_constraintdef(con.oid), '')
@@ -494,10 +712,13 @@ func (v *variant) sizes(ctx context.Context, pool *pgxpool.Pool, r *result) erro
 		return err
 	}
 	v.rows = r.records
-	if err := pool.QueryRow(ctx, `SELECT pg_relation_size($1::regclass), pg_total_relation_size($1::regclass),
+	// Summed over the table's partitions (a plain table is its own leaf).
+	if err := pool.QueryRow(ctx, `WITH leaves AS (SELECT relid FROM pg_partition_tree($1::regclass) WHERE isleaf
+		UNION ALL SELECT $1::regclass WHERE NOT EXISTS (SELECT 1 FROM pg_partition_tree($1::regclass)))
+	SELECT (SELECT sum(pg_relation_size(relid)) FROM leaves)::bigint, (SELECT sum(pg_total_relation_size(relid)) FROM leaves)::bigint,
 		coalesce(sum(pg_relation_size(i.indexrelid)) FILTER (WHERE c.relname NOT LIKE '%processed_at_idx'), 0)::bigint,
 		coalesce(sum(pg_relation_size(i.indexrelid)) FILTER (WHERE c.relname LIKE '%processed_at_idx'), 0)::bigint
-	FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid WHERE i.indrelid = $1::regclass`, v.table).
+	FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid WHERE i.indrelid IN (SELECT relid FROM leaves)`, v.table).
 		Scan(&r.heap, &r.total, &r.keyIndex, &r.timeIndex); err != nil {
 		return err
 	}
@@ -519,15 +740,25 @@ func (v *variant) retention(ctx context.Context, pool *pgxpool.Pool, fraction fl
 		return err
 	}
 	start := time.Now()
-	if r.purged, err = v.store.Purge(ctx, pool, olderThan, 0); err != nil {
-		return err
+	if v.daily != nil {
+		if err := v.dropOldestDay(ctx, pool, r); err != nil {
+			return err
+		}
+	} else {
+		if r.purged, err = v.store.Purge(ctx, pool, olderThan, 0); err != nil {
+			return err
+		}
+		r.purgeTime = time.Since(start)
 	}
-	r.purgeTime = time.Since(start)
 	w1, err := wal()
 	if err != nil {
 		return err
 	}
 	r.purgeWAL = w1 - w0
+	if v.daily != nil {
+		v.rows -= r.purged
+		return nil // no dead rows: nothing to vacuum
+	}
 	if _, err := pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
 		return err
 	}
@@ -551,6 +782,32 @@ func (v *variant) retention(ctx context.Context, pool *pgxpool.Pool, fraction fl
 	}
 	r.vacuumWAL = w2 - w1
 	v.rows -= r.purged
+	return nil
+}
+
+// dropOldestDay drops the daily layout's oldest day of records (with any
+// empty day before it): keep the days after it, and maintain. r.purged is
+// the records it held, r.purgeTime the time the drop took.
+func (v *variant) dropOldestDay(ctx context.Context, pool *pgxpool.Pool, r *result) error {
+	var oldest time.Time
+	if err := pool.QueryRow(ctx, `SELECT min(day) FROM `+v.table).Scan(&oldest); err != nil {
+		return err
+	}
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM `+v.table+` WHERE day <= $1`, oldest).Scan(&r.purged); err != nil {
+		return err
+	}
+	if _, err := pool.Exec(ctx, `UPDATE `+v.layout+` SET keep_days = (now() AT TIME ZONE 'UTC')::date - $1::date - 1`, oldest); err != nil {
+		return err
+	}
+	start := time.Now()
+	ch, err := v.daily.MaintainPartitions(ctx, pool)
+	r.purgeTime = time.Since(start)
+	if err != nil {
+		return err
+	}
+	if len(ch.Dropped) == 0 || !ch.Dropped[len(ch.Dropped)-1].Equal(oldest) {
+		return fmt.Errorf("dropped %v, want the days up to %s", ch.Dropped, oldest.Format(time.DateOnly))
+	}
 	return nil
 }
 

@@ -1,0 +1,262 @@
+package dedup_test
+
+// Review of the daily layout (issue 13): tests that failed before its
+// fixes, each proving one finding of the review.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/migrate"
+)
+
+// TestReviewQueuedClaimAfterConcurrentForget: the consumer's worker reads
+// the layout (Store.Layout, in tx()) and then queues its claims, which
+// cannot read it. The store is shared by every partition's worker: when
+// another worker's claim meets the flat table's CHECK in between, the store
+// forgets the layout and the queued claim fails with ErrLayoutUnknown,
+// which the runner does not retry (not retryableTx, not a connection
+// error): Run stops. The queued claim should succeed, or at least fail
+// with a retryable ErrLayoutChanged.
+func TestReviewQueuedClaimAfterConcurrentForget(t *testing.T) {
+	db, s := newStore(t)
+	ctx := context.Background()
+	tomorrow := dbToday(t, db).AddDate(0, 0, 2) // DailyFrom
+	// Both workers' tx() read the (flat) layout.
+	if _, err := s.Layout(ctx, db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	other, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.EnableDaily(ctx, db.Pool, dedup.DailyConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	// Worker A's claim is refused: the store forgets the layout.
+	if _, err := claimOne(t, db, s, dedup.Claim{Consumer: "c", MessageID: uuid7(t, noon(tomorrow)), Topic: "t"}); !errors.Is(err, dedup.ErrLayoutChanged) {
+		t.Fatalf("worker A: %v, want ErrLayoutChanged", err)
+	}
+	// Worker B, which read the layout before A's claim, queues its claims.
+	var b pgx.Batch
+	var dup bool
+	err = s.QueueClaimWithPosition(&b, dedup.Claim{Consumer: "c", MessageID: uuid7(t, noon(tomorrow)), Topic: "t", Partition: 1}, &dup)
+	if err != nil {
+		t.Errorf("worker B's queued claim: %v; the runner stops on this error (want it queued)", err)
+	}
+	var dups []bool
+	err = s.QueueClaimBatch(&b, []dedup.Claim{{Consumer: "c", MessageID: uuid7(t, noon(tomorrow)), Topic: "t", Partition: 2},
+		{Consumer: "c", MessageID: "order-1", Topic: "t", Partition: 2, Offset: 1}}, &dups)
+	if err != nil {
+		t.Errorf("worker B's queued batch: %v; the runner stops on this error (want it queued, or ErrLayoutChanged)", err)
+	}
+}
+
+// TestReviewMigrateDownLosesInFlightDailyClaim: migration 15's down copies
+// the daily rows with INSERT … SELECT (its snapshot), then DROP TABLE waits
+// for the claims in flight on the daily table and drops what they commit
+// meanwhile. A claim committed in that window is lost: the message is
+// applied again on its next delivery.
+func TestReviewMigrateDownLosesInFlightDailyClaim(t *testing.T) {
+	db, s := newStore(t)
+	ctx := context.Background()
+	if _, err := s.EnableDaily(ctx, db.Pool, dedup.DailyConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Layout(ctx, db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	id := uuid7(t, noon(dbToday(t, db).AddDate(0, 0, 2)))
+	// A consumer's transaction: claimed, the handler still running.
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if dup, err := s.ClaimTx(ctx, tx, dedup.Claim{Consumer: "c", MessageID: id, Topic: "t"}); err != nil || dup {
+		t.Fatalf("claim: %v %v", dup, err)
+	}
+	var pid int
+	if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	m, err := migrate.New(db.Pool, &migrate.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := make(chan error, 1)
+	go func() { _, err := m.Down(ctx, 14); down <- err }()
+	// Wait until the down is blocked behind the claim's transaction (its
+	// copy has run by then: only the DROP waits for that lock).
+	for i := 0; ; i++ {
+		var blocked bool
+		if err := db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE $1 = ANY (pg_blocking_pids(pid)))`, pid).Scan(&blocked); err != nil {
+			t.Fatal(err)
+		}
+		if blocked {
+			break
+		}
+		select {
+		case err := <-down:
+			t.Fatalf("Down(14) ended before waiting for the claim: %v", err)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if i > 1500 {
+			t.Fatal("Down(14) never waited for the claim's transaction")
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-down; err != nil {
+		t.Fatalf("Down(14): %v", err)
+	}
+	flat, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dup, err := claimOne(t, db, flat, dedup.Claim{Consumer: "c", MessageID: id, Topic: "t"}); err != nil || !dup {
+		t.Fatalf("claim after Down(14) of a message committed during it: dup %v, err %v; want a duplicate (the claim was lost)", dup, err)
+	}
+}
+
+// TestReviewDroppedDayComesBackEmpty: MaintainPartitions creates every
+// missing day from max(DailyFrom, today-KeepDays): a day it dropped before
+// comes back empty whenever a maintainer's window reaches it again (here
+// KeepDays raised; the same happens at midnight when a maintainer that
+// read now() before midnight lists the partitions after another dropped
+// that day). The IDs of that day, claimed before, are then claimed as new:
+// applied twice, where the contract says ErrPartitionDropped.
+func TestReviewDroppedDayComesBackEmpty(t *testing.T) {
+	db, s := newStore(t)
+	ctx := context.Background()
+	today := dbToday(t, db)
+	if _, err := s.EnableDaily(ctx, db.Pool, dedup.DailyConfig{AheadDays: 2}); err != nil {
+		t.Fatal(err)
+	}
+	layout := db.Table(migrate.DerivedName(migrate.ProcessedMessagesDefault, "_layout"))
+	if _, err := db.Pool.Exec(ctx, `UPDATE `+layout+` SET daily_from = $1`, today.AddDate(0, 0, -10)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.MaintainPartitions(ctx, db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := uuid7(t, noon(today.AddDate(0, 0, -5)))
+	if dup, err := claimOne(t, db, s2, dedup.Claim{Consumer: "c", MessageID: old, Topic: "t"}); err != nil || dup {
+		t.Fatalf("claim: %v %v", dup, err)
+	}
+	for _, keep := range []int{3, 10} {
+		if _, err := s2.EnableDaily(ctx, db.Pool, dedup.DailyConfig{KeepDays: keep, AheadDays: 2}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s2.MaintainPartitions(ctx, db.Pool); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dup, err := claimOne(t, db, s2, dedup.Claim{Consumer: "c", MessageID: old, Topic: "t"})
+	if err == nil && !dup {
+		t.Fatalf("an ID claimed before its day was dropped is claimed again as new once the day is re-created: applied twice")
+	}
+}
+
+// TestReviewDetachedPartitionLeaks: dropPartition detaches, then drops in
+// a second statement. When the drop does not happen (the runner's context
+// ends between the two, or DROP's lock_timeout), the detached table is no
+// longer a partition: Partitions does not list it, so no later
+// MaintainPartitions drops it. It stays, with its day's rows, for good.
+func TestReviewDetachedPartitionLeaks(t *testing.T) {
+	db, s := newStore(t)
+	ctx := context.Background()
+	today := dbToday(t, db)
+	if _, err := s.EnableDaily(ctx, db.Pool, dedup.DailyConfig{AheadDays: 2}); err != nil {
+		t.Fatal(err)
+	}
+	layout := db.Table(migrate.DerivedName(migrate.ProcessedMessagesDefault, "_layout"))
+	if _, err := db.Pool.Exec(ctx, `UPDATE `+layout+` SET daily_from = $1`, today.AddDate(0, 0, -10)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.MaintainPartitions(ctx, db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	parts, err := s.Partitions(ctx, db.Pool)
+	if err != nil || len(parts) == 0 {
+		t.Fatalf("partitions %v %v", parts, err)
+	}
+	oldest := parts[0]
+	daily := db.Table(migrate.DerivedName(migrate.ProcessedMessagesDefault, "_daily"))
+	table := pgx.Identifier{db.Schema, oldest.Name}.Sanitize()
+	// dropPartition's DETACH … CONCURRENTLY completed, its DROP did not.
+	if _, err := db.Pool.Exec(ctx, `ALTER TABLE `+daily+` DETACH PARTITION `+table+` CONCURRENTLY`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.EnableDaily(ctx, db.Pool, dedup.DailyConfig{KeepDays: 3, AheadDays: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.MaintainPartitions(ctx, db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	var exists bool
+	if err := db.Pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, table).Scan(&exists); err != nil {
+		t.Fatal(err)
+	}
+	if exists {
+		t.Fatalf("%s (day %s, older than the 3 days kept) is still there after MaintainPartitions: leaked",
+			oldest.Name, oldest.Day.Format(time.DateOnly))
+	}
+}
+
+// TestEnableDailyWaitsOutLongClaims: EnableDaily's CHECK needs a lock
+// that every claim waits behind while it is requested; it asks for it at
+// most 300 ms at a time, so a consumer transaction held longer than that
+// does not make the switch fail: it is asked for again until granted, and
+// the claims made meanwhile go through.
+func TestEnableDailyWaitsOutLongClaims(t *testing.T) {
+	db, s := newStore(t)
+	ctx := context.Background()
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := s.ClaimTx(ctx, tx, dedup.Claim{Consumer: "c", MessageID: "order-1", Topic: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	admin, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	enabled := make(chan error, 1)
+	go func() { _, err := admin.EnableDaily(ctx, db.Pool, dedup.DailyConfig{}); enabled <- err }()
+	// Claims of other IDs, while the first transaction is held for 2 s.
+	for i := 0; i < 10; i++ {
+		if _, err := claimOne(t, db, s, dedup.Claim{Consumer: "c", MessageID: fmt.Sprintf("order-%d", 100+i), Topic: "t"}); err != nil {
+			t.Fatalf("claim while EnableDaily waits: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-enabled:
+		if err != nil {
+			t.Fatalf("EnableDaily: %v", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("EnableDaily did not finish after the long transaction ended")
+	}
+	if l, err := admin.Layout(ctx, db.Pool); err != nil || !l.Daily() {
+		t.Fatalf("layout %+v, %v; want daily", l, err)
+	}
+}

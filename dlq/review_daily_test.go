@@ -1,0 +1,95 @@
+package dlq_test
+
+// Review of the daily layout (issue 13): a test that failed before its
+// fix.
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/dlq"
+	"github.com/idemkit/idemkit/migrate"
+	"github.com/idemkit/idemkit/retry"
+)
+
+// TestReviewRedriveOldDeadLetterDailyLayout: dead letters are replayed
+// days after they failed. With the daily layout, a dead letter whose ID's
+// day was dropped meanwhile (DailyConfig.KeepDays) cannot be claimed
+// (dedup.ErrPartitionDropped); Redrive does not know that error: the whole
+// run stops at that dead letter, every time, so the dead letters behind it
+// (here a text ID that the daily layout does not even concern) are never
+// replayed.
+func TestReviewRedriveOldDeadLetterDailyLayout(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, true)
+	var today time.Time
+	if err := e.db.Pool.QueryRow(ctx, `SELECT (now() AT TIME ZONE 'UTC')::date`).Scan(&today); err != nil {
+		t.Fatal(err)
+	}
+	admin, err := dedup.New(&dedup.Config{Schema: e.db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.EnableDaily(ctx, e.db.Pool, dedup.DailyConfig{AheadDays: 2}); err != nil {
+		t.Fatal(err)
+	}
+	// As if enabled ten days ago.
+	layout := pgx.Identifier{e.db.Schema, migrate.DerivedName(migrate.ProcessedMessagesDefault, "_layout")}.Sanitize()
+	if _, err := e.db.Pool.Exec(ctx, `UPDATE `+layout+` SET daily_from = $1`, today.AddDate(0, 0, -10)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.MaintainPartitions(ctx, e.db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	old := uuid7(t, today.AddDate(0, 0, -2).Add(12*time.Hour))
+	e.produce(old, "order-1")
+	e.consume(2, func(*consumer.Message, int) error { return retry.Permanent(errors.New("bug")) })
+	if n := len(e.deadLetters()); n != 2 {
+		t.Fatalf("%d dead letters, want 2", n)
+	}
+	// Days pass; retention keeps one day: old's day is dropped.
+	if _, err := admin.EnableDaily(ctx, e.db.Pool, dedup.DailyConfig{KeepDays: 1, AheadDays: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if ch, err := admin.MaintainPartitions(ctx, e.db.Pool); err != nil || len(ch.Dropped) == 0 {
+		t.Fatalf("maintain: %+v %v", ch, err)
+	}
+	sum, err := e.reprocessor(dlq.Redrive, e.effect, nil).Run(ctx)
+	if err != nil {
+		t.Errorf("redrive run stopped: %v (summary %v)", err, sum)
+	}
+	if sum[dlq.BeyondHorizon] != 1 || sum[dlq.Applied] != 1 {
+		t.Errorf("summary %v, want 1 beyond-horizon and 1 applied", sum)
+	}
+	if runs := e.runs(); runs[old] != 0 {
+		t.Errorf("%s ran %d times, want 0: its claim cannot be recorded", old, runs[old])
+	}
+	if runs := e.runs(); runs["order-1"] != 1 {
+		t.Errorf("order-1 ran %d times after the redrive, want 1", runs["order-1"])
+	}
+}
+
+// uuid7 returns a random UUIDv7 whose time is at.
+func uuid7(t *testing.T, at time.Time) string {
+	t.Helper()
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	ms := at.UnixMilli()
+	for i := 0; i < 6; i++ {
+		b[i] = byte(ms >> (40 - 8*i))
+	}
+	b[6] = 0x70 | b[6]&0x0f
+	b[8] = 0x80 | b[8]&0x3f
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
