@@ -2,7 +2,6 @@ package consumer_test
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -13,24 +12,9 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/migrate"
 )
-
-// uuid7 returns a random UUIDv7 whose time is at.
-func uuid7(t *testing.T, at time.Time) string {
-	t.Helper()
-	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		t.Fatal(err)
-	}
-	ms := at.UnixMilli()
-	for i := 0; i < 6; i++ {
-		b[i] = byte(ms >> (40 - 8*i))
-	}
-	b[6] = 0x70 | b[6]&0x0f
-	b[8] = 0x80 | b[8]&0x3f
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
-}
 
 // TestDailyLayoutWhileRunning: a runner that started on the flat layout
 // keeps every message exactly once across the switch to the daily layout
@@ -53,7 +37,7 @@ func TestDailyLayoutWhileRunning(t *testing.T) {
 			day := func(n int) time.Time { return today.AddDate(0, 0, n).Add(12 * time.Hour) }
 
 			// Claimed before, in the flat table: a duplicate later.
-			flatDup := uuid7(t, day(-20))
+			flatDup := testenv.UUID7(t, day(-20))
 			if err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
 				_, err := e.store.ClaimTx(ctx, tx, dedup.Claim{Consumer: e.group, MessageID: flatDup, Topic: e.topic})
 				return err
@@ -72,7 +56,7 @@ func TestDailyLayoutWhileRunning(t *testing.T) {
 			cfg.Hooks.Outcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) { cur.Load().hook(ctx, m, o) }
 			cfg.Hooks.BeyondHorizon = notes.hook
 			stop := run(t, e.db.Pool, cfg)
-			flatNew := uuid7(t, day(-20))
+			flatNew := testenv.UUID7(t, day(-20))
 			e.produce(msg(flatNew, "a", 1), msg(flatDup, "b", 1))
 			wait(t, oc.done, "the flat layout's two outcomes")
 
@@ -86,19 +70,16 @@ func TestDailyLayoutWhileRunning(t *testing.T) {
 			if _, err := other.EnableDaily(ctx, e.db.Pool, dedup.DailyConfig{KeepDays: 3}); err != nil {
 				t.Fatal(err)
 			}
-			layout := pgx.Identifier{e.db.Schema, migrate.DerivedName(migrate.ProcessedMessagesDefault, "_layout")}.Sanitize()
-			if _, err := e.db.Pool.Exec(ctx, `UPDATE `+layout+` SET daily_from = $1`, today.AddDate(0, 0, -10)); err != nil {
-				t.Fatal(err)
-			}
+			testenv.BackdateDaily(t, e.db.Pool, e.db.Schema, 10)
 			if _, err := other.MaintainPartitions(ctx, e.db.Pool); err != nil {
 				t.Fatal(err)
 			}
 
-			next := uuid7(t, day(2))    // daily, dated DailyFrom: the flat table refuses it to the runner's stale layout
-			kept := uuid7(t, day(-2))   // daily, a kept day
-			gone := uuid7(t, day(-5))   // a day not kept
-			far := uuid7(t, day(30))    // past the days made ahead
-			older := uuid7(t, day(-15)) // before the daily layout's first day: flat
+			next := testenv.UUID7(t, day(2))    // daily, dated DailyFrom: the flat table refuses it to the runner's stale layout
+			kept := testenv.UUID7(t, day(-2))   // daily, a kept day
+			gone := testenv.UUID7(t, day(-5))   // a day not kept
+			far := testenv.UUID7(t, day(30))    // past the days made ahead
+			older := testenv.UUID7(t, day(-15)) // before the daily layout's first day: flat
 			oc2 := newOutcomes(8)
 			cur.Store(oc2)
 			e.produce(msg(next, "c", 1), msg(next, "c", 1), msg(kept, "d", 1), msg(gone, "e", 1),

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/migrate"
 )
 
@@ -79,7 +80,7 @@ func TestReviewSwitchPendingStopsRunner(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() { errc <- r.Run(rctx) }()
 
-	id := uuid7(t, today.AddDate(0, 0, 2).Add(time.Hour)) // dated DailyFrom
+	id := testenv.UUID7(t, today.AddDate(0, 0, 2).Add(time.Hour)) // dated DailyFrom
 	e.produce(msg(id, "a", 1))
 	select {
 	case <-refused:

@@ -2,9 +2,7 @@ package dedup_test
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
-	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -17,32 +15,6 @@ import (
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/migrate"
 )
-
-// uuid7 returns a random UUIDv7 whose time is at in UTC.
-func uuid7(t testing.TB, at time.Time) string {
-	t.Helper()
-	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		t.Fatal(err)
-	}
-	ms := at.UnixMilli()
-	for i := 0; i < 6; i++ {
-		b[i] = byte(ms >> (40 - 8*i))
-	}
-	b[6] = 0x70 | b[6]&0x0f
-	b[8] = 0x80 | b[8]&0x3f
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
-}
-
-// dbToday is the database's current UTC day.
-func dbToday(t *testing.T, db *testenv.DB) time.Time {
-	t.Helper()
-	var d time.Time
-	if err := db.Pool.QueryRow(context.Background(), `SELECT (now() AT TIME ZONE 'UTC')::date`).Scan(&d); err != nil {
-		t.Fatal(err)
-	}
-	return time.Date(d.Year(), d.Month(), d.Day(), 0, 0, 0, 0, time.UTC)
-}
 
 func noon(day time.Time) time.Time { return day.Add(12 * time.Hour) }
 
@@ -90,7 +62,7 @@ func claimOne(t *testing.T, db *testenv.DB, s *dedup.Store, c dedup.Claim) (bool
 func TestUUID7DayMatchesDatabase(t *testing.T) {
 	db, s := newStore(t)
 	ctx := context.Background()
-	today := dbToday(t, db)
+	today := testenv.Today(t, db.Pool)
 	if _, err := s.EnableDaily(ctx, db.Pool, dedup.DailyConfig{AheadDays: 3}); err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +75,7 @@ func TestUUID7DayMatchesDatabase(t *testing.T) {
 		from, from.Add(-time.Millisecond), from.Add(time.Millisecond), from.Add(24*time.Hour - time.Millisecond),
 		from.Add(36 * time.Hour), from.Add(47*time.Hour + 59*time.Minute),
 	} {
-		id := uuid7(t, at)
+		id := testenv.UUID7(t, at)
 		var sqlDay *time.Time
 		if err := db.Pool.QueryRow(ctx, sqlDayOf, id).Scan(&sqlDay); err != nil {
 			t.Fatal(err)
@@ -157,7 +129,7 @@ func TestUUID7DayMatchesDatabase(t *testing.T) {
 func TestDailyLayout(t *testing.T) {
 	db, s := newStore(t)
 	ctx := context.Background()
-	today := dbToday(t, db)
+	today := testenv.Today(t, db.Pool)
 	first := today.AddDate(0, 0, 2) // DailyFrom: the day after tomorrow
 
 	// A store that reads the flat layout before the switch and keeps it.
@@ -170,7 +142,7 @@ func TestDailyLayout(t *testing.T) {
 	}
 
 	// Before: a UUIDv7 of today is claimed in the flat table.
-	before := uuid7(t, noon(today))
+	before := testenv.UUID7(t, noon(today))
 	if dup, err := claimOne(t, db, s, dedup.Claim{Consumer: "c", MessageID: before, Topic: "t"}); err != nil || dup {
 		t.Fatalf("claim before: %v %v", dup, err)
 	}
@@ -212,7 +184,7 @@ func TestDailyLayout(t *testing.T) {
 	// The stale store claims a UUIDv7 dated DailyFrom: refused with
 	// ErrLayoutChanged (never stored in the flat table), then, in the next
 	// transaction, claimed in the daily table.
-	next := uuid7(t, noon(first))
+	next := testenv.UUID7(t, noon(first))
 	if _, err := claimOne(t, db, stale, dedup.Claim{Consumer: "c", MessageID: next, Topic: "t"}); !errors.Is(err, dedup.ErrLayoutChanged) {
 		t.Fatalf("stale store's claim: %v, want ErrLayoutChanged", err)
 	}
@@ -243,8 +215,8 @@ func TestDailyLayout(t *testing.T) {
 	}
 
 	// A batch mixing every kind, with an ID twice; then with a position.
-	ids := []string{"order-1", "0192f5a4-7b2c-4d3e-8f40-0123456789ab", uuid7(t, noon(today)),
-		uuid7(t, noon(first)), uuid7(t, noon(today.AddDate(0, 0, 3)))}
+	ids := []string{"order-1", "0192f5a4-7b2c-4d3e-8f40-0123456789ab", testenv.UUID7(t, noon(today)),
+		testenv.UUID7(t, noon(first)), testenv.UUID7(t, noon(today.AddDate(0, 0, 3)))}
 	ids = append(ids, ids[3])
 	var claims []dedup.Claim
 	for i, id := range ids {
@@ -273,7 +245,7 @@ func TestDailyLayout(t *testing.T) {
 		t.Fatalf("batch again: duplicates %v, want all", dups)
 	}
 	inTx(t, db.Pool, func(tx pgx.Tx) {
-		dup, err := s.ClaimWithPositionTx(ctx, tx, dedup.Claim{Consumer: "b", MessageID: uuid7(t, noon(first)),
+		dup, err := s.ClaimWithPositionTx(ctx, tx, dedup.Claim{Consumer: "b", MessageID: testenv.UUID7(t, noon(first)),
 			Topic: "t", Partition: 1, Offset: 40})
 		if err != nil || dup {
 			t.Fatalf("claim with position: %v %v", dup, err)
@@ -282,7 +254,7 @@ func TestDailyLayout(t *testing.T) {
 	wantPositions(t, positions(t, s, db.Pool, "b", "t"), map[int]int64{1: 41})
 
 	// A day past the partitions created ahead: ErrNoPartition, nothing kept.
-	far := uuid7(t, noon(today.AddDate(0, 0, 30)))
+	far := testenv.UUID7(t, noon(today.AddDate(0, 0, 30)))
 	if _, err := claimOne(t, db, s, dedup.Claim{Consumer: "c", MessageID: far, Topic: "t"}); !errors.Is(err, dedup.ErrNoPartition) {
 		t.Fatalf("claim dated in 30 days: %v, want ErrNoPartition", err)
 	}
@@ -308,7 +280,7 @@ func TestDailyConcurrentClaims(t *testing.T) {
 	if _, err := s.EnableDaily(ctx, db.Pool, dedup.DailyConfig{}); err != nil {
 		t.Fatal(err)
 	}
-	id := uuid7(t, noon(dbToday(t, db).AddDate(0, 0, 2)))
+	id := testenv.UUID7(t, noon(testenv.Today(t, db.Pool).AddDate(0, 0, 2)))
 	var wins, dups atomic.Int32
 	var wg sync.WaitGroup
 	start := make(chan struct{})
@@ -352,15 +324,12 @@ func TestDailyConcurrentClaims(t *testing.T) {
 func TestDailyRetention(t *testing.T) {
 	db, s := newStore(t)
 	ctx := context.Background()
-	today := dbToday(t, db)
+	today := testenv.Today(t, db.Pool)
 	if _, err := s.EnableDaily(ctx, db.Pool, dedup.DailyConfig{AheadDays: 2}); err != nil {
 		t.Fatal(err)
 	}
 	// As if enabled ten days ago (no flat row is that recent a UUIDv7).
-	layout := db.Table(migrate.DerivedName(migrate.ProcessedMessagesDefault, "_layout"))
-	if _, err := db.Pool.Exec(ctx, `UPDATE `+layout+` SET daily_from = $1`, today.AddDate(0, 0, -10)); err != nil {
-		t.Fatal(err)
-	}
+	testenv.BackdateDaily(t, db.Pool, db.Schema, 10)
 	ch, err := s.MaintainPartitions(ctx, db.Pool)
 	if err != nil {
 		t.Fatal(err)
@@ -372,8 +341,8 @@ func TestDailyRetention(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	old := uuid7(t, noon(today.AddDate(0, 0, -5)))
-	kept := uuid7(t, noon(today.AddDate(0, 0, -3)))
+	old := testenv.UUID7(t, noon(today.AddDate(0, 0, -5)))
+	kept := testenv.UUID7(t, noon(today.AddDate(0, 0, -3)))
 	for _, id := range []string{old, kept} {
 		if dup, err := claimOne(t, db, s2, dedup.Claim{Consumer: "c", MessageID: id, Topic: "t"}); err != nil || dup {
 			t.Fatalf("claim %s: %v %v", id, dup, err)
@@ -398,9 +367,9 @@ func TestDailyRetention(t *testing.T) {
 				return
 			default:
 			}
-			id := uuid7(t, noon(today))
+			id := testenv.UUID7(t, noon(today))
 			if i%2 == 0 {
-				id = uuid7(t, noon(today.AddDate(0, 0, 1)))
+				id = testenv.UUID7(t, noon(today.AddDate(0, 0, 1)))
 			}
 			if _, err := claimOne(t, db, s2, dedup.Claim{Consumer: "flow", MessageID: id, Topic: "t"}); err != nil {
 				t.Errorf("claim during maintenance: %v", err)
@@ -447,7 +416,7 @@ func TestDailyRetention(t *testing.T) {
 func TestEnableDailyRefused(t *testing.T) {
 	db, s := newStore(t)
 	ctx := context.Background()
-	ahead := uuid7(t, noon(dbToday(t, db).AddDate(0, 0, 2)))
+	ahead := testenv.UUID7(t, noon(testenv.Today(t, db.Pool).AddDate(0, 0, 2)))
 	if _, err := claimOne(t, db, s, dedup.Claim{Consumer: "c", MessageID: ahead, Topic: "t"}); err != nil {
 		t.Fatal(err)
 	}
@@ -461,7 +430,7 @@ func TestEnableDailyRefused(t *testing.T) {
 	if l, err := s2.Layout(ctx, db.Pool); err != nil || !l.DailyFrom.IsZero() {
 		t.Fatalf("layout after a refused switch: %+v, %v; want flat", l, err)
 	}
-	other := uuid7(t, noon(dbToday(t, db).AddDate(0, 0, 2)))
+	other := testenv.UUID7(t, noon(testenv.Today(t, db.Pool).AddDate(0, 0, 2)))
 	if dup, err := claimOne(t, db, s2, dedup.Claim{Consumer: "c", MessageID: other, Topic: "t"}); err != nil || dup {
 		t.Fatalf("claim after a refused switch: %v %v", dup, err)
 	}
@@ -478,7 +447,7 @@ func TestDailyMigrateDown(t *testing.T) {
 	if _, err := s.EnableDaily(ctx, db.Pool, dedup.DailyConfig{}); err != nil {
 		t.Fatal(err)
 	}
-	id := uuid7(t, noon(dbToday(t, db).AddDate(0, 0, 2)))
+	id := testenv.UUID7(t, noon(testenv.Today(t, db.Pool).AddDate(0, 0, 2)))
 	if _, err := claimOne(t, db, s, dedup.Claim{Consumer: "c", MessageID: id, Topic: "t"}); err != nil {
 		t.Fatal(err)
 	}
@@ -510,7 +479,7 @@ func TestDailyMigrateDown(t *testing.T) {
 func TestProcessedSeesASwitchByAnother(t *testing.T) {
 	db, s := newStore(t)
 	ctx := context.Background()
-	id := uuid7(t, noon(dbToday(t, db).AddDate(0, 0, 2)))
+	id := testenv.UUID7(t, noon(testenv.Today(t, db.Pool).AddDate(0, 0, 2)))
 	if ok, err := s.Processed(ctx, db.Pool, "c", id); err != nil || ok {
 		t.Fatalf("Processed before: %v %v", ok, err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/migrate"
 )
 
@@ -27,7 +28,7 @@ import (
 func TestReviewQueuedClaimAfterConcurrentForget(t *testing.T) {
 	db, s := newStore(t)
 	ctx := context.Background()
-	tomorrow := dbToday(t, db).AddDate(0, 0, 2) // DailyFrom
+	tomorrow := testenv.Today(t, db.Pool).AddDate(0, 0, 2) // DailyFrom
 	// Both workers' tx() read the (flat) layout.
 	if _, err := s.Layout(ctx, db.Pool); err != nil {
 		t.Fatal(err)
@@ -40,18 +41,18 @@ func TestReviewQueuedClaimAfterConcurrentForget(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Worker A's claim is refused: the store forgets the layout.
-	if _, err := claimOne(t, db, s, dedup.Claim{Consumer: "c", MessageID: uuid7(t, noon(tomorrow)), Topic: "t"}); !errors.Is(err, dedup.ErrLayoutChanged) {
+	if _, err := claimOne(t, db, s, dedup.Claim{Consumer: "c", MessageID: testenv.UUID7(t, noon(tomorrow)), Topic: "t"}); !errors.Is(err, dedup.ErrLayoutChanged) {
 		t.Fatalf("worker A: %v, want ErrLayoutChanged", err)
 	}
 	// Worker B, which read the layout before A's claim, queues its claims.
 	var b pgx.Batch
 	var dup bool
-	err = s.QueueClaimWithPosition(&b, dedup.Claim{Consumer: "c", MessageID: uuid7(t, noon(tomorrow)), Topic: "t", Partition: 1}, &dup)
+	err = s.QueueClaimWithPosition(&b, dedup.Claim{Consumer: "c", MessageID: testenv.UUID7(t, noon(tomorrow)), Topic: "t", Partition: 1}, &dup)
 	if err != nil {
 		t.Errorf("worker B's queued claim: %v; the runner stops on this error (want it queued)", err)
 	}
 	var dups []bool
-	err = s.QueueClaimBatch(&b, []dedup.Claim{{Consumer: "c", MessageID: uuid7(t, noon(tomorrow)), Topic: "t", Partition: 2},
+	err = s.QueueClaimBatch(&b, []dedup.Claim{{Consumer: "c", MessageID: testenv.UUID7(t, noon(tomorrow)), Topic: "t", Partition: 2},
 		{Consumer: "c", MessageID: "order-1", Topic: "t", Partition: 2, Offset: 1}}, &dups)
 	if err != nil {
 		t.Errorf("worker B's queued batch: %v; the runner stops on this error (want it queued, or ErrLayoutChanged)", err)
@@ -72,7 +73,7 @@ func TestReviewMigrateDownLosesInFlightDailyClaim(t *testing.T) {
 	if _, err := s.Layout(ctx, db.Pool); err != nil {
 		t.Fatal(err)
 	}
-	id := uuid7(t, noon(dbToday(t, db).AddDate(0, 0, 2)))
+	id := testenv.UUID7(t, noon(testenv.Today(t, db.Pool).AddDate(0, 0, 2)))
 	// A consumer's transaction: claimed, the handler still running.
 	tx, err := db.Pool.Begin(ctx)
 	if err != nil {
@@ -137,14 +138,11 @@ func TestReviewMigrateDownLosesInFlightDailyClaim(t *testing.T) {
 func TestReviewDroppedDayComesBackEmpty(t *testing.T) {
 	db, s := newStore(t)
 	ctx := context.Background()
-	today := dbToday(t, db)
+	today := testenv.Today(t, db.Pool)
 	if _, err := s.EnableDaily(ctx, db.Pool, dedup.DailyConfig{AheadDays: 2}); err != nil {
 		t.Fatal(err)
 	}
-	layout := db.Table(migrate.DerivedName(migrate.ProcessedMessagesDefault, "_layout"))
-	if _, err := db.Pool.Exec(ctx, `UPDATE `+layout+` SET daily_from = $1`, today.AddDate(0, 0, -10)); err != nil {
-		t.Fatal(err)
-	}
+	testenv.BackdateDaily(t, db.Pool, db.Schema, 10)
 	if _, err := s.MaintainPartitions(ctx, db.Pool); err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +150,7 @@ func TestReviewDroppedDayComesBackEmpty(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	old := uuid7(t, noon(today.AddDate(0, 0, -5)))
+	old := testenv.UUID7(t, noon(today.AddDate(0, 0, -5)))
 	if dup, err := claimOne(t, db, s2, dedup.Claim{Consumer: "c", MessageID: old, Topic: "t"}); err != nil || dup {
 		t.Fatalf("claim: %v %v", dup, err)
 	}
@@ -178,14 +176,10 @@ func TestReviewDroppedDayComesBackEmpty(t *testing.T) {
 func TestReviewDetachedPartitionLeaks(t *testing.T) {
 	db, s := newStore(t)
 	ctx := context.Background()
-	today := dbToday(t, db)
 	if _, err := s.EnableDaily(ctx, db.Pool, dedup.DailyConfig{AheadDays: 2}); err != nil {
 		t.Fatal(err)
 	}
-	layout := db.Table(migrate.DerivedName(migrate.ProcessedMessagesDefault, "_layout"))
-	if _, err := db.Pool.Exec(ctx, `UPDATE `+layout+` SET daily_from = $1`, today.AddDate(0, 0, -10)); err != nil {
-		t.Fatal(err)
-	}
+	testenv.BackdateDaily(t, db.Pool, db.Schema, 10)
 	if _, err := s.MaintainPartitions(ctx, db.Pool); err != nil {
 		t.Fatal(err)
 	}

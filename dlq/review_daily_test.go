@@ -5,18 +5,14 @@ package dlq_test
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
-	"fmt"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/dlq"
-	"github.com/idemkit/idemkit/migrate"
+	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -43,14 +39,11 @@ func TestReviewRedriveOldDeadLetterDailyLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	// As if enabled ten days ago.
-	layout := pgx.Identifier{e.db.Schema, migrate.DerivedName(migrate.ProcessedMessagesDefault, "_layout")}.Sanitize()
-	if _, err := e.db.Pool.Exec(ctx, `UPDATE `+layout+` SET daily_from = $1`, today.AddDate(0, 0, -10)); err != nil {
-		t.Fatal(err)
-	}
+	testenv.BackdateDaily(t, e.db.Pool, e.db.Schema, 10)
 	if _, err := admin.MaintainPartitions(ctx, e.db.Pool); err != nil {
 		t.Fatal(err)
 	}
-	old := uuid7(t, today.AddDate(0, 0, -2).Add(12*time.Hour))
+	old := testenv.UUID7(t, today.AddDate(0, 0, -2).Add(12*time.Hour))
 	e.produce(old, "order-1")
 	e.consume(2, func(*consumer.Message, int) error { return retry.Permanent(errors.New("bug")) })
 	if n := len(e.deadLetters()); n != 2 {
@@ -76,20 +69,4 @@ func TestReviewRedriveOldDeadLetterDailyLayout(t *testing.T) {
 	if runs := e.runs(); runs["order-1"] != 1 {
 		t.Errorf("order-1 ran %d times after the redrive, want 1", runs["order-1"])
 	}
-}
-
-// uuid7 returns a random UUIDv7 whose time is at.
-func uuid7(t *testing.T, at time.Time) string {
-	t.Helper()
-	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		t.Fatal(err)
-	}
-	ms := at.UnixMilli()
-	for i := 0; i < 6; i++ {
-		b[i] = byte(ms >> (40 - 8*i))
-	}
-	b[6] = 0x70 | b[6]&0x0f
-	b[8] = 0x80 | b[8]&0x3f
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
