@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"sync/atomic"
@@ -22,13 +21,11 @@ import (
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
 	"github.com/idemkit/idemkit/retry"
+	"github.com/idemkit/idemkit/test/internal/faultplan"
 )
 
 // schema holds idemkit's tables and the application's.
 const schema = "chaos"
-
-// seqHeader carries a message's place in its key's sequence: 0, 1, 2, …
-const seqHeader = "seq"
 
 // app is the application under chaos: its handler applies an effect once per
 // message ID, checks that each key's messages arrive in sequence, and
@@ -85,9 +82,9 @@ func (a *app) setup(ctx context.Context, pool *pgxpool.Pool, keys []string) erro
 
 // apply is the handler's work for one message; via names who applied it.
 func (a *app) apply(ctx context.Context, tx pgx.Tx, m *consumer.Message, via string) error {
-	seq, err := strconv.Atoi(header(m.Message, seqHeader))
+	seq, err := strconv.Atoi(faultplan.Header(m.Message, faultplan.SeqHeader))
 	if err != nil {
-		return retry.Permanent(fmt.Errorf("message %s: bad %s header: %w", m.ID, seqHeader, err))
+		return retry.Permanent(fmt.Errorf("message %s: bad %s header: %w", m.ID, faultplan.SeqHeader, err))
 	}
 	key := string(m.Key)
 	if _, err := tx.Exec(ctx, `INSERT INTO `+a.effects+` (id, key, seq, part, off, via) VALUES ($1, $2, $3, $4, $5, $6)`,
@@ -109,7 +106,7 @@ func (a *app) apply(ctx context.Context, tx pgx.Tx, m *consumer.Message, via str
 		}
 	}
 	_, err = a.outbox.EnqueueTx(ctx, tx, outbox.Message{Topic: a.outTopic, Key: m.Key, Value: []byte(m.ID),
-		Headers: []kafka.Header{{Key: seqHeader, Value: []byte(strconv.Itoa(seq))}}})
+		Headers: []kafka.Header{{Key: faultplan.SeqHeader, Value: []byte(strconv.Itoa(seq))}}})
 	return err
 }
 
@@ -128,57 +125,11 @@ func (a *app) batchHandler(via string) consumer.BatchHandlerFunc {
 	}
 }
 
-func header(m kafka.Message, key string) string {
-	for _, h := range m.Headers {
-		if h.Key == key {
-			return string(h.Value)
-		}
-	}
-	return ""
-}
-
-// plan is what the producer sends: distinct messages m-0 … m-(n-1) over the
-// keys, each key's messages numbered in send order, with duplicates (an
-// earlier message of the same key sent again, same ID) mixed in.
-type plan struct {
-	sends    []kafka.Message
-	distinct int
-	keys     []string
-}
-
-func newPlan(distinct, duplicates, keys int, seed uint64) *plan {
-	rng := rand.New(rand.NewPCG(seed, seed))
-	p := &plan{distinct: distinct}
-	for k := range keys {
-		p.keys = append(p.keys, fmt.Sprintf("k-%03d", k))
-	}
-	next := make([]int, keys)
-	var sent []kafka.Message
-	for i, dups := 0, 0; i < distinct || dups < duplicates; {
-		if dups < duplicates && i > 0 && (i >= distinct || rng.IntN(distinct) < duplicates) {
-			p.sends = append(p.sends, sent[rng.IntN(len(sent))])
-			dups++
-			continue
-		}
-		k := rng.IntN(keys)
-		m := kafka.Message{Key: []byte(p.keys[k]), Value: []byte("payload " + strconv.Itoa(i)),
-			Headers: []kafka.Header{
-				{Key: consumer.IDHeaderDefault, Value: []byte("m-" + strconv.Itoa(i))},
-				{Key: seqHeader, Value: []byte(strconv.Itoa(next[k]))},
-			}}
-		next[k]++
-		sent = append(sent, m)
-		p.sends = append(p.sends, m)
-		i++
-	}
-	return p
-}
-
 // produce sends the plan to topic in batches spread over d, each batch
 // acknowledged by the broker before the next; a batch that fails (the broker
 // is down) is sent again until it succeeds, so a message may stand twice in
 // the topic, never out of order. sent counts the messages acknowledged.
-func produce(ctx context.Context, brokers []string, topic string, p *plan, d time.Duration, sent *atomic.Int64) error {
+func produce(ctx context.Context, brokers []string, topic string, p *faultplan.Plan, d time.Duration, sent *atomic.Int64) error {
 	tr := &kafka.Transport{DialTimeout: 2 * time.Second, MetadataTTL: time.Second}
 	defer tr.CloseIdleConnections()
 	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, Balancer: &kafka.Hash{}, Transport: tr,
@@ -186,10 +137,10 @@ func produce(ctx context.Context, brokers []string, topic string, p *plan, d tim
 		WriteTimeout: 5 * time.Second}
 	defer w.Close()
 	const batch = 50
-	tick := time.NewTicker(max(d*batch/time.Duration(len(p.sends)), time.Millisecond))
+	tick := time.NewTicker(max(d*batch/time.Duration(len(p.Sends)), time.Millisecond))
 	defer tick.Stop()
-	for from := 0; from < len(p.sends); from += batch {
-		msgs := p.sends[from:min(from+batch, len(p.sends))]
+	for from := 0; from < len(p.Sends); from += batch {
+		msgs := p.Sends[from:min(from+batch, len(p.Sends))]
 		for {
 			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			err := w.WriteMessages(wctx, msgs...)
@@ -198,7 +149,7 @@ func produce(ctx context.Context, brokers []string, topic string, p *plan, d tim
 				break
 			}
 			if ctx.Err() != nil {
-				return fmt.Errorf("produce: %d of %d sent: %w", from, len(p.sends), ctx.Err())
+				return fmt.Errorf("produce: %d of %d sent: %w", from, len(p.Sends), ctx.Err())
 			}
 			select {
 			case <-ctx.Done():
@@ -225,7 +176,7 @@ func seedDeadLetters(ctx context.Context, w *dlq.Writer, origin string, n int) e
 			Key: []byte(deadKey(i)), Value: []byte("dead letter " + strconv.Itoa(i)),
 			Headers: []kafka.Header{
 				{Key: consumer.IDHeaderDefault, Value: []byte("d-" + strconv.Itoa(i))},
-				{Key: seqHeader, Value: []byte("0")},
+				{Key: faultplan.SeqHeader, Value: []byte("0")},
 			}}}
 		if err := w.OnFailure(ctx, msg, retry.Permanent(errors.New("rejected by a bug fixed since"))); err != nil {
 			return err
@@ -312,7 +263,7 @@ func checkPublished(t *testing.T, brokers []string, topic string, want []string)
 		}
 		got[id] = true
 		key := string(m.Key)
-		if seq, _ := strconv.Atoi(header(m, seqHeader)); seq != next[key] && len(breaks) < 20 {
+		if seq, _ := strconv.Atoi(faultplan.Header(m, faultplan.SeqHeader)); seq != next[key] && len(breaks) < 20 {
 			breaks = append(breaks, fmt.Sprintf("%s: %s has seq %d, want %d", key, id, seq, next[key]))
 		}
 		next[key]++

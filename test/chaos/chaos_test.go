@@ -23,6 +23,7 @@ import (
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/outbox"
+	"github.com/idemkit/idemkit/test/internal/faultplan"
 	"github.com/idemkit/idemkit/test/internal/kafkaproc"
 	"github.com/idemkit/idemkit/test/internal/pgproc"
 )
@@ -262,9 +263,9 @@ func run(t *testing.T, sc scenario) {
 		t.Fatal(err)
 	}
 	seed := uint64(began.UnixNano())
-	p := newPlan(sc.distinct, sc.duplicates, sc.keys, seed)
-	t.Logf("plan seed %d: %d sends, %d distinct IDs over %d keys", seed, len(p.sends), sc.distinct, sc.keys)
-	keys := slices.Clone(p.keys)
+	p := faultplan.New(sc.distinct, sc.duplicates, sc.keys, seed)
+	t.Logf("plan seed %d: %d sends, %d distinct IDs over %d keys", seed, len(p.Sends), sc.distinct, sc.keys)
+	keys := slices.Clone(p.Keys)
 	want := make([]string, 0, sc.distinct+sc.deadLetters)
 	for i := range sc.distinct {
 		want = append(want, "m-"+strconv.Itoa(i))
@@ -365,14 +366,14 @@ func run(t *testing.T, sc scenario) {
 	h := &harness{t: t, deadline: deadline, logs: lg, exits: exits, status: func() string {
 		n, err := effects()
 		return fmt.Sprintf("%d of %d sends acknowledged, %d of %d effects (%v), %d of %d dead letters replayed",
-			sent.Load(), len(p.sends), n, len(want), err, replayedItems.Load(), sc.deadLetters)
+			sent.Load(), len(p.Sends), n, len(want), err, replayedItems.Load(), sc.deadLetters)
 	}}
 
 	// The outages.
 	h.mustWait("the reprocessor replaying", time.Minute, func() (bool, error) { return replayedItems.Load() > 0, nil })
 	for i, s := range sc.steps {
 		h.mustWait(fmt.Sprintf("%.0f%% of the messages sent", 100*s.at), 2*time.Minute, func() (bool, error) {
-			return sent.Load() >= int64(s.at*float64(len(p.sends))), nil
+			return sent.Load() >= int64(s.at*float64(len(p.Sends))), nil
 		})
 		t0 := time.Now()
 		before := h.logs.starts(all)
@@ -499,7 +500,7 @@ func run(t *testing.T, sc scenario) {
 	}
 	if !t.Failed() {
 		t.Logf("%d sends (%d distinct, %d dead letters) applied once each in %s; test took %s",
-			len(p.sends), sc.distinct, sc.deadLetters, applied.Round(time.Millisecond), time.Since(began).Round(time.Millisecond))
+			len(p.Sends), sc.distinct, sc.deadLetters, applied.Round(time.Millisecond), time.Since(began).Round(time.Millisecond))
 	}
 }
 

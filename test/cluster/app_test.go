@@ -19,10 +19,8 @@ import (
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/outbox"
 	"github.com/idemkit/idemkit/retry"
+	"github.com/idemkit/idemkit/test/internal/faultplan"
 )
-
-// seqHeader carries a message's place in its key's sequence: 0, 1, 2, …
-const seqHeader = "seq"
 
 // app is the application under test. Its handler counts the effects of each
 // message ID (runs: a second effect of an ID is recorded, not refused, so
@@ -75,9 +73,9 @@ func newApp(t *testing.T, keys int) *app {
 
 // apply is the handler's work for one message; via names the runner.
 func (a *app) apply(ctx context.Context, tx pgx.Tx, m *consumer.Message, via string) error {
-	seq, err := strconv.Atoi(header(m.Message, seqHeader))
+	seq, err := strconv.Atoi(faultplan.Header(m.Message, faultplan.SeqHeader))
 	if err != nil {
-		return retry.Permanent(fmt.Errorf("message %s: bad %s header: %w", m.ID, seqHeader, err))
+		return retry.Permanent(fmt.Errorf("message %s: bad %s header: %w", m.ID, faultplan.SeqHeader, err))
 	}
 	key := string(m.Key)
 	if _, err := tx.Exec(ctx, `INSERT INTO `+a.effects+` (id, key, seq, part, off, via, runs) VALUES ($1, $2, $3, $4, $5, $6, 1)
@@ -123,15 +121,6 @@ func (a *app) count(ctx context.Context) (int64, error) {
 	return n, err
 }
 
-func header(m kafka.Message, key string) string {
-	for _, h := range m.Headers {
-		if h.Key == key {
-			return string(h.Value)
-		}
-	}
-	return ""
-}
-
 // sources feed the topic: an enqueuer that writes outbox messages (which the
 // relays publish) and a producer that writes with acks=all, each over keys
 // of its own, each key's messages numbered in order.
@@ -165,7 +154,7 @@ func (s *sources) enqueue(ctx context.Context, pool *pgxpool.Pool, store *outbox
 			k := (i * 7) % keys
 			msgs = append(msgs, outbox.Message{Topic: topic, Key: []byte(keyName("o", k)),
 				Value:   []byte("outbox " + strconv.Itoa(i)),
-				Headers: []kafka.Header{{Key: seqHeader, Value: []byte(strconv.Itoa(next[k]))}}})
+				Headers: []kafka.Header{{Key: faultplan.SeqHeader, Value: []byte(strconv.Itoa(next[k]))}}})
 			next[k]++
 		}
 		var ids []string
@@ -218,7 +207,7 @@ func (s *sources) produce(ctx context.Context, brokers []string, topic string, n
 			msgs = append(msgs, kafka.Message{Key: []byte(keyName("p", k)), Value: []byte("producer " + strconv.Itoa(i)),
 				Headers: []kafka.Header{
 					{Key: consumer.IDHeaderDefault, Value: []byte("p-" + strconv.Itoa(i))},
-					{Key: seqHeader, Value: []byte(strconv.Itoa(next[k]))},
+					{Key: faultplan.SeqHeader, Value: []byte(strconv.Itoa(next[k]))},
 				}})
 			next[k]++
 		}
@@ -341,7 +330,7 @@ func inTopic(t *testing.T, brokers []string, topic string) (map[string]bool, int
 	msgs := testenv.ReadAll(t, brokers, topic)
 	ids := make(map[string]bool, len(msgs))
 	for _, m := range msgs {
-		ids[header(m, consumer.IDHeaderDefault)] = true
+		ids[faultplan.Header(m, consumer.IDHeaderDefault)] = true
 	}
 	return ids, len(msgs)
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/outbox"
+	"github.com/idemkit/idemkit/test/internal/faultplan"
 	"github.com/idemkit/idemkit/test/internal/kafkaproc"
 )
 
@@ -211,7 +212,7 @@ func belowMinISR(t *testing.T, c *kafkaproc.Cluster) {
 	var got []string
 	seen := map[string]bool{}
 	for _, m := range testenv.ReadAll(t, c.Addrs(), topic) {
-		id := header(m, outbox.HeaderID)
+		id := faultplan.Header(m, outbox.HeaderID)
 		if string(m.Key) == "control" || seen[id] {
 			continue
 		}

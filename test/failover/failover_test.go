@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"sync"
@@ -25,6 +24,7 @@ import (
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
 	"github.com/idemkit/idemkit/retry"
+	"github.com/idemkit/idemkit/test/internal/faultplan"
 	"github.com/idemkit/idemkit/test/internal/pgproc"
 )
 
@@ -65,9 +65,6 @@ type scenario struct {
 // schema holds idemkit's tables and the application's, in the pair's own
 // database.
 const schema = "failover"
-
-// seqHeader carries a message's place in its key's sequence: 0, 1, 2, …
-const seqHeader = "seq"
 
 // The parts under test, as their loggers name them.
 var (
@@ -111,8 +108,8 @@ func run(t *testing.T, sc scenario) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := newPlan(sc.distinct, sc.duplicates, sc.keys, uint64(began.UnixNano()))
-	if err := a.setup(ctx, pools["test"], p.keys); err != nil {
+	p := faultplan.New(sc.distinct, sc.duplicates, sc.keys, uint64(began.UnixNano()))
+	if err := a.setup(ctx, pools["test"], p.Keys); err != nil {
 		t.Fatalf("schema: %v", err)
 	}
 	store, err := dedup.New(&dedup.Config{Schema: schema})
@@ -183,7 +180,7 @@ func run(t *testing.T, sc scenario) {
 	var sent atomic.Int64
 	produced := make(chan error, 1)
 	wg.Go(func() { produced <- produce(runCtx, brokers, inTopic, p, sc.produceFor, &sent) })
-	t.Logf("%s: parts started, producing %d messages (%d distinct, seed in the plan)", since(), len(p.sends), sc.distinct)
+	t.Logf("%s: parts started, producing %d messages (%d distinct, seed in the plan)", since(), len(p.Sends), sc.distinct)
 
 	effects := func() (int64, error) {
 		var n int64
@@ -195,7 +192,7 @@ func run(t *testing.T, sc scenario) {
 	// Mid-stream: enough sent, and the runners applying.
 	h.mustWait("the failover point", 2*time.Minute, func() (bool, error) {
 		n, err := effects()
-		return sent.Load() >= int64(sc.failoverAt*float64(len(p.sends))) && n >= int64(sc.distinct/10), err
+		return sent.Load() >= int64(sc.failoverAt*float64(len(p.Sends))) && n >= int64(sc.distinct/10), err
 	})
 	// What the old primary acknowledged: it must all be on the standby.
 	rows, err := pools["test"].Query(ctx, `SELECT id FROM `+a.effects)
@@ -253,7 +250,7 @@ func run(t *testing.T, sc scenario) {
 		n, err := effects()
 		return n >= int64(sc.distinct), err
 	}); err != nil {
-		checkEffects(t, ctx, pools["test"], a, p.ids())
+		checkEffects(t, ctx, pools["test"], a, p.IDs())
 		t.Fatal(err)
 	}
 	t.Logf("%s: every message applied", since())
@@ -345,10 +342,10 @@ func run(t *testing.T, sc scenario) {
 			t.Fatalf("parts still running a minute after they were cancelled")
 		}
 	}
-	checkEffects(t, ctx, pools["test"], a, p.ids())
-	checkPublished(t, brokers, outTopic, p.ids())
+	checkEffects(t, ctx, pools["test"], a, p.IDs())
+	checkPublished(t, brokers, outTopic, p.IDs())
 	if !t.Failed() {
-		t.Logf("%d sends (%d distinct) applied once each across the failover; test took %s", len(p.sends), sc.distinct, since())
+		t.Logf("%d sends (%d distinct) applied once each across the failover; test took %s", len(p.Sends), sc.distinct, since())
 	}
 }
 
@@ -457,9 +454,9 @@ func (a *app) setup(ctx context.Context, pool *pgxpool.Pool, keys []string) erro
 
 // apply is the handler's work for one message; via names the runner.
 func (a *app) apply(ctx context.Context, tx pgx.Tx, m *consumer.Message, via string) error {
-	seq, err := strconv.Atoi(header(m.Message, seqHeader))
+	seq, err := strconv.Atoi(faultplan.Header(m.Message, faultplan.SeqHeader))
 	if err != nil {
-		return retry.Permanent(fmt.Errorf("message %s: bad %s header: %w", m.ID, seqHeader, err))
+		return retry.Permanent(fmt.Errorf("message %s: bad %s header: %w", m.ID, faultplan.SeqHeader, err))
 	}
 	key := string(m.Key)
 	if _, err := tx.Exec(ctx, `INSERT INTO `+a.effects+` (id, key, seq, via, runs) VALUES ($1, $2, $3, $4, 1)
@@ -480,7 +477,7 @@ func (a *app) apply(ctx context.Context, tx pgx.Tx, m *consumer.Message, via str
 		}
 	}
 	_, err = a.outbox.EnqueueTx(ctx, tx, outbox.Message{Topic: a.outTopic, Key: m.Key, Value: []byte(m.ID),
-		Headers: []kafka.Header{{Key: seqHeader, Value: []byte(strconv.Itoa(seq))}}})
+		Headers: []kafka.Header{{Key: faultplan.SeqHeader, Value: []byte(strconv.Itoa(seq))}}})
 	return err
 }
 
@@ -499,77 +496,22 @@ func (a *app) batchHandler(via string) consumer.BatchHandlerFunc {
 	}
 }
 
-func header(m kafka.Message, key string) string {
-	for _, h := range m.Headers {
-		if h.Key == key {
-			return string(h.Value)
-		}
-	}
-	return ""
-}
-
-// plan is what the producer sends: distinct messages m-0 … m-(n-1) over the
-// keys, each key's messages numbered in send order, with producer
-// duplicates (an earlier message of the same key sent again, same ID).
-type plan struct {
-	sends    []kafka.Message
-	distinct int
-	keys     []string
-}
-
-func newPlan(distinct, duplicates, keys int, seed uint64) *plan {
-	rng := rand.New(rand.NewPCG(seed, seed))
-	p := &plan{distinct: distinct}
-	for k := range keys {
-		p.keys = append(p.keys, fmt.Sprintf("k-%03d", k))
-	}
-	next := make([]int, keys)
-	var sent []kafka.Message
-	for i, dups := 0, 0; i < distinct || dups < duplicates; {
-		if dups < duplicates && i > 0 && (i >= distinct || rng.IntN(distinct) < duplicates) {
-			p.sends = append(p.sends, sent[rng.IntN(len(sent))])
-			dups++
-			continue
-		}
-		k := rng.IntN(keys)
-		m := kafka.Message{Key: []byte(p.keys[k]), Value: []byte("payload " + strconv.Itoa(i)),
-			Headers: []kafka.Header{
-				{Key: consumer.IDHeaderDefault, Value: []byte("m-" + strconv.Itoa(i))},
-				{Key: seqHeader, Value: []byte(strconv.Itoa(next[k]))},
-			}}
-		next[k]++
-		sent = append(sent, m)
-		p.sends = append(p.sends, m)
-		i++
-	}
-	return p
-}
-
-// ids returns the distinct IDs of the plan.
-func (p *plan) ids() []string {
-	out := make([]string, p.distinct)
-	for i := range out {
-		out[i] = "m-" + strconv.Itoa(i)
-	}
-	return out
-}
-
 // produce sends the plan in batches of 50 spread over d, each acknowledged
 // by the broker (acks=all) before the next; sent counts the messages
 // acknowledged.
-func produce(ctx context.Context, brokers []string, topic string, p *plan, d time.Duration, sent *atomic.Int64) error {
+func produce(ctx context.Context, brokers []string, topic string, p *faultplan.Plan, d time.Duration, sent *atomic.Int64) error {
 	tr := &kafka.Transport{DialTimeout: 2 * time.Second}
 	defer tr.CloseIdleConnections()
 	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, Balancer: &kafka.Hash{}, Transport: tr,
 		RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond, BatchSize: 1000, WriteTimeout: 10 * time.Second}
 	defer w.Close()
 	const batch = 50
-	tick := time.NewTicker(max(d*batch/time.Duration(len(p.sends)), time.Millisecond))
+	tick := time.NewTicker(max(d*batch/time.Duration(len(p.Sends)), time.Millisecond))
 	defer tick.Stop()
-	for from := 0; from < len(p.sends); from += batch {
-		msgs := p.sends[from:min(from+batch, len(p.sends))]
+	for from := 0; from < len(p.Sends); from += batch {
+		msgs := p.Sends[from:min(from+batch, len(p.Sends))]
 		if err := w.WriteMessages(ctx, msgs...); err != nil {
-			return fmt.Errorf("produce: %d of %d sent: %w", from, len(p.sends), err)
+			return fmt.Errorf("produce: %d of %d sent: %w", from, len(p.Sends), err)
 		}
 		sent.Store(int64(from + len(msgs)))
 		select {
@@ -664,7 +606,7 @@ func checkPublished(t *testing.T, brokers []string, topic string, want []string)
 		}
 		got[id] = true
 		key := string(m.Key)
-		if seq, _ := strconv.Atoi(header(m, seqHeader)); seq != next[key] && len(breaks) < 20 {
+		if seq, _ := strconv.Atoi(faultplan.Header(m, faultplan.SeqHeader)); seq != next[key] && len(breaks) < 20 {
 			breaks = append(breaks, fmt.Sprintf("%s: %s has seq %d, want %d", key, id, seq, next[key]))
 		}
 		next[key]++
