@@ -117,6 +117,29 @@
 // if it was already committing, and no offset of an uncommitted transaction
 // is ever committed.
 //
+// # Transactions in a row
+//
+// When the next batch of a partition (one message, with BatchSize 1) is
+// already fetched as a transaction commits, its BEGIN and claims go to
+// PostgreSQL with that COMMIT, on the same connection: a transaction then
+// costs two round trips (that one, and the handler's statements) where it
+// costs three alone. Nothing else changes: the next transaction is begun
+// only once the handler before it succeeded, its handler runs only once
+// that COMMIT answered (a COMMIT that failed, or that PostgreSQL answered
+// with ROLLBACK because a handler swallowed a statement's error, is never
+// taken for committed, and the transaction begun after it is rolled
+// back), and each message still commits in its own transaction with
+// BatchSize 1. A partition chains at most 16 transactions in a row, and
+// only while a slot of MaxPartitions is free; the runners on a pool keep
+// one of its connections out of every chain, so that a hook or other code
+// waiting for a connection of the pool always gets one. Two things differ
+// from transactions begun alone: Hooks.TxStart of a chained transaction
+// runs after its claims were sent (with the commit before, under that
+// transaction's context), and PostgreSQL answers that COMMIT only with the
+// claims after it, so a claim waiting for a lock (a concurrent,
+// uncommitted claim of the same ID) holds up the answer, and a shutdown,
+// until that lock is released (at most 30 s, as for any commit in flight).
+//
 // # Failures
 //
 // Handler errors roll back the effect together with the claim: nothing is
@@ -187,7 +210,8 @@
 // the transaction. Hooks.TxStart runs before each transaction (one message,
 // or a batch) with the handler attempt, and the context it returns is the one
 // the claim, the handlers and every later hook of that transaction get: a
-// span started there covers claim, handler and commit. Hooks.TxEnd reports
+// span started there covers claim, handler and commit (a chained
+// transaction's claims went earlier, see "Transactions in a row"). Hooks.TxEnd reports
 // the transaction's end with its outcomes or error and its duration;
 // Hooks.Outcome each message's fate; Hooks.Retry each retry in place with
 // the error's class and the delay; Hooks.Rebalanced, OffsetCommitted,

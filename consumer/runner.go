@@ -44,6 +44,7 @@ type Message struct {
 type Runner struct {
 	cfg     Config
 	sem     chan struct{} // bounds the partitions processed at once
+	chains  *chainBudget  // of the pool's connections held by chained transactions
 	outages *outage.Tracker
 	states  partitionStates
 	// now is the runner's clock, for its own timers only: when parked
@@ -70,7 +71,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Runner{cfg: c, sem: make(chan struct{}, c.MaxPartitions), now: time.Now, maintain: make(chan struct{}, 1),
+	return &Runner{cfg: c, sem: make(chan struct{}, c.MaxPartitions), chains: budgetOf(pool), now: time.Now, maintain: make(chan struct{}, 1),
 		outages: &outage.Tracker{Log: c.Logger.With("topic", c.Topic, "group", c.GroupID),
 			OnStart: c.Hooks.OutageStarted, OnEnd: c.Hooks.OutageEnded}}, nil
 }

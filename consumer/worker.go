@@ -39,6 +39,11 @@ type worker struct {
 
 	prefetched chan *Message // filled by prefetch, bounded by budget
 	held       *Message      // an item taken from prefetched for the next batch
+	pending    []*Message    // the next batch, taken from prefetched by lookahead
+	next       *chained      // pending's transaction, begun by the last commit (chain.go)
+	chain      int           // transactions chained in a row
+	tail       *Message      // the last message of the batch being processed
+	slot       bool          // the worker holds a slot of Runner.sem
 	bytes      *byteBudget
 	state      *partitionState // what Runner.Partitions reports
 }
@@ -85,6 +90,12 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	prefetchDone.Go(func() { w.prefetch(ctx, reader) })
 	defer prefetchDone.Wait()
 	defer stop() // prefetch ends before the client closes
+	defer func() {
+		w.discardNext()
+		if w.slot {
+			<-w.r.sem
+		}
+	}()
 
 	for {
 		if w.parked != nil {
@@ -113,11 +124,18 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 			}
 			continue
 		}
-		if err := w.acquire(ctx); err != nil {
-			return
+		if !w.slot {
+			if err := w.acquire(ctx); err != nil {
+				return
+			}
+			w.slot = true
 		}
+		w.tail = batch[len(batch)-1]
 		err = w.untilReachable(ctx, func(ctx context.Context) error { return w.process(ctx, batch) })
-		<-w.r.sem
+		if w.next == nil { // a transaction begun for the next batch keeps the slot
+			<-w.r.sem
+			w.slot = false
+		}
 		w.bytes.release(batchBytes(batch))
 		if err != nil {
 			if ctx.Err() == nil {
@@ -417,6 +435,13 @@ func (w *worker) fetch(ctx context.Context) ([]*Message, error) {
 		t := time.NewTimer(cfg.ParkedPoll)
 		defer t.Stop()
 		poll = t.C
+	}
+	if batch := w.pending; batch != nil {
+		w.pending = nil
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		return batch, nil
 	}
 	var first *Message
 	if w.held != nil {
@@ -825,12 +850,6 @@ func (e *handlerError) Unwrap() error { return e.err }
 
 func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes []Outcome, err error) {
 	cfg := &w.r.cfg
-	// Claims of UUIDv7 IDs need the layout; read once, and again after
-	// a claim found it changed (dedup.ErrLayoutChanged).
-	layout, err := cfg.Store.Layout(ctx, cfg.pool)
-	if err != nil {
-		return -1, nil, fmt.Errorf("consumer: %w", err)
-	}
 	outcomes = make([]Outcome, len(msgs))
 	var live []int // messages handled now; the others wait behind a parked message of their key
 	for i, m := range msgs {
@@ -841,33 +860,35 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 		}
 	}
 	parking := len(live) < len(msgs)
-	claim := func(m *Message) dedup.Claim {
-		return dedup.Claim{Consumer: cfg.Name, MessageID: m.ID, Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Time: m.Time, Epoch: w.epoch}
+	pre := w.takeNext(msgs, parking) // begun by the commit before, claims done
+	// Claims of UUIDv7 IDs need the layout; read once, and again after
+	// a claim found it changed (dedup.ErrLayoutChanged). With a chained
+	// transaction, through it: a worker holding a connection never waits
+	// for another.
+	var db dedup.DBTX = cfg.pool
+	if pre != nil {
+		db = pre.tx
 	}
-	var dup []bool
-	var one, moved bool
+	layout, err := cfg.Store.Layout(ctx, db)
+	if err != nil {
+		if pre != nil {
+			pre.discard()
+		}
+		return -1, nil, fmt.Errorf("consumer: %w", err)
+	}
 	var beyond []horizonNote // messages applied beyond the horizon (HorizonApply)
 	// The claims travel with BEGIN: one round trip before the handler runs.
-	claims := func(b *pgx.Batch) error {
-		switch {
-		case len(live) == 1 && !parking:
-			// Two plain statements cost PostgreSQL less than the one of
-			// QueueClaimWithPosition; the position row is inserted below
-			// when it does not exist yet.
-			return cfg.Store.QueueClaimMovePosition(b, claim(msgs[0]), &one, &moved)
-		case len(live) > 0:
-			claims := make([]dedup.Claim, len(live))
-			for j, i := range live {
-				claims[j] = claim(msgs[i])
-			}
-			return cfg.Store.QueueClaimBatch(b, claims, &dup)
-		}
-		return nil
+	// Or they went already, with the COMMIT of the transaction before.
+	res := &claimResults{}
+	if pre != nil {
+		res = pre.res
 	}
-	err = inTxWith(ctx, cfg.pool, claims, func(tx pgx.Tx) error {
+	claims := func(b *pgx.Batch) error { return w.queueClaims(b, msgs, live, parking, res) }
+	err = w.runTx(ctx, pre, claims, msgs, func(tx pgx.Tx) error {
+		dup := res.dup
 		if len(live) == 1 && !parking {
-			dup = []bool{one}
-			if !moved { // no row yet (or ahead, or another epoch: left as it is)
+			dup = []bool{res.one}
+			if !res.moved { // no row yet (or ahead, or another epoch: left as it is)
 				m := msgs[0]
 				if err := cfg.Store.SavePositionTx(ctx, tx, cfg.Name, m.Topic, m.Partition, m.Offset+1, m.Time, w.epoch); err != nil {
 					return err

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
@@ -512,12 +513,27 @@ type pgWorker struct {
 	topic        string
 	partition    int
 	clock        *workerClock
+	chain        int // transactions chained in a row
 }
 
 func (w *pgWorker) run(ctx context.Context, msgs []pgMessage, size int) error {
+	var next *pgChained
+	defer func() {
+		if next != nil { // after an error
+			_ = next.tx.Rollback(context.WithoutCancel(ctx))
+			next.conn.Release()
+		}
+	}()
 	for len(msgs) > 0 {
 		n := min(size, len(msgs))
-		if err := w.tx(ctx, msgs[:n]); err != nil {
+		var following []pgMessage
+		if w.mode != pgMinimal && len(msgs) > n {
+			following = msgs[n:min(len(msgs), 2*n)]
+		}
+		pre := next
+		next = nil
+		var err error
+		if next, err = w.tx(ctx, msgs[:n], pre, following); err != nil {
 			return err
 		}
 		msgs = msgs[n:]
@@ -525,20 +541,61 @@ func (w *pgWorker) run(ctx context.Context, msgs []pgMessage, size int) error {
 	return nil
 }
 
+// pgChainMax is the runner's chainMax (consumer/chain.go): the
+// transactions a worker chains in a row before it commits on its own.
+const pgChainMax = 16
+
+// pgChained is a transaction begun by the COMMIT of the one before, its
+// claims done, as the runner chains them.
+type pgChained struct {
+	conn *pgxpool.Conn
+	tx   pgx.Tx
+	res  *pgClaims
+}
+
+// pgClaims are the outcomes of the claims of one transaction.
+type pgClaims struct {
+	dups       []bool
+	one, moved bool
+}
+
+// queueClaims queues the claims of msgs the way the runner does.
+func (w *pgWorker) queueClaims(b *pgx.Batch, msgs []pgMessage) (*pgClaims, error) {
+	res := &pgClaims{}
+	if w.mode == pgPerMessage {
+		m := msgs[0]
+		return res, w.store.QueueClaimMovePosition(b, dedup.Claim{Consumer: w.consumer, MessageID: m.id,
+			Topic: w.topic, Partition: w.partition, Offset: m.offset}, &res.one, &res.moved)
+	}
+	claims := make([]dedup.Claim, len(msgs))
+	for i, m := range msgs {
+		claims[i] = dedup.Claim{Consumer: w.consumer, MessageID: m.id, Topic: w.topic,
+			Partition: w.partition, Offset: m.offset}
+	}
+	return res, w.store.QueueClaimBatch(b, claims, &res.dups)
+}
+
 // tx runs one transaction the way the runner does for this mode: BEGIN and
-// the claim in one round trip (pgx Batch.BeginTx), as the runner sends them;
-// the Watermill peer's SQL (pgMinimal) as the peer sends it, BEGIN alone.
-func (w *pgWorker) tx(ctx context.Context, msgs []pgMessage) (err error) {
+// the claim in one round trip (pgx Batch.BeginTx), or (pre) begun already
+// with the COMMIT before; its COMMIT travels with the BEGIN and claims of
+// following, up to pgChainMax in a row, which it returns begun. The
+// Watermill peer's SQL (pgMinimal) runs as the peer sends it: BEGIN alone,
+// COMMIT alone.
+func (w *pgWorker) tx(ctx context.Context, msgs []pgMessage, pre *pgChained, following []pgMessage) (next *pgChained, err error) {
 	t0 := time.Now()
 	var tx pgx.Tx
+	var conn *pgxpool.Conn
 	if w.mode == pgMinimal {
 		if tx, err = w.pool.Begin(ctx); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	defer func() {
 		if err != nil && tx != nil {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+		if conn != nil && next == nil {
+			conn.Release()
 		}
 	}()
 	switch w.mode {
@@ -546,47 +603,43 @@ func (w *pgWorker) tx(ctx context.Context, msgs []pgMessage) (err error) {
 		m := msgs[0]
 		tag, err := tx.Exec(ctx, w.minimalClaim, w.consumer, m.id, w.topic, w.partition, m.offset)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if tag.RowsAffected() == 0 {
-			return fmt.Errorf("message %s claimed twice", m.id)
+			return nil, fmt.Errorf("message %s claimed twice", m.id)
 		}
 	default:
-		b := &pgx.Batch{}
-		b.BeginTx(pgx.TxOptions{})
-		var dups []bool
-		var one, moved bool
-		if w.mode == pgPerMessage {
-			m := msgs[0]
-			err = w.store.QueueClaimMovePosition(b, dedup.Claim{Consumer: w.consumer, MessageID: m.id,
-				Topic: w.topic, Partition: w.partition, Offset: m.offset}, &one, &moved)
+		var res *pgClaims
+		if pre != nil {
+			conn, tx, res = pre.conn, pre.tx, pre.res
 		} else {
-			claims := make([]dedup.Claim, len(msgs))
-			for i, m := range msgs {
-				claims[i] = dedup.Claim{Consumer: w.consumer, MessageID: m.id, Topic: w.topic,
-					Partition: w.partition, Offset: m.offset}
+			w.chain = 0
+			if conn, err = w.pool.Acquire(ctx); err != nil {
+				return nil, err
 			}
-			err = w.store.QueueClaimBatch(b, claims, &dups)
+			b := &pgx.Batch{}
+			b.BeginTx(pgx.TxOptions{})
+			if res, err = w.queueClaims(b, msgs); err != nil {
+				return nil, err
+			}
+			br := conn.SendBatch(ctx, b)
+			tx = br.Tx()
+			if err = br.Close(); err != nil {
+				return nil, err
+			}
 		}
-		if err != nil {
-			return err
-		}
-		br := w.pool.SendBatch(ctx, b)
-		tx = br.Tx()
-		if err = br.Close(); err != nil {
-			return err
-		}
+		dups := res.dups
 		if w.mode == pgPerMessage {
-			dups = []bool{one}
-			if !moved { // the partition's first write, as the runner does it
+			dups = []bool{res.one}
+			if !res.moved { // the partition's first write, as the runner does it
 				m := msgs[0]
 				if err = w.store.SavePositionTx(ctx, tx, w.consumer, w.topic, w.partition, m.offset+1, time.Time{}, 0); err != nil {
-					return err
+					return nil, err
 				}
 			}
 		}
 		if i := slices.Index(dups, true); i >= 0 {
-			return fmt.Errorf("message %s claimed twice", msgs[i].id)
+			return nil, fmt.Errorf("message %s claimed twice", msgs[i].id)
 		}
 	}
 	t1 := time.Now()
@@ -594,19 +647,19 @@ func (w *pgWorker) tx(ctx context.Context, msgs []pgMessage) (err error) {
 	case pgPerMessage, pgMinimal, pgBatchedEach:
 		for _, m := range msgs {
 			if err := upsertOne(ctx, tx, w.table, m.effect); err != nil {
-				return err
+				return nil, err
 			}
 		}
 	case pgBatchedSavepoint:
 		for _, m := range msgs {
 			if _, err := tx.Exec(ctx, `SAVEPOINT message`); err != nil {
-				return err
+				return nil, err
 			}
 			if err := upsertOne(ctx, tx, w.table, m.effect); err != nil {
-				return err
+				return nil, err
 			}
 			if _, err := tx.Exec(ctx, `RELEASE SAVEPOINT message`); err != nil {
-				return err
+				return nil, err
 			}
 		}
 	case pgBatchedSavepointMerged:
@@ -619,10 +672,10 @@ func (w *pgWorker) tx(ctx context.Context, msgs []pgMessage) (err error) {
 				sql = `SAVEPOINT message`
 			}
 			if _, err := tx.Exec(ctx, sql); err != nil {
-				return err
+				return nil, err
 			}
 			if err := upsertOne(ctx, tx, w.table, m.effect); err != nil {
-				return err
+				return nil, err
 			}
 		}
 	case pgBatchedSet:
@@ -631,14 +684,36 @@ func (w *pgWorker) tx(ctx context.Context, msgs []pgMessage) (err error) {
 			effects[i] = m.effect
 		}
 		if err := upsertSet(ctx, tx, w.table, effects); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	t2 := time.Now()
-	if err := tx.Commit(ctx); err != nil {
-		return err
+	if len(following) > 0 && w.chain < pgChainMax {
+		b := &pgx.Batch{}
+		b.BeginTx(pgx.TxOptions{BeginQuery: "commit"})
+		b.QueuedQueries[0].Exec(func(tag pgconn.CommandTag) error {
+			if tag.String() != "COMMIT" {
+				return pgx.ErrTxCommitRollback
+			}
+			return nil
+		})
+		b.Queue("begin")
+		res, err := w.queueClaims(b, following)
+		if err != nil {
+			return nil, err
+		}
+		br := conn.SendBatch(ctx, b)
+		ntx := br.Tx()
+		if err := br.Close(); err != nil {
+			_ = ntx.Rollback(context.WithoutCancel(ctx))
+			return nil, err
+		}
+		w.chain++
+		next = &pgChained{conn: conn, tx: ntx, res: res}
+	} else if err := tx.Commit(ctx); err != nil {
+		return nil, err
 	}
 	t3 := time.Now()
 	w.clock.record(w.partition, len(msgs), segments{Claim: t1.Sub(t0), Handle: t2.Sub(t1), Commit: t3.Sub(t2)})
-	return nil
+	return next, nil
 }

@@ -1,0 +1,348 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"weak"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idemkit/dedup"
+)
+
+// A partition's transactions follow one another on one connection when the
+// next one's messages are already fetched: the COMMIT of one, the BEGIN of
+// the next and the next one's claims go to PostgreSQL in one round trip
+// (commitChained), so that a transaction costs two round trips (that one,
+// and the handler's statements) where it cost three. The next transaction
+// is begun only once the handler of the one before succeeded, and its
+// handler runs only once that one's COMMIT answered, so each message is
+// still committed in a transaction of its own (BatchSize 1) and nothing
+// is claimed by a transaction whose predecessor's outcome is unknown.
+
+// chainMax bounds the transactions a worker chains in a row, keeping its
+// connection and its slot of Runner.sem: then it commits on its own and
+// gives both back, so that other partitions waiting for them get them.
+const chainMax = 16
+
+// chainBudget bounds the connections of a pool that chained transactions
+// hold while their workers are away from them (reporting the transaction
+// before, calling hooks): at most MaxConns-1, whatever number of runners
+// share the pool, so that one connection is always free or held by work
+// that ends on its own, and whatever waits for a connection of the pool
+// (a hook, another runner, the outbox) gets one.
+type chainBudget struct {
+	held atomic.Int32
+	max  func() int32 // the pool's MaxConns, read when first needed
+}
+
+// take reserves a connection for a chained transaction; false when the
+// pool has none to spare.
+func (b *chainBudget) take() bool {
+	limit := b.max()
+	for {
+		n := b.held.Load()
+		if n+1 >= limit {
+			return false
+		}
+		if b.held.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+func (b *chainBudget) give() { b.held.Add(-1) }
+
+var (
+	budgetsMu sync.Mutex
+	budgets   = map[weak.Pointer[pgxpool.Pool]]*chainBudget{}
+)
+
+// budgetOf returns the chain budget of pool, shared by the runners on it
+// (the entry goes when the pool is collected).
+func budgetOf(pool *pgxpool.Pool) *chainBudget {
+	key := weak.Make(pool)
+	budgetsMu.Lock()
+	defer budgetsMu.Unlock()
+	if b := budgets[key]; b != nil {
+		return b
+	}
+	b := &chainBudget{}
+	b.max = sync.OnceValue(func() int32 {
+		if p := key.Value(); p != nil {
+			return p.Stat().MaxConns()
+		}
+		return 0
+	})
+	budgets[key] = b
+	runtime.AddCleanup(pool, func(key weak.Pointer[pgxpool.Pool]) {
+		budgetsMu.Lock()
+		delete(budgets, key)
+		budgetsMu.Unlock()
+	}, key)
+	return b
+}
+
+// claimResults are the outcomes of the claims queued by queueClaims.
+type claimResults struct {
+	dup        []bool // one per live message, for a claim batch
+	one, moved bool   // for one message: duplicate, and whether its position row moved
+}
+
+// chained is a transaction begun by the COMMIT of the one before it, for
+// msgs, whose claims are done (res).
+type chained struct {
+	conn *pgxpool.Conn
+	tx   pgx.Tx
+	msgs []*Message
+	res  *claimResults
+}
+
+// discard rolls back and gives back a chained transaction that will not be
+// used: its claims go with it.
+func (c *chained) discard() {
+	ctx, cancel := context.WithTimeout(context.Background(), commitTimeout)
+	defer cancel()
+	_ = c.tx.Rollback(ctx)
+	c.conn.Release()
+}
+
+// claim is the dedup claim of m.
+func (w *worker) claim(m *Message) dedup.Claim {
+	return dedup.Claim{Consumer: w.r.cfg.Name, MessageID: m.ID, Topic: m.Topic, Partition: m.Partition,
+		Offset: m.Offset, Time: m.Time, Epoch: w.epoch}
+}
+
+// queueClaims queues on b the claims of msgs[i] for each i in live (the
+// messages handled now; parking: others of msgs wait behind a parked
+// message of their key) with the partition's position; their outcomes are
+// stored in res when b's results are read.
+func (w *worker) queueClaims(b *pgx.Batch, msgs []*Message, live []int, parking bool, res *claimResults) error {
+	store := w.r.cfg.Store
+	switch {
+	case len(live) == 1 && !parking:
+		// Two plain statements cost PostgreSQL less than the one of
+		// QueueClaimWithPosition; the position row is inserted in the
+		// transaction when it does not exist yet.
+		return store.QueueClaimMovePosition(b, w.claim(msgs[0]), &res.one, &res.moved)
+	case len(live) > 0:
+		claims := make([]dedup.Claim, len(live))
+		for j, i := range live {
+			claims[j] = w.claim(msgs[i])
+		}
+		return store.QueueClaimBatch(b, claims, &res.dup)
+	}
+	return nil
+}
+
+// takeNext returns the chained transaction begun for msgs, or nil. One
+// begun for other messages (the batch was split, or a message of it is
+// parked now) is rolled back: its messages are claimed again as usual.
+func (w *worker) takeNext(msgs []*Message, parking bool) *chained {
+	c := w.next
+	if c == nil {
+		return nil
+	}
+	w.next = nil
+	w.r.chains.give() // from here on an ordinary transaction of the worker
+	if !parking && slices.Equal(c.msgs, msgs) {
+		return c
+	}
+	c.discard()
+	return nil
+}
+
+// discardNext rolls back the chained transaction, if any (the worker
+// ends).
+func (w *worker) discardNext() {
+	if w.next != nil {
+		w.next.discard()
+		w.next = nil
+		w.r.chains.give()
+	}
+}
+
+// lookahead returns the batch fetch would return now without waiting, from
+// what prefetch already fetched, or nil; fetch returns it next. Nothing is
+// gathered when batches wait to fill (BatchLinger) or a held item comes
+// first.
+func (w *worker) lookahead() []*Message {
+	if w.pending != nil {
+		return w.pending
+	}
+	cfg := &w.r.cfg
+	if w.held != nil || cfg.BatchLinger > 0 {
+		return nil
+	}
+	var batch []*Message
+gather:
+	for len(batch) < cfg.BatchSize {
+		select {
+		case m, ok := <-w.prefetched:
+			switch {
+			case !ok:
+				break gather
+			case m.skipTo > 0:
+				w.held = m // after the batch
+				break gather
+			}
+			batch = append(batch, m)
+		default:
+			break gather
+		}
+	}
+	if len(batch) > 0 {
+		w.pending = batch
+	}
+	return w.pending
+}
+
+// chainable returns the messages whose transaction may begin with the
+// COMMIT of the one of msgs, or nil: msgs must end the batch being
+// processed, the next one be fetched already, every message of it have an
+// ID and no key of the partition be parked.
+func (w *worker) chainable(msgs []*Message) []*Message {
+	switch {
+	case w.chain >= chainMax,
+		len(msgs) == 0 || msgs[len(msgs)-1] != w.tail,
+		w.parked != nil && len(w.parked.keys) > 0,
+		len(w.r.sem) == cap(w.r.sem): // a partition may be waiting for a slot
+		return nil
+	}
+	next := w.lookahead()
+	if len(next) == 0 || indexMissingID(next) >= 0 {
+		return nil
+	}
+	return next
+}
+
+// errNotChained means the next transaction could not be queued: commit
+// on its own.
+var errNotChained = errors.New("consumer: next transaction not chained")
+
+// runTx runs f in a transaction of msgs and commits it, like inTxWith:
+// in pre when that was begun already (its claims done), else in one begun
+// with the statements first queues. When the next batch is already
+// fetched, the COMMIT goes with that batch's BEGIN and claims, and its
+// transaction is left in w.next, on the same connection.
+func (w *worker) runTx(ctx context.Context, pre *chained, first func(*pgx.Batch) error, msgs []*Message, f func(pgx.Tx) error) error {
+	detached, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
+	defer cancel()
+	var conn *pgxpool.Conn
+	var tx pgx.Tx
+	if pre != nil {
+		conn, tx = pre.conn, pre.tx
+	} else {
+		w.chain = 0
+		c, err := w.r.cfg.pool.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		b := &pgx.Batch{}
+		b.BeginTx(pgx.TxOptions{})
+		if err := first(b); err != nil {
+			c.Release()
+			return err
+		}
+		br := c.SendBatch(ctx, b)
+		tx = br.Tx()
+		if err := br.Close(); err != nil {
+			dropReadOnly(detached, tx, err)
+			_ = tx.Rollback(detached)
+			c.Release()
+			return err
+		}
+		conn = c
+	}
+	defer func() {
+		if w.next == nil || w.next.conn != conn {
+			conn.Release()
+		}
+	}()
+	if err := f(tx); err != nil {
+		dropReadOnly(detached, tx, err)
+		_ = tx.Rollback(detached)
+		return err
+	}
+	if next := w.chainable(msgs); next != nil {
+		committed, err := w.commitChained(detached, conn, tx, next)
+		switch {
+		case committed:
+			return nil
+		case !errors.Is(err, errNotChained):
+			return err
+		}
+	}
+	if err := tx.Commit(detached); err != nil {
+		dropReadOnly(detached, tx, err)
+		_ = tx.Rollback(detached)
+		return err
+	}
+	return nil
+}
+
+// commitChained commits tx and, in the same round trip on its connection,
+// begins the transaction of next and claims its messages. It reports
+// whether tx committed, with tx's commit error when it did not
+// (errNotChained: nothing was sent). When next's transaction began, it is
+// w.next; when it could not, next is processed as usual. Like a commit
+// alone, it runs to its end when the runner stops (ctx is detached):
+// PostgreSQL answers the COMMIT only with the claims after it, so a claim
+// waiting for a lock (a concurrent claim of the same ID) holds up the
+// answer, and a shutdown, until the lock is released or commitTimeout.
+func (w *worker) commitChained(ctx context.Context, conn *pgxpool.Conn, tx pgx.Tx, next []*Message) (committed bool, err error) {
+	b := &pgx.Batch{}
+	// pgx begins a batch's transaction with its first query: here that is
+	// the COMMIT of tx, and the "begin" after it starts the transaction
+	// the batch's Tx then stands for.
+	b.BeginTx(pgx.TxOptions{BeginQuery: "commit"})
+	b.QueuedQueries[0].Exec(func(tag pgconn.CommandTag) error {
+		if tag.String() != "COMMIT" {
+			// A transaction that failed answers COMMIT with ROLLBACK.
+			return pgx.ErrTxCommitRollback
+		}
+		committed = true
+		return nil
+	})
+	b.Queue("begin")
+	res := &claimResults{}
+	live := make([]int, len(next))
+	for i := range live {
+		live[i] = i
+	}
+	if err := w.queueClaims(b, next, live, false, res); err != nil {
+		return false, errNotChained
+	}
+	if !w.r.chains.take() {
+		return false, errNotChained
+	}
+	br := conn.SendBatch(ctx, b)
+	ntx := br.Tx()
+	err = br.Close()
+	if err == nil {
+		w.next = &chained{conn: conn, tx: ntx, msgs: next, res: res}
+		w.chain++
+		return true, nil
+	}
+	w.r.chains.give()
+	switch {
+	case committed:
+		// The next transaction did not begin or its claims failed: it
+		// runs again as usual, which meets the error again and handles it.
+		dropReadOnly(ctx, ntx, err)
+		_ = ntx.Rollback(ctx)
+		w.log.DebugContext(ctx, "next transaction not begun with the commit", "err", err)
+		return true, nil
+	}
+	// tx did not commit. When its COMMIT answered ROLLBACK, the next
+	// transaction began: roll it back.
+	dropReadOnly(ctx, tx, err)
+	_ = ntx.Rollback(ctx)
+	return false, err
+}
