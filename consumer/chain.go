@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/retry"
 )
 
 // A partition's transactions follow one another on one connection when the
@@ -222,6 +223,26 @@ func (w *worker) chainable(msgs []*Message) []*Message {
 	return next
 }
 
+// chainLostError is the error of a transaction begun with the commit
+// before whose session had ended, or ended, by the time it ran (see
+// runTx): commit runs it again at once as usual, spending no attempt. A
+// handler that ends its session itself meets that again in the new
+// transaction, where it counts.
+type chainLostError struct{ err error }
+
+func (e *chainLostError) Error() string {
+	return "consumer: the session of a transaction begun with the commit before ended: " + e.err.Error()
+}
+
+// Unwrap returns the error without its handler mark: not the handler's
+// verdict.
+func (e *chainLostError) Unwrap() error {
+	if herr := (*handlerError)(nil); errors.As(e.err, &herr) {
+		return herr.err
+	}
+	return e.err
+}
+
 // errNotChained means the next transaction could not be queued: commit
 // on its own.
 var errNotChained = errors.New("consumer: next transaction not chained")
@@ -231,13 +252,23 @@ var errNotChained = errors.New("consumer: next transaction not chained")
 // with the statements first queues. When the next batch is already
 // fetched, the COMMIT goes with that batch's BEGIN and claims, and its
 // transaction is left in w.next, on the same connection.
-func (w *worker) runTx(ctx context.Context, pre *chained, first func(*pgx.Batch) error, msgs []*Message, f func(pgx.Tx) error) error {
+func (w *worker) runTx(ctx context.Context, pre *chained, first func(*pgx.Batch) error, msgs []*Message, f func(pgx.Tx) error) (err error) {
 	detached, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
 	defer cancel()
 	var conn *pgxpool.Conn
 	var tx pgx.Tx
 	if pre != nil {
 		conn, tx = pre.conn, pre.tx
+		// The session may have ended while the transaction waited, idle,
+		// for its turn (idle_in_transaction_session_timeout while the
+		// hooks before ran, a terminated backend): whatever failed on it
+		// then is not the handler's verdict.
+		pc := conn.Conn()
+		defer func() {
+			if err != nil && pc.IsClosed() && !retry.IsReadOnly(err) { // 25006: closed by dropReadOnly
+				err = &chainLostError{err: err}
+			}
+		}()
 	} else {
 		w.chain = 0
 		c, err := w.r.cfg.pool.Acquire(ctx)

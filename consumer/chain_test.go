@@ -61,8 +61,9 @@ func (c *chainTracer) counts() (int, []error) {
 }
 
 // tracedPool is a pool on the test server, with the tracer, at most
-// maxConns connections, and its own application_name.
-func tracedPool(t *testing.T, tr *chainTracer, maxConns int32) (*pgxpool.Pool, string) {
+// maxConns connections, its own application_name and params (name, value
+// pairs of run-time parameters).
+func tracedPool(t *testing.T, tr *chainTracer, maxConns int32, params ...string) (*pgxpool.Pool, string) {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(testenv.DatabaseURL(t))
 	if err != nil {
@@ -71,6 +72,9 @@ func tracedPool(t *testing.T, tr *chainTracer, maxConns int32) (*pgxpool.Pool, s
 	app := testenv.Name(t, "app")
 	cfg.ConnConfig.RuntimeParams["search_path"] = ""
 	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	for i := 0; i+1 < len(params); i += 2 {
+		cfg.ConnConfig.RuntimeParams[params[i]] = params[i+1]
+	}
 	cfg.ConnConfig.Tracer = tr
 	cfg.MaxConns = maxConns
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)

@@ -750,6 +750,13 @@ func (w *worker) commit(ctx context.Context, msgs []*Message, attempt int) (fail
 			w.outage.Ok()
 			return -1, tctx, nil
 		}
+		if lost := (*chainLostError)(nil); failed < 0 && errors.As(err, &lost) && ctx.Err() == nil {
+			// Not an outage nor the messages' fault: run the transaction
+			// again, on a connection of its own.
+			w.log.DebugContext(tctx, "session of a chained transaction ended; running it again", "err", err)
+			try = 0
+			continue
+		}
 		if failed < 0 && len(msgs) > 1 && (errors.Is(err, dedup.ErrNoPartition) || errors.Is(err, dedup.ErrPartitionDropped)) {
 			// One of the claims has no daily partition: find it alone.
 			w.r.askMaintenance()
