@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"slices"
 	"sync"
@@ -300,6 +301,14 @@ func (w *worker) runTx(ctx context.Context, pre *chained, first func(*pgx.Batch)
 		dropReadOnly(detached, tx, err)
 		_ = tx.Rollback(detached)
 		return err
+	}
+	if conn.Conn().PgConn().TxStatus() == 'I' {
+		// The handler ended the transaction itself (tx.Rollback, a
+		// ROLLBACK statement): nothing of it is committed, whatever a
+		// COMMIT sent now answers (outside a transaction PostgreSQL
+		// answers COMMIT, with a warning).
+		_ = tx.Rollback(detached)
+		return fmt.Errorf("consumer: the transaction ended before its commit: %w", pgx.ErrTxClosed)
 	}
 	if next := w.chainable(msgs); next != nil {
 		committed, err := w.commitChained(detached, conn, tx, next)

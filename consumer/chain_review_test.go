@@ -2,9 +2,12 @@ package consumer_test
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/retry"
@@ -54,4 +57,54 @@ func TestChainIdleTimeoutNotCharged(t *testing.T) {
 		t.Fatalf("%d messages failed, %d retried, for a session the server ended while a hook ran", failed.Load(), retries.Load())
 	}
 	e.checkOnce(n)
+}
+
+// TestChainHandlerEndedTx: a handler that ends its transaction itself
+// (the `defer tx.Rollback(ctx)` idiom copied from ordinary pgx code) and
+// returns nil has nothing committed: its effect and claim are gone. Its
+// message must not be reported applied nor its offset move (the COMMIT a
+// chain sends on a connection outside a transaction is answered COMMIT,
+// with a warning): the runner stops on pgx.ErrTxClosed as it does when
+// that commit is sent alone.
+func TestChainHandlerEndedTx(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	const n = 40
+	e.backlog(n)
+	tr := &chainTracer{}
+	pool, _ := tracedPool(t, tr, 4)
+	cfg := e.config(modes[0], nil)
+	var applied atomic.Int32
+	cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		defer func() { _ = tx.Rollback(ctx) }()
+		if m.ID == "m-0" {
+			time.Sleep(500 * time.Millisecond) // let the backlog be fetched
+		}
+		return e.effect(ctx, tx, m)
+	})
+	cfg.Hooks.Outcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
+		if o == consumer.Applied {
+			applied.Add(1)
+		}
+	}
+	r, err := consumer.New(pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	err = r.Run(ctx)
+	if !errors.Is(err, pgx.ErrTxClosed) {
+		t.Errorf("Run: %v, want pgx.ErrTxClosed", err)
+	}
+	if got := applied.Load(); got != 0 || len(e.runs()) != 0 {
+		t.Fatalf("%d messages reported applied, %d effects committed: want none", got, len(e.runs()))
+	}
+	pos, err := e.store.Positions(context.Background(), e.db.Pool, e.group, e.topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pos[0] != 0 {
+		t.Fatalf("position moved to %d with nothing committed", pos[0])
+	}
 }
