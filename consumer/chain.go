@@ -260,16 +260,6 @@ func (w *worker) runTx(ctx context.Context, pre *chained, first func(*pgx.Batch)
 	var tx pgx.Tx
 	if pre != nil {
 		conn, tx = pre.conn, pre.tx
-		// The session may have ended while the transaction waited, idle,
-		// for its turn (idle_in_transaction_session_timeout while the
-		// hooks before ran, a terminated backend): whatever failed on it
-		// then is not the handler's verdict.
-		pc := conn.Conn()
-		defer func() {
-			if err != nil && pc.IsClosed() && !retry.IsReadOnly(err) { // 25006: closed by dropReadOnly
-				err = &chainLostError{err: err}
-			}
-		}()
 	} else {
 		w.chain = 0
 		c, err := w.r.cfg.pool.Acquire(ctx)
@@ -297,12 +287,24 @@ func (w *worker) runTx(ctx context.Context, pre *chained, first func(*pgx.Batch)
 			conn.Release()
 		}
 	}()
+	if pre != nil {
+		// The session may have ended while the transaction waited, idle,
+		// for its turn (idle_in_transaction_session_timeout while the
+		// hooks before ran, a terminated backend): whatever failed on it
+		// then is not the handler's verdict. (Deferred after the release
+		// above, so run before it.)
+		defer func() {
+			if err != nil && conn.Conn().IsClosed() && !retry.IsReadOnly(err) { // 25006: closed by dropReadOnly
+				err = &chainLostError{err: err}
+			}
+		}()
+	}
 	if err := f(tx); err != nil {
 		dropReadOnly(detached, tx, err)
 		_ = tx.Rollback(detached)
 		return err
 	}
-	if conn.Conn().PgConn().TxStatus() == 'I' {
+	if pc := conn.Conn(); !pc.IsClosed() && pc.PgConn().TxStatus() == 'I' {
 		// The handler ended the transaction itself (tx.Rollback, a
 		// ROLLBACK statement): nothing of it is committed, whatever a
 		// COMMIT sent now answers (outside a transaction PostgreSQL

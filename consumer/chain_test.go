@@ -276,7 +276,7 @@ func (e *env) runUntilApplied(t *testing.T, pool *pgxpool.Pool, n int, handler c
 		cfg.Hooks.AfterCommit = func(ctx context.Context, msgs []*consumer.Message) {
 			for _, m := range msgs {
 				var runs int
-				if err := e.db.Pool.QueryRow(ctx, `SELECT runs FROM `+e.effects+` WHERE id = $1`, m.ID).Scan(&runs); err != nil || runs != 1 {
+				if err := e.db.Pool.QueryRow(context.WithoutCancel(ctx), `SELECT runs FROM `+e.effects+` WHERE id = $1`, m.ID).Scan(&runs); err != nil || runs != 1 {
 					t.Errorf("%s reported committed: runs %d, %v", m.ID, runs, err)
 				}
 			}
