@@ -108,3 +108,50 @@ func TestChainHandlerEndedTx(t *testing.T) {
 		t.Fatalf("position moved to %d with nothing committed", pos[0])
 	}
 }
+
+// TestChainSessionTerminated: the session of a transaction begun with the
+// commit before is terminated (pg_terminate_backend) while it waits for
+// its handler: its message runs again on a new connection, uncharged, and
+// every message is applied once.
+func TestChainSessionTerminated(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	const n = 60
+	e.backlog(n)
+	tr := &chainTracer{}
+	pool, app := tracedPool(t, tr, 4)
+	oc := newOutcomes(n)
+	cfg := e.config(modes[0], nil)
+	cfg.Retry = &retry.Policy{MaxAttempts: 1}
+	var terminated, failed atomic.Int32
+	cfg.OnFailure = func(_ context.Context, m *consumer.Message, err error) error {
+		t.Errorf("%s handed to OnFailure: %v", m.ID, err)
+		failed.Add(1)
+		oc.hook(context.Background(), m, consumer.Failed)
+		return nil
+	}
+	cfg.Hooks.Outcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
+		if m.ID == "m-10" || m.ID == "m-30" {
+			var k int32
+			if err := e.db.Pool.QueryRow(context.WithoutCancel(ctx), `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
+				FROM pg_stat_activity WHERE application_name = $1 AND state LIKE 'idle in transaction%'`, app).Scan(&k); err != nil {
+				t.Error(err)
+			}
+			terminated.Add(k)
+		}
+		oc.hook(ctx, m, o)
+	}
+	stop := run(t, pool, cfg)
+	wait(t, oc.done, "all messages")
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	t.Logf("%d chained sessions terminated", terminated.Load())
+	if terminated.Load() == 0 {
+		t.Fatal("no chained transaction was open while the hook ran")
+	}
+	if failed.Load() != 0 {
+		t.Fatalf("%d messages failed", failed.Load())
+	}
+	e.checkOnce(n)
+}
