@@ -123,8 +123,9 @@
 // already fetched as a transaction commits, its BEGIN and claims go to
 // PostgreSQL with that COMMIT, on the same connection: a transaction then
 // costs two round trips (that one, and the handler's statements) where it
-// costs three alone. Nothing else changes: the next transaction is begun
-// only once the handler before it succeeded, its handler runs only once
+// costs three alone. What is guaranteed does not change: the next
+// transaction is begun only once the handler before it succeeded, its
+// handler runs only once
 // that COMMIT answered (a COMMIT that failed, or that PostgreSQL answered
 // with ROLLBACK because a handler swallowed a statement's error, is never
 // taken for committed, and the transaction begun after it is rolled
@@ -132,13 +133,30 @@
 // BatchSize 1. A partition chains at most 16 transactions in a row, and
 // only while a slot of MaxPartitions is free; the runners on a pool keep
 // one of its connections out of every chain, so that a hook or other code
-// waiting for a connection of the pool always gets one. Two things differ
-// from transactions begun alone: Hooks.TxStart of a chained transaction
-// runs after its claims were sent (with the commit before, under that
-// transaction's context), and PostgreSQL answers that COMMIT only with the
-// claims after it, so a claim waiting for a lock (a concurrent,
-// uncommitted claim of the same ID) holds up the answer, and a shutdown,
-// until that lock is released (at most 30 s, as for any commit in flight).
+// waiting for a connection of the pool gets one once the transactions
+// holding the others end. A handler must not end its transaction itself:
+// one that does (tx.Rollback, a ROLLBACK statement) and returns nil fails
+// with an error wrapping pgx.ErrTxClosed, chained or not.
+//
+// What differs from transactions begun alone:
+//   - Hooks.TxStart of a chained transaction runs after its claims were
+//     sent (with the commit before, under that transaction's context).
+//   - A chained transaction is open, idle in transaction, while the hooks
+//     of the transaction before it (AfterCommit, TxEnd, Outcome,
+//     BeyondHorizon) and its own TxStart run: meanwhile it holds the
+//     locks of its claims and of the partition's position row, and a
+//     server's idle_in_transaction_session_timeout shorter than those
+//     hooks ends its session. Such a transaction, whose session ended
+//     before it ran, runs again at once on a connection of its own,
+//     spending no attempt; keep hooks short all the same.
+//   - The connection is not given back to the pool between the chained
+//     transactions: the pool's PrepareConn, BeforeAcquire and
+//     AfterRelease do not run between them, and session state a handler
+//     sets (SET rather than SET LOCAL) is there in the next one.
+//   - PostgreSQL answers that COMMIT only with the claims after it, so a
+//     claim waiting for a lock (a concurrent, uncommitted claim of the
+//     same ID) holds up the answer, and a shutdown, until that lock is
+//     released (at most 30 s, as for any commit in flight).
 //
 // # Failures
 //
