@@ -40,11 +40,11 @@ type worker struct {
 	prefetched chan []*Message // chunks of items, filled by prefetch, bounded by budget
 	queue      []*Message      // the rest of the chunk last received from prefetched
 	held       *Message        // an item taken from prefetched for the next batch
-	pending    []*Message    // the next batch, taken from prefetched by lookahead
-	next       *chained      // pending's transaction, begun by the last commit (chain.go)
-	chain      int           // transactions chained in a row
-	tail       *Message      // the last message of the batch being processed
-	slot       bool          // the worker holds a slot of Runner.sem
+	pending    []*Message      // the next batch, taken from prefetched by lookahead
+	next       *chained        // pending's transaction, begun by the last commit (chain.go)
+	chain      int             // transactions chained in a row
+	tail       *Message        // the last message of the batch being processed
+	slot       bool            // the worker holds a slot of Runner.sem
 	bytes      *byteBudget
 	state      *partitionState // what Runner.Partitions reports
 }
