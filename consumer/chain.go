@@ -183,21 +183,16 @@ func (w *worker) lookahead() []*Message {
 		return nil
 	}
 	var batch []*Message
-gather:
 	for len(batch) < cfg.BatchSize {
-		select {
-		case m, ok := <-w.prefetched:
-			switch {
-			case !ok:
-				break gather
-			case m.skipTo > 0:
-				w.held = m // after the batch
-				break gather
-			}
-			batch = append(batch, m)
-		default:
-			break gather
+		m, err := w.item(context.Background(), false, nil)
+		if err != nil { // none ready, or prefetch ended
+			break
 		}
+		if m.skipTo > 0 {
+			w.held = m // after the batch
+			break
+		}
+		batch = append(batch, m)
 	}
 	if len(batch) > 0 {
 		w.pending = batch

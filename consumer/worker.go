@@ -37,13 +37,14 @@ type worker struct {
 	log         *slog.Logger
 	outage      *outage.Waiter
 
-	prefetched chan *Message // filled by prefetch, bounded by budget
-	held       *Message      // an item taken from prefetched for the next batch
-	pending    []*Message    // the next batch, taken from prefetched by lookahead
-	next       *chained      // pending's transaction, begun by the last commit (chain.go)
-	chain      int           // transactions chained in a row
-	tail       *Message      // the last message of the batch being processed
-	slot       bool          // the worker holds a slot of Runner.sem
+	prefetched chan []*Message // chunks of items, filled by prefetch, bounded by budget
+	queue      []*Message      // the rest of the chunk last received from prefetched
+	held       *Message        // an item taken from prefetched for the next batch
+	pending    []*Message      // the next batch, taken from prefetched by lookahead
+	next       *chained        // pending's transaction, begun by the last commit (chain.go)
+	chain      int             // transactions chained in a row
+	tail       *Message        // the last message of the batch being processed
+	slot       bool            // the worker holds a slot of Runner.sem
 	bytes      *byteBudget
 	state      *partitionState // what Runner.Partitions reports
 }
@@ -85,7 +86,7 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	}
 
 	w.bytes = newByteBudget(w.budget)
-	w.prefetched = make(chan *Message, max(2*cfg.BatchSize, 256))
+	w.prefetched = make(chan []*Message, max(4, (2*cfg.BatchSize+chunkMax-1)/chunkMax))
 	var prefetchDone sync.WaitGroup
 	prefetchDone.Go(func() { w.prefetch(ctx, reader) })
 	defer prefetchDone.Wait()
@@ -285,13 +286,32 @@ func (w *worker) prefetch(ctx context.Context, reader *kread.Reader) {
 			begin = f.Records[0].Offset
 		}
 		w.state.started(begin)
+		// Items go to the worker in chunks: one hand-over (and wake-up)
+		// per chunk, not per message.
 		var decoded, wire int64
+		var chunk []*Message
+		flush := func() bool {
+			if len(chunk) == 0 {
+				return true
+			}
+			ok := w.send(ctx, chunk)
+			chunk = nil
+			return ok
+		}
 		for _, m := range f.Records {
 			msg := w.message(m)
 			msg.size = messageBytes(msg)
 			decoded += msg.size
 			wire += msg.size - MessageOverhead + recordWireBytes
-			if !w.bytes.acquire(ctx, msg.size) || !w.send(ctx, msg) {
+			if !w.bytes.tryAcquire(msg.size) {
+				// The worker frees budget only as it handles what it has:
+				// hand over the chunk before waiting for it.
+				if !flush() || !w.bytes.acquire(ctx, msg.size) {
+					return
+				}
+			}
+			chunk = append(chunk, msg)
+			if len(chunk) == chunkMax && !flush() {
 				return
 			}
 			sent = m.Offset + 1
@@ -300,10 +320,11 @@ func (w *worker) prefetch(ctx context.Context, reader *kread.Reader) {
 			reader.SetMaxBytes(nextFetchBytes(w.budget, decoded, wire))
 		}
 		if f.Next > sent && f.Next > 0 {
-			if !w.send(ctx, &Message{skipTo: f.Next}) {
-				return
-			}
+			chunk = append(chunk, &Message{skipTo: f.Next})
 			sent = f.Next
+		}
+		if !flush() {
+			return
 		}
 		// An open transaction holds the partition at its first offset:
 		// nothing after it can be read until it ends.
@@ -328,13 +349,55 @@ func (w *worker) prefetch(ctx context.Context, reader *kread.Reader) {
 	}
 }
 
-func (w *worker) send(ctx context.Context, msg *Message) bool {
+// chunkMax is the most items prefetch hands over at once.
+const chunkMax = 128
+
+func (w *worker) send(ctx context.Context, chunk []*Message) bool {
 	select {
-	case w.prefetched <- msg:
+	case w.prefetched <- chunk:
 		return true
 	case <-ctx.Done():
 		return false
 	}
+}
+
+var (
+	// errNoItem: no item was ready (or came before the timeout).
+	errNoItem = errors.New("no item")
+	// errPrefetchEnded: prefetch ended; no item will come.
+	errPrefetchEnded = errors.New("prefetch ended")
+)
+
+// item takes the next item prefetch handed over: at once, or (block) when
+// one comes, until timeout fires (nil: never) or ctx ends.
+func (w *worker) item(ctx context.Context, block bool, timeout <-chan time.Time) (*Message, error) {
+	if len(w.queue) == 0 {
+		var chunk []*Message
+		var ok bool
+		if block {
+			select {
+			case chunk, ok = <-w.prefetched:
+			case <-timeout:
+				return nil, errNoItem
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		} else {
+			select {
+			case chunk, ok = <-w.prefetched:
+			default:
+				return nil, errNoItem
+			}
+		}
+		if !ok {
+			return nil, errPrefetchEnded
+		}
+		w.queue = chunk
+	}
+	m := w.queue[0]
+	w.queue[0] = nil
+	w.queue = w.queue[1:]
+	return m, nil
 }
 
 // advance moves the partition's position to next (past records no handler
@@ -384,6 +447,17 @@ type byteBudget struct {
 
 func newByteBudget(limit int64) *byteBudget {
 	return &byteBudget{limit: limit, freed: make(chan struct{}, 1)}
+}
+
+// tryAcquire is acquire without waiting: false when n does not fit now.
+func (b *byteBudget) tryAcquire(n int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.used == 0 || b.used+n <= b.limit {
+		b.used += n
+		return true
+	}
+	return false
 }
 
 func (b *byteBudget) acquire(ctx context.Context, n int64) bool {
@@ -447,17 +521,14 @@ func (w *worker) fetch(ctx context.Context) ([]*Message, error) {
 	if w.held != nil {
 		first, w.held = w.held, nil
 	} else {
-		select {
-		case m, ok := <-w.prefetched:
-			if !ok {
-				return nil, errors.New("prefetch ended")
-			}
-			first = m
-		case <-poll:
+		m, err := w.item(ctx, true, poll)
+		switch {
+		case errors.Is(err, errNoItem):
 			return nil, errIdle
-		case <-ctx.Done():
-			return nil, ctx.Err()
+		case err != nil:
+			return nil, err
 		}
+		first = m
 	}
 	batch := []*Message{first}
 	if cfg.BatchSize == 1 || first.skipTo > 0 {
@@ -470,26 +541,12 @@ func (w *worker) fetch(ctx context.Context) ([]*Message, error) {
 		linger = t.C
 	}
 	for len(batch) < cfg.BatchSize {
-		var m *Message
-		var ok bool
-		if linger == nil {
-			select {
-			case m, ok = <-w.prefetched:
-			default:
-				return batch, nil
-			}
-		} else {
-			select {
-			case m, ok = <-w.prefetched:
-			case <-linger:
-				return batch, nil
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
-		}
+		m, err := w.item(ctx, linger != nil, linger)
 		switch {
-		case !ok:
+		case errors.Is(err, errNoItem), errors.Is(err, errPrefetchEnded):
 			return batch, nil
+		case err != nil:
+			return nil, err
 		case m.skipTo > 0:
 			w.held = m // after this batch
 			return batch, nil

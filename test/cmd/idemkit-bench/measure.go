@@ -337,7 +337,13 @@ func (t *beginTracer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data 
 func (t *beginTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 func (t *beginTracer) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
-	if data.Batch != nil && len(data.Batch.QueuedQueries) > 0 && isBegin(data.Batch.QueuedQueries[0].SQL) {
+	// A transaction begins with the batch's first query, or with its
+	// second after the COMMIT of the one before (the runner chains them).
+	if data.Batch == nil {
+		return ctx
+	}
+	if q := data.Batch.QueuedQueries; len(q) > 0 &&
+		(isBegin(q[0].SQL) || len(q) > 1 && strings.EqualFold(q[0].SQL, "commit") && isBegin(q[1].SQL)) {
 		t.mark(conn)
 	}
 	return ctx
