@@ -155,3 +155,51 @@ func TestChainSessionTerminated(t *testing.T) {
 	}
 	e.checkOnce(n)
 }
+
+// TestChainSessionMadeReadOnly: a handler makes its session read-only
+// (SET SESSION CHARACTERISTICS, committed with its transaction): the
+// transaction begun with its COMMIT is read-only and its claims fail with
+// 25006. The message before is committed and reported once; the
+// connection is dropped (dropReadOnly) and the next message runs as usual
+// on a new one; every message is applied once and nothing fails.
+func TestChainSessionMadeReadOnly(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	const n = 60
+	e.backlog(n)
+	tr := &chainTracer{}
+	pool, _ := tracedPool(t, tr, 4)
+	oc := newOutcomes(n)
+	cfg := e.config(modes[0], nil)
+	cfg.Retry = &retry.Policy{MaxAttempts: 1}
+	var failed atomic.Int32
+	cfg.OnFailure = func(_ context.Context, m *consumer.Message, err error) error {
+		t.Errorf("%s handed to OnFailure: %v", m.ID, err)
+		failed.Add(1)
+		oc.hook(context.Background(), m, consumer.Failed)
+		return nil
+	}
+	cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID == "m-10" || m.ID == "m-30" {
+			if _, err := tx.Exec(ctx, `SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY`); err != nil {
+				return err
+			}
+		}
+		return e.effect(ctx, tx, m)
+	})
+	cfg.Hooks.Outcome = oc.hook
+	stop := run(t, pool, cfg)
+	wait(t, oc.done, "all messages")
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	chained, errs := tr.counts()
+	t.Logf("%d chained, failed: %v", chained, errs)
+	if len(errs) == 0 {
+		t.Fatal("no chained batch met the read-only session")
+	}
+	if failed.Load() != 0 || oc.count(consumer.Applied) != n {
+		t.Fatalf("%d failed, %d applied", failed.Load(), oc.count(consumer.Applied))
+	}
+	e.checkOnce(n)
+}
