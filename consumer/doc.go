@@ -155,7 +155,8 @@
 //     sets (SET rather than SET LOCAL) is there in the next one.
 //   - PostgreSQL answers that COMMIT only with the claims after it, so a
 //     claim waiting for a lock (a concurrent, uncommitted claim of the
-//     same ID) holds up the answer, and a shutdown, until that lock is
+//     same ID) holds up the answer, and a shutdown or a rebalance (the
+//     generation ends only once its workers have), until that lock is
 //     released (at most 30 s, as for any commit in flight).
 //
 // # Failures
