@@ -3,11 +3,15 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/retry"
@@ -202,4 +206,108 @@ func TestChainSessionMadeReadOnly(t *testing.T) {
 		t.Fatalf("%d failed, %d applied", failed.Load(), oc.count(consumer.Applied))
 	}
 	e.checkOnce(n)
+}
+
+// TestChainTightPoolSharedByRunners: two runners of three partitions each,
+// MaxPartitions 2, on one pool of two connections, whose TxStart and
+// Outcome hooks use that pool: chains never take the connection a hook
+// waits for, every message is applied once, and nothing stays acquired.
+func TestChainTightPoolSharedByRunners(t *testing.T) {
+	t.Parallel()
+	const n = 150
+	tr := &chainTracer{}
+	pool, app := tracedPool(t, tr, 2)
+	var envs []*env
+	var stops []func() error
+	var ocs []*outcomes
+	for range 2 {
+		e := newEnv(t, 3)
+		e.backlog(n)
+		oc := newOutcomes(n)
+		cfg := e.config(modes[0], nil)
+		cfg.MaxPartitions = 2
+		use := func(ctx context.Context) {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			if _, err := pool.Exec(ctx, "SELECT 1"); err != nil {
+				t.Errorf("hook: %v", err)
+			}
+		}
+		cfg.Hooks.TxStart = func(ctx context.Context, _ []*consumer.Message, _ int) context.Context {
+			use(ctx)
+			return ctx
+		}
+		cfg.Hooks.Outcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
+			use(ctx)
+			oc.hook(ctx, m, o)
+		}
+		envs, ocs = append(envs, e), append(ocs, oc)
+		stops = append(stops, run(t, pool, cfg))
+	}
+	for i, oc := range ocs {
+		wait(t, oc.done, fmt.Sprintf("runner %d's messages", i))
+	}
+	for _, stop := range stops {
+		if err := stop(); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	}
+	for _, e := range envs {
+		e.checkOnce(n)
+	}
+	chained, errs := tr.counts()
+	t.Logf("%d chained, %d failed", chained, len(errs))
+	if chained == 0 {
+		t.Fatal("nothing chained")
+	}
+	if got := pool.Stat().AcquiredConns(); got != 0 {
+		t.Fatalf("%d connections still acquired", got)
+	}
+	assertNoOpenTx(t, envs[0], app)
+}
+
+// TestChainOrderWithFailures: one partition, every 7th message's handler
+// fails once (in a transaction begun with the commit before, with
+// BatchSize 1): the messages are applied once each, in offset order, in
+// every mode.
+func TestChainOrderWithFailures(t *testing.T) {
+	t.Parallel()
+	for _, md := range modes {
+		t.Run(md.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, 1)
+			const n = 140
+			msgs := make([]kafka.Message, n)
+			for i := range msgs {
+				msgs[i] = msg(fmt.Sprintf("m-%03d", i), "k", 1)
+			}
+			e.produce(msgs...)
+			tr := &chainTracer{}
+			pool, _ := tracedPool(t, tr, 4)
+			var failedOnce sync.Map
+			oc := newOutcomes(n)
+			cfg := e.config(md, func(_ context.Context, m *consumer.Message) error {
+				var i int
+				if _, err := fmt.Sscanf(m.ID, "m-%d", &i); err == nil && i%7 == 3 {
+					if _, done := failedOnce.LoadOrStore(m.ID, true); !done {
+						return errors.New("first attempt fails")
+					}
+				}
+				return nil
+			})
+			cfg.Hooks.Outcome = oc.hook
+			stop := run(t, pool, cfg)
+			wait(t, oc.done, "all messages")
+			if err := stop(); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			e.checkOnce(n)
+			order := e.appliedOrder()
+			if !slices.IsSorted(order) {
+				t.Fatalf("applied out of offset order: %v", order)
+			}
+			chained, errs := tr.counts()
+			t.Logf("%d chained, %d failed", chained, len(errs))
+		})
+	}
 }
