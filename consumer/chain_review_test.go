@@ -311,3 +311,56 @@ func TestChainOrderWithFailures(t *testing.T) {
 		})
 	}
 }
+
+// TestChainRebalance: a second runner joins the group while the first
+// chains transactions on four partitions: the generation ends with chains
+// open (rolled back, their connections given back), the partitions move,
+// and every message is applied once.
+func TestChainRebalance(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 4)
+	const n = 600
+	e.backlog(n)
+	tr := &chainTracer{}
+	pool, app := tracedPool(t, tr, 6)
+	oc := newOutcomes(n)
+	var joined atomic.Bool
+	var generations atomic.Int32
+	second := make(chan struct{})
+	newCfg := func() *consumer.Config {
+		cfg := e.config(modes[0], nil)
+		cfg.Hooks.Rebalanced = func(int32, []int) { generations.Add(1) }
+		cfg.Hooks.Outcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
+			time.Sleep(20 * time.Millisecond)
+			oc.hook(ctx, m, o)
+			if oc.count(consumer.Applied) == n/6 && joined.CompareAndSwap(false, true) {
+				close(second)
+			}
+		}
+		return cfg
+	}
+	stop1 := run(t, pool, newCfg())
+	select {
+	case <-second:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the first runner applied too little")
+	}
+	stop2 := run(t, pool, newCfg())
+	wait(t, oc.done, "all messages")
+	if generations.Load() < 3 { // the first runner's, then both runners'
+		t.Fatalf("%d assignments: the second runner joined after the backlog was done", generations.Load())
+	}
+	if err := stop1(); err != nil {
+		t.Fatalf("Run 1: %v", err)
+	}
+	if err := stop2(); err != nil {
+		t.Fatalf("Run 2: %v", err)
+	}
+	e.checkOnce(n)
+	if got := pool.Stat().AcquiredConns(); got != 0 {
+		t.Fatalf("%d connections still acquired", got)
+	}
+	assertNoOpenTx(t, e, app)
+	chained, errs := tr.counts()
+	t.Logf("%d chained, %d failed; applied %d, duplicates %d", chained, len(errs), oc.count(consumer.Applied), oc.count(consumer.Duplicate))
+}
