@@ -301,7 +301,9 @@ type Config struct {
 
 // Hooks are optional callbacks for metrics, tracing and tests. They run
 // synchronously on the partition's goroutine (the committer's, for offset
-// commits): keep them fast, and do not panic in them (unlike a handler's or
+// commits): keep them fast (the partition's next transaction may be open
+// meanwhile, holding its locks: see "Transactions in a row" in the package
+// documentation), and do not panic in them (unlike a handler's or
 // a middleware's, a hook's panic is not recovered). The context they get is
 // the transaction's (see TxStart) where there is one; a context TxStart
 // returns must derive from the one it got, or cancellation (a rebalance, a
@@ -312,7 +314,10 @@ type Hooks struct {
 	// attempts of these messages, from 1 (a message retried in place starts
 	// transactions with attempt 2, 3, …). The context it returns is the one
 	// the claim, the handlers, the other hooks of this transaction and
-	// TxEnd get: a tracer starts a span here. Returning nil keeps ctx.
+	// TxEnd get: a tracer starts a span here. Returning nil keeps ctx. A
+	// transaction begun with the commit of the one before (see
+	// "Transactions in a row") has begun and claimed already when TxStart
+	// runs, under the context of that one.
 	TxStart func(ctx context.Context, msgs []*Message, attempt int) context.Context
 	// TxEnd runs once per TxStart, when that transaction committed (err nil;
 	// outcomes[i] is msgs[i]'s: Applied, Duplicate or Parked) or was rolled
