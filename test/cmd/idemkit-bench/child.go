@@ -310,6 +310,7 @@ func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*chil
 			},
 		},
 	}
+	cfg.MaxBufferedBytes = maxBuffered // 0: the default
 	switch {
 	case sc.batched:
 		cfg.BatchSize = spec.Batch
@@ -374,6 +375,10 @@ func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*chil
 // heapProfile, from $IDEMKIT_BENCH_HEAPPROFILE, is a file a consumer child
 // writes its heap profile to when half its messages are done.
 var heapProfile = os.Getenv("IDEMKIT_BENCH_HEAPPROFILE")
+
+// maxBuffered, from $IDEMKIT_BENCH_MAXBUFFERED (bytes), sets the consumer's
+// MaxBufferedBytes instead of its default: for A/B runs of the default.
+var maxBuffered, _ = strconv.ParseInt(os.Getenv("IDEMKIT_BENCH_MAXBUFFERED"), 10, 64)
 
 func writeHeapProfile(path string) {
 	f, err := os.Create(path)
