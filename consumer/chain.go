@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 	"weak"
 
 	"github.com/jackc/pgx/v5"
@@ -32,6 +33,16 @@ import (
 // connection and its slot of Runner.sem: then it commits on its own and
 // gives both back, so that other partitions waiting for them get them.
 const chainMax = 16
+
+// chainAwayMax is how long a chained transaction may wait, open, for its
+// worker (reporting the transaction before: hooks, logs) before chaining
+// pauses for chainPause: slow hooks must not keep the claim and
+// position-row locks of an idle transaction (which a layout switch, a
+// seek or VACUUM wait for).
+const (
+	chainAwayMax = 5 * time.Millisecond
+	chainPause   = time.Second
+)
 
 // chainBudget bounds the connections of a pool that chained transactions
 // hold while their workers are away from them (reporting the transaction
@@ -100,10 +111,11 @@ type claimResults struct {
 // chained is a transaction begun by the COMMIT of the one before it, for
 // msgs, whose claims are done (res).
 type chained struct {
-	conn *pgxpool.Conn
-	tx   pgx.Tx
-	msgs []*Message
-	res  *claimResults
+	conn  *pgxpool.Conn
+	tx    pgx.Tx
+	msgs  []*Message
+	res   *claimResults
+	begun time.Time
 }
 
 // discard rolls back and gives back a chained transaction that will not be
@@ -153,6 +165,9 @@ func (w *worker) takeNext(msgs []*Message, parking bool) *chained {
 	}
 	w.next = nil
 	w.r.chains.give() // from here on an ordinary transaction of the worker
+	if time.Since(c.begun) > chainAwayMax {
+		w.chainPaused = time.Now().Add(chainPause)
+	}
 	if !parking && slices.Equal(c.msgs, msgs) {
 		return c
 	}
@@ -209,7 +224,8 @@ func (w *worker) chainable(msgs []*Message) []*Message {
 	case w.chain >= chainMax,
 		len(msgs) == 0 || msgs[len(msgs)-1] != w.tail,
 		w.parked != nil && len(w.parked.keys) > 0,
-		len(w.r.sem) == cap(w.r.sem): // a partition may be waiting for a slot
+		w.r.semWaiting.Load() > 0, // a partition waits for a slot
+		time.Now().Before(w.chainPaused):
 		return nil
 	}
 	next := w.lookahead()
@@ -363,7 +379,7 @@ func (w *worker) commitChained(ctx context.Context, conn *pgxpool.Conn, tx pgx.T
 	ntx := br.Tx()
 	err = br.Close()
 	if err == nil {
-		w.next = &chained{conn: conn, tx: ntx, msgs: next, res: res}
+		w.next = &chained{conn: conn, tx: ntx, msgs: next, res: res, begun: time.Now()}
 		w.chain++
 		return true, nil
 	}

@@ -482,3 +482,55 @@ func TestChainStopWhileClaimWaits(t *testing.T) {
 	}
 	e.checkOnce(n)
 }
+
+// TestChainWithEveryPartitionSlotTaken: partitions that hold every slot
+// of MaxPartitions still chain while no other partition waits for one.
+func TestChainWithEveryPartitionSlotTaken(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 2)
+	const n = 300
+	e.backlog(n)
+	tr := &chainTracer{}
+	pool, _ := tracedPool(t, tr, 4)
+	oc := newOutcomes(n)
+	cfg := e.config(modes[0], nil)
+	cfg.MaxPartitions = 2
+	cfg.Hooks.Outcome = oc.hook
+	stop := run(t, pool, cfg)
+	wait(t, oc.done, "all messages")
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	e.checkOnce(n)
+	if chained, _ := tr.counts(); chained < n/4 {
+		t.Fatalf("%d of %d transactions began with the commit before, want most", chained, n)
+	}
+}
+
+// TestChainPausesForSlowHooks: a chained transaction waits, open with its
+// locks, while the hooks of the one before run; when that takes long,
+// chaining pauses.
+func TestChainPausesForSlowHooks(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	const n = 60
+	e.backlog(n)
+	tr := &chainTracer{}
+	pool, _ := tracedPool(t, tr, 4)
+	oc := newOutcomes(n)
+	cfg := e.config(modes[0], nil)
+	cfg.Hooks.Outcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
+		time.Sleep(20 * time.Millisecond) // a slow exporter
+		oc.hook(ctx, m, o)
+	}
+	stop := run(t, pool, cfg)
+	wait(t, oc.done, "all messages")
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	e.checkOnce(n)
+	// 60 messages × 20 ms: about 1.2 s, a chain at most every second.
+	if chained, _ := tr.counts(); chained > 5 {
+		t.Fatalf("%d transactions began with the commit before while hooks took 20 ms each, want chaining paused", chained)
+	}
+}

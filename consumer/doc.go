@@ -131,7 +131,8 @@
 // taken for committed, and the transaction begun after it is rolled
 // back), and each message still commits in its own transaction with
 // BatchSize 1. A partition chains at most 16 transactions in a row, and
-// only while a slot of MaxPartitions is free; the runners on a pool keep
+// not while another partition waits for a slot of MaxPartitions; the
+// runners on a pool keep
 // one of its connections out of every chain, so that a hook or other code
 // waiting for a connection of the pool gets one once the transactions
 // holding the others end. A handler must not end its transaction itself:
@@ -148,7 +149,10 @@
 //     server's idle_in_transaction_session_timeout shorter than those
 //     hooks ends its session. Such a transaction, whose session ended
 //     before it ran, runs again at once on a connection of its own,
-//     spending no attempt; keep hooks short all the same.
+//     spending no attempt. When a chained transaction waited for its
+//     worker more than 5 ms, the partition chains none for a second:
+//     slow hooks do not keep locks that a layout switch, a seek or VACUUM
+//     wait for.
 //   - The connection is not given back to the pool between the chained
 //     transactions: the pool's PrepareConn, BeforeAcquire and
 //     AfterRelease do not run between them, and session state a handler

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -42,11 +43,13 @@ type Message struct {
 // Runner consumes one topic with a consumer group and runs the handler once
 // per message ID. Create it with New; Run it once.
 type Runner struct {
-	cfg     Config
-	sem     chan struct{} // bounds the partitions processed at once
-	chains  *chainBudget  // of the pool's connections held by chained transactions
-	outages *outage.Tracker
-	states  partitionStates
+	cfg    Config
+	sem    chan struct{} // bounds the partitions processed at once
+	chains *chainBudget  // of the pool's connections held by chained transactions
+	// semWaiting counts the workers waiting for a slot of sem.
+	semWaiting atomic.Int32
+	outages    *outage.Tracker
+	states     partitionStates
 	// now is the runner's clock, for its own timers only: when parked
 	// messages fall due is decided on the database's clock, which every
 	// runner of the group and `idemkit consumer parked retry` share.

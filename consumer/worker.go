@@ -37,16 +37,17 @@ type worker struct {
 	log         *slog.Logger
 	outage      *outage.Waiter
 
-	prefetched chan []*Message // chunks of items, filled by prefetch, bounded by budget
-	queue      []*Message      // the rest of the chunk last received from prefetched
-	held       *Message        // an item taken from prefetched for the next batch
-	pending    []*Message      // the next batch, taken from prefetched by lookahead
-	next       *chained        // pending's transaction, begun by the last commit (chain.go)
-	chain      int             // transactions chained in a row
-	tail       *Message        // the last message of the batch being processed
-	slot       bool            // the worker holds a slot of Runner.sem
-	bytes      *byteBudget
-	state      *partitionState // what Runner.Partitions reports
+	prefetched  chan []*Message // chunks of items, filled by prefetch, bounded by budget
+	queue       []*Message      // the rest of the chunk last received from prefetched
+	held        *Message        // an item taken from prefetched for the next batch
+	pending     []*Message      // the next batch, taken from prefetched by lookahead
+	next        *chained        // pending's transaction, begun by the last commit (chain.go)
+	chain       int             // transactions chained in a row
+	tail        *Message        // the last message of the batch being processed
+	slot        bool            // the worker holds a slot of Runner.sem
+	chainPaused time.Time       // no chain before then (chainAwayMax)
+	bytes       *byteBudget
+	state       *partitionState // what Runner.Partitions reports
 }
 
 func (w *worker) run(runCtx, genCtx context.Context) {
@@ -488,6 +489,15 @@ func (b *byteBudget) release(n int64) {
 }
 
 func (w *worker) acquire(ctx context.Context) error {
+	select {
+	case w.r.sem <- struct{}{}:
+		return nil
+	default:
+	}
+	// Counted while waiting: no worker keeps its slot for a chained
+	// transaction meanwhile.
+	w.r.semWaiting.Add(1)
+	defer w.r.semWaiting.Add(-1)
 	select {
 	case w.r.sem <- struct{}{}:
 		return nil
