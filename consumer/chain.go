@@ -40,7 +40,7 @@ const chainMax = 16
 // position-row locks of an idle transaction (which a layout switch, a
 // seek or VACUUM wait for).
 const (
-	chainAwayMax = 5 * time.Millisecond
+	chainAwayMax = 20 * time.Millisecond
 	chainPause   = time.Second
 )
 

@@ -150,7 +150,7 @@
 //     hooks ends its session. Such a transaction, whose session ended
 //     before it ran, runs again at once on a connection of its own,
 //     spending no attempt. When a chained transaction waited for its
-//     worker more than 5 ms, the partition chains none for a second:
+//     worker more than 20 ms, the partition chains none for a second:
 //     slow hooks do not keep locks that a layout switch, a seek or VACUUM
 //     wait for.
 //   - The connection is not given back to the pool between the chained
