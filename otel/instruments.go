@@ -57,7 +57,7 @@ func newConsumerInstruments(m metric.Meter) (consumerInstruments, error) {
 		metric.WithDescription("Duration of one handler call (one message, or one batch with a BatchHandler)."),
 		metric.WithExplicitBucketBoundaries(durationBuckets...))
 	in.txDuration, errs[3] = m.Float64Histogram("idemkit.consumer.transaction.duration", metric.WithUnit("s"),
-		metric.WithDescription("Duration of one message's or batch's transaction, claim to commit or rollback."),
+		metric.WithDescription("Duration of one message's or batch's transaction, from its start to commit or rollback (a transaction begun with the commit before it had its claims sent then)."),
 		metric.WithExplicitBucketBoundaries(durationBuckets...))
 	in.batchMessages, errs[4] = m.Int64Histogram("idemkit.consumer.batch.messages", metric.WithUnit("{message}"),
 		metric.WithDescription("Messages per transaction."),
