@@ -534,3 +534,45 @@ func TestChainPausesForSlowHooks(t *testing.T) {
 		t.Fatalf("%d transactions began with the commit before while hooks took 50 ms each, want chaining paused", chained)
 	}
 }
+
+// TestHandlerRollbackStatement: a handler that ends its transaction with a
+// ROLLBACK statement and returns nil has nothing committed. A COMMIT sent
+// after it, outside any transaction, is answered COMMIT (with a warning),
+// which was taken for a commit: the message was reported applied and its
+// offset moved. Now Run stops on pgx.ErrTxClosed, as for tx.Rollback.
+func TestHandlerRollbackStatement(t *testing.T) {
+	t.Parallel()
+	for _, md := range baseModes {
+		t.Run(md.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, 1)
+			e.produce(msg("m-0", "k0", 1)) // alone: committed without a chain
+			cfg := e.config(md, nil)
+			cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+				if err := e.effect(ctx, tx, m); err != nil {
+					return err
+				}
+				_, err := tx.Exec(ctx, "ROLLBACK")
+				return err
+			})
+			var applied atomic.Int32
+			cfg.Hooks.Outcome = func(_ context.Context, _ *consumer.Message, o consumer.Outcome) {
+				if o == consumer.Applied {
+					applied.Add(1)
+				}
+			}
+			r, err := consumer.New(e.db.Pool, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			if err := r.Run(ctx); !errors.Is(err, pgx.ErrTxClosed) {
+				t.Fatalf("Run: %v, want pgx.ErrTxClosed", err)
+			}
+			if got := applied.Load(); got != 0 || len(e.runs()) != 0 {
+				t.Fatalf("%d messages reported applied, %d effects committed: want none", got, len(e.runs()))
+			}
+		})
+	}
+}
