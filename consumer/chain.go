@@ -259,7 +259,7 @@ func (e *chainLostError) Unwrap() error {
 // on its own.
 var errNotChained = errors.New("consumer: next transaction not chained")
 
-// runTx runs f in a transaction of msgs and commits it, like inTxWith:
+// runTx runs f in a transaction of msgs and commits it, like inTx:
 // in pre when that was begun already (its claims done), else in one begun
 // with the statements first queues. When the next batch is already
 // fetched, the COMMIT goes with that batch's BEGIN and claims, and its

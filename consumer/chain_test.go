@@ -95,6 +95,19 @@ func (e *env) backlog(n int) {
 	e.produce(msgs...)
 }
 
+// waitApplied waits, at most 90 s, until n messages have had an effect.
+func (e *env) waitApplied(n int) {
+	e.t.Helper()
+	deadline := time.After(90 * time.Second)
+	for len(e.runs()) < n {
+		select {
+		case <-deadline:
+			e.t.Fatalf("%d of %d messages applied", len(e.runs()), n)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 // checkOnce fails unless each of the n backlog messages had its effect
 // exactly once.
 func (e *env) checkOnce(n int) {
@@ -353,14 +366,7 @@ func TestChainStoppedMidway(t *testing.T) {
 
 	cfg = e.config(modes[0], nil)
 	stop := run(t, pool, cfg)
-	deadline := time.After(90 * time.Second)
-	for len(e.runs()) < n {
-		select {
-		case <-deadline:
-			t.Fatalf("%d of %d messages applied", len(e.runs()), n)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	e.waitApplied(n)
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
@@ -470,13 +476,7 @@ func TestChainStopWhileClaimWaits(t *testing.T) {
 		t.Fatalf("%d messages reported applied, want 50", got)
 	}
 	stop = run(t, pool, e.config(modes[0], nil))
-	for len(e.runs()) < n {
-		select {
-		case <-deadline:
-			t.Fatalf("%d of %d messages applied", len(e.runs()), n)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	e.waitApplied(n)
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}

@@ -12,15 +12,16 @@ import (
 	"github.com/idemkit/idemkit/internal/testenv"
 )
 
-// TestReviewInTxWithReleasesConnection: every way inTxWith can end gives its
-// connection back to the pool.
-func TestReviewInTxWithReleasesConnection(t *testing.T) {
+// TestReviewRunTxReleasesConnection: every way a worker's transaction
+// (runTx, not chained) can end gives its connection back to the pool.
+func TestReviewRunTxReleasesConnection(t *testing.T) {
 	t.Parallel()
 	pool, err := pgxpool.New(context.Background(), testenv.DatabaseURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pool.Close()
+	w := &worker{r: &Runner{cfg: Config{pool: pool}, chains: budgetOf(pool)}}
 	ok := func(tx pgx.Tx) error { return nil }
 	boom := errors.New("boom")
 	cancelled, cancel := context.WithCancel(context.Background())
@@ -65,7 +66,7 @@ func TestReviewInTxWithReleasesConnection(t *testing.T) {
 		if c.ctx != nil {
 			ctx, cancel = c.ctx()
 		}
-		err := inTxWith(ctx, pool, c.first, c.f)
+		err := w.runTx(ctx, nil, c.first, nil, c.f)
 		cancel()
 		// A closed connection is destroyed asynchronously by the pool.
 		for deadline := time.Now().Add(2 * time.Second); pool.Stat().AcquiredConns() != 0 && time.Now().Before(deadline); {

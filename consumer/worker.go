@@ -1160,33 +1160,11 @@ func (w *worker) handleOne(ctx context.Context, tx pgx.Tx, m *Message) error {
 // the outcome of work in flight unknown); on any error it rolls back, also
 // with a context that survives the caller's cancellation.
 func inTx(ctx context.Context, pool *pgxpool.Pool, f func(pgx.Tx) error) error {
-	return inTxWith(ctx, pool, nil, f)
-}
-
-// inTxWith is inTx whose first statements, those first queues, are sent in
-// one round trip with BEGIN and their results read before f runs.
-func inTxWith(ctx context.Context, pool *pgxpool.Pool, first func(*pgx.Batch) error, f func(pgx.Tx) error) error {
-	var tx pgx.Tx
 	detached, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
 	defer cancel()
-	if first == nil {
-		var err error
-		if tx, err = pool.Begin(ctx); err != nil {
-			return err
-		}
-	} else {
-		b := &pgx.Batch{}
-		b.BeginTx(pgx.TxOptions{})
-		if err := first(b); err != nil {
-			return err
-		}
-		br := pool.SendBatch(ctx, b)
-		tx = br.Tx()
-		if err := br.Close(); err != nil {
-			dropReadOnly(detached, tx, err)
-			_ = tx.Rollback(detached)
-			return err
-		}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
 	}
 	if err := f(tx); err != nil {
 		dropReadOnly(detached, tx, err)
