@@ -285,7 +285,6 @@ func TestChainOrderWithFailures(t *testing.T) {
 			tr := &chainTracer{}
 			pool, _ := tracedPool(t, tr, 4)
 			var failedOnce sync.Map
-			oc := newOutcomes(n)
 			cfg := e.config(md, func(_ context.Context, m *consumer.Message) error {
 				var i int
 				if _, err := fmt.Sscanf(m.ID, "m-%d", &i); err == nil && i%7 == 3 {
@@ -295,13 +294,7 @@ func TestChainOrderWithFailures(t *testing.T) {
 				}
 				return nil
 			})
-			cfg.Hooks.Outcome = oc.hook
-			stop := run(t, pool, cfg)
-			wait(t, oc.done, "all messages")
-			if err := stop(); err != nil {
-				t.Fatalf("Run: %v", err)
-			}
-			e.checkOnce(n)
+			e.runAll(pool, cfg, n)
 			order := e.appliedOrder()
 			if !slices.IsSorted(order) {
 				t.Fatalf("applied out of offset order: %v", order)

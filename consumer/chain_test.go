@@ -129,6 +129,29 @@ func (e *env) checkOnce(n int) {
 	}
 }
 
+// runAll runs a runner with cfg on pool until the n backlog messages are
+// reported (after cfg.Hooks.Outcome, when set), stops it and checks each
+// was applied once.
+func (e *env) runAll(pool *pgxpool.Pool, cfg *consumer.Config, n int) {
+	e.t.Helper()
+	oc := newOutcomes(n)
+	if cfg.Hooks.Outcome == nil {
+		cfg.Hooks.Outcome = oc.hook
+	} else {
+		own := cfg.Hooks.Outcome
+		cfg.Hooks.Outcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
+			own(ctx, m, o)
+			oc.hook(ctx, m, o)
+		}
+	}
+	stop := run(e.t, pool, cfg)
+	wait(e.t, oc.done, "all messages")
+	if err := stop(); err != nil {
+		e.t.Fatalf("Run: %v", err)
+	}
+	e.checkOnce(n)
+}
+
 // TestChainedTransactions: with a backlog, a partition's transactions
 // follow one another on one connection (the COMMIT of one travels with the
 // BEGIN and claims of the next), every message still applied once, and
@@ -143,15 +166,7 @@ func TestChainedTransactions(t *testing.T) {
 			e.backlog(n)
 			tr := &chainTracer{}
 			pool, app := tracedPool(t, tr, 4)
-			oc := newOutcomes(n)
-			cfg := e.config(md, nil)
-			cfg.Hooks.Outcome = oc.hook
-			stop := run(t, pool, cfg)
-			wait(t, oc.done, "all messages")
-			if err := stop(); err != nil {
-				t.Fatalf("Run: %v", err)
-			}
-			e.checkOnce(n)
+			e.runAll(pool, e.config(md, nil), n)
 			chained, errs := tr.counts()
 			t.Logf("%s: %d transactions began with the commit before", md.name, chained)
 			if md.batch == 1 && chained == 0 {
@@ -498,16 +513,9 @@ func TestChainWithEveryPartitionSlotTaken(t *testing.T) {
 	e.backlog(n)
 	tr := &chainTracer{}
 	pool, _ := tracedPool(t, tr, 4)
-	oc := newOutcomes(n)
 	cfg := e.config(modes[0], nil)
 	cfg.MaxPartitions = 2
-	cfg.Hooks.Outcome = oc.hook
-	stop := run(t, pool, cfg)
-	wait(t, oc.done, "all messages")
-	if err := stop(); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
-	e.checkOnce(n)
+	e.runAll(pool, cfg, n)
 	if chained, _ := tr.counts(); chained < n/4 {
 		t.Fatalf("%d of %d transactions began with the commit before, want most", chained, n)
 	}
@@ -599,15 +607,7 @@ func TestChainOnAPoolOfOnePerPartition(t *testing.T) {
 	e.backlog(n)
 	tr := &chainTracer{}
 	pool, _ := tracedPool(t, tr, partitions)
-	oc := newOutcomes(n)
-	cfg := e.config(modes[0], nil)
-	cfg.Hooks.Outcome = oc.hook
-	stop := run(t, pool, cfg)
-	wait(t, oc.done, "all messages")
-	if err := stop(); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
-	e.checkOnce(n)
+	e.runAll(pool, e.config(modes[0], nil), n)
 	chained, errs := tr.counts()
 	if len(errs) > 0 {
 		t.Fatalf("chained batches failed: %v", errs)
