@@ -55,8 +55,12 @@ type chainBudget struct {
 	max  func() int32 // the pool's MaxConns, read when first needed
 }
 
-// take reserves a connection for a chained transaction; false when the
-// pool has none to spare.
+// spare reports whether the budget has room now (checked before a chained
+// transaction is begun; take decides once it has begun).
+func (b *chainBudget) spare() bool { return b.held.Load()+1 < b.max() }
+
+// take counts a chained transaction left open on a connection its worker
+// goes away from; false when the pool has none to spare.
 func (b *chainBudget) take() bool {
 	limit := b.max()
 	for {
@@ -232,6 +236,10 @@ func (w *worker) chainable(msgs []*Message) []*Message {
 	if len(next) == 0 || indexMissingID(next) >= 0 {
 		return nil
 	}
+	if !w.r.chains.spare() {
+		w.r.chainsTurnedAway.Add(1)
+		return nil
+	}
 	return next
 }
 
@@ -344,7 +352,8 @@ func (w *worker) runTx(ctx context.Context, pre *chained, first func(*pgx.Batch)
 // begins the transaction of next and claims its messages. It reports
 // whether tx committed, with tx's commit error when it did not
 // (errNotChained: nothing was sent). When next's transaction began, it is
-// w.next; when it could not, next is processed as usual. Like a commit
+// w.next; when it could not, or the chain budget had no room left once it
+// began (it is then rolled back), next is processed as usual. Like a commit
 // alone, it runs to its end when the runner stops (ctx is detached):
 // PostgreSQL answers the COMMIT only with the claims after it, so a claim
 // waiting for a lock (a concurrent claim of the same ID) holds up the
@@ -382,6 +391,10 @@ func (w *worker) commitChained(ctx context.Context, conn *pgxpool.Conn, tx pgx.T
 		// budget turned away one chain in twelve of six partitions on a
 		// pool of six in the benchmark.)
 		if !w.r.chains.take() {
+			// Other workers took the budget's last room during the
+			// round trip (spare said yes before it).
+			w.r.chainsTurnedAway.Add(1)
+			w.log.DebugContext(ctx, "next transaction rolled back: the pool's connections for transactions in a row are taken")
 			_ = ntx.Rollback(ctx) // its messages are claimed again as usual
 			return true, nil
 		}

@@ -131,11 +131,16 @@
 // taken for committed, and the transaction begun after it is rolled
 // back), and each message still commits in its own transaction with
 // BatchSize 1. A partition chains at most 16 transactions in a row, and
-// not while another partition waits for a slot of MaxPartitions; the
-// runners on a pool keep
-// one of its connections out of every chain, so that a hook or other code
-// waiting for a connection of the pool gets one once the transactions
-// holding the others end. A handler must not end its transaction itself:
+// not while another partition waits for a slot of MaxPartitions. Across
+// the runners on a pool, at most MaxConns-1 transactions begun this way
+// stay open while their workers are away from them (reporting the
+// transaction before: hooks), so that a hook or other code waiting for a
+// connection of the pool gets one once the transactions holding the others
+// end (one whose claim waits for a row lock held by such an open
+// transaction waits with it, at most 30 s). A chain the budget has no room
+// for is not begun; one whose room was taken during its round trip is
+// rolled back at once and its messages claimed again in a transaction of
+// their own. A pool of one connection never chains. A handler must not end its transaction itself:
 // one that does (tx.Rollback, a ROLLBACK statement) and returns nil fails
 // with an error wrapping pgx.ErrTxClosed, chained or not.
 //

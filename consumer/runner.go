@@ -46,6 +46,9 @@ type Runner struct {
 	cfg    Config
 	sem    chan struct{} // bounds the partitions processed at once
 	chains *chainBudget  // of the pool's connections held by chained transactions
+	// chainsTurnedAway counts the chains the budget turned away (before or
+	// right after the round trip that would begin them); read by tests.
+	chainsTurnedAway atomic.Int64
 	// semWaiting counts the workers waiting for a slot of sem.
 	semWaiting atomic.Int32
 	outages    *outage.Tracker
