@@ -140,9 +140,10 @@
 // transaction waits with it, at most 30 s). A chain the budget has no room
 // for is not begun; one whose room was taken during its round trip is
 // rolled back at once and its messages claimed again in a transaction of
-// their own. A pool of one connection never chains. A handler must not end its transaction itself:
-// one that does (tx.Rollback, a ROLLBACK statement) and returns nil fails
-// with an error wrapping pgx.ErrTxClosed, chained or not.
+// their own. A pool of one connection never chains. A handler must not
+// end its transaction itself: one that does (tx.Rollback, a ROLLBACK
+// statement) and returns nil fails with an error wrapping pgx.ErrTxClosed,
+// chained or not.
 //
 // What differs from transactions begun alone:
 //   - Hooks.TxStart of a chained transaction runs after its claims were
