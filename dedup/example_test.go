@@ -262,3 +262,75 @@ func ExampleStore_QueueClaimMovePosition() {
 	// offset 5: order-8 duplicate true, position moved by the UPDATE true
 	// next offset: 6
 }
+
+// Claims in a row without the position, which moves once, with the last
+// COMMIT; a consumer starting at the position finds what lies past it.
+func ExampleStore_QueueClaim() {
+	ctx := context.Background()
+	pool, schema, drop := exampleDB()
+	defer drop()
+
+	store, err := dedup.New(&dedup.Config{Schema: schema})
+	if err != nil {
+		panic(err)
+	}
+	claim := func(id string, offset int64) dedup.Claim {
+		return dedup.Claim{Consumer: "billing", MessageID: id, Topic: "orders", Partition: 0, Offset: offset}
+	}
+	// handle claims c in a transaction of its own; move: the COMMIT also
+	// moves the position past c, in the same round trip.
+	handle := func(c dedup.Claim, move bool) error {
+		b := &pgx.Batch{}
+		b.BeginTx(pgx.TxOptions{})
+		var duplicate bool
+		if err := store.QueueClaim(b, c, &duplicate); err != nil {
+			return err
+		}
+		br := pool.SendBatch(ctx, b)
+		tx := br.Tx()
+		defer func() { _ = tx.Rollback(ctx) }()
+		if err := br.Close(); err != nil {
+			return err
+		}
+		// ... unless duplicate, the business writes, in tx ...
+		if !move {
+			return tx.Commit(ctx)
+		}
+		var moved bool
+		b = &pgx.Batch{}
+		if err := store.QueueMovePosition(b, c.Consumer, c.Topic, c.Partition, c.Offset+1, c.Time, c.Epoch, &moved); err != nil {
+			return err
+		}
+		b.Queue("commit")
+		return tx.Conn().SendBatch(ctx, b).Close()
+	}
+	// The position row exists (the first message of the partition).
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := store.ClaimWithPositionTx(ctx, tx, claim("order-1", 0))
+		return err
+	})
+	if err != nil {
+		panic(err)
+	}
+	for i, id := range []string{"order-2", "order-3", "order-4"} {
+		if err := handle(claim(id, int64(1+i)), id == "order-3"); err != nil {
+			panic(err)
+		}
+	}
+	list, err := store.ListPositions(ctx, pool, "billing", "orders")
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("next offset:", list[0].Next, "claims ahead:", list[0].ClaimsAhead)
+	for i, id := range []string{"order-4", "order-5"} {
+		done, err := store.ClaimedAt(ctx, pool, claim(id, list[0].Next+int64(i)))
+		if err != nil {
+			panic(err)
+		}
+		fmt.Printf("%s claimed at offset %d: %v\n", id, list[0].Next+int64(i), done)
+	}
+	// Output:
+	// next offset: 3 claims ahead: true
+	// order-4 claimed at offset 3: true
+	// order-5 claimed at offset 4: false
+}

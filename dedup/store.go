@@ -137,7 +137,8 @@ type Store struct {
 	claimBatchSQL         string
 	claimBatchOneSQL      string // all claims of one consumer, topic and partition
 	savePositionSQL       string
-	movePositionSQL       string // QueueClaimMovePosition's UPDATE
+	movePositionSQL       string    // QueueClaimMovePosition's UPDATE
+	claimedAtSQL          [3]string // by key, as claimSQL
 	processedSQL          string
 	purgeSQL              string
 	purgeConsumerSQL      string
@@ -203,6 +204,9 @@ func New(cfg *Config) (*Store, error) {
 		anchor_offset = CASE WHEN EXCLUDED.anchor_time IS NULL THEN p.anchor_offset ELSE EXCLUDED.anchor_offset END,
 		anchor_time = coalesce(EXCLUDED.anchor_time, p.anchor_time), updated_at = now()
 	WHERE p.next_offset < EXCLUDED.next_offset AND p.epoch = EXCLUDED.epoch`
+	keepAhead := `NOT EXISTS (SELECT 1 FROM ` + positions + ` AS p
+		WHERE p.consumer = m.consumer AND p.topic = m.topic AND p.kafka_partition = m.kafka_partition
+			AND p.claims_ahead AND m.kafka_offset >= p.next_offset)`
 	withPosition := func(input string) string {
 		return positionCTEs(input) + `, position_new AS (
 	` + positionInsert + `
@@ -348,28 +352,44 @@ SELECT input.ord FROM input JOIN (SELECT * FROM claimed UNION ALL SELECT * FROM 
 		savePositionSQL: `WITH ` + positionCTEs(`VALUES ($1::text, $2::text, $3::int, $4::bigint, $5::timestamptz, $6::bigint)`) + `
 ` + positionInsert,
 
-		// position_moved alone, for a row that exists (QueueClaimMovePosition).
+		// position_moved alone, for a row that exists (QueueClaimMovePosition,
+		// QueueMovePosition); it marks the row: claims may lie past it.
 		movePositionSQL: `UPDATE ` + positions + ` AS p SET next_offset = $4::bigint,
 	anchor_offset = CASE WHEN $5::timestamptz IS NULL THEN p.anchor_offset ELSE $4::bigint - 1 END,
-	anchor_time = coalesce($5::timestamptz, p.anchor_time), updated_at = now()
+	anchor_time = coalesce($5::timestamptz, p.anchor_time), updated_at = now(), claims_ahead = true
 	WHERE p.consumer = $1::text AND p.topic = $2::text AND p.kafka_partition = $3::int
 		AND p.next_offset < $4::bigint AND p.epoch = $6::bigint`,
+
+		// A claim at exactly these coordinates, with claimArgs' parameters.
+		claimedAtSQL: [3]string{
+			keyText: `SELECT EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1 AND message_id = $2
+	AND topic = $3 AND kafka_partition = $4 AND kafka_offset = $5)`,
+			keyUUID: `SELECT EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1::text AND message_uuid = $6::uuid
+	AND topic = $3::text AND kafka_partition = $4::int AND kafka_offset = $5::bigint)
+	OR EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1::text AND message_id = $2::text
+	AND topic = $3::text AND kafka_partition = $4::int AND kafka_offset = $5::bigint)`,
+			keyDaily: `SELECT EXISTS (SELECT 1 FROM ` + daily.table + ` WHERE consumer = $1 AND message_uuid = $2 AND day = $3
+	AND topic = $4 AND kafka_partition = $5 AND kafka_offset = $6)`,
+		},
 
 		processedSQL: `SELECT EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1 AND message_id = $2)
 	OR ($3::uuid IS NOT NULL AND EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1 AND message_uuid = $3::uuid))`,
 
-		// Rows are found by their ctid: a row has one of two keys.
+		// Rows are found by their ctid: a row has one of two keys. A claim
+		// past a position that says ClaimsAhead is kept, however old: it
+		// is what tells the consumer starting there that the message is
+		// done.
 		purgeSQL: `DELETE FROM ` + processed + ` WHERE ctid = ANY (ARRAY (
-	SELECT ctid FROM ` + processed + `
-	WHERE processed_at < $1
+	SELECT ctid FROM ` + processed + ` AS m
+	WHERE processed_at < $1 AND ` + keepAhead + `
 	ORDER BY processed_at
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED
 ))`,
 
 		purgeConsumerSQL: `DELETE FROM ` + processed + ` WHERE ctid = ANY (ARRAY (
-	SELECT ctid FROM ` + processed + `
-	WHERE consumer = $1 AND processed_at < $2
+	SELECT ctid FROM ` + processed + ` AS m
+	WHERE consumer = $1 AND processed_at < $2 AND ` + keepAhead + `
 	ORDER BY processed_at
 	LIMIT $3
 	FOR UPDATE SKIP LOCKED
@@ -502,7 +522,7 @@ func (s *Store) QueueClaimWithPosition(b *pgx.Batch, c Claim, duplicate *bool) e
 // before), as two plain statements that travel in the same round trip: the
 // claim ClaimTx runs, then an UPDATE of the position row, with the same
 // rules (never back, the anchor moves with a known time, the same epoch
-// only). *duplicate is the claim's outcome and *moved reports whether the
+// only), which also marks the row ClaimsAhead (see QueueClaim). *duplicate is the claim's outcome and *moved reports whether the
 // UPDATE moved the position; both are stored when b's results are read,
 // errors are returned as for QueueClaimWithPosition.
 //
@@ -546,6 +566,104 @@ func (s *Store) QueueClaimMovePosition(b *pgx.Batch, c Claim, duplicate, moved *
 			return nil
 		}
 	return nil
+}
+
+// QueueClaim queues on b the claim ClaimTx makes, without a position: a
+// consumer that moves the position after several such claims
+// (QueueMovePosition) queues it after b.BeginTx, so that the transaction
+// begins and claims in one round trip. *duplicate is stored when b's
+// results are read; errors are returned as for QueueClaimWithPosition, and
+// a UUIDv7 ID needs Store.Layout called once before.
+//
+// A consumer doing so moves the position with QueueMovePosition once an
+// earlier transaction of the partition has (so that the row says
+// ClaimsAhead), and when it starts at a position that says ClaimsAhead,
+// it asks ClaimedAt about each message it reads there before handling it.
+func (s *Store) QueueClaim(b *pgx.Batch, c Claim, duplicate *bool) error {
+	if err := c.validate(); err != nil {
+		return fail("claim", err)
+	}
+	if b == nil || duplicate == nil {
+		return errors.New("dedup: claim: nil batch or result")
+	}
+	kind, u, day, err := s.route(context.Background(), nil, c.MessageID)
+	if err != nil {
+		return fmt.Errorf("dedup: claim: %w", err)
+	}
+	b.Queue(s.claimSQL[kind], claimArgs(c, kind, u, day)...).Fn = func(br pgx.BatchResults) error {
+		tag, err := br.Exec()
+		if err != nil {
+			return s.claimError("claim", err, day)
+		}
+		*duplicate = tag.RowsAffected() == 0
+		return nil
+	}
+	return nil
+}
+
+// QueueMovePosition queues on b the UPDATE that moves consumer's position
+// in topic's partition on to next, as QueueClaimMovePosition's second
+// statement does: never back, the anchor moved when anchorTime is known,
+// under the same epoch only, and the row marked ClaimsAhead. *moved
+// reports, when b's results are read, whether the row moved; a row that
+// does not exist is not inserted (SavePositionTx does that). Queued before
+// a COMMIT, it moves the position of the claims QueueClaim made in the
+// same round trip as the commit.
+func (s *Store) QueueMovePosition(b *pgx.Batch, consumer, topic string, partition int, next int64, anchorTime time.Time, epoch int64, moved *bool) error {
+	if err := ValidateID("Consumer", consumer); err != nil {
+		return fmt.Errorf("dedup: move position: %w", &inputError{err: err})
+	}
+	if err := validateTopic(topic); err != nil {
+		return fail("move position", err)
+	}
+	if err := validatePartition(partition); err != nil {
+		return fail("move position", err)
+	}
+	if next < 0 {
+		return fmt.Errorf("dedup: move position: %w", invalid("invalid next offset %d", next))
+	}
+	if b == nil || moved == nil {
+		return errors.New("dedup: move position: nil batch or result")
+	}
+	b.Queue(s.movePositionSQL, consumer, topic, partition, next, anchor(anchorTime), epoch).Fn =
+		func(br pgx.BatchResults) error {
+			tag, err := br.Exec()
+			if err != nil {
+				return fail("move position", err)
+			}
+			*moved = tag.RowsAffected() == 1
+			return nil
+		}
+	return nil
+}
+
+// ClaimedAt reports whether c.MessageID is claimed by c.Consumer at exactly
+// c's topic, partition and offset, as db sees it: the message read there
+// was claimed, and its transaction committed, by a consumer of that name.
+// (c.Time and c.Epoch are not used.) A consumer starting at a position that
+// says ClaimsAhead passes such messages silently, as if the position were
+// past them; a message claimed elsewhere (a true duplicate), or not at all,
+// ends what it passes. After a record is purged, ClaimedAt reports false.
+// Invalid input returns an error matching ErrInvalidInput.
+func (s *Store) ClaimedAt(ctx context.Context, db DBTX, c Claim) (bool, error) {
+	if err := c.validate(); err != nil {
+		return false, fail("claimed at", err)
+	}
+	if _, ok := uuid7Day(compactID(c.MessageID)); ok {
+		// A read, not a claim: as Processed, read the layout afresh.
+		if _, err := s.ReadLayout(ctx, db); err != nil {
+			return false, fmt.Errorf("dedup: claimed at: %w", err)
+		}
+	}
+	kind, u, day, err := s.route(ctx, db, c.MessageID)
+	if err != nil {
+		return false, fmt.Errorf("dedup: claimed at: %w", err)
+	}
+	var ok bool
+	if err := db.QueryRow(ctx, s.claimedAtSQL[kind], claimArgs(c, kind, u, day)...).Scan(&ok); err != nil {
+		return false, fail("claimed at", err)
+	}
+	return ok, nil
 }
 
 type idKey struct{ consumer, messageID string }
@@ -844,8 +962,14 @@ func (s *Store) Processed(ctx context.Context, db DBTX, consumer, messageID stri
 // such record is left or ctx ends. It returns how many records it deleted,
 // also when it returns an error. batchSize <= 0 means PurgeBatchDefault.
 // Rows locked by a concurrent Purge are skipped, not waited for. Positions
-// are never purged. Records in daily partitions are not deleted here: they
-// go with their day's partition (MaintainPartitions).
+// are never purged, nor the records past a position that says ClaimsAhead
+// (at most a run of one-message transactions per partition: the consumer
+// starting there needs them, see ClaimedAt). Records in daily partitions
+// are not deleted here: they go with their day's partition
+// (MaintainPartitions), whatever the positions say: a consumer stopped for
+// longer than KeepDays reads such messages again as new, which
+// consumer.Config.Retention catches as beyond the horizon (failed, by
+// default).
 func (s *Store) Purge(ctx context.Context, db *pgxpool.Pool, olderThan time.Duration, batchSize int) (int64, error) {
 	return s.purge(ctx, db, "", olderThan, batchSize)
 }
