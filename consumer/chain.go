@@ -110,6 +110,9 @@ func budgetOf(pool *pgxpool.Pool) *chainBudget {
 type claimResults struct {
 	dup        []bool // one per live message, for a claim batch
 	one, moved bool   // for one message: duplicate, and whether its position row moved
+	// lazy: the one message was claimed without moving the position; its
+	// transaction moves it with its COMMIT, or leaves it to the next one.
+	lazy bool
 }
 
 // chained is a transaction begun by the COMMIT of the one before it, for
@@ -140,10 +143,15 @@ func (w *worker) claim(m *Message) dedup.Claim {
 // queueClaims queues on b the claims of msgs[i] for each i in live (the
 // messages handled now; parking: others of msgs wait behind a parked
 // message of their key) with the partition's position; their outcomes are
-// stored in res when b's results are read.
-func (w *worker) queueClaims(b *pgx.Batch, msgs []*Message, live []int, parking bool, res *claimResults) error {
+// stored in res when b's results are read. lazy claims one message without
+// moving the position (the transaction is chained, and the position row
+// says ClaimsAhead).
+func (w *worker) queueClaims(b *pgx.Batch, msgs []*Message, live []int, parking, lazy bool, res *claimResults) error {
 	store := w.r.cfg.Store
 	switch {
+	case len(live) == 1 && !parking && lazy:
+		res.lazy = true
+		return store.QueueClaim(b, w.claim(msgs[0]), &res.one)
 	case len(live) == 1 && !parking:
 		// Two plain statements cost PostgreSQL less than the one of
 		// QueueClaimWithPosition; the position row is inserted in the
@@ -331,22 +339,93 @@ func (w *worker) runTx(ctx context.Context, pre *chained, first func(*pgx.Batch)
 		_ = tx.Rollback(detached)
 		return fmt.Errorf("consumer: the transaction ended before its commit: %w", pgx.ErrTxClosed)
 	}
+	// owe: the transaction claimed its message without moving the
+	// position; the COMMIT moves it, or leaves it to the next transaction
+	// when that one is begun with it.
+	owe := pre != nil && pre.res.lazy && !pre.res.one
 	if next := w.chainable(msgs); next != nil {
 		committed, err := w.commitChained(detached, conn, tx, next)
 		switch {
 		case committed:
+			w.owe = nil
+			if owe {
+				w.owe = msgs[0]
+			}
 			return nil
 		case !errors.Is(err, errNotChained):
 			return err
 		}
+	}
+	if owe {
+		return w.commitMoving(detached, conn, tx, msgs[0])
 	}
 	if err := tx.Commit(detached); err != nil {
 		dropReadOnly(detached, tx, err)
 		_ = tx.Rollback(detached)
 		return err
 	}
+	w.owe = nil
 	return nil
 }
+
+// commitMoving commits tx, whose message m was claimed without the
+// position, with the UPDATE that moves the position past m: both in one
+// round trip on conn.
+func (w *worker) commitMoving(ctx context.Context, conn *pgxpool.Conn, tx pgx.Tx, m *Message) error {
+	cfg := &w.r.cfg
+	b := &pgx.Batch{}
+	var moved, committed bool
+	if err := cfg.Store.QueueMovePosition(b, cfg.Name, m.Topic, m.Partition, m.Offset+1, m.Time, w.epoch, &moved); err != nil {
+		_ = tx.Rollback(ctx)
+		return err
+	}
+	b.Queue("commit").Exec(func(tag pgconn.CommandTag) error {
+		if tag.String() != "COMMIT" {
+			return pgx.ErrTxCommitRollback
+		}
+		committed = true
+		return nil
+	})
+	// Sent on the connection, not through tx: pgx's Tx would wrap nothing
+	// here, and once COMMIT answered the connection is idle, which is all
+	// the pool checks when it gets the connection back.
+	err := conn.SendBatch(ctx, b).Close()
+	if err == nil && committed {
+		w.owe = nil
+		return nil
+	}
+	if err == nil {
+		err = pgx.ErrTxCommitRollback
+	}
+	dropReadOnly(ctx, tx, err)
+	_ = tx.Rollback(ctx)
+	return err
+}
+
+// flushOwed moves the position past the message a chained claim left it
+// behind, when the worker ends before a transaction after it did: so that
+// the next runner starts where this one stopped without asking ClaimedAt.
+// Best effort, briefly: the position row says ClaimsAhead, which covers
+// a failure.
+func (w *worker) flushOwed(ctx context.Context) {
+	m := w.owe
+	if m == nil {
+		return
+	}
+	w.owe = nil
+	cfg := &w.r.cfg
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), flushTimeout)
+	defer cancel()
+	err := inTx(ctx, cfg.pool, func(tx pgx.Tx) error {
+		return cfg.Store.SavePositionTx(ctx, tx, cfg.Name, m.Topic, m.Partition, m.Offset+1, m.Time, w.epoch)
+	})
+	if err != nil {
+		w.log.DebugContext(ctx, "position not moved past the last transaction at the end; the next start finds its claims", "offset", m.Offset, "err", err)
+	}
+}
+
+// flushTimeout bounds flushOwed, which a rebalance waits for.
+const flushTimeout = 2 * time.Second
 
 // commitChained commits tx and, in the same round trip on its connection,
 // begins the transaction of next and claims its messages. It reports
@@ -378,7 +457,12 @@ func (w *worker) commitChained(ctx context.Context, conn *pgxpool.Conn, tx pgx.T
 	for i := range live {
 		live[i] = i
 	}
-	if err := w.queueClaims(b, next, live, false, res); err != nil {
+	// Claimed without the position, once the position row says claims may
+	// lie past it: the chain moves the position with its last COMMIT
+	// (commitMoving), and a runner starting after a crash in between finds
+	// the claims (checkAhead).
+	lazy := w.marked && len(next) == 1
+	if err := w.queueClaims(b, next, live, false, lazy, res); err != nil {
 		return false, errNotChained
 	}
 	br := conn.SendBatch(ctx, b)

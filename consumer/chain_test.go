@@ -383,6 +383,11 @@ func TestChainStoppedMidway(t *testing.T) {
 	if chained, _ := tr.counts(); chained == 0 {
 		t.Fatal("no transaction began with the commit of the one before")
 	}
+	// The worker moved the position past its last commit on its way out,
+	// although that one claimed its message without moving it.
+	if next, _ := e.position(e.group); next != int64(len(e.runs())) {
+		t.Fatalf("position after Run: %d; %d messages applied", next, len(e.runs()))
+	}
 
 	cfg = e.config(modes[0], nil)
 	stop := run(t, pool, cfg)

@@ -24,7 +24,17 @@
 // at the later of Kafka's committed offset and that position, so a crash
 // between the database commit and the Kafka offset commit costs no
 // redelivery; dedup by message ID stays the second line (producer
-// duplicates, replays, positions lost). Kafka offsets are still committed,
+// duplicates, replays, positions lost). One-message transactions committed
+// in a row (see "Transactions in a row") are the exception that keeps the
+// promise: those after the first claim their message without writing the
+// position, and the COMMIT that ends the row moves it past them all, so
+// the position may trail the committed messages by up to 16 meanwhile.
+// The position row then says so (dedup.Position.ClaimsAhead, migration
+// 16), and a runner that starts at such a position first asks, message by
+// message, whether each was claimed at its very coordinates
+// (dedup.Store.ClaimedAt): those are done, and pass silently (no handler,
+// no outcome), up to the first one that was not. A seek clears the mark:
+// what it rewinds over comes back as duplicates. Kafka offsets are still committed,
 // synchronously, by one committer per generation that sends the newest
 // committed position of every partition in one request — never an offset
 // whose transaction did not commit — so lag tooling keeps working. An
@@ -151,7 +161,8 @@
 //   - A chained transaction is open, idle in transaction, while the hooks
 //     of the transaction before it (AfterCommit, TxEnd, Outcome,
 //     BeyondHorizon) and its own TxStart run: meanwhile it holds the
-//     locks of its claims and of the partition's position row, and a
+//     locks of its claims (and of the partition's position row, when it
+//     moved the position), and a
 //     server's idle_in_transaction_session_timeout shorter than those
 //     hooks ends its session. Such a transaction, whose session ended
 //     before it ran, runs again at once on a connection of its own,

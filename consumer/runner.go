@@ -321,8 +321,9 @@ var ErrNotMigrated = fmt.Errorf("consumer: %w", idemkit.ErrNotMigrated)
 // schemaVersions are the migration versions the runner reads and writes:
 // processed messages and positions (1), parked messages (4), positions'
 // incarnation and anchor (6, 8), parked messages' incarnation (9), the
-// positions' seek epoch (10), message IDs stored as uuid (14).
-var schemaVersions = []int{1, 4, 6, 8, 9, 10, 14}
+// positions' seek epoch (10), message IDs stored as uuid (14), positions
+// that say claims lie past them (16).
+var schemaVersions = []int{1, 4, 6, 8, 9, 10, 14, 16}
 
 // requireSchema checks, before anything is consumed, that the store's
 // schema has every migration the runner needs, so that a schema behind is
@@ -432,6 +433,7 @@ func (r *Runner) startGeneration(ctx context.Context, gen *kafka.Generation, cli
 		for _, a := range assigned {
 			st := starts[a.ID]
 			w := &worker{r: r, commits: commits, partition: a.ID, start: st.offset, incarnation: st.incarnation, epoch: st.epoch,
+				marked: st.claimsAhead, checkAhead: st.claimsAhead,
 				budget: budget, fail: fail, log: r.cfg.Logger.With("topic", r.cfg.Topic, "partition", a.ID)}
 			if h := r.cfg.Hooks.Assigned; h != nil {
 				h(r.cfg.Topic, a.ID, st.offset)

@@ -46,6 +46,10 @@ type worker struct {
 	tail        *Message        // the last message of the batch being processed
 	slot        bool            // the worker holds a slot of Runner.sem
 	chainPaused time.Time       // no chain before then (chainAwayMax)
+	marked      bool            // the position row says ClaimsAhead: chained claims may leave it behind
+	owe         *Message        // committed by a chained claim that left the position behind it
+	checkAhead  bool            // the start position says ClaimsAhead: pass what was claimed from it on
+	passed      int             // messages checkAhead passed
 	bytes       *byteBudget
 	state       *partitionState // what Runner.Partitions reports
 }
@@ -97,6 +101,7 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 		if w.slot {
 			<-w.r.sem
 		}
+		w.flushOwed(ctx)
 	}()
 
 	for {
@@ -126,6 +131,24 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 			}
 			continue
 		}
+		if w.checkAhead {
+			n, err := w.passClaimed(ctx, batch)
+			if err != nil {
+				if ctx.Err() == nil {
+					w.fail(err)
+				}
+				return
+			}
+			if n > 0 {
+				w.bytes.release(batchBytes(batch[:n]))
+				w.owe = batch[n-1] // the next transaction moves the position past them
+				w.moved(batch[n-1].Offset + 1)
+				batch = batch[n:]
+			}
+			if len(batch) == 0 {
+				continue
+			}
+		}
 		if !w.slot {
 			if err := w.acquire(ctx); err != nil {
 				return
@@ -148,6 +171,39 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 		// The transaction committed: the offset may now go to Kafka.
 		w.moved(batch[len(batch)-1].Offset + 1)
 	}
+}
+
+// passClaimed returns how many of batch's first messages were claimed at
+// their very coordinates, by a transaction that did not move the position
+// (chained claims, then a crash or a stop before the position moved): they
+// are done, and pass silently, as if the position were past them. The
+// first message that was not ends the check for the worker.
+func (w *worker) passClaimed(ctx context.Context, batch []*Message) (int, error) {
+	cfg := &w.r.cfg
+	for i, m := range batch {
+		var claimed bool
+		err := w.outage.Do(ctx, func(ctx context.Context) error {
+			var err error
+			claimed, err = cfg.Store.ClaimedAt(ctx, cfg.pool, w.claim(m))
+			return err
+		})
+		if m.ID == "" || errors.Is(err, dedup.ErrInvalidInput) {
+			claimed, err = false, nil // processed as usual, which handles it
+		}
+		if err != nil {
+			return 0, fmt.Errorf("consumer: partition %d: look for claims past the position: %w", w.partition, err)
+		}
+		if !claimed {
+			w.checkAhead = false
+			if w.passed > 0 {
+				w.log.InfoContext(ctx, "passed the messages claimed past the stored position before the last stop",
+					"messages", w.passed, "next_offset", m.Offset)
+			}
+			return i, nil
+		}
+		w.passed++
+	}
+	return len(batch), nil
 }
 
 // moved records that every message before next is committed in
@@ -957,12 +1013,16 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 	if pre != nil {
 		res = pre.res
 	}
-	claims := func(b *pgx.Batch) error { return w.queueClaims(b, msgs, live, parking, res) }
+	claims := func(b *pgx.Batch) error { return w.queueClaims(b, msgs, live, parking, false, res) }
 	err = w.runTx(ctx, pre, claims, msgs, func(tx pgx.Tx) error {
 		dup := res.dup
 		if len(live) == 1 && !parking {
 			dup = []bool{res.one}
-			if !res.moved { // no row yet (or ahead, or another epoch: left as it is)
+			// A message claimed without the position has it moved by
+			// the COMMIT (runTx), unless a duplicate: its position is
+			// moved now, so that it is not reported again after a restart
+			// (ClaimedAt finds no claim at its coordinates).
+			if !res.moved && (!res.lazy || res.one) { // no row yet (or ahead, or another epoch: left as it is)
 				m := msgs[0]
 				if err := cfg.Store.SavePositionTx(ctx, tx, cfg.Name, m.Topic, m.Partition, m.Offset+1, m.Time, w.epoch); err != nil {
 					return err
@@ -1034,6 +1094,9 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 	}
 	if err != nil {
 		return -1, nil, fmt.Errorf("consumer: transaction: %w", err)
+	}
+	if res.moved {
+		w.marked = true // the move marked the row ClaimsAhead, and committed
 	}
 	for i, m := range msgs {
 		if outcomes[i] == Parked {

@@ -518,7 +518,8 @@ type pgWorker struct {
 	topic        string
 	partition    int
 	clock        *workerClock
-	chain        int // transactions chained in a row
+	chain        int  // transactions chained in a row
+	marked       bool // the position row says ClaimsAhead (a move committed)
 }
 
 func (w *pgWorker) run(ctx context.Context, msgs []pgMessage, size int) error {
@@ -560,15 +561,22 @@ type pgChained struct {
 
 // pgClaims are the outcomes of the claims of one transaction.
 type pgClaims struct {
-	dups       []bool
-	one, moved bool
+	dups             []bool
+	one, moved, lazy bool
 }
 
-// queueClaims queues the claims of msgs the way the runner does.
-func (w *pgWorker) queueClaims(b *pgx.Batch, msgs []pgMessage) (*pgClaims, error) {
+// queueClaims queues the claims of msgs the way the runner does: lazy (a
+// chained transaction once the position row is marked) claims one message
+// without moving the position.
+func (w *pgWorker) queueClaims(b *pgx.Batch, msgs []pgMessage, lazy bool) (*pgClaims, error) {
 	res := &pgClaims{}
 	if w.mode == pgPerMessage {
 		m := msgs[0]
+		c := dedup.Claim{Consumer: w.consumer, MessageID: m.id, Topic: w.topic, Partition: w.partition, Offset: m.offset}
+		if lazy {
+			res.lazy = true
+			return res, w.store.QueueClaim(b, c, &res.one)
+		}
 		return res, w.store.QueueClaimMovePosition(b, dedup.Claim{Consumer: w.consumer, MessageID: m.id,
 			Topic: w.topic, Partition: w.partition, Offset: m.offset}, &res.one, &res.moved)
 	}
@@ -590,6 +598,7 @@ func (w *pgWorker) tx(ctx context.Context, msgs []pgMessage, pre *pgChained, fol
 	t0 := time.Now()
 	var tx pgx.Tx
 	var conn *pgxpool.Conn
+	var lazy, moved bool
 	if w.mode == pgMinimal {
 		if tx, err = w.pool.Begin(ctx); err != nil {
 			return nil, err
@@ -624,7 +633,7 @@ func (w *pgWorker) tx(ctx context.Context, msgs []pgMessage, pre *pgChained, fol
 			}
 			b := &pgx.Batch{}
 			b.BeginTx(pgx.TxOptions{})
-			if res, err = w.queueClaims(b, msgs); err != nil {
+			if res, err = w.queueClaims(b, msgs, false); err != nil {
 				return nil, err
 			}
 			br := conn.SendBatch(ctx, b)
@@ -636,7 +645,7 @@ func (w *pgWorker) tx(ctx context.Context, msgs []pgMessage, pre *pgChained, fol
 		dups := res.dups
 		if w.mode == pgPerMessage {
 			dups = []bool{res.one}
-			if !res.moved { // the partition's first write, as the runner does it
+			if !res.moved && !res.lazy { // the partition's first write, as the runner does it
 				m := msgs[0]
 				if err = w.store.SavePositionTx(ctx, tx, w.consumer, w.topic, w.partition, m.offset+1, time.Time{}, 0); err != nil {
 					return nil, err
@@ -646,6 +655,7 @@ func (w *pgWorker) tx(ctx context.Context, msgs []pgMessage, pre *pgChained, fol
 		if i := slices.Index(dups, true); i >= 0 {
 			return nil, fmt.Errorf("message %s claimed twice", msgs[i].id)
 		}
+		lazy, moved = res.lazy, res.moved
 	}
 	t1 := time.Now()
 	switch w.mode {
@@ -703,7 +713,7 @@ func (w *pgWorker) tx(ctx context.Context, msgs []pgMessage, pre *pgChained, fol
 			return nil
 		})
 		b.Queue("begin")
-		res, err := w.queueClaims(b, following)
+		res, err := w.queueClaims(b, following, w.marked)
 		if err != nil {
 			return nil, err
 		}
@@ -715,8 +725,24 @@ func (w *pgWorker) tx(ctx context.Context, msgs []pgMessage, pre *pgChained, fol
 		}
 		w.chain++
 		next = &pgChained{conn: conn, tx: ntx, res: res}
+	} else if lazy {
+		// The position moves with the COMMIT that ends the chain.
+		m := msgs[len(msgs)-1]
+		b := &pgx.Batch{}
+		var moved bool
+		if err := w.store.QueueMovePosition(b, w.consumer, w.topic, w.partition, m.offset+1, time.Time{}, 0, &moved); err != nil {
+			return nil, err
+		}
+		b.Queue("commit")
+		if err := conn.SendBatch(ctx, b).Close(); err != nil {
+			return nil, err
+		}
+		tx = nil // committed
 	} else if err := tx.Commit(ctx); err != nil {
 		return nil, err
+	}
+	if moved {
+		w.marked = true
 	}
 	t3 := time.Now()
 	w.clock.record(w.partition, len(msgs), segments{Claim: t1.Sub(t0), Handle: t2.Sub(t1), Commit: t3.Sub(t2)})
