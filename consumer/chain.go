@@ -339,74 +339,51 @@ func (w *worker) runTx(ctx context.Context, pre *chained, first func(*pgx.Batch)
 		_ = tx.Rollback(detached)
 		return fmt.Errorf("consumer: the transaction ended before its commit: %w", pgx.ErrTxClosed)
 	}
-	// owe: the transaction claimed its message without moving the
-	// position; the COMMIT moves it, or leaves it to the next transaction
-	// when that one is begun with it.
-	owe := pre != nil && pre.res.lazy && !pre.res.one
+	// lazy: the transaction claimed its message without moving the
+	// position; the next transaction that claims with the position, or
+	// flushOwed, moves it past.
+	lazy := pre != nil && pre.res.lazy && !pre.res.one
 	if next := w.chainable(msgs); next != nil {
 		committed, err := w.commitChained(detached, conn, tx, next)
 		switch {
 		case committed:
-			w.owe = nil
-			if owe {
-				w.owe = msgs[0]
-			}
+			w.owed(lazy, msgs)
 			return nil
 		case !errors.Is(err, errNotChained):
 			return err
 		}
-	}
-	if owe {
-		return w.commitMoving(detached, conn, tx, msgs[0])
 	}
 	if err := tx.Commit(detached); err != nil {
 		dropReadOnly(detached, tx, err)
 		_ = tx.Rollback(detached)
 		return err
 	}
-	w.owe = nil
+	w.owed(lazy, msgs)
 	return nil
 }
 
-// commitMoving commits tx, whose message m was claimed without the
-// position, with the UPDATE that moves the position past m: both in one
-// round trip on conn.
-func (w *worker) commitMoving(ctx context.Context, conn *pgxpool.Conn, tx pgx.Tx, m *Message) error {
-	cfg := &w.r.cfg
-	b := &pgx.Batch{}
-	var moved, committed bool
-	if err := cfg.Store.QueueMovePosition(b, cfg.Name, m.Topic, m.Partition, m.Offset+1, m.Time, w.epoch, &moved); err != nil {
-		_ = tx.Rollback(ctx)
-		return err
+// owed records what a committed transaction of msgs did to the position:
+// left it behind its one message (lazy), or moved it (any other
+// transaction moves it past its messages).
+func (w *worker) owed(lazy bool, msgs []*Message) {
+	w.owe = nil
+	if lazy {
+		w.owe = msgs[0]
 	}
-	b.Queue("commit").Exec(func(tag pgconn.CommandTag) error {
-		if tag.String() != "COMMIT" {
-			return pgx.ErrTxCommitRollback
-		}
-		committed = true
-		return nil
-	})
-	// Sent on the connection, not through tx: pgx's Tx would wrap nothing
-	// here, and once COMMIT answered the connection is idle, which is all
-	// the pool checks when it gets the connection back.
-	err := conn.SendBatch(ctx, b).Close()
-	if err == nil && committed {
-		w.owe = nil
-		return nil
-	}
-	if err == nil {
-		err = pgx.ErrTxCommitRollback
-	}
-	dropReadOnly(ctx, tx, err)
-	_ = tx.Rollback(ctx)
-	return err
+}
+
+// ready reports whether a message is fetched and waiting for the worker.
+func (w *worker) ready() bool {
+	return w.pending != nil || w.held != nil || len(w.queue) > 0 || len(w.prefetched) > 0
 }
 
 // flushOwed moves the position past the message a chained claim left it
-// behind, when the worker ends before a transaction after it did: so that
-// the next runner starts where this one stopped without asking ClaimedAt.
-// Best effort, briefly: the position row says ClaimsAhead, which covers
-// a failure.
+// behind (w.owe), in a short transaction of its own, when nothing follows
+// that would move it: before the worker waits for messages or retries
+// one, and on its way out. It commits asynchronously (synchronous_commit
+// off): the position row says ClaimsAhead, so a move lost in a crash costs
+// nothing but a look at the claims (checkAhead). Best effort, bounded by
+// flushTimeout.
 func (w *worker) flushOwed(ctx context.Context) {
 	m := w.owe
 	if m == nil {
@@ -416,15 +393,33 @@ func (w *worker) flushOwed(ctx context.Context) {
 	cfg := &w.r.cfg
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), flushTimeout)
 	defer cancel()
-	err := inTx(ctx, cfg.pool, func(tx pgx.Tx) error {
-		return cfg.Store.SavePositionTx(ctx, tx, cfg.Name, m.Topic, m.Partition, m.Offset+1, m.Time, w.epoch)
-	})
+	err := func() error {
+		conn, err := cfg.pool.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		defer conn.Release()
+		b := &pgx.Batch{}
+		b.Queue("begin")
+		b.Queue("set local synchronous_commit to off")
+		var moved bool
+		if err := cfg.Store.QueueMovePosition(b, cfg.Name, m.Topic, m.Partition, m.Offset+1, m.Time, w.epoch, &moved); err != nil {
+			return err
+		}
+		b.Queue("commit")
+		err = conn.SendBatch(ctx, b).Close()
+		if pc := conn.Conn().PgConn(); err != nil && !pc.IsClosed() && pc.TxStatus() != 'I' {
+			_, _ = pc.Exec(ctx, "rollback").ReadAll()
+		}
+		return err
+	}()
 	if err != nil {
-		w.log.DebugContext(ctx, "position not moved past the last transaction at the end; the next start finds its claims", "offset", m.Offset, "err", err)
+		w.log.DebugContext(ctx, "position not moved past the last transaction; a start there finds its claims",
+			"offset", m.Offset, "err", err)
 	}
 }
 
-// flushTimeout bounds flushOwed, which a rebalance waits for.
+// flushTimeout bounds flushOwed.
 const flushTimeout = 2 * time.Second
 
 // commitChained commits tx and, in the same round trip on its connection,
@@ -458,9 +453,9 @@ func (w *worker) commitChained(ctx context.Context, conn *pgxpool.Conn, tx pgx.T
 		live[i] = i
 	}
 	// Claimed without the position, once the position row says claims may
-	// lie past it: the chain moves the position with its last COMMIT
-	// (commitMoving), and a runner starting after a crash in between finds
-	// the claims (checkAhead).
+	// lie past it: the next transaction claimed with the position, or
+	// flushOwed, moves it past, and a runner starting after a crash in
+	// between finds the claims (checkAhead).
 	lazy := w.marked && len(next) == 1
 	if err := w.queueClaims(b, next, live, false, lazy, res); err != nil {
 		return false, errNotChained

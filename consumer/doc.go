@@ -27,14 +27,19 @@
 // duplicates, replays, positions lost). One-message transactions committed
 // in a row (see "Transactions in a row") are the exception that keeps the
 // promise: those after the first claim their message without writing the
-// position, and the COMMIT that ends the row moves it past them all, so
-// the position may trail the committed messages by up to 16 meanwhile.
-// The position row then says so (dedup.Position.ClaimsAhead, migration
-// 16), and a runner that starts at such a position first asks, message by
-// message, whether each was claimed at its very coordinates
+// position, which the next transaction claiming with it moves past them
+// all (the first after the row), or, when no message follows, a short
+// transaction of its own (committed asynchronously) before the worker
+// waits for more, retries a message or ends. So the position may trail the
+// committed messages by up to 16 meanwhile. The position row then says so
+// (dedup.Position.ClaimsAhead, migration 16), and a runner that starts at
+// such a position first asks, message by message, whether each was
+// claimed at its very coordinates since the position was last written
 // (dedup.Store.ClaimedAt): those are done, and pass silently (no handler,
-// no outcome), up to the first one that was not. A seek clears the mark:
-// what it rewinds over comes back as duplicates. Kafka offsets are still committed,
+// no outcome), up to the first one that was not. A duplicate in the row
+// moves the position itself, so that it is not reported twice. What a
+// seek rewinds over was claimed before the seek wrote the position: it
+// comes back as duplicates. Kafka offsets are still committed,
 // synchronously, by one committer per generation that sends the newest
 // committed position of every partition in one request — never an offset
 // whose transaction did not commit — so lag tooling keeps working. An

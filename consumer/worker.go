@@ -113,6 +113,9 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 				return
 			}
 		}
+		if w.owe != nil && !w.ready() {
+			w.flushOwed(ctx) // nothing fetched would move the position on now
+		}
 		batch, err := w.fetch(ctx)
 		if errors.Is(err, errIdle) {
 			continue // time to look at parked messages
@@ -744,6 +747,7 @@ func indexMissingID(msgs []*Message) int {
 // the context of the transaction that failed (Hooks.TxStart's): logs and
 // hooks about the failure get it, so that they carry its trace.
 func (w *worker) retry(ctx, tctx context.Context, msg *Message, err error) error {
+	w.flushOwed(ctx) // the messages before msg are done: the position need not wait for it
 	cfg := &w.r.cfg
 	schedule := cfg.Retry.Schedule()
 	f := failure{first: time.Now(), ctx: tctx}

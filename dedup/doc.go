@@ -50,14 +50,16 @@
 //
 // A consumer may also claim several messages of a partition in a row
 // without moving the position (QueueClaim), and move it past them once
-// (QueueMovePosition, queued before the COMMIT of the last): PostgreSQL then
-// updates the position row once per run instead of once per message. The
-// move marks the row ClaimsAhead (migration 16): claims of the partition may
-// lie past it. A consumer that starts at such a position asks ClaimedAt,
-// message by message, whether each was claimed at exactly its coordinates,
-// and passes those silently as if the position were past them, so a crash in
-// the middle of the run still costs no redelivery. Purge keeps the claims
-// past such a position; a seek clears the mark.
+// (with a later claim, or QueueMovePosition in a transaction of its own):
+// PostgreSQL then updates the position row once per run instead of once per
+// message. The move marks the row ClaimsAhead (migration 16): claims of the
+// partition may lie past it. A consumer that starts at such a position asks
+// ClaimedAt, message by message, whether each was claimed at exactly its
+// coordinates since the position was last written, and passes those
+// silently as if the position were past them, so a crash in the middle of
+// the run still costs no redelivery. Purge keeps those claims; a seek
+// clears the mark, and what it rewinds over (claimed before the seek) comes
+// back as duplicates.
 //
 // Store.SeekTx is the one way a position moves back (or jumps ahead): it
 // locks the consumer's positions in a topic, returns what it replaced, and

@@ -263,8 +263,8 @@ func ExampleStore_QueueClaimMovePosition() {
 	// next offset: 6
 }
 
-// Claims in a row without the position, which moves once, with the last
-// COMMIT; a consumer starting at the position finds what lies past it.
+// Claims in a row without the position, which then moves once, past
+// them; a consumer starting at the position finds what lies past it.
 func ExampleStore_QueueClaim() {
 	ctx := context.Background()
 	pool, schema, drop := exampleDB()
@@ -277,9 +277,9 @@ func ExampleStore_QueueClaim() {
 	claim := func(id string, offset int64) dedup.Claim {
 		return dedup.Claim{Consumer: "billing", MessageID: id, Topic: "orders", Partition: 0, Offset: offset}
 	}
-	// handle claims c in a transaction of its own; move: the COMMIT also
-	// moves the position past c, in the same round trip.
-	handle := func(c dedup.Claim, move bool) error {
+	// handle claims c in a transaction of its own, BEGIN and claim in one
+	// round trip.
+	handle := func(c dedup.Claim) error {
 		b := &pgx.Batch{}
 		b.BeginTx(pgx.TxOptions{})
 		var duplicate bool
@@ -293,16 +293,18 @@ func ExampleStore_QueueClaim() {
 			return err
 		}
 		// ... unless duplicate, the business writes, in tx ...
-		if !move {
-			return tx.Commit(ctx)
-		}
-		var moved bool
-		b = &pgx.Batch{}
-		if err := store.QueueMovePosition(b, c.Consumer, c.Topic, c.Partition, c.Offset+1, c.Time, c.Epoch, &moved); err != nil {
-			return err
-		}
-		b.Queue("commit")
-		return tx.Conn().SendBatch(ctx, b).Close()
+		return tx.Commit(ctx)
+	}
+	// move moves the position past c, in a transaction of its own.
+	move := func(c dedup.Claim) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			var moved bool
+			b := &pgx.Batch{}
+			if err := store.QueueMovePosition(b, c.Consumer, c.Topic, c.Partition, c.Offset+1, c.Time, c.Epoch, &moved); err != nil {
+				return err
+			}
+			return tx.SendBatch(ctx, b).Close()
+		})
 	}
 	// The position row exists (the first message of the partition).
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -313,8 +315,14 @@ func ExampleStore_QueueClaim() {
 		panic(err)
 	}
 	for i, id := range []string{"order-2", "order-3", "order-4"} {
-		if err := handle(claim(id, int64(1+i)), id == "order-3"); err != nil {
+		c := claim(id, int64(1+i))
+		if err := handle(c); err != nil {
 			panic(err)
+		}
+		if id == "order-3" {
+			if err := move(c); err != nil {
+				panic(err)
+			}
 		}
 	}
 	list, err := store.ListPositions(ctx, pool, "billing", "orders")

@@ -204,9 +204,16 @@ func New(cfg *Config) (*Store, error) {
 		anchor_offset = CASE WHEN EXCLUDED.anchor_time IS NULL THEN p.anchor_offset ELSE EXCLUDED.anchor_offset END,
 		anchor_time = coalesce(EXCLUDED.anchor_time, p.anchor_time), updated_at = now()
 	WHERE p.next_offset < EXCLUDED.next_offset AND p.epoch = EXCLUDED.epoch`
+	// A claim m past its position, made since the position was last
+	// written: one that may have left the position behind it (a seek, or a
+	// recreated topic's new incarnation, writes the position after the
+	// claims it rewinds over).
+	sinceWritten := `NOT EXISTS (SELECT 1 FROM ` + positions + ` AS p
+		WHERE p.consumer = m.consumer AND p.topic = m.topic AND p.kafka_partition = m.kafka_partition
+			AND p.updated_at > m.processed_at)`
 	keepAhead := `NOT EXISTS (SELECT 1 FROM ` + positions + ` AS p
 		WHERE p.consumer = m.consumer AND p.topic = m.topic AND p.kafka_partition = m.kafka_partition
-			AND p.claims_ahead AND m.kafka_offset >= p.next_offset)`
+			AND p.claims_ahead AND m.kafka_offset >= p.next_offset AND m.processed_at >= p.updated_at)`
 	withPosition := func(input string) string {
 		return positionCTEs(input) + `, position_new AS (
 	` + positionInsert + `
@@ -360,16 +367,17 @@ SELECT input.ord FROM input JOIN (SELECT * FROM claimed UNION ALL SELECT * FROM 
 	WHERE p.consumer = $1::text AND p.topic = $2::text AND p.kafka_partition = $3::int
 		AND p.next_offset < $4::bigint AND p.epoch = $6::bigint`,
 
-		// A claim at exactly these coordinates, with claimArgs' parameters.
+		// A claim at exactly these coordinates, made since the partition's
+		// position was last written, with claimArgs' parameters.
 		claimedAtSQL: [3]string{
-			keyText: `SELECT EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1 AND message_id = $2
-	AND topic = $3 AND kafka_partition = $4 AND kafka_offset = $5)`,
-			keyUUID: `SELECT EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1::text AND message_uuid = $6::uuid
-	AND topic = $3::text AND kafka_partition = $4::int AND kafka_offset = $5::bigint)
-	OR EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1::text AND message_id = $2::text
-	AND topic = $3::text AND kafka_partition = $4::int AND kafka_offset = $5::bigint)`,
-			keyDaily: `SELECT EXISTS (SELECT 1 FROM ` + daily.table + ` WHERE consumer = $1 AND message_uuid = $2 AND day = $3
-	AND topic = $4 AND kafka_partition = $5 AND kafka_offset = $6)`,
+			keyText: `SELECT EXISTS (SELECT 1 FROM ` + processed + ` AS m WHERE consumer = $1 AND message_id = $2
+	AND topic = $3 AND kafka_partition = $4 AND kafka_offset = $5 AND ` + sinceWritten + `)`,
+			keyUUID: `SELECT EXISTS (SELECT 1 FROM ` + processed + ` AS m WHERE consumer = $1::text AND message_uuid = $6::uuid
+	AND topic = $3::text AND kafka_partition = $4::int AND kafka_offset = $5::bigint AND ` + sinceWritten + `)
+	OR EXISTS (SELECT 1 FROM ` + processed + ` AS m WHERE consumer = $1::text AND message_id = $2::text
+	AND topic = $3::text AND kafka_partition = $4::int AND kafka_offset = $5::bigint AND ` + sinceWritten + `)`,
+			keyDaily: `SELECT EXISTS (SELECT 1 FROM ` + daily.table + ` AS m WHERE consumer = $1 AND message_uuid = $2 AND day = $3
+	AND topic = $4 AND kafka_partition = $5 AND kafka_offset = $6 AND ` + sinceWritten + `)`,
 		},
 
 		processedSQL: `SELECT EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1 AND message_id = $2)
@@ -568,17 +576,18 @@ func (s *Store) QueueClaimMovePosition(b *pgx.Batch, c Claim, duplicate, moved *
 	return nil
 }
 
-// QueueClaim queues on b the claim ClaimTx makes, without a position: a
-// consumer that moves the position after several such claims
-// (QueueMovePosition) queues it after b.BeginTx, so that the transaction
-// begins and claims in one round trip. *duplicate is stored when b's
-// results are read; errors are returned as for QueueClaimWithPosition, and
-// a UUIDv7 ID needs Store.Layout called once before.
+// QueueClaim queues on b the claim ClaimTx makes, without a position:
+// queued after b.BeginTx, the transaction begins and claims in one round
+// trip. *duplicate is stored when b's results are read; errors are returned
+// as for QueueClaimWithPosition, and a UUIDv7 ID needs Store.Layout called
+// once before.
 //
-// A consumer doing so moves the position with QueueMovePosition once an
-// earlier transaction of the partition has (so that the row says
-// ClaimsAhead), and when it starts at a position that says ClaimsAhead,
-// it asks ClaimedAt about each message it reads there before handling it.
+// A consumer claims so only once the partition's position row says
+// ClaimsAhead (QueueClaimMovePosition or QueueMovePosition moved it in a
+// committed transaction), and moves the position past such claims later:
+// with the claim of a later message, or on its own (QueueMovePosition).
+// When it starts at a position that says ClaimsAhead, it asks ClaimedAt
+// about each message it reads there before handling it.
 func (s *Store) QueueClaim(b *pgx.Batch, c Claim, duplicate *bool) error {
 	if err := c.validate(); err != nil {
 		return fail("claim", err)
@@ -606,9 +615,11 @@ func (s *Store) QueueClaim(b *pgx.Batch, c Claim, duplicate *bool) error {
 // statement does: never back, the anchor moved when anchorTime is known,
 // under the same epoch only, and the row marked ClaimsAhead. *moved
 // reports, when b's results are read, whether the row moved; a row that
-// does not exist is not inserted (SavePositionTx does that). Queued before
-// a COMMIT, it moves the position of the claims QueueClaim made in the
-// same round trip as the commit.
+// does not exist is not inserted (SavePositionTx does that). It moves the
+// position past claims QueueClaim made, in a transaction of its own: as
+// the row says ClaimsAhead, that transaction may commit asynchronously
+// (synchronous_commit off), since losing it loses nothing ClaimedAt does
+// not find.
 func (s *Store) QueueMovePosition(b *pgx.Batch, consumer, topic string, partition int, next int64, anchorTime time.Time, epoch int64, moved *bool) error {
 	if err := ValidateID("Consumer", consumer); err != nil {
 		return fmt.Errorf("dedup: move position: %w", &inputError{err: err})
@@ -637,14 +648,18 @@ func (s *Store) QueueMovePosition(b *pgx.Batch, consumer, topic string, partitio
 	return nil
 }
 
-// ClaimedAt reports whether c.MessageID is claimed by c.Consumer at exactly
-// c's topic, partition and offset, as db sees it: the message read there
-// was claimed, and its transaction committed, by a consumer of that name.
-// (c.Time and c.Epoch are not used.) A consumer starting at a position that
-// says ClaimsAhead passes such messages silently, as if the position were
-// past them; a message claimed elsewhere (a true duplicate), or not at all,
-// ends what it passes. After a record is purged, ClaimedAt reports false.
-// Invalid input returns an error matching ErrInvalidInput.
+// ClaimedAt reports whether c.MessageID was claimed by c.Consumer at exactly
+// c's topic, partition and offset since the position of that partition was
+// last written, if it has one (the claim's processed_at is not before the
+// position's UpdatedAt), as db sees it: the message read there was claimed, and its
+// transaction committed, by a consumer of that name that did not move the
+// position past it. (c.Time and c.Epoch are not used.) A consumer starting
+// at a position that says ClaimsAhead passes such messages silently, as if
+// the position were past them; a message claimed elsewhere (a true
+// duplicate), before the position's last write (what a seek rewound over,
+// a recreated topic's earlier incarnation) or not at all ends what it
+// passes, and comes back as usual. Invalid input returns an error matching
+// ErrInvalidInput.
 func (s *Store) ClaimedAt(ctx context.Context, db DBTX, c Claim) (bool, error) {
 	if err := c.validate(); err != nil {
 		return false, fail("claimed at", err)
@@ -962,9 +977,10 @@ func (s *Store) Processed(ctx context.Context, db DBTX, consumer, messageID stri
 // such record is left or ctx ends. It returns how many records it deleted,
 // also when it returns an error. batchSize <= 0 means PurgeBatchDefault.
 // Rows locked by a concurrent Purge are skipped, not waited for. Positions
-// are never purged, nor the records past a position that says ClaimsAhead
-// (at most a run of one-message transactions per partition: the consumer
-// starting there needs them, see ClaimedAt). Records in daily partitions
+// are never purged, nor the records ClaimedAt finds past a position that
+// says ClaimsAhead (claims made since its last write: at most a run of
+// one-message transactions per partition, which the consumer starting
+// there needs). Records in daily partitions
 // are not deleted here: they go with their day's partition
 // (MaintainPartitions), whatever the positions say: a consumer stopped for
 // longer than KeepDays reads such messages again as new, which

@@ -518,8 +518,33 @@ type pgWorker struct {
 	topic        string
 	partition    int
 	clock        *workerClock
-	chain        int  // transactions chained in a row
-	marked       bool // the position row says ClaimsAhead (a move committed)
+	chain        int        // transactions chained in a row
+	marked       bool       // the position row says ClaimsAhead (a move committed)
+	owe          *pgMessage // committed by a lazy claim, the position behind it
+}
+
+// flushOwed moves the position past w.owe in a transaction of its own,
+// committed asynchronously, as the runner does when nothing follows.
+func (w *pgWorker) flushOwed(ctx context.Context) error {
+	if w.owe == nil {
+		return nil
+	}
+	m := w.owe
+	w.owe = nil
+	conn, err := w.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	b := &pgx.Batch{}
+	b.Queue("begin")
+	b.Queue("set local synchronous_commit to off")
+	var moved bool
+	if err := w.store.QueueMovePosition(b, w.consumer, w.topic, w.partition, m.offset+1, time.Time{}, 0, &moved); err != nil {
+		return err
+	}
+	b.Queue("commit")
+	return conn.SendBatch(ctx, b).Close()
 }
 
 func (w *pgWorker) run(ctx context.Context, msgs []pgMessage, size int) error {
@@ -544,7 +569,7 @@ func (w *pgWorker) run(ctx context.Context, msgs []pgMessage, size int) error {
 		}
 		msgs = msgs[n:]
 	}
-	return nil
+	return w.flushOwed(ctx)
 }
 
 // pgChainMax is the runner's chainMax (consumer/chain.go): the
@@ -725,24 +750,15 @@ func (w *pgWorker) tx(ctx context.Context, msgs []pgMessage, pre *pgChained, fol
 		}
 		w.chain++
 		next = &pgChained{conn: conn, tx: ntx, res: res}
-	} else if lazy {
-		// The position moves with the COMMIT that ends the chain.
-		m := msgs[len(msgs)-1]
-		b := &pgx.Batch{}
-		var moved bool
-		if err := w.store.QueueMovePosition(b, w.consumer, w.topic, w.partition, m.offset+1, time.Time{}, 0, &moved); err != nil {
-			return nil, err
-		}
-		b.Queue("commit")
-		if err := conn.SendBatch(ctx, b).Close(); err != nil {
-			return nil, err
-		}
-		tx = nil // committed
 	} else if err := tx.Commit(ctx); err != nil {
 		return nil, err
 	}
 	if moved {
 		w.marked = true
+	}
+	w.owe = nil
+	if lazy { // the next claim with the position moves it past, or flushOwed
+		w.owe = &msgs[len(msgs)-1]
 	}
 	t3 := time.Now()
 	w.clock.record(w.partition, len(msgs), segments{Claim: t1.Sub(t0), Handle: t2.Sub(t1), Commit: t3.Sub(t2)})
