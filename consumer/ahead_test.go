@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/segmentio/kafka-go"
 
@@ -223,5 +224,85 @@ func TestDuplicateInChainMovesThePosition(t *testing.T) {
 	}
 	if behind < n/2 {
 		t.Fatalf("the position was behind the message just committed %d times of %d: chained claims moved it", behind, n)
+	}
+}
+
+// TestPositionCaughtUpWhenIdle: once a backlog is done and the partition
+// waits for messages, the position is past the last one while the runner
+// still runs (the chained claims before it left it behind).
+func TestPositionCaughtUpWhenIdle(t *testing.T) {
+	t.Parallel()
+	const n = 100
+	e := newEnv(t, 1)
+	e.backlog(n)
+	oc := newOutcomes(n)
+	cfg := e.config(mode{batch: 1}, nil)
+	cfg.Hooks.Outcome = oc.hook
+	stop := run(t, e.db.Pool, cfg)
+	wait(t, oc.done, "all messages")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		next, ahead := e.position(e.group)
+		if next == n && ahead {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("position %d (ClaimsAhead %v) 10 s after the last of %d messages was reported, the runner idle", next, ahead, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	e.checkOnce(n)
+}
+
+// TestPositionCaughtUpDuringRetry: while a message is retried in place,
+// the position is past the messages before it, although they were claimed
+// by chained transactions that left it behind.
+func TestPositionCaughtUpDuringRetry(t *testing.T) {
+	t.Parallel()
+	const n, failing = 60, 40
+	e := newEnv(t, 1)
+	e.backlog(n)
+	var mu sync.Mutex
+	calls := 0
+	var seen []int64 // the position at each attempt after the first
+	cfg := e.config(mode{batch: 1}, func(ctx context.Context, m *consumer.Message) error {
+		if m.ID != fmt.Sprintf("m-%d", failing) {
+			return nil
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		if calls > 1 {
+			var next int64
+			if err := e.db.Pool.QueryRow(ctx, `SELECT next_offset FROM `+e.db.Table(migrate.ConsumerPositionsDefault)).Scan(&next); err != nil {
+				t.Error(err)
+			}
+			seen = append(seen, next)
+		}
+		if calls <= 3 {
+			return fmt.Errorf("attempt %d fails", calls)
+		}
+		return nil
+	})
+	oc := newOutcomes(n)
+	cfg.Hooks.Outcome = oc.hook
+	stop := run(t, e.db.Pool, cfg)
+	wait(t, oc.done, "all messages")
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	e.checkOnce(n)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 3 {
+		t.Fatalf("m-%d attempted %d times after the first, want 3", failing, len(seen))
+	}
+	for i, next := range seen {
+		if next != failing {
+			t.Errorf("attempt %d of m-%d: position %d, want %d (the messages before it are done)", i+2, failing, next, failing)
+		}
 	}
 }

@@ -350,12 +350,18 @@ func (w *worker) runTx(ctx context.Context, pre *chained, first func(*pgx.Batch)
 			w.owed(lazy, msgs)
 			return nil
 		case !errors.Is(err, errNotChained):
+			w.owe = nil // see below
 			return err
 		}
 	}
 	if err := tx.Commit(detached); err != nil {
 		dropReadOnly(detached, tx, err)
 		_ = tx.Rollback(detached)
+		// The COMMIT may have committed all the same (its answer lost):
+		// moving the position past the message before would then write
+		// it after this one's claim, which ClaimedAt would no longer
+		// find. Left as it is, a start there finds both.
+		w.owe = nil
 		return err
 	}
 	w.owed(lazy, msgs)

@@ -5,8 +5,10 @@
 //
 // For each message the runner begins a pgx transaction, claims the message
 // ID in the dedup store and records the partition's next offset (in the
-// same round trip as BEGIN), runs the handler in that same transaction only when the claim
-// is new, commits, and only then lets the Kafka offset be committed. A
+// same round trip as BEGIN; once per run of one-message transactions in a
+// row, see "Positions and offsets"), runs the handler in that same
+// transaction only when the claim is new, commits, and only then lets the
+// Kafka offset be committed. A
 // redelivered message finds its ID claimed and is acknowledged (Outcome
 // Duplicate) without running the handler again. The guarantee holds at the
 // PostgreSQL boundary: effects outside the transaction (e-mails, calls to

@@ -185,12 +185,16 @@ func (w *worker) passClaimed(ctx context.Context, batch []*Message) (int, error)
 	cfg := &w.r.cfg
 	for i, m := range batch {
 		var claimed bool
+		if m.ID == "" { // processed as usual, which handles it
+			w.checkAhead = false
+			return i, nil
+		}
 		err := w.outage.Do(ctx, func(ctx context.Context) error {
 			var err error
 			claimed, err = cfg.Store.ClaimedAt(ctx, cfg.pool, w.claim(m))
 			return err
 		})
-		if m.ID == "" || errors.Is(err, dedup.ErrInvalidInput) {
+		if errors.Is(err, dedup.ErrInvalidInput) {
 			claimed, err = false, nil // processed as usual, which handles it
 		}
 		if err != nil {

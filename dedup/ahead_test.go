@@ -192,7 +192,7 @@ func TestClaimedAt(t *testing.T) {
 			inTx(t, db.Pool, func(tx pgx.Tx) { // the position, written before the claim
 				if _, err := tx.Exec(ctx, `INSERT INTO `+db.Table(migrate.ConsumerPositionsDefault)+`
 					(consumer, topic, kafka_partition, next_offset, updated_at, claims_ahead)
-					VALUES ($1, $2, $3, 40, now() - interval '1 second', true)`, c.Consumer, c.Topic, c.Partition); err != nil {
+					VALUES ($1, $2, $3, 40, '2000-01-01 00:00:00+00', true)`, c.Consumer, c.Topic, c.Partition); err != nil {
 					t.Fatal(err)
 				}
 			})
@@ -211,10 +211,13 @@ func TestClaimedAt(t *testing.T) {
 			}
 			inTx(t, db.Pool, func(tx pgx.Tx) { // as if the seek came before the claim
 				if _, err := tx.Exec(ctx, `UPDATE `+db.Table(migrate.ConsumerPositionsDefault)+`
-					SET updated_at = now() - interval '1 second' WHERE kafka_partition = $1`, c.Partition); err != nil {
+					SET updated_at = '2000-01-01 00:00:00+00' WHERE kafka_partition = $1`, c.Partition); err != nil {
 					t.Fatal(err)
 				}
 			})
+			if !at(c) {
+				t.Fatal("ClaimedAt of the committed claim, the position written before it again: false")
+			}
 			for name, other := range map[string]func(*dedup.Claim){
 				"offset":    func(c *dedup.Claim) { c.Offset++ },
 				"partition": func(c *dedup.Claim) { c.Partition += 10 },

@@ -100,6 +100,7 @@ func (s *Store) ListPositions(ctx context.Context, db DBTX, consumer, topic stri
 // SeekTx first locks every position of consumer in topic (FOR UPDATE), so
 // that before is what the seek replaced: the positions of the partitions in
 // to that had one. after holds the positions written, in partition order.
+// It needs migration 16.
 //
 // The incarnation of a position already recorded stays as it is; a new
 // position gets the highest incarnation recorded for the topic (0 when none).

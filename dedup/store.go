@@ -530,7 +530,8 @@ func (s *Store) QueueClaimWithPosition(b *pgx.Batch, c Claim, duplicate *bool) e
 // before), as two plain statements that travel in the same round trip: the
 // claim ClaimTx runs, then an UPDATE of the position row, with the same
 // rules (never back, the anchor moves with a known time, the same epoch
-// only), which also marks the row ClaimsAhead (see QueueClaim). *duplicate is the claim's outcome and *moved reports whether the
+// only), which also marks the row ClaimsAhead (see QueueClaim; it needs
+// migration 16). *duplicate is the claim's outcome and *moved reports whether the
 // UPDATE moved the position; both are stored when b's results are read,
 // errors are returned as for QueueClaimWithPosition.
 //
@@ -619,7 +620,7 @@ func (s *Store) QueueClaim(b *pgx.Batch, c Claim, duplicate *bool) error {
 // position past claims QueueClaim made, in a transaction of its own: as
 // the row says ClaimsAhead, that transaction may commit asynchronously
 // (synchronous_commit off), since losing it loses nothing ClaimedAt does
-// not find.
+// not find. It needs migration 16.
 func (s *Store) QueueMovePosition(b *pgx.Batch, consumer, topic string, partition int, next int64, anchorTime time.Time, epoch int64, moved *bool) error {
 	if err := ValidateID("Consumer", consumer); err != nil {
 		return fmt.Errorf("dedup: move position: %w", &inputError{err: err})
@@ -659,7 +660,7 @@ func (s *Store) QueueMovePosition(b *pgx.Batch, consumer, topic string, partitio
 // duplicate), before the position's last write (what a seek rewound over,
 // a recreated topic's earlier incarnation) or not at all ends what it
 // passes, and comes back as usual. Invalid input returns an error matching
-// ErrInvalidInput.
+// ErrInvalidInput. It needs migration 16.
 func (s *Store) ClaimedAt(ctx context.Context, db DBTX, c Claim) (bool, error) {
 	if err := c.validate(); err != nil {
 		return false, fail("claimed at", err)
@@ -976,8 +977,8 @@ func (s *Store) Processed(ctx context.Context, db DBTX, consumer, messageID stri
 // per statement, each statement its own short transaction on db, until no
 // such record is left or ctx ends. It returns how many records it deleted,
 // also when it returns an error. batchSize <= 0 means PurgeBatchDefault.
-// Rows locked by a concurrent Purge are skipped, not waited for. Positions
-// are never purged, nor the records ClaimedAt finds past a position that
+// Rows locked by a concurrent Purge are skipped, not waited for (it needs
+// migration 16). Positions are never purged, nor the records ClaimedAt finds past a position that
 // says ClaimsAhead (claims made since its last write: at most a run of
 // one-message transactions per partition, which the consumer starting
 // there needs). Records in daily partitions
