@@ -62,13 +62,23 @@ func produce(t *testing.T, topic string, c kafka.Compression, from, n int) {
 			Time:    time.UnixMilli(int64(1_700_000_000_000 + from + i)),
 			Headers: []kafka.Header{{Key: "message-id", Value: []byte("m" + id)}, {Key: "empty"}}}
 	}
-	res, err := testenv.Client(t).Produce(ctx, &kafka.ProduceRequest{Topic: topic, RequiredAcks: kafka.RequireAll,
-		Compression: c, Records: kafka.NewRecordReader(recs...)})
-	if err == nil {
-		err = res.Error
-	}
-	if err != nil {
-		t.Fatal(err)
+	var res *kafka.ProduceResponse
+	for {
+		var err error
+		res, err = testenv.Client(t).Produce(ctx, &kafka.ProduceRequest{Topic: topic, RequiredAcks: kafka.RequireAll,
+			Compression: c, Records: kafka.NewRecordReader(recs...)})
+		if err == nil {
+			err = res.Error
+		}
+		if err == nil {
+			break
+		}
+		// A topic just created may be announced with its leader before
+		// that broker leads it (CI met this once): wait for it.
+		if !errors.Is(err, kafka.NotLeaderForPartition) && !errors.Is(err, kafka.LeaderNotAvailable) || ctx.Err() != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	if res.BaseOffset != int64(from) {
 		t.Fatalf("batch at %d, want %d", res.BaseOffset, from)
