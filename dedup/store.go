@@ -553,6 +553,15 @@ func (s *Store) QueueClaimMovePosition(b *pgx.Batch, c Claim, duplicate, moved *
 	if b == nil || duplicate == nil || moved == nil {
 		return errors.New("dedup: claim: nil batch or result")
 	}
+	if err := s.queueClaim(b, c, duplicate); err != nil {
+		return err
+	}
+	s.queueMove(b, c.Consumer, c.Topic, c.Partition, c.Offset+1, c.Time, c.Epoch, moved)
+	return nil
+}
+
+// queueClaim queues the claim of c, checked, on b.
+func (s *Store) queueClaim(b *pgx.Batch, c Claim, duplicate *bool) error {
 	kind, u, day, err := s.route(context.Background(), nil, c.MessageID)
 	if err != nil {
 		return fmt.Errorf("dedup: claim: %w", err)
@@ -565,7 +574,12 @@ func (s *Store) QueueClaimMovePosition(b *pgx.Batch, c Claim, duplicate, moved *
 		*duplicate = tag.RowsAffected() == 0
 		return nil
 	}
-	b.Queue(s.movePositionSQL, c.Consumer, c.Topic, c.Partition, c.Offset+1, anchor(c.Time), c.Epoch).Fn =
+	return nil
+}
+
+// queueMove queues movePositionSQL, its arguments checked, on b.
+func (s *Store) queueMove(b *pgx.Batch, consumer, topic string, partition int, next int64, anchorTime time.Time, epoch int64, moved *bool) {
+	b.Queue(s.movePositionSQL, consumer, topic, partition, next, anchor(anchorTime), epoch).Fn =
 		func(br pgx.BatchResults) error {
 			tag, err := br.Exec()
 			if err != nil {
@@ -574,7 +588,6 @@ func (s *Store) QueueClaimMovePosition(b *pgx.Batch, c Claim, duplicate, moved *
 			*moved = tag.RowsAffected() == 1
 			return nil
 		}
-	return nil
 }
 
 // QueueClaim queues on b the claim ClaimTx makes, without a position:
@@ -596,19 +609,7 @@ func (s *Store) QueueClaim(b *pgx.Batch, c Claim, duplicate *bool) error {
 	if b == nil || duplicate == nil {
 		return errors.New("dedup: claim: nil batch or result")
 	}
-	kind, u, day, err := s.route(context.Background(), nil, c.MessageID)
-	if err != nil {
-		return fmt.Errorf("dedup: claim: %w", err)
-	}
-	b.Queue(s.claimSQL[kind], claimArgs(c, kind, u, day)...).Fn = func(br pgx.BatchResults) error {
-		tag, err := br.Exec()
-		if err != nil {
-			return s.claimError("claim", err, day)
-		}
-		*duplicate = tag.RowsAffected() == 0
-		return nil
-	}
-	return nil
+	return s.queueClaim(b, c, duplicate)
 }
 
 // QueueMovePosition queues on b the UPDATE that moves consumer's position
@@ -637,15 +638,7 @@ func (s *Store) QueueMovePosition(b *pgx.Batch, consumer, topic string, partitio
 	if b == nil || moved == nil {
 		return errors.New("dedup: move position: nil batch or result")
 	}
-	b.Queue(s.movePositionSQL, consumer, topic, partition, next, anchor(anchorTime), epoch).Fn =
-		func(br pgx.BatchResults) error {
-			tag, err := br.Exec()
-			if err != nil {
-				return fail("move position", err)
-			}
-			*moved = tag.RowsAffected() == 1
-			return nil
-		}
+	s.queueMove(b, consumer, topic, partition, next, anchorTime, epoch, moved)
 	return nil
 }
 
