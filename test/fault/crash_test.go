@@ -229,6 +229,65 @@ func TestCrashBetweenCommits(t *testing.T) {
 	}
 }
 
+// TestRepeatedCrashesInRuns kills the consumer process with SIGKILL right
+// after the commit of messages in the middle of runs of chained
+// transactions (whose claims leave the stored position behind), again and
+// again, one crash right after a restart, and lets it finish: every effect
+// happens once, in order, and no message ever comes back as a duplicate,
+// since the position (with the claims past it) is in PostgreSQL.
+func TestRepeatedCrashesInRuns(t *testing.T) {
+	t.Parallel()
+	const n = 240
+	// One transaction per message: in the default mode the backlog goes
+	// in a few large batches, which move the position themselves.
+	for _, tc := range []struct {
+		name  string
+		batch int
+	}{{"per-message", 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			db := newDB(t)
+			topic := testenv.NewTopic(t, 1)
+			group := testenv.Name(t, "g")
+			produce(t, topic, "m-", 0, n, 5)
+			env := []string{childTopic + "=" + topic, childGroup + "=" + group, childSchema + "=" + db.Schema,
+				childBatch + "=" + strconv.Itoa(tc.batch), childUntil + "=" + strconv.Itoa(n)}
+			var all []string
+			for _, k := range []int{23, 24, 61, 118, 119, 177, 230} {
+				lines, killed := startChild(t, append(env, childCrash+"=after-commit:m-"+strconv.Itoa(k)))
+				if !killed {
+					t.Fatalf("the consumer process was not killed after the commit of m-%d", k)
+				}
+				all = append(all, lines...)
+			}
+			lines, killed := startChild(t, env)
+			if killed {
+				t.Fatal("the last consumer process was killed")
+			}
+			all = append(all, lines...)
+			runs := effectRuns(t, db)
+			for i := range n {
+				if id := "m-" + strconv.Itoa(i); runs[id] != 1 {
+					t.Fatalf("%s ran %d times, want 1", id, runs[id])
+				}
+			}
+			applied := map[string]int{}
+			for _, l := range all {
+				switch {
+				case strings.HasSuffix(l, " duplicate"):
+					t.Errorf("came back as a duplicate after a crash: %q", l)
+				case strings.HasSuffix(l, " applied"):
+					id := strings.Fields(l)[1]
+					if applied[id]++; applied[id] > 1 {
+						t.Errorf("%s reported applied %d times", id, applied[id])
+					}
+				}
+			}
+			checkOrder(t, db)
+		})
+	}
+}
+
 // TestCrashAfterDeadLetterWrite kills the consumer between the dead-letter
 // write and the position commit: after restart the message is not lost and
 // not applied; it may stand in the dead-letter topic twice, as the same dead
