@@ -110,8 +110,9 @@ func budgetOf(pool *pgxpool.Pool) *chainBudget {
 type claimResults struct {
 	dup        []bool // one per live message, for a claim batch
 	one, moved bool   // for one message: duplicate, and whether its position row moved
-	// lazy: the one message was claimed without moving the position; its
-	// transaction moves it with its COMMIT, or leaves it to the next one.
+	// lazy: the one message was claimed without moving the position; the
+	// next transaction that claims with the position, or flushOwed, moves
+	// it past (runTx).
 	lazy bool
 }
 

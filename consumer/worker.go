@@ -1026,9 +1026,10 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 		dup := res.dup
 		if len(live) == 1 && !parking {
 			dup = []bool{res.one}
-			// A message claimed without the position has it moved by
-			// the COMMIT (runTx), unless a duplicate: its position is
-			// moved now, so that it is not reported again after a restart
+			// A message claimed without the position has it moved
+			// later (runTx: the next transaction, or flushOwed), unless
+			// a duplicate: its position is moved now, before the
+			// handler, so that it is not reported again after a restart
 			// (ClaimedAt finds no claim at its coordinates).
 			if !res.moved && (!res.lazy || res.one) { // no row yet (or ahead, or another epoch: left as it is)
 				m := msgs[0]
