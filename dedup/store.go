@@ -384,9 +384,9 @@ SELECT input.ord FROM input JOIN (SELECT * FROM claimed UNION ALL SELECT * FROM 
 	OR ($3::uuid IS NOT NULL AND EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1 AND message_uuid = $3::uuid))`,
 
 		// Rows are found by their ctid: a row has one of two keys. A claim
-		// past a position that says ClaimsAhead is kept, however old: it
-		// is what tells the consumer starting there that the message is
-		// done.
+		// past a position that says ClaimsAhead, made since its last write,
+		// is kept, however old: it is what tells the consumer starting
+		// there that the message is done (ClaimedAt).
 		purgeSQL: `DELETE FROM ` + processed + ` WHERE ctid = ANY (ARRAY (
 	SELECT ctid FROM ` + processed + ` AS m
 	WHERE processed_at < $1 AND ` + keepAhead + `
