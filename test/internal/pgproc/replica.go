@@ -127,7 +127,12 @@ func MultiHostURL(servers ...*Server) string {
 // backend: like a machine that loses its power) and promotes the standby
 // (pg_promote, waiting until it takes writes). The promoted server then has
 // no standby: Rebuild gives it one.
-func (p *Pair) Failover(ctx context.Context) error {
+func (p *Pair) Failover(ctx context.Context) error { return p.FailoverAfter(ctx, 0) }
+
+// FailoverAfter is Failover with a pause between the kill and the
+// promotion: the time an operator or a failover manager takes to notice,
+// during which no server takes writes.
+func (p *Pair) FailoverAfter(ctx context.Context, pause time.Duration) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.standby == nil {
@@ -135,6 +140,15 @@ func (p *Pair) Failover(ctx context.Context) error {
 	}
 	if err := p.primary.Kill(); err != nil {
 		return err
+	}
+	if pause > 0 {
+		t := time.NewTimer(pause)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
 	}
 	if err := p.standby.Promote(ctx); err != nil {
 		return err
