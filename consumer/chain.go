@@ -282,8 +282,7 @@ var errNotChained = errors.New("consumer: next transaction not chained")
 // fetched, the COMMIT goes with that batch's BEGIN and claims, and its
 // transaction is left in w.next, on the same connection.
 func (w *worker) runTx(ctx context.Context, pre *chained, first func(*pgx.Batch) error, msgs []*Message, f func(pgx.Tx) error) (err error) {
-	detached, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
-	defer cancel()
+	detached := w.bound.detach(ctx)
 	var conn *pgxpool.Conn
 	var tx pgx.Tx
 	if pre != nil {
@@ -367,6 +366,71 @@ func (w *worker) runTx(ctx context.Context, pre *chained, first func(*pgx.Batch)
 	}
 	w.owed(lazy, msgs)
 	return nil
+}
+
+// indexes returns 0, 1, …, n-1, in a slice the caller must not change.
+func (w *worker) indexes(n int) []int {
+	for len(w.seq) < n {
+		w.seq = append(w.seq, len(w.seq))
+	}
+	return w.seq[:n:n]
+}
+
+// commitBound gives a worker's commits the context they run with when
+// the runner stops under them: cancellation does not reach them, and they
+// end within commitTimeout. A timer per transaction cost the one-message
+// mode about 2% of its CPU; one deadline serves every transaction that
+// starts within commitBoundReuse of its making, so a commit is bounded by
+// commitTimeout-commitBoundReuse to commitTimeout.
+type commitBound struct {
+	ctx    context.Context // a deadline alone, on context.Background
+	cancel context.CancelFunc
+	made   time.Time
+}
+
+// commitBoundReuse is how long a commitBound's deadline is reused.
+const commitBoundReuse = time.Second
+
+// detach returns a context with ctx's values (the transaction's trace)
+// that ctx's cancellation does not reach and that ends at the bound's
+// deadline.
+func (b *commitBound) detach(ctx context.Context) context.Context {
+	if now := time.Now(); b.ctx == nil || now.Sub(b.made) >= commitBoundReuse {
+		b.stop()
+		b.ctx, b.cancel = context.WithTimeout(context.Background(), commitTimeout)
+		b.made = now
+	}
+	return boundCtx{values: ctx, bound: b.ctx}
+}
+
+// stop releases the bound's timer.
+func (b *commitBound) stop() {
+	if b.cancel != nil {
+		b.cancel()
+		b.ctx, b.cancel = nil, nil
+	}
+}
+
+// boundCtx has the values of one context and the deadline and
+// cancellation of another.
+type boundCtx struct {
+	values, bound context.Context
+}
+
+func (c boundCtx) Deadline() (time.Time, bool) { return c.bound.Deadline() }
+func (c boundCtx) Done() <-chan struct{}       { return c.bound.Done() }
+func (c boundCtx) Err() error                  { return c.bound.Err() }
+
+// Value looks in bound first: it holds no value of its own (it is made on
+// context.Background), but it answers the context package's own lookup of
+// the cancellation to follow, so that context.AfterFunc and children of
+// this context register with bound rather than start a goroutine each (as
+// they would for a context whose parent is not the package's own).
+func (c boundCtx) Value(key any) any {
+	if v := c.bound.Value(key); v != nil {
+		return v
+	}
+	return c.values.Value(key)
 }
 
 // owed records what a committed transaction of msgs did to the position:
@@ -455,10 +519,7 @@ func (w *worker) commitChained(ctx context.Context, conn *pgxpool.Conn, tx pgx.T
 	})
 	b.Queue("begin")
 	res := &claimResults{}
-	live := make([]int, len(next))
-	for i := range live {
-		live[i] = i
-	}
+	live := w.indexes(len(next))
 	// Claimed without the position, once the position row says claims may
 	// lie past it: the next transaction claimed with the position, or
 	// flushOwed, moves it past, and a runner starting after a crash in

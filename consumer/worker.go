@@ -52,6 +52,8 @@ type worker struct {
 	passed      int             // messages checkAhead passed
 	bytes       *byteBudget
 	state       *partitionState // what Runner.Partitions reports
+	bound       commitBound     // the deadline of commits that outlive a cancellation (runTx)
+	seq         []int           // 0, 1, 2, …: the live indexes of a batch without parked keys
 }
 
 func (w *worker) run(runCtx, genCtx context.Context) {
@@ -102,6 +104,7 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 			<-w.r.sem
 		}
 		w.flushOwed(ctx)
+		w.bound.stop()
 	}()
 
 	for {
@@ -989,12 +992,15 @@ func (e *handlerError) Unwrap() error { return e.err }
 func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes []Outcome, err error) {
 	cfg := &w.r.cfg
 	outcomes = make([]Outcome, len(msgs))
-	var live []int // messages handled now; the others wait behind a parked message of their key
-	for i, m := range msgs {
-		if w.parked.parkedKey(m) {
-			outcomes[i] = Parked
-		} else {
-			live = append(live, i)
+	live := w.indexes(len(msgs)) // messages handled now; the others wait behind a parked message of their key
+	if w.parked != nil && len(w.parked.keys) > 0 {
+		live = nil
+		for i, m := range msgs {
+			if w.parked.parkedKey(m) {
+				outcomes[i] = Parked
+			} else {
+				live = append(live, i)
+			}
 		}
 	}
 	parking := len(live) < len(msgs)
