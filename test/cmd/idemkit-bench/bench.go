@@ -163,7 +163,10 @@ func runBench(ctx context.Context, o *options) (err error) {
 		}
 	}
 	// Rounds interleave the scenarios, so that a slow spell of the shared
-	// machine falls on all of them; each figure is its scenario's median round.
+	// machine falls on all of them; each figure is its scenario's median
+	// round. Every other round runs them in reverse order (A B C, C B A, …):
+	// a scenario run first in every round met a machine still busy with the
+	// round before, or a broker not yet warm, each time.
 	rounds := map[string][]*result{}
 	defer func() { // also after a failure: report what was measured
 		rep.results = rep.results[:0]
@@ -175,7 +178,7 @@ func runBench(ctx context.Context, o *options) (err error) {
 	}()
 	for round := 1; round <= o.repeat && len(throughput) > 0; round++ {
 		b.round = round
-		for _, sc := range throughput {
+		for _, sc := range roundOrder(throughput, round) {
 			progress("%s: round %d of %d", sc.name, round, o.repeat)
 			var r *result
 			switch sc.kind {
@@ -231,6 +234,18 @@ func runBench(ctx context.Context, o *options) (err error) {
 		}
 	}
 	return nil
+}
+
+// roundOrder returns the scenarios in the order round (from 1) runs them:
+// as given in odd rounds, reversed in even ones. A consumer scenario stays
+// next to its PostgreSQL-alone counterpart either way.
+func roundOrder(scs []*scenario, round int) []*scenario {
+	if round%2 == 1 {
+		return scs
+	}
+	rev := slices.Clone(scs)
+	slices.Reverse(rev)
+	return rev
 }
 
 // buildPeer builds the Watermill peer (test/peers/watermill, its own module

@@ -138,13 +138,10 @@ func childMain(specJSON string) int {
 // openPool opens a pool of one connection per partition, connects them all
 // now (so that no scenario pays for connecting inside its measured interval)
 // and returns their backend PIDs.
-func openPool(ctx context.Context, spec *childSpec, tracer pgx.QueryTracer) (*pgxpool.Pool, []int, error) {
+func openPool(ctx context.Context, spec *childSpec) (*pgxpool.Pool, []int, error) {
 	cfg, err := pgxpool.ParseConfig(spec.DatabaseURL)
 	if err != nil {
 		return nil, nil, fmt.Errorf("parse database URL: %w", err)
-	}
-	if tracer != nil {
-		cfg.ConnConfig.Tracer = tracer
 	}
 	cfg.MaxConns = int32(cmp.Or(spec.Pool, spec.Partitions))
 	cfg.MinConns = cfg.MaxConns
@@ -190,8 +187,7 @@ type interval struct {
 // prints "ready" once every partition is assigned and learns the target from
 // a line "expect N" on stdin.
 func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*childResult, error) {
-	tracer := newBeginTracer()
-	pool, backends, err := openPool(ctx, spec, tracer)
+	pool, backends, err := openPool(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
@@ -283,6 +279,10 @@ func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*chil
 			return "", errors.New("no message-id header")
 		},
 		Hooks: consumer.Hooks{
+			TxStart: func(ctx context.Context, msgs []*consumer.Message, _ int) context.Context {
+				clock.txStarted(msgs[0].Partition, time.Now())
+				return ctx
+			},
 			BeforeCommit: func(_ context.Context, msgs []*consumer.Message) {
 				clock.beforeCommit(msgs[0].Partition, time.Now())
 			},
@@ -319,7 +319,7 @@ func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*chil
 	}
 	if sc.batchHandler {
 		cfg.BatchHandler = consumer.BatchHandlerFunc(func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
-			clock.handlerStarted(msgs[0].Partition, time.Now(), tracer.beginOf(tx.Conn()))
+			clock.handlerStarted(msgs[0].Partition, time.Now())
 			effects := make([]effect, len(msgs))
 			for i, m := range msgs {
 				e, err := messageEffect(m)
@@ -332,7 +332,7 @@ func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*chil
 		})
 	} else {
 		cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-			clock.handlerStarted(m.Partition, time.Now(), tracer.beginOf(tx.Conn()))
+			clock.handlerStarted(m.Partition, time.Now())
 			e, err := messageEffect(m)
 			if err != nil {
 				return err
@@ -454,7 +454,7 @@ type pgMessage struct {
 // (IDs, accounts, partitions) as the backlog, one worker per partition, the
 // same claim statements (dedup.Store), the same upserts and the same batching.
 func runPGChild(ctx context.Context, spec *childSpec, sc *scenario) (*childResult, error) {
-	pool, backends, err := openPool(ctx, spec, nil)
+	pool, backends, err := openPool(ctx, spec)
 	if err != nil {
 		return nil, err
 	}

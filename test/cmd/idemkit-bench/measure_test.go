@@ -1,0 +1,59 @@
+package main
+
+import (
+	"testing"
+	"time"
+)
+
+// TestRoundOrder: even rounds run the scenarios in reverse, and a consumer
+// scenario stays next to its PostgreSQL-alone counterpart.
+func TestRoundOrder(t *testing.T) {
+	a, b, c := &scenario{name: "a"}, &scenario{name: "b"}, &scenario{name: "c"}
+	scs := []*scenario{a, b, c}
+	for round, want := range map[int]string{1: "abc", 2: "cba", 3: "abc", 4: "cba"} {
+		got := ""
+		for _, sc := range roundOrder(scs, round) {
+			got += sc.name
+		}
+		if got != want {
+			t.Errorf("round %d runs %s, want %s", round, got, want)
+		}
+	}
+	if scs[0] != a || scs[2] != c {
+		t.Error("roundOrder changed the list it was given")
+	}
+}
+
+// TestWorkerClockSegments: a transaction's time splits at its TxStart, its
+// first handler call, BeforeCommit and AfterCommit; a start that belongs to
+// an earlier transaction leaves the wait and claim unsplit.
+func TestWorkerClockSegments(t *testing.T) {
+	c := newWorkerClock(1)
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+
+	c.afterCommit(0, 1, at(0)) // the transaction before: no handler, only its end
+	c.txStarted(0, at(2))
+	c.handlerStarted(0, at(5))
+	c.handlerStarted(0, at(6)) // a second handler call of the same transaction
+	c.beforeCommit(0, at(15))
+	c.afterCommit(0, 1, at(20))
+	seg, txs, msgs := c.sum()
+	want := segments{Wait: 2 * time.Millisecond, Claim: 3 * time.Millisecond, Handle: 10 * time.Millisecond,
+		Commit: 5 * time.Millisecond}
+	if seg != want || txs != 1 || msgs != 1 {
+		t.Fatalf("segments %+v, %d txs, %d msgs; want %+v, 1, 1", seg, txs, msgs, want)
+	}
+
+	// No TxStart since the last commit: the start seen is stale.
+	c.handlerStarted(0, at(25))
+	c.beforeCommit(0, at(30))
+	c.afterCommit(0, 1, at(32))
+	seg, _, _ = c.sum()
+	want.Unsplit = 5 * time.Millisecond
+	want.Handle += 5 * time.Millisecond
+	want.Commit += 2 * time.Millisecond
+	if seg != want {
+		t.Fatalf("after a transaction without a start: %+v, want %+v", seg, want)
+	}
+}
