@@ -122,7 +122,7 @@ type chained struct {
 	conn  *pgxpool.Conn
 	tx    pgx.Tx
 	msgs  []*Message
-	res   *claimResults
+	res   claimResults
 	begun time.Time
 }
 
@@ -276,12 +276,21 @@ func (e *chainLostError) Unwrap() error {
 // on its own.
 var errNotChained = errors.New("consumer: next transaction not chained")
 
-// runTx runs f in a transaction of msgs and commits it, like inTx:
-// in pre when that was begun already (its claims done), else in one begun
-// with the statements first queues. When the next batch is already
+// txSteps is what runTx runs: the messages of a transaction, the claims
+// queued after its BEGIN, and its body (*txRun; a test's own steps).
+type txSteps interface {
+	messages() []*Message
+	claims(b *pgx.Batch) error
+	body(tx pgx.Tx) error
+}
+
+// runTx runs t's body in a transaction of t's messages and commits it, like
+// inTx: in pre when that was begun already (its claims done), else in one
+// begun with the claims t queues. When the next batch is already
 // fetched, the COMMIT goes with that batch's BEGIN and claims, and its
 // transaction is left in w.next, on the same connection.
-func (w *worker) runTx(ctx context.Context, pre *chained, first func(*pgx.Batch) error, msgs []*Message, f func(pgx.Tx) error) (err error) {
+func (w *worker) runTx(ctx context.Context, pre *chained, t txSteps) (err error) {
+	msgs := t.messages()
 	detached := w.bound.detach(ctx)
 	var conn *pgxpool.Conn
 	var tx pgx.Tx
@@ -293,9 +302,9 @@ func (w *worker) runTx(ctx context.Context, pre *chained, first func(*pgx.Batch)
 		if err != nil {
 			return err
 		}
-		b := &pgx.Batch{}
+		b := w.newBatch()
 		b.BeginTx(pgx.TxOptions{})
-		if err := first(b); err != nil {
+		if err := t.claims(b); err != nil {
 			c.Release()
 			return err
 		}
@@ -326,7 +335,7 @@ func (w *worker) runTx(ctx context.Context, pre *chained, first func(*pgx.Batch)
 			}
 		}()
 	}
-	if err := f(tx); err != nil {
+	if err := t.body(tx); err != nil {
 		dropReadOnly(detached, tx, err)
 		_ = tx.Rollback(detached)
 		return err
@@ -366,6 +375,15 @@ func (w *worker) runTx(ctx context.Context, pre *chained, first func(*pgx.Batch)
 	}
 	w.owed(lazy, msgs)
 	return nil
+}
+
+// newBatch returns the worker's batch, emptied: runTx and commitChained
+// send one at a time, and pgx is done with a batch once its results are
+// closed.
+func (w *worker) newBatch() *pgx.Batch {
+	clear(w.batch.QueuedQueries)
+	w.batch = pgx.Batch{QueuedQueries: w.batch.QueuedQueries[:0]}
+	return &w.batch
 }
 
 // indexes returns 0, 1, …, n-1, in a slice the caller must not change.
@@ -504,7 +522,7 @@ const flushTimeout = 2 * time.Second
 // waiting for a lock (a concurrent claim of the same ID) holds up the
 // answer, and a shutdown, until the lock is released or commitTimeout.
 func (w *worker) commitChained(ctx context.Context, conn *pgxpool.Conn, tx pgx.Tx, next []*Message) (committed bool, err error) {
-	b := &pgx.Batch{}
+	b := w.newBatch()
 	// pgx begins a batch's transaction with its first query: here that is
 	// the COMMIT of tx, and the "begin" after it starts the transaction
 	// the batch's Tx then stands for.
@@ -518,7 +536,8 @@ func (w *worker) commitChained(ctx context.Context, conn *pgxpool.Conn, tx pgx.T
 		return nil
 	})
 	b.Queue("begin")
-	res := &claimResults{}
+	c := &chained{msgs: next}
+	res := &c.res
 	live := w.indexes(len(next))
 	// Claimed without the position, once the position row says claims may
 	// lie past it: the next transaction claimed with the position, or
@@ -545,7 +564,8 @@ func (w *worker) commitChained(ctx context.Context, conn *pgxpool.Conn, tx pgx.T
 			_ = ntx.Rollback(ctx) // its messages are claimed again as usual
 			return true, nil
 		}
-		w.next = &chained{conn: conn, tx: ntx, msgs: next, res: res, begun: time.Now()}
+		c.conn, c.tx, c.begun = conn, ntx, time.Now()
+		w.next = c
 		w.chain++
 		return true, nil
 	}

@@ -290,7 +290,7 @@ func (p *parker) releaseKey(ctx context.Context, key []byte) error {
 			return nil
 		}
 		var dup bool
-		tctx, end := p.w.observe(ctx, []*Message{pm.msg}, pm.attempts+1)
+		tctx, obs := p.w.observe(ctx, []*Message{pm.msg}, pm.attempts+1)
 		err = inTx(tctx, cfg.pool, func(tx pgx.Tx) error {
 			ctx := tctx
 			var err error
@@ -319,7 +319,7 @@ func (p *parker) releaseKey(ctx context.Context, key []byte) error {
 		if dup {
 			outcome = Duplicate
 		}
-		end([]Outcome{outcome}, err)
+		obs.end([]Outcome{outcome}, err)
 		var herr *handlerError
 		switch {
 		case err == nil:

@@ -66,7 +66,7 @@ func TestReviewRunTxReleasesConnection(t *testing.T) {
 		if c.ctx != nil {
 			ctx, cancel = c.ctx()
 		}
-		err := w.runTx(ctx, nil, c.first, nil, c.f)
+		err := w.runTx(ctx, nil, testSteps{c.first, c.f})
 		cancel()
 		// A closed connection is destroyed asynchronously by the pool.
 		for deadline := time.Now().Add(2 * time.Second); pool.Stat().AcquiredConns() != 0 && time.Now().Before(deadline); {
@@ -79,3 +79,13 @@ func TestReviewRunTxReleasesConnection(t *testing.T) {
 		}
 	}
 }
+
+// testSteps are the steps of a transaction runTx runs in a test.
+type testSteps struct {
+	first func(b *pgx.Batch) error
+	f     func(tx pgx.Tx) error
+}
+
+func (s testSteps) messages() []*Message      { return nil }
+func (s testSteps) claims(b *pgx.Batch) error { return s.first(b) }
+func (s testSteps) body(tx pgx.Tx) error      { return s.f(tx) }

@@ -54,6 +54,8 @@ type worker struct {
 	state       *partitionState // what Runner.Partitions reports
 	bound       commitBound     // the deadline of commits that outlive a cancellation (runTx)
 	seq         []int           // 0, 1, 2, …: the live indexes of a batch without parked keys
+	txr         txRun           // the transaction tx runs, reused
+	batch       pgx.Batch       // the batch runTx and commitChained send, reused
 }
 
 func (w *worker) run(runCtx, genCtx context.Context) {
@@ -941,9 +943,9 @@ func (w *worker) commit(ctx context.Context, msgs []*Message, attempt int) (fail
 // observedTx runs tx between Hooks.TxStart and Hooks.TxEnd, and reports
 // the outcomes of a committed transaction to Hooks.Outcome.
 func (w *worker) observedTx(ctx context.Context, msgs []*Message, attempt int) (failed int, outcomes []Outcome, tctx context.Context, err error) {
-	tctx, end := w.observe(ctx, msgs, attempt)
+	tctx, obs := w.observe(ctx, msgs, attempt)
 	failed, outcomes, err = w.tx(tctx, msgs)
-	end(outcomes, err)
+	obs.end(outcomes, err)
 	if h := w.r.cfg.Hooks.Outcome; err == nil && h != nil {
 		for i, m := range msgs {
 			h(tctx, m, outcomes[i])
@@ -953,12 +955,12 @@ func (w *worker) observedTx(ctx context.Context, msgs []*Message, attempt int) (
 }
 
 // observe calls Hooks.TxStart for a transaction of msgs and returns the
-// context the transaction runs with and the function that reports its end
-// to Hooks.TxEnd (outcomes are dropped when err is not nil).
-func (w *worker) observe(ctx context.Context, msgs []*Message, attempt int) (context.Context, func(outcomes []Outcome, err error)) {
+// context the transaction runs with and what reports its end to
+// Hooks.TxEnd.
+func (w *worker) observe(ctx context.Context, msgs []*Message, attempt int) (context.Context, observation) {
 	hooks := &w.r.cfg.Hooks
 	if hooks.TxStart == nil && hooks.TxEnd == nil {
-		return ctx, func([]Outcome, error) {}
+		return ctx, observation{}
 	}
 	start := time.Now()
 	if hooks.TxStart != nil {
@@ -966,14 +968,28 @@ func (w *worker) observe(ctx context.Context, msgs []*Message, attempt int) (con
 			ctx = c
 		}
 	}
-	return ctx, func(outcomes []Outcome, err error) {
-		if hooks.TxEnd != nil {
-			if err != nil {
-				outcomes = nil
-			}
-			hooks.TxEnd(ctx, msgs, outcomes, err, time.Since(start))
-		}
+	return ctx, observation{hook: hooks.TxEnd, ctx: ctx, msgs: msgs, start: start}
+}
+
+// observation is a transaction between Hooks.TxStart and Hooks.TxEnd (a
+// value, not a closure: one allocation less per transaction).
+type observation struct {
+	hook  func(ctx context.Context, msgs []*Message, outcomes []Outcome, err error, took time.Duration)
+	ctx   context.Context
+	msgs  []*Message
+	start time.Time
+}
+
+// end reports the transaction's end to Hooks.TxEnd (outcomes are dropped
+// when err is not nil).
+func (o observation) end(outcomes []Outcome, err error) {
+	if o.hook == nil {
+		return
 	}
+	if err != nil {
+		outcomes = nil
+	}
+	o.hook(o.ctx, o.msgs, outcomes, err, time.Since(o.start))
 }
 
 // errSplit asks process to run a batch again in halves: its transaction
@@ -1020,77 +1036,16 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 		}
 		return -1, nil, fmt.Errorf("consumer: %w", err)
 	}
-	var beyond []horizonNote // messages applied beyond the horizon (HorizonApply)
 	// The claims travel with BEGIN: one round trip before the handler runs.
 	// Or they went already, with the COMMIT of the transaction before.
-	res := &claimResults{}
+	t := &w.txr
+	*t = txRun{w: w, ctx: ctx, msgs: msgs, live: live, parking: parking, res: &t.own, outcomes: outcomes,
+		beyond: t.beyond[:0]}
 	if pre != nil {
-		res = pre.res
+		t.res = &pre.res
 	}
-	claims := func(b *pgx.Batch) error { return w.queueClaims(b, msgs, live, parking, false, res) }
-	err = w.runTx(ctx, pre, claims, msgs, func(tx pgx.Tx) error {
-		dup := res.dup
-		if len(live) == 1 && !parking {
-			dup = []bool{res.one}
-			// A message claimed without the position has it moved
-			// later (runTx: the next transaction, or flushOwed), unless
-			// a duplicate: its position is moved now, before the
-			// handler, so that it is not reported again after a restart
-			// (ClaimedAt finds no claim at its coordinates).
-			if !res.moved && (!res.lazy || res.one) { // no row yet (or ahead, or another epoch: left as it is)
-				m := msgs[0]
-				if err := cfg.Store.SavePositionTx(ctx, tx, cfg.Name, m.Topic, m.Partition, m.Offset+1, m.Time, w.epoch); err != nil {
-					return err
-				}
-			}
-		}
-		for j, i := range live {
-			outcomes[i] = Applied
-			if dup[j] {
-				outcomes[i] = Duplicate
-			}
-		}
-		beyond = beyond[:0]
-		now := time.Now()
-		for _, i := range live {
-			herr := w.beyondHorizon(msgs[i], outcomes[i], now)
-			if herr == nil {
-				continue
-			}
-			if cfg.OnBeyondHorizon == HorizonFail {
-				return &handlerError{index: i, err: herr}
-			}
-			beyond = append(beyond, horizonNote{i, herr})
-		}
-		// idemkit's own writes go before the handler's: an error after the
-		// handler ran is the handler's (say, a transaction it made
-		// read-only), never taken for an outage.
-		if parking {
-			var waiting []*Message
-			for i, m := range msgs {
-				if outcomes[i] == Parked {
-					waiting = append(waiting, m)
-				}
-			}
-			if err := w.parked.insert(ctx, tx, waiting, nil, 0); err != nil {
-				return err
-			}
-			last := msgs[len(msgs)-1]
-			if err := cfg.Store.SavePositionTx(ctx, tx, cfg.Name, last.Topic, last.Partition, last.Offset+1, last.Time, w.epoch); err != nil {
-				return err
-			}
-		}
-		if err := w.handle(ctx, tx, msgs, outcomes); err != nil {
-			if lost := connectionLost(tx, err); lost != nil {
-				return lost // an outage, not the handler's verdict
-			}
-			return err
-		}
-		if h := cfg.Hooks.BeforeCommit; h != nil {
-			h(ctx, msgs)
-		}
-		return nil
-	})
+	res := t.res
+	err = w.runTx(ctx, pre, t)
 	var herr *handlerError
 	if errors.As(err, &herr) {
 		return herr.index, nil, herr.err
@@ -1124,7 +1079,7 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 	if h := cfg.Hooks.AfterCommit; h != nil {
 		h(ctx, msgs)
 	}
-	for _, b := range beyond {
+	for _, b := range t.beyond {
 		w.log.WarnContext(ctx, "message beyond the dedup horizon applied (HorizonApply)", "offset", msgs[b.index].Offset,
 			"message_id", msgs[b.index].ID, "age", b.err.Age, "horizon", b.err.Horizon)
 		if h := cfg.Hooks.BeyondHorizon; h != nil {
@@ -1132,6 +1087,97 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 		}
 	}
 	return -1, outcomes, nil
+}
+
+// txRun is a transaction of a worker's: what its claims and its body need.
+// The worker keeps one and reuses it (tx is never running twice at once on
+// a worker): methods rather than closures, which cost allocations per
+// transaction.
+type txRun struct {
+	w        *worker
+	ctx      context.Context
+	msgs     []*Message
+	live     []int // the messages handled now; the others wait behind a parked message of their key
+	parking  bool
+	res      *claimResults
+	own      claimResults // res, when the transaction is not chained
+	outcomes []Outcome
+	beyond   []horizonNote // messages applied beyond the horizon (HorizonApply)
+}
+
+func (t *txRun) messages() []*Message { return t.msgs }
+
+// claims queues the transaction's claims on b (after its BEGIN).
+func (t *txRun) claims(b *pgx.Batch) error {
+	return t.w.queueClaims(b, t.msgs, t.live, t.parking, false, t.res)
+}
+
+// body runs in the transaction once its claims are done: idemkit's own
+// writes, then the handler.
+func (t *txRun) body(tx pgx.Tx) error {
+	w, ctx, msgs, live, parking, res, outcomes := t.w, t.ctx, t.msgs, t.live, t.parking, t.res, t.outcomes
+	cfg := &w.r.cfg
+	dup := res.dup
+	if len(live) == 1 && !parking {
+		dup = []bool{res.one}
+		// A message claimed without the position has it moved
+		// later (runTx: the next transaction, or flushOwed), unless
+		// a duplicate: its position is moved now, before the
+		// handler, so that it is not reported again after a restart
+		// (ClaimedAt finds no claim at its coordinates).
+		if !res.moved && (!res.lazy || res.one) { // no row yet (or ahead, or another epoch: left as it is)
+			m := msgs[0]
+			if err := cfg.Store.SavePositionTx(ctx, tx, cfg.Name, m.Topic, m.Partition, m.Offset+1, m.Time, w.epoch); err != nil {
+				return err
+			}
+		}
+	}
+	for j, i := range live {
+		outcomes[i] = Applied
+		if dup[j] {
+			outcomes[i] = Duplicate
+		}
+	}
+	t.beyond = t.beyond[:0]
+	now := time.Now()
+	for _, i := range live {
+		herr := w.beyondHorizon(msgs[i], outcomes[i], now)
+		if herr == nil {
+			continue
+		}
+		if cfg.OnBeyondHorizon == HorizonFail {
+			return &handlerError{index: i, err: herr}
+		}
+		t.beyond = append(t.beyond, horizonNote{i, herr})
+	}
+	// idemkit's own writes go before the handler's: an error after the
+	// handler ran is the handler's (say, a transaction it made
+	// read-only), never taken for an outage.
+	if parking {
+		var waiting []*Message
+		for i, m := range msgs {
+			if outcomes[i] == Parked {
+				waiting = append(waiting, m)
+			}
+		}
+		if err := w.parked.insert(ctx, tx, waiting, nil, 0); err != nil {
+			return err
+		}
+		last := msgs[len(msgs)-1]
+		if err := cfg.Store.SavePositionTx(ctx, tx, cfg.Name, last.Topic, last.Partition, last.Offset+1, last.Time, w.epoch); err != nil {
+			return err
+		}
+	}
+	if err := w.handle(ctx, tx, msgs, outcomes); err != nil {
+		if lost := connectionLost(tx, err); lost != nil {
+			return lost // an outage, not the handler's verdict
+		}
+		return err
+	}
+	if h := cfg.Hooks.BeforeCommit; h != nil {
+		h(ctx, msgs)
+	}
+	return nil
 }
 
 // horizonNote is a message of a transaction found beyond the horizon.
