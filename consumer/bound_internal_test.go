@@ -5,6 +5,11 @@ import (
 	"runtime"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idemkit/internal/testenv"
 )
 
 type boundKey struct{}
@@ -27,14 +32,14 @@ func TestCommitBound(t *testing.T) {
 		t.Fatalf("cancelling the transaction's context reached the commit's: %v", err)
 	}
 	deadline, ok := d.Deadline()
-	if !ok || time.Until(deadline) > commitTimeout || time.Until(deadline) < commitTimeout-commitBoundReuse-time.Second {
+	if !ok || time.Until(deadline) > commitTimeout || time.Until(deadline) < commitTimeout-commitBoundReuse()-time.Second {
 		t.Fatalf("Deadline = %v, %t; want one within commitTimeout (%v)", deadline, ok, commitTimeout)
 	}
 	if again, _ := b.detach(context.Background()).Deadline(); !again.Equal(deadline) {
 		t.Fatalf("a second transaction within commitBoundReuse got a new deadline %v, want %v", again, deadline)
 	}
 	first := b.ctx
-	b.made = b.made.Add(-commitBoundReuse)
+	b.made = b.made.Add(-commitBoundReuse())
 	// The transaction's context is cancellable, as the worker's is.
 	live, stopLive := context.WithCancel(context.Background())
 	defer stopLive()
@@ -71,5 +76,37 @@ func TestCommitBound(t *testing.T) {
 	}
 	if renewed.Err() == nil {
 		t.Fatal("the commit's context outlived its bound")
+	}
+}
+
+// TestCommitAfterLongHandler: a handler that runs longer than commitTimeout
+// does not leave its commit an expired context (which pgx would not even
+// send, and which the runner would take for a lost connection: the
+// transaction would run again, and again). Not parallel: it shortens
+// commitTimeout.
+func TestCommitAfterLongHandler(t *testing.T) {
+	saved := commitTimeout
+	commitTimeout = 300 * time.Millisecond
+	defer func() { commitTimeout = saved }()
+	pool, err := pgxpool.New(context.Background(), testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	w := &worker{r: &Runner{cfg: Config{pool: pool}, chains: budgetOf(pool)}}
+	defer w.bound.stop()
+	slow := func(tx pgx.Tx) error {
+		time.Sleep(2 * commitTimeout)
+		_, err := tx.Exec(context.Background(), `SELECT 1`)
+		return err
+	}
+	for i := range 2 { // the second with the worker's bound made before
+		err := w.runTx(context.Background(), nil, testSteps{func(b *pgx.Batch) error { b.Queue(`SELECT 1`); return nil }, slow})
+		if err != nil {
+			t.Fatalf("runTx %d with a handler of %v (commitTimeout %v): %v", i, 2*commitTimeout, commitTimeout, err)
+		}
+	}
+	if err := inTx(context.Background(), pool, slow); err != nil {
+		t.Fatalf("inTx with a handler of %v (commitTimeout %v): %v", 2*commitTimeout, commitTimeout, err)
 	}
 }

@@ -291,7 +291,6 @@ type txSteps interface {
 // transaction is left in w.next, on the same connection.
 func (w *worker) runTx(ctx context.Context, pre *chained, t txSteps) (err error) {
 	msgs := t.messages()
-	detached := w.bound.detach(ctx)
 	var conn *pgxpool.Conn
 	var tx pgx.Tx
 	if pre != nil {
@@ -310,7 +309,10 @@ func (w *worker) runTx(ctx context.Context, pre *chained, t txSteps) (err error)
 		}
 		br := c.SendBatch(ctx, b)
 		tx = br.Tx()
-		if err := br.Close(); err != nil {
+		err = br.Close()
+		w.doneBatch()
+		if err != nil {
+			detached := w.bound.detach(ctx)
 			dropReadOnly(detached, tx, err)
 			_ = tx.Rollback(detached)
 			c.Release()
@@ -335,7 +337,11 @@ func (w *worker) runTx(ctx context.Context, pre *chained, t txSteps) (err error)
 			}
 		}()
 	}
-	if err := t.body(tx); err != nil {
+	err = t.body(tx)
+	// Taken once the body returned: the handler's own time (unbounded)
+	// does not count against the commit's.
+	detached := w.bound.detach(ctx)
+	if err != nil {
 		dropReadOnly(detached, tx, err)
 		_ = tx.Rollback(detached)
 		return err
@@ -381,10 +387,15 @@ func (w *worker) runTx(ctx context.Context, pre *chained, t txSteps) (err error)
 // send one at a time, and pgx is done with a batch once its results are
 // closed.
 func (w *worker) newBatch() *pgx.Batch {
-	clear(w.batch.QueuedQueries)
+	w.doneBatch()
 	w.batch = pgx.Batch{QueuedQueries: w.batch.QueuedQueries[:0]}
 	return &w.batch
 }
+
+// doneBatch drops what the worker's batch refers to (arguments, result
+// callbacks) once its results are closed, so that an idle worker keeps
+// nothing of its last transaction.
+func (w *worker) doneBatch() { clear(w.batch.QueuedQueries) }
 
 // indexes returns 0, 1, …, n-1, in a slice the caller must not change.
 func (w *worker) indexes(n int) []int {
@@ -394,31 +405,33 @@ func (w *worker) indexes(n int) []int {
 	return w.seq[:n:n]
 }
 
-// commitBound gives a worker's commits the context they run with when
-// the runner stops under them: cancellation does not reach them, and they
-// end within commitTimeout. A timer per transaction cost the one-message
-// mode about 2% of its CPU; one deadline serves every transaction that
-// starts within commitBoundReuse of its making, so a commit is bounded by
-// commitTimeout-commitBoundReuse to commitTimeout.
+// commitBound gives a worker's commits (and rollbacks) the context they
+// run with: the runner's cancellation does not reach them, and they end
+// within commitTimeout. A timer per transaction cost the one-message mode
+// about 2% of its CPU; one deadline serves every commit that starts within
+// commitBoundReuse of its making, so a commit is bounded by
+// commitTimeout-commitBoundReuse to commitTimeout from when it starts
+// (runTx takes it once the handler returned).
 type commitBound struct {
 	ctx    context.Context // a deadline alone, on context.Background
 	cancel context.CancelFunc
 	made   time.Time
 }
 
-// commitBoundReuse is how long a commitBound's deadline is reused.
-const commitBoundReuse = time.Second
+// commitBoundReuse is how long a commitBound's deadline is reused: a
+// thirtieth of commitTimeout (1 s).
+func commitBoundReuse() time.Duration { return commitTimeout / 30 }
 
 // detach returns a context with ctx's values (the transaction's trace)
 // that ctx's cancellation does not reach and that ends at the bound's
 // deadline.
 func (b *commitBound) detach(ctx context.Context) context.Context {
-	if now := time.Now(); b.ctx == nil || now.Sub(b.made) >= commitBoundReuse {
+	if now := time.Now(); b.ctx == nil || now.Sub(b.made) >= commitBoundReuse() {
 		b.stop()
 		b.ctx, b.cancel = context.WithTimeout(context.Background(), commitTimeout)
 		b.made = now
 	}
-	return boundCtx{values: ctx, bound: b.ctx}
+	return &boundCtx{values: ctx, bound: b.ctx}
 }
 
 // stop releases the bound's timer.
@@ -435,16 +448,16 @@ type boundCtx struct {
 	values, bound context.Context
 }
 
-func (c boundCtx) Deadline() (time.Time, bool) { return c.bound.Deadline() }
-func (c boundCtx) Done() <-chan struct{}       { return c.bound.Done() }
-func (c boundCtx) Err() error                  { return c.bound.Err() }
+func (c *boundCtx) Deadline() (time.Time, bool) { return c.bound.Deadline() }
+func (c *boundCtx) Done() <-chan struct{}       { return c.bound.Done() }
+func (c *boundCtx) Err() error                  { return c.bound.Err() }
 
 // Value looks in bound first: it holds no value of its own (it is made on
 // context.Background), but it answers the context package's own lookup of
 // the cancellation to follow, so that context.AfterFunc and children of
 // this context register with bound rather than start a goroutine each (as
 // they would for a context whose parent is not the package's own).
-func (c boundCtx) Value(key any) any {
+func (c *boundCtx) Value(key any) any {
 	if v := c.bound.Value(key); v != nil {
 		return v
 	}
@@ -550,6 +563,7 @@ func (w *worker) commitChained(ctx context.Context, conn *pgxpool.Conn, tx pgx.T
 	br := conn.SendBatch(ctx, b)
 	ntx := br.Tx()
 	err = br.Close()
+	w.doneBatch()
 	if err == nil {
 		// The budget counts the transactions left open while their
 		// workers are away, from here on: a round trip in flight ends on

@@ -1041,6 +1041,7 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 	t := &w.txr
 	*t = txRun{w: w, ctx: ctx, msgs: msgs, live: live, parking: parking, res: &t.own, outcomes: outcomes,
 		beyond: t.beyond[:0]}
+	defer t.reset()
 	if pre != nil {
 		t.res = &pre.res
 	}
@@ -1106,6 +1107,14 @@ type txRun struct {
 }
 
 func (t *txRun) messages() []*Message { return t.msgs }
+
+// reset drops what the transaction refers to (messages, its context,
+// outcomes), keeping beyond's array, so that an idle worker keeps nothing
+// of its last transaction.
+func (t *txRun) reset() {
+	clear(t.beyond)
+	*t = txRun{beyond: t.beyond[:0]}
+}
 
 // claims queues the transaction's claims on b (after its BEGIN).
 func (t *txRun) claims(b *pgx.Batch) error {
@@ -1284,13 +1293,16 @@ func (w *worker) handleOne(ctx context.Context, tx pgx.Tx, m *Message) error {
 // the outcome of work in flight unknown); on any error it rolls back, also
 // with a context that survives the caller's cancellation.
 func inTx(ctx context.Context, pool *pgxpool.Pool, f func(pgx.Tx) error) error {
-	detached, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
-	defer cancel()
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return err
 	}
-	if err := f(tx); err != nil {
+	err = f(tx)
+	// Made once f returned: f's own time does not count against the
+	// commit's.
+	detached, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
+	defer cancel()
+	if err != nil {
 		dropReadOnly(detached, tx, err)
 		_ = tx.Rollback(detached)
 		return err
@@ -1317,8 +1329,9 @@ func dropReadOnly(ctx context.Context, tx pgx.Tx, err error) {
 	}
 }
 
-// commitTimeout bounds a commit or rollback that outlives a cancellation.
-const commitTimeout = 30 * time.Second
+// commitTimeout bounds a commit or rollback, from when it starts: it
+// outlives the runner's cancellation. (A variable for tests.)
+var commitTimeout = 30 * time.Second
 
 // callIDFunc runs the user's IDFunc; a panic becomes its error (the
 // message then has no usable ID).

@@ -227,8 +227,10 @@ func (c *workerClock) part(p int) *partClock {
 	return &c.parts[p]
 }
 
-// txStarted records Hooks.TxStart of a transaction (each attempt's: the
-// last one before the handler counts).
+// txStarted records Hooks.TxStart of a transaction. Once an attempt's
+// handler ran, later attempts' starts are ignored until the transaction
+// commits: a retried transaction counts from its first attempt whose
+// handler ran.
 func (c *workerClock) txStarted(p int, now time.Time) {
 	if pc := c.part(p); pc != nil {
 		pc.mu.Lock()
