@@ -31,6 +31,19 @@ type app struct {
 	effects string // quoted tables
 	keySeq  string
 	breaks  string
+	// gate, while set, holds every handler until it is closed (pause).
+	gate atomic.Pointer[chan struct{}]
+}
+
+// pause holds the handlers until the function it returns is called (once
+// or more).
+func (a *app) pause() (resume func()) {
+	g := make(chan struct{})
+	a.gate.Store(&g)
+	return sync.OnceFunc(func() {
+		a.gate.Store(nil)
+		close(g)
+	})
 }
 
 // keyName is the name of key k of a source ("o": the outbox, "p": the
@@ -73,6 +86,13 @@ func newApp(t *testing.T, keys int) *app {
 
 // apply is the handler's work for one message; via names the runner.
 func (a *app) apply(ctx context.Context, tx pgx.Tx, m *consumer.Message, via string) error {
+	if g := a.gate.Load(); g != nil {
+		select {
+		case <-*g:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	seq, err := strconv.Atoi(faultplan.Header(m.Message, faultplan.SeqHeader))
 	if err != nil {
 		return retry.Permanent(fmt.Errorf("message %s: bad %s header: %w", m.ID, faultplan.SeqHeader, err))

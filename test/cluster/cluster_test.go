@@ -316,12 +316,27 @@ func run(t *testing.T, c *kafkaproc.Cluster, sc scenario) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// The runners must have messages to commit offsets for while the
+		// node is in the ISRs: the producer's and the relays' writes
+		// (acks=all) wait for the dead node too, so runners that caught up
+		// before the kill would commit nothing until it left the ISRs
+		// (about 8 s, when the controller fences it), and no commit would
+		// meet the coordinator unable to write (the test failed so, 1 run
+		// in 4). Their handlers are held until a backlog built up, and let
+		// go right after the kill.
+		resume := a.pause()
+		defer resume()
+		applied := effects()
+		wait("a backlog of 100 messages while the handlers are held", time.Minute, func() (bool, error) {
+			return written()-applied >= 100, nil
+		})
 		t0 := time.Now()
 		e0, d0 := effects(), nDelivered.Load()
 		r0, f0, l0 := rebalances.Load(), commitFailures.Load(), leftOnCommit()
 		if err := c.Node(victim).Stop(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
+		resume()
 		t.Logf("%s: SIGKILLed node %d, leader of %s/%d (the busiest not led by the coordinator, node %d: %d messages); %s",
 			since(), victim, topic, p, coord, end, status())
 		var newLeader int
