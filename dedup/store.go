@@ -623,17 +623,8 @@ func (s *Store) QueueClaim(b *pgx.Batch, c Claim, duplicate *bool) error {
 // (synchronous_commit off), since losing it loses nothing ClaimedAt does
 // not find. It needs migration 16.
 func (s *Store) QueueMovePosition(b *pgx.Batch, consumer, topic string, partition int, next int64, anchorTime time.Time, epoch int64, moved *bool) error {
-	if err := ValidateID("Consumer", consumer); err != nil {
-		return fmt.Errorf("dedup: move position: %w", &inputError{err: err})
-	}
-	if err := validateTopic(topic); err != nil {
-		return fail("move position", err)
-	}
-	if err := validatePartition(partition); err != nil {
-		return fail("move position", err)
-	}
-	if next < 0 {
-		return fmt.Errorf("dedup: move position: %w", invalid("invalid next offset %d", next))
+	if err := validatePosition("move position", consumer, topic, partition, next); err != nil {
+		return err
 	}
 	if b == nil || moved == nil {
 		return errors.New("dedup: move position: nil batch or result")
@@ -878,6 +869,24 @@ func anchor(t time.Time) *time.Time {
 	return &t
 }
 
+// validatePosition checks the arguments of a position write (op names it
+// in the error).
+func validatePosition(op, consumer, topic string, partition int, next int64) error {
+	if err := ValidateID("Consumer", consumer); err != nil {
+		return fmt.Errorf("dedup: %s: %w", op, &inputError{err: err})
+	}
+	if err := validateTopic(topic); err != nil {
+		return fail(op, err)
+	}
+	if err := validatePartition(partition); err != nil {
+		return fail(op, err)
+	}
+	if next < 0 {
+		return fmt.Errorf("dedup: %s: %w", op, invalid("invalid next offset %d", next))
+	}
+	return nil
+}
+
 // SavePositionTx records next as consumer's next offset for topic and
 // partition in tx, unless a higher one is recorded already: positions never
 // move back through the store. (ClaimWithPositionTx and ClaimBatchTx already
@@ -890,17 +899,8 @@ func anchor(t time.Time) *time.Time {
 // epoch as the writer read it (Position.Epoch): after a seek changed it, the
 // position is left as it is.
 func (s *Store) SavePositionTx(ctx context.Context, tx pgx.Tx, consumer, topic string, partition int, next int64, anchorTime time.Time, epoch int64) error {
-	if err := ValidateID("Consumer", consumer); err != nil {
-		return fmt.Errorf("dedup: save position: %w", &inputError{err: err})
-	}
-	if err := validateTopic(topic); err != nil {
-		return fail("save position", err)
-	}
-	if err := validatePartition(partition); err != nil {
-		return fail("save position", err)
-	}
-	if next < 0 {
-		return fmt.Errorf("dedup: save position: %w", invalid("invalid next offset %d", next))
+	if err := validatePosition("save position", consumer, topic, partition, next); err != nil {
+		return err
 	}
 	if tx == nil {
 		return errors.New("dedup: save position: nil tx")
