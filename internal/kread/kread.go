@@ -56,7 +56,16 @@ type Config struct {
 type Reader struct {
 	cfg    Config
 	offset int64
+	// records is the array the last Fetch returned its records in, reused
+	// by the next one (one allocation per fetch less, and no growth by
+	// doubling): a fetch of many small messages allocated more for it
+	// than for the messages themselves.
+	records []kafka.Message
 }
+
+// keepRecords is the most records whose array a Reader keeps for the next
+// Fetch; a larger one is left to the garbage collector.
+const keepRecords = 8192
 
 // New returns a Reader of cfg's partition positioned at offset: an offset of
 // the partition, kafka.FirstOffset (the log start) or kafka.LastOffset (the
@@ -112,7 +121,8 @@ type Fetch struct {
 	// Records are the committed data records (or, with ReadUncommitted, all
 	// data records) at or after the reader's offset, in offset order; often
 	// none, for example when the fetch covered only markers or aborted
-	// records.
+	// records. The slice is the reader's: the next Fetch reuses it (the
+	// records' keys, values and headers are not reused).
 	Records []kafka.Message
 	// Next is the offset after everything the fetch covered, markers and
 	// aborted records included; the reader moved there. It never passes
@@ -161,7 +171,13 @@ func (r *Reader) Fetch(ctx context.Context) (Fetch, error) {
 	}
 	flt := newFilter(r.cfg.Topic, r.cfg.Partition, start, limit, p.HighWatermark, !r.cfg.ReadUncommitted,
 		p.AbortedTransactions)
-	if err := flt.run(p.RecordSet.Records); err != nil {
+	clear(r.records) // the last fetch's records: nothing keeps them alive through the reader
+	flt.records = r.records[:0]
+	err = flt.run(p.RecordSet.Records)
+	if r.records = nil; cap(flt.records) <= keepRecords {
+		r.records = flt.records
+	}
+	if err != nil {
 		return Fetch{}, fmt.Errorf("kread: read %s/%d at %d: %w", r.cfg.Topic, r.cfg.Partition, start, err)
 	}
 	f.Records, f.Next = flt.records, flt.next

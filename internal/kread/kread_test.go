@@ -219,3 +219,35 @@ func TestFetchEndsWithContext(t *testing.T) {
 		t.Fatalf("fetch: %v after %s; want context.Canceled soon after 200ms", err, time.Since(start))
 	}
 }
+
+// TestRecordsArrayReused: a Fetch reuses the array the one before returned
+// its records in (which the contract allows), and a record copied out of it
+// keeps its key, value and headers, which are never reused.
+func TestRecordsArrayReused(t *testing.T) {
+	t.Parallel()
+	topic := testenv.NewTopic(t, 1)
+	produce(t, topic, 0, 0, 3)
+	produce(t, topic, 0, 3, 3)
+	// MaxBytes 1: one batch (three records) per fetch.
+	r, err := kread.New(&kread.Config{Client: testenv.Client(t), Topic: topic, MaxBytes: 1, MaxWait: 50 * time.Millisecond}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	first, err := r.Fetch(ctx)
+	if err != nil || len(first.Records) != 3 {
+		t.Fatalf("first fetch: %d records, %v; want 3", len(first.Records), err)
+	}
+	kept := first.Records[0] // a copy: its slices are the record's own
+	second, err := r.Fetch(ctx)
+	if err != nil || len(second.Records) != 3 || second.Records[0].Offset != 3 {
+		t.Fatalf("second fetch: %+v, %v; want records 3 to 5", second.Records, err)
+	}
+	if &first.Records[0] != &second.Records[0] {
+		t.Error("the second fetch allocated a new array for its records")
+	}
+	if kept.Offset != 0 || string(kept.Key) != "k0" || string(kept.Value) != "v0" || string(kept.Headers[0].Value) != "m0" {
+		t.Errorf("a record copied from the first fetch changed: %+v", kept)
+	}
+}
