@@ -367,7 +367,10 @@ func (w *worker) prefetch(ctx context.Context, reader *kread.Reader) {
 			chunk = nil
 			return ok
 		}
-		for _, m := range f.Records {
+		for i, m := range f.Records {
+			if chunk == nil {
+				chunk = make([]*Message, 0, min(chunkMax, len(f.Records)-i+1)) // +1: a skip item may follow
+			}
 			msg := w.message(m)
 			msg.size = messageBytes(msg)
 			decoded += msg.size
