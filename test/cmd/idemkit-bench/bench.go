@@ -191,7 +191,7 @@ func runBench(ctx context.Context, o *options) (err error) {
 				return fmt.Errorf("%s: %w", sc.name, err)
 			}
 			rounds[sc.name] = append(rounds[sc.name], r)
-			progress("%s: %.0f msgs/s, peak RSS %.1f MiB", sc.name, r.Rate, r.PeakRSSMiB)
+			progress("%s: %.0f msgs/s, peak RSS %.1f MiB%s", sc.name, r.Rate, r.PeakRSSMiB, allocsPerMessage(r))
 		}
 	}
 	// Scaling: the process counts interleave within each round.

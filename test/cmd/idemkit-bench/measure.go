@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"runtime/metrics"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -32,12 +33,24 @@ type cpuUsage struct {
 	KafkaOK     bool    `json:"kafka_ok"`
 	MachineBusy float64 `json:"machine_busy_s"`
 	MachineOK   bool    `json:"machine_ok"`
+	// Heap allocations of the child (runtime/metrics) and its garbage
+	// collections; HeapOK is false for a child not written in Go with this
+	// meter (the Watermill peer).
+	AllocBytes   uint64 `json:"alloc_bytes"`
+	AllocObjects uint64 `json:"alloc_objects"`
+	GCCycles     uint64 `json:"gc_cycles"`
+	HeapOK       bool   `json:"heap_ok"`
 }
 
 type cpuSnapshot struct {
 	self, postgres, kafka, machine time.Duration
 	postgresOK, kafkaOK, machineOK bool
+	allocBytes, allocObjects, gcs  uint64
 }
+
+// heapMetrics are the runtime/metrics a snapshot reads, in cpuSnapshot's
+// order: allocated bytes, allocated objects, GC cycles.
+var heapMetrics = []string{"/gc/heap/allocs:bytes", "/gc/heap/allocs:objects", "/gc/cycles/total:gc-cycles"}
 
 // cpuMeter takes a snapshot at the start and at the end of the measured
 // interval.
@@ -66,6 +79,12 @@ func (m *cpuMeter) snapshot() cpuSnapshot {
 		s.kafka, s.kafkaOK = processCPU(m.kafkaPID)
 	}
 	s.machine, s.machineOK = machineBusy()
+	samples := make([]metrics.Sample, len(heapMetrics))
+	for i, name := range heapMetrics {
+		samples[i].Name = name
+	}
+	metrics.Read(samples)
+	s.allocBytes, s.allocObjects, s.gcs = samples[0].Value.Uint64(), samples[1].Value.Uint64(), samples[2].Value.Uint64()
 	return s
 }
 
@@ -89,6 +108,11 @@ func (m *cpuMeter) end() {
 		KafkaOK:     s.kafkaOK && b.kafkaOK,
 		MachineBusy: (s.machine - b.machine).Seconds(),
 		MachineOK:   s.machineOK && b.machineOK,
+
+		AllocBytes:   s.allocBytes - b.allocBytes,
+		AllocObjects: s.allocObjects - b.allocObjects,
+		GCCycles:     s.gcs - b.gcs,
+		HeapOK:       true,
 	}
 }
 

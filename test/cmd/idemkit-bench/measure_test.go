@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -55,5 +56,31 @@ func TestWorkerClockSegments(t *testing.T) {
 	want.Commit += 2 * time.Millisecond
 	if seg != want {
 		t.Fatalf("after a transaction without a start: %+v, want %+v", seg, want)
+	}
+}
+
+// sink keeps TestCPUMeterHeap's allocations from being optimized away.
+var sink [][]byte
+
+// TestCPUMeterHeap: the meter counts the heap allocations made between
+// begin and end, and the progress note reports them per message.
+func TestCPUMeterHeap(t *testing.T) {
+	m := &cpuMeter{}
+	m.begin()
+	for range 1000 {
+		sink = append(sink, make([]byte, 1024))
+	}
+	sink = nil
+	m.end()
+	u := m.result()
+	if !u.HeapOK || u.AllocBytes < 1000*1024 || u.AllocObjects < 1000 {
+		t.Fatalf("heap usage %+v; want at least 1000 objects and 1000 KiB", u)
+	}
+	note := allocsPerMessage(&result{Messages: 1000, CPU: u})
+	if !strings.Contains(note, "objects allocated per message") {
+		t.Errorf("progress note %q", note)
+	}
+	if allocsPerMessage(&result{Messages: 1000}) != "" {
+		t.Error("a result without heap figures (the Watermill peer) has a note")
 	}
 }

@@ -152,8 +152,8 @@ func (r *report) print(w io.Writer) {
 
 	if len(r.results) > 0 {
 		wm := r.find("watermill")
-		p("\n| scenario | msgs/s (median) | rounds | × per-message | × Watermill peer | %% of PG-alone, same SQL | client CPU-s / 100k msgs | PG backends CPU-s / 100k msgs | peak RSS MiB | WAL B / msg | WAL records / msg | msgs/tx | CPU cores: client / PG backends / Kafka / machine |\n")
-		p("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
+		p("\n| scenario | msgs/s (median) | rounds | × per-message | × Watermill peer | %% of PG-alone, same SQL | client CPU-s / 100k msgs | PG backends CPU-s / 100k msgs | peak RSS MiB | client heap allocs / msg: B (objects) | WAL B / msg | WAL records / msg | msgs/tx | CPU cores: client / PG backends / Kafka / machine |\n")
+		p("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n")
 		for _, x := range r.results {
 			sc := findScenario(x.Scenario)
 			times, pct, vsWM := "", "", ""
@@ -183,9 +183,14 @@ func (r *report) print(w io.Writer) {
 					walR = fmt.Sprintf("%.1f", x.WAL.RecordsPerMsg)
 				}
 			}
-			p("| %s (`%s`) | %.0f | %s | %s | %s | %s | %s | %s | %.1f | %s | %s | %.1f | %s |\n", sc.title, sc.name, x.Rate,
+			allocs := "?"
+			if x.CPU.HeapOK && x.Messages > 0 {
+				allocs = fmt.Sprintf("%.0f (%.1f)", float64(x.CPU.AllocBytes)/float64(x.Messages),
+					float64(x.CPU.AllocObjects)/float64(x.Messages))
+			}
+			p("| %s (`%s`) | %.0f | %s | %s | %s | %s | %s | %s | %.1f | %s | %s | %s | %.1f | %s |\n", sc.title, sc.name, x.Rate,
 				strings.Join(rounds, " / "), times, vsWM, pct, per100k(x.CPU.Self, true),
-				per100k(x.CPU.Postgres, x.CPU.PostgresOK), x.PeakRSSMiB, walB, walR,
+				per100k(x.CPU.Postgres, x.CPU.PostgresOK), x.PeakRSSMiB, allocs, walB, walR,
 				float64(x.Messages)/float64(max(x.Txs, 1)), cores(x))
 		}
 		p("\n× per-message: against `per-message` for consumer rows and the peer, against `pg-per-message` for PG-alone rows. " +
@@ -193,7 +198,8 @@ func (r *report) print(w io.Writer) {
 			"(`per-message`→`pg-per-message`, `default` and `batched`→`pg-batched-each`, `batch-handler`→`pg-batched`, " +
 			"`watermill`→`pg-minimal`). CPU-s / 100k msgs: user+sys CPU of the child process (getrusage) and of its " +
 			"PostgreSQL backends (/proc) during the measured interval, per 100,000 messages. Peak RSS: the child's " +
-			"(rusage), the largest of its rounds. CPU cores: CPU-seconds per second of the measured interval; " +
+			"(rusage), the largest of its rounds. Heap allocs: bytes and objects the child's Go heap allocated " +
+			"during the measured interval (runtime/metrics), per message; ? for the Watermill peer. CPU cores: CPU-seconds per second of the measured interval; " +
 			"Kafka and machine include whatever else runs on them.\n")
 
 		p("\nWhere the partition workers' time goes (ms per transaction, share of worker time):\n\n")
@@ -341,6 +347,17 @@ func (r *report) printSteady(p func(format string, args ...any)) {
 }
 
 // cores formats CPU use during the measured interval in cores.
+// allocsPerMessage is the progress line's note on a round's heap
+// allocations: empty for a child that does not measure them.
+func allocsPerMessage(x *result) string {
+	if !x.CPU.HeapOK || x.Messages == 0 {
+		return ""
+	}
+	n := float64(x.Messages)
+	return fmt.Sprintf(", %.0f B and %.1f objects allocated per message, %d GC cycles",
+		float64(x.CPU.AllocBytes)/n, float64(x.CPU.AllocObjects)/n, x.CPU.GCCycles)
+}
+
 func cores(x *result) string {
 	if x.Seconds <= 0 {
 		return ""
