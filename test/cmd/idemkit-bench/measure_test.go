@@ -84,3 +84,21 @@ func TestCPUMeterHeap(t *testing.T) {
 		t.Error("a result without heap figures (the Watermill peer) has a note")
 	}
 }
+
+// TestRoundRatios: round i of one scenario is compared with round i of the
+// other, and the median of an even count is the mean of the middle two.
+func TestRoundRatios(t *testing.T) {
+	lo, med, hi, ok := roundRatios([]float64{90, 200, 50, 30}, []float64{100, 200, 100, 20})
+	if !ok || lo != 0.5 || hi != 1.5 || med != 0.95 {
+		t.Errorf("got %v %v %v %v; want 0.5, 0.95, 1.5", lo, med, hi, ok)
+	}
+	if _, med, _, _ := roundRatios([]float64{1, 2, 3}, []float64{1, 1, 1}); med != 2 {
+		t.Errorf("median of three: %v, want 2", med)
+	}
+	if _, _, _, ok := roundRatios([]float64{1}, []float64{1}); ok {
+		t.Error("one round gave round-by-round ratios")
+	}
+	if _, _, _, ok := roundRatios([]float64{1, 1}, []float64{1, 0}); ok {
+		t.Error("a round of 0 msgs/s gave ratios")
+	}
+}

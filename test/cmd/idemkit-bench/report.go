@@ -50,6 +50,30 @@ func (r *report) find(name string) *result {
 	return nil
 }
 
+// roundRatios returns the lowest, median and highest ratio of a's rounds
+// to b's, round i to round i: the two ran next to each other in each round,
+// so the ratios show how much of a difference between the medians is the
+// machine's drift; ok is false without at least two rounds each.
+func roundRatios(a, b []float64) (lo, med, hi float64, ok bool) {
+	n := min(len(a), len(b))
+	if n < 2 {
+		return 0, 0, 0, false
+	}
+	rs := make([]float64, 0, n)
+	for i := range n {
+		if b[i] <= 0 {
+			return 0, 0, 0, false
+		}
+		rs = append(rs, a[i]/b[i])
+	}
+	slices.Sort(rs)
+	med = rs[n/2]
+	if n%2 == 0 {
+		med = (rs[n/2-1] + rs[n/2]) / 2
+	}
+	return rs[0], med, rs[n-1], true
+}
+
 // target is one checked target of issue 3.
 type target struct {
 	Name     string  `json:"name"`
@@ -74,6 +98,13 @@ func (r *report) targets() []target {
 			t.Got = fmt.Sprintf("%.0f%% (%.0f / %.0f msgs/s)", 100*t.Value, x.Rate, y.Rate)
 		} else {
 			t.Got = fmt.Sprintf("%.1f× (%.0f / %.0f msgs/s)", t.Value, x.Rate, y.Rate)
+		}
+		if lo, med, hi, ok := roundRatios(x.Rounds, y.Rounds); ok {
+			if pct {
+				t.Got += fmt.Sprintf("; round by round %.0f–%.0f%%, median %.0f%%", 100*lo, 100*hi, 100*med)
+			} else {
+				t.Got += fmt.Sprintf("; round by round %.2f–%.2f×, median %.2f×", lo, hi, med)
+			}
 		}
 		return t
 	}
