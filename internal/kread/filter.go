@@ -193,21 +193,33 @@ func (f *filter) abortedBefore(offset, producer int64) bool {
 	return f.abortedProducers[producer]
 }
 
-// message copies rec into a kafka.Message and closes it.
+// message copies rec into a kafka.Message and closes it. The key and the
+// value share one allocation (each capped, so that appending to one never
+// writes over the other). The headers are rec's own: kafka-go decodes them
+// into a slice and values allocated for this record alone, which nothing
+// reuses (TestRecordsArrayReused reads a header after the next fetch).
 func (f *filter) message(rec *protocol.Record) (kafka.Message, error) {
 	defer closeRecord(rec)
-	m := kafka.Message{Topic: f.topic, Partition: f.partition, Offset: rec.Offset, HighWaterMark: f.hw, Time: rec.Time}
-	var err error
-	if m.Key, err = protocol.ReadAll(rec.Key); err != nil {
-		return m, err
+	m := kafka.Message{Topic: f.topic, Partition: f.partition, Offset: rec.Offset, HighWaterMark: f.hw, Time: rec.Time,
+		Headers: rec.Headers}
+	var kn, vn int
+	if rec.Key != nil {
+		kn = rec.Key.Len()
 	}
-	if m.Value, err = protocol.ReadAll(rec.Value); err != nil {
-		return m, err
+	if rec.Value != nil {
+		vn = rec.Value.Len()
 	}
-	if len(rec.Headers) > 0 {
-		m.Headers = make([]kafka.Header, len(rec.Headers))
-		for i, h := range rec.Headers {
-			m.Headers[i] = kafka.Header{Key: h.Key, Value: slices.Clone(h.Value)}
+	buf := make([]byte, kn+vn)
+	if rec.Key != nil {
+		m.Key = buf[:kn:kn]
+		if _, err := io.ReadFull(rec.Key, m.Key); err != nil {
+			return m, err
+		}
+	}
+	if rec.Value != nil {
+		m.Value = buf[kn : kn+vn : kn+vn]
+		if _, err := io.ReadFull(rec.Value, m.Value); err != nil {
+			return m, err
 		}
 	}
 	return m, nil

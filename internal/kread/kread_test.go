@@ -222,7 +222,8 @@ func TestFetchEndsWithContext(t *testing.T) {
 
 // TestRecordsArrayReused: a Fetch reuses the array the one before returned
 // its records in (which the contract allows), and a record copied out of it
-// keeps its key, value and headers, which are never reused.
+// keeps its key, value and headers, which are never reused; its key and
+// value do not overlap.
 func TestRecordsArrayReused(t *testing.T) {
 	t.Parallel()
 	topic := testenv.NewTopic(t, 1)
@@ -249,5 +250,11 @@ func TestRecordsArrayReused(t *testing.T) {
 	}
 	if kept.Offset != 0 || string(kept.Key) != "k0" || string(kept.Value) != "v0" || string(kept.Headers[0].Value) != "m0" {
 		t.Errorf("a record copied from the first fetch changed: %+v", kept)
+	}
+	// The key and the value share an allocation: appending to the key
+	// must not write over the value.
+	_ = append(kept.Key, "xx"...)
+	if string(kept.Value) != "v0" {
+		t.Errorf("appending to the key changed the value to %q", kept.Value)
 	}
 }
