@@ -64,7 +64,9 @@ type Reader struct {
 }
 
 // keepRecords is the most records whose array a Reader keeps for the next
-// Fetch; a larger one is left to the garbage collector.
+// Fetch; a larger one is left to the garbage collector, and so is one that
+// the last fetch filled to less than a quarter (an idle partition's fetches
+// return nothing: its reader keeps no array past one of them).
 const keepRecords = 8192
 
 // New returns a Reader of cfg's partition positioned at offset: an offset of
@@ -174,7 +176,8 @@ func (r *Reader) Fetch(ctx context.Context) (Fetch, error) {
 	clear(r.records) // the last fetch's records: nothing keeps them alive through the reader
 	flt.records = r.records[:0]
 	err = flt.run(p.RecordSet.Records)
-	if r.records = nil; cap(flt.records) <= keepRecords {
+	r.records = nil
+	if n := len(flt.records); n > 0 && cap(flt.records) <= min(keepRecords, 4*n) {
 		r.records = flt.records
 	}
 	if err != nil {

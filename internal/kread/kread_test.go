@@ -223,7 +223,7 @@ func TestFetchEndsWithContext(t *testing.T) {
 // TestRecordsArrayReused: a Fetch reuses the array the one before returned
 // its records in (which the contract allows), and a record copied out of it
 // keeps its key, value and headers, which are never reused; its key and
-// value do not overlap.
+// value do not overlap. A fetch that returns nothing drops the array.
 func TestRecordsArrayReused(t *testing.T) {
 	t.Parallel()
 	topic := testenv.NewTopic(t, 1)
@@ -256,5 +256,17 @@ func TestRecordsArrayReused(t *testing.T) {
 	_ = append(kept.Key, "xx"...)
 	if string(kept.Value) != "v0" {
 		t.Errorf("appending to the key changed the value to %q", kept.Value)
+	}
+	// A fetch that returns nothing (an idle partition) lets the array go.
+	if idle, err := r.Fetch(ctx); err != nil || len(idle.Records) != 0 {
+		t.Fatalf("fetch at the end: %+v, %v; want no record", idle.Records, err)
+	}
+	produce(t, topic, 0, 6, 3)
+	third, err := r.Fetch(ctx)
+	if err != nil || len(third.Records) != 3 || third.Records[0].Offset != 6 {
+		t.Fatalf("third fetch: %+v, %v; want records 6 to 8", third.Records, err)
+	}
+	if &third.Records[0] == &first.Records[0] {
+		t.Error("the reader kept its array through a fetch that returned nothing")
 	}
 }
