@@ -6,7 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"runtime/metrics"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,9 +33,10 @@ type cpuUsage struct {
 	KafkaOK     bool    `json:"kafka_ok"`
 	MachineBusy float64 `json:"machine_busy_s"`
 	MachineOK   bool    `json:"machine_ok"`
-	// Heap allocations of the child (runtime/metrics) and its garbage
-	// collections; HeapOK is false for a child not written in Go with this
-	// meter (the Watermill peer).
+	// Heap allocations of the child (runtime.MemStats: exact, tiny
+	// objects counted one by one) and its garbage collections; HeapOK is
+	// false for a child not written in Go with this meter (the Watermill
+	// peer).
 	AllocBytes   uint64 `json:"alloc_bytes"`
 	AllocObjects uint64 `json:"alloc_objects"`
 	GCCycles     uint64 `json:"gc_cycles"`
@@ -47,10 +48,6 @@ type cpuSnapshot struct {
 	postgresOK, kafkaOK, machineOK bool
 	allocBytes, allocObjects, gcs  uint64
 }
-
-// heapMetrics are the runtime/metrics a snapshot reads, in cpuSnapshot's
-// order: allocated bytes, allocated objects, GC cycles.
-var heapMetrics = []string{"/gc/heap/allocs:bytes", "/gc/heap/allocs:objects", "/gc/cycles/total:gc-cycles"}
 
 // cpuMeter takes a snapshot at the start and at the end of the measured
 // interval.
@@ -79,12 +76,13 @@ func (m *cpuMeter) snapshot() cpuSnapshot {
 		s.kafka, s.kafkaOK = processCPU(m.kafkaPID)
 	}
 	s.machine, s.machineOK = machineBusy()
-	samples := make([]metrics.Sample, len(heapMetrics))
-	for i, name := range heapMetrics {
-		samples[i].Name = name
-	}
-	metrics.Read(samples)
-	s.allocBytes, s.allocObjects, s.gcs = samples[0].Value.Uint64(), samples[1].Value.Uint64(), samples[2].Value.Uint64()
+	// ReadMemStats stops the world and flushes the per-P caches: its
+	// counts are exact (runtime/metrics counts an allocation only once its
+	// cache is flushed, and a tiny block rather than the objects in it).
+	// Two calls per child.
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	s.allocBytes, s.allocObjects, s.gcs = ms.TotalAlloc, ms.Mallocs, uint64(ms.NumGC)
 	return s
 }
 

@@ -95,13 +95,13 @@ func (r *report) targets() []target {
 		t.Value, t.Measured = x.Rate/y.Rate, true
 		t.Pass = t.Value >= min
 		if pct {
-			t.Got = fmt.Sprintf("%.0f%% (%.0f / %.0f msgs/s)", 100*t.Value, x.Rate, y.Rate)
+			t.Got = fmt.Sprintf("%.1f%% (%.0f / %.0f msgs/s)", 100*t.Value, x.Rate, y.Rate)
 		} else {
 			t.Got = fmt.Sprintf("%.1f× (%.0f / %.0f msgs/s)", t.Value, x.Rate, y.Rate)
 		}
 		if lo, med, hi, ok := roundRatios(x.Rounds, y.Rounds); ok {
 			if pct {
-				t.Got += fmt.Sprintf("; round by round %.0f–%.0f%%, median %.0f%%", 100*lo, 100*hi, 100*med)
+				t.Got += fmt.Sprintf("; round by round %.0f–%.0f%%, median %.1f%%", 100*lo, 100*hi, 100*med)
 			} else {
 				t.Got += fmt.Sprintf("; round by round %.2f–%.2f×, median %.2f×", lo, hi, med)
 			}
@@ -230,7 +230,8 @@ func (r *report) print(w io.Writer) {
 			"`watermill`→`pg-minimal`). CPU-s / 100k msgs: user+sys CPU of the child process (getrusage) and of its " +
 			"PostgreSQL backends (/proc) during the measured interval, per 100,000 messages. Peak RSS: the child's " +
 			"(rusage), the largest of its rounds. Heap allocs: bytes and objects the child's Go heap allocated " +
-			"during the measured interval (runtime/metrics), per message; ? for the Watermill peer. CPU cores: CPU-seconds per second of the measured interval; " +
+			"during the measured interval (runtime.MemStats), per message; ? for the Watermill peer. The interval " +
+			"starts at the first fetched message, so each partition's first fetch is decoded before it. CPU cores: CPU-seconds per second of the measured interval; " +
 			"Kafka and machine include whatever else runs on them.\n")
 
 		p("\nWhere the partition workers' time goes (ms per transaction, share of worker time):\n\n")
@@ -377,7 +378,6 @@ func (r *report) printSteady(p func(format string, args ...any)) {
 	}
 }
 
-// cores formats CPU use during the measured interval in cores.
 // allocsPerMessage is the progress line's note on a round's heap
 // allocations: empty for a child that does not measure them.
 func allocsPerMessage(x *result) string {
@@ -389,6 +389,7 @@ func allocsPerMessage(x *result) string {
 		float64(x.CPU.AllocBytes)/n, float64(x.CPU.AllocObjects)/n, x.CPU.GCCycles)
 }
 
+// cores formats CPU use during the measured interval in cores.
 func cores(x *result) string {
 	if x.Seconds <= 0 {
 		return ""
