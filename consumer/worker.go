@@ -646,7 +646,9 @@ func (w *worker) message(m kafka.Message) *Message {
 	found := false
 	if cfg.IDFunc != nil {
 		var err error
-		if id, err = callIDFunc(cfg.IDFunc, &m); err != nil {
+		// &msg.Message, not &m: m would escape to the heap, a second
+		// copy of every message.
+		if id, err = callIDFunc(cfg.IDFunc, &msg.Message); err != nil {
 			msg.idErr = fmt.Errorf("%w: IDFunc: %w", ErrMissingID, err)
 			id = ""
 		}
@@ -1049,25 +1051,9 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 		t.res = &pre.res
 	}
 	res := t.res
-	err = w.runTx(ctx, pre, t)
-	var herr *handlerError
-	if errors.As(err, &herr) {
-		return herr.index, nil, herr.err
-	}
-	if err != nil && len(msgs) == 1 {
-		// The message's own verdict: its ID's day has no daily partition.
-		m := msgs[0]
-		switch {
-		case errors.Is(err, dedup.ErrPartitionDropped):
-			return 0, nil, &HorizonError{Time: m.Time, Age: time.Since(m.Time),
-				Horizon: time.Duration(layout.KeepDays) * 24 * time.Hour, Cause: err}
-		case errors.Is(err, dedup.ErrNoPartition):
-			w.r.askMaintenance()
-			return 0, nil, err
-		}
-	}
-	if err != nil {
-		return -1, nil, fmt.Errorf("consumer: transaction: %w", err)
+	if err = w.runTx(ctx, pre, t); err != nil {
+		failed, err = w.txFailed(msgs, layout, err)
+		return failed, nil, err
 	}
 	if res.moved {
 		w.marked = true // the move marked the row ClaimsAhead, and committed
@@ -1091,6 +1077,30 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 		}
 	}
 	return -1, outcomes, nil
+}
+
+// txFailed returns what tx returns for err, the error of a transaction of
+// msgs: the index of the failing message and the handler's error, or -1. A
+// function of its own: the errors.As target would be allocated for every
+// transaction otherwise.
+func (w *worker) txFailed(msgs []*Message, layout dedup.Layout, err error) (int, error) {
+	var herr *handlerError
+	if errors.As(err, &herr) {
+		return herr.index, herr.err
+	}
+	if len(msgs) == 1 {
+		// The message's own verdict: its ID's day has no daily partition.
+		m := msgs[0]
+		switch {
+		case errors.Is(err, dedup.ErrPartitionDropped):
+			return 0, &HorizonError{Time: m.Time, Age: time.Since(m.Time),
+				Horizon: time.Duration(layout.KeepDays) * 24 * time.Hour, Cause: err}
+		case errors.Is(err, dedup.ErrNoPartition):
+			w.r.askMaintenance()
+			return 0, err
+		}
+	}
+	return -1, fmt.Errorf("consumer: transaction: %w", err)
 }
 
 // txRun is a transaction of a worker's: what its claims and its body need.
