@@ -169,7 +169,9 @@ type Config struct {
 	// IDHeader is the Kafka header that carries the message ID. Defaults to
 	// "message-id".
 	IDHeader string
-	// IDFunc extracts the message ID; when set, IDHeader is not read.
+	// IDFunc extracts the message ID; when set, IDHeader is not read. msg is
+	// the record the handler receives later: IDFunc reads it and must not
+	// modify it.
 	IDFunc func(msg *kafka.Message) (string, error)
 	// MissingID says what happens to a message with no usable ID. Defaults to
 	// MissingIDFail.
