@@ -88,9 +88,6 @@ type partitionStart struct {
 	// commit is set when the start should be committed to Kafka at once:
 	// the PostgreSQL position is ahead of Kafka's committed offset.
 	commit bool
-	// claimsAhead is the position's ClaimsAhead: messages from the start
-	// on may have been claimed, and committed, without moving it.
-	claimsAhead bool
 }
 
 // recordTime reads the timestamp of the record at offset. ok is false when
@@ -149,8 +146,7 @@ func (r *Runner) checkStart(ctx context.Context, client *kafka.Client, partition
 		return &PositionError{Topic: cfg.Topic, Partition: partition, Position: pos.Next, LogStart: lr.Start, LogEnd: lr.End,
 			Reason: reason, Group: cfg.GroupID, Name: cfg.Name, kind: kind}
 	}
-	start := partitionStart{offset: cfg.StartOffset, incarnation: pos.Incarnation, epoch: pos.Epoch,
-		claimsAhead: havePos && pos.ClaimsAhead}
+	start := partitionStart{offset: cfg.StartOffset, incarnation: pos.Incarnation, epoch: pos.Epoch}
 	source := "the configured start offset"
 	if kafkaNext >= 0 {
 		start.offset, source = kafkaNext, "Kafka's committed offset"

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -43,16 +42,10 @@ type Message struct {
 // Runner consumes one topic with a consumer group and runs the handler once
 // per message ID. Create it with New; Run it once.
 type Runner struct {
-	cfg    Config
-	sem    chan struct{} // bounds the partitions processed at once
-	chains *chainBudget  // of the pool's connections held by chained transactions
-	// chainsTurnedAway counts the chains the budget turned away (before or
-	// right after the round trip that would begin them); read by tests.
-	chainsTurnedAway atomic.Int64
-	// semWaiting counts the workers waiting for a slot of sem.
-	semWaiting atomic.Int32
-	outages    *outage.Tracker
-	states     partitionStates
+	cfg     Config
+	sem     chan struct{} // bounds the partitions processed at once
+	outages *outage.Tracker
+	states  partitionStates
 	// now is the runner's clock, for its own timers only: when parked
 	// messages fall due is decided on the database's clock, which every
 	// runner of the group and `idemkit consumer parked retry` share.
@@ -77,7 +70,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Runner{cfg: c, sem: make(chan struct{}, c.MaxPartitions), chains: budgetOf(pool), now: time.Now, maintain: make(chan struct{}, 1),
+	return &Runner{cfg: c, sem: make(chan struct{}, c.MaxPartitions), now: time.Now, maintain: make(chan struct{}, 1),
 		outages: &outage.Tracker{Log: c.Logger.With("topic", c.Topic, "group", c.GroupID),
 			OnStart: c.Hooks.OutageStarted, OnEnd: c.Hooks.OutageEnded}}, nil
 }
@@ -433,7 +426,6 @@ func (r *Runner) startGeneration(ctx context.Context, gen *kafka.Generation, cli
 		for _, a := range assigned {
 			st := starts[a.ID]
 			w := &worker{r: r, commits: commits, partition: a.ID, start: st.offset, incarnation: st.incarnation, epoch: st.epoch,
-				marked: st.claimsAhead, checkAhead: st.claimsAhead,
 				budget: budget, fail: fail, log: r.cfg.Logger.With("topic", r.cfg.Topic, "partition", a.ID)}
 			if h := r.cfg.Hooks.Assigned; h != nil {
 				h(r.cfg.Topic, a.ID, st.offset)

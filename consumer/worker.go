@@ -37,25 +37,11 @@ type worker struct {
 	log         *slog.Logger
 	outage      *outage.Waiter
 
-	prefetched  chan []*Message // chunks of items, filled by prefetch, bounded by budget
-	queue       []*Message      // the rest of the chunk last received from prefetched
-	held        *Message        // an item taken from prefetched for the next batch
-	pending     []*Message      // the next batch, taken from prefetched by lookahead
-	next        *chained        // pending's transaction, begun by the last commit (chain.go)
-	chain       int             // transactions chained in a row
-	tail        *Message        // the last message of the batch being processed
-	slot        bool            // the worker holds a slot of Runner.sem
-	chainPaused time.Time       // no chain before then (chainAwayMax)
-	marked      bool            // the position row says ClaimsAhead: chained claims may leave it behind
-	owe         *Message        // committed by a chained claim that left the position behind it
-	checkAhead  bool            // the start position says ClaimsAhead: pass what was claimed from it on
-	passed      int             // messages checkAhead passed
-	bytes       *byteBudget
-	state       *partitionState // what Runner.Partitions reports
-	bound       commitBound     // the deadline of commits that outlive a cancellation (runTx)
-	seq         []int           // 0, 1, 2, …: the live indexes of a batch without parked keys
-	txr         txRun           // the transaction tx runs, reused
-	batch       pgx.Batch       // the batch runTx and commitChained send, reused
+	prefetched chan []*Message // chunks of items, filled by prefetch, bounded by budget
+	queue      []*Message      // the rest of the chunk last received from prefetched
+	held       *Message        // an item taken from prefetched for the next batch
+	bytes      *byteBudget
+	state      *partitionState // what Runner.Partitions reports
 }
 
 func (w *worker) run(runCtx, genCtx context.Context) {
@@ -100,14 +86,6 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	prefetchDone.Go(func() { w.prefetch(ctx, reader) })
 	defer prefetchDone.Wait()
 	defer stop() // prefetch ends before the client closes
-	defer func() {
-		w.discardNext()
-		if w.slot {
-			<-w.r.sem
-		}
-		w.flushOwed(ctx)
-		w.bound.stop()
-	}()
 
 	for {
 		if w.parked != nil {
@@ -117,9 +95,6 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 				}
 				return
 			}
-		}
-		if w.owe != nil && !w.ready() {
-			w.flushOwed(ctx) // nothing fetched would move the position on now
 		}
 		batch, err := w.fetch(ctx)
 		if errors.Is(err, errIdle) {
@@ -139,36 +114,11 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 			}
 			continue
 		}
-		if w.checkAhead {
-			n, err := w.passClaimed(ctx, batch)
-			if err != nil {
-				if ctx.Err() == nil {
-					w.fail(err)
-				}
-				return
-			}
-			if n > 0 {
-				w.bytes.release(batchBytes(batch[:n]))
-				w.owe = batch[n-1] // the next transaction moves the position past them
-				w.moved(batch[n-1].Offset + 1)
-				batch = batch[n:]
-			}
-			if len(batch) == 0 {
-				continue
-			}
+		if err := w.acquire(ctx); err != nil {
+			return
 		}
-		if !w.slot {
-			if err := w.acquire(ctx); err != nil {
-				return
-			}
-			w.slot = true
-		}
-		w.tail = batch[len(batch)-1]
 		err = w.untilReachable(ctx, func(ctx context.Context) error { return w.process(ctx, batch) })
-		if w.next == nil { // a transaction begun for the next batch keeps the slot
-			<-w.r.sem
-			w.slot = false
-		}
+		<-w.r.sem
 		w.bytes.release(batchBytes(batch))
 		if err != nil {
 			if ctx.Err() == nil {
@@ -179,43 +129,6 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 		// The transaction committed: the offset may now go to Kafka.
 		w.moved(batch[len(batch)-1].Offset + 1)
 	}
-}
-
-// passClaimed returns how many of batch's first messages were claimed at
-// their very coordinates, by a transaction that did not move the position
-// (chained claims, then a crash or a stop before the position moved): they
-// are done, and pass silently, as if the position were past them. The
-// first message that was not ends the check for the worker.
-func (w *worker) passClaimed(ctx context.Context, batch []*Message) (int, error) {
-	cfg := &w.r.cfg
-	for i, m := range batch {
-		var claimed bool
-		if m.ID == "" { // processed as usual, which handles it
-			w.checkAhead = false
-			return i, nil
-		}
-		err := w.outage.Do(ctx, func(ctx context.Context) error {
-			var err error
-			claimed, err = cfg.Store.ClaimedAt(ctx, cfg.pool, w.claim(m))
-			return err
-		})
-		if errors.Is(err, dedup.ErrInvalidInput) {
-			claimed, err = false, nil // processed as usual, which handles it
-		}
-		if err != nil {
-			return 0, fmt.Errorf("consumer: partition %d: look for claims past the position: %w", w.partition, err)
-		}
-		if !claimed {
-			w.checkAhead = false
-			if w.passed > 0 {
-				w.log.InfoContext(ctx, "passed the messages claimed past the stored position before the last stop",
-					"messages", w.passed, "next_offset", m.Offset)
-			}
-			return i, nil
-		}
-		w.passed++
-	}
-	return len(batch), nil
 }
 
 // moved records that every message before next is committed in
@@ -565,10 +478,6 @@ func (w *worker) acquire(ctx context.Context) error {
 		return nil
 	default:
 	}
-	// Counted while waiting: no worker keeps its slot for a chained
-	// transaction meanwhile.
-	w.r.semWaiting.Add(1)
-	defer w.r.semWaiting.Add(-1)
 	select {
 	case w.r.sem <- struct{}{}:
 		return nil
@@ -590,13 +499,6 @@ func (w *worker) fetch(ctx context.Context) ([]*Message, error) {
 		t := time.NewTimer(cfg.ParkedPoll)
 		defer t.Stop()
 		poll = t.C
-	}
-	if batch := w.pending; batch != nil {
-		w.pending = nil
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		return batch, nil
 	}
 	var first *Message
 	if w.held != nil {
@@ -761,7 +663,6 @@ func indexMissingID(msgs []*Message) int {
 // the context of the transaction that failed (Hooks.TxStart's): logs and
 // hooks about the failure get it, so that they carry its trace.
 func (w *worker) retry(ctx, tctx context.Context, msg *Message, err error) error {
-	w.flushOwed(ctx) // the messages before msg are done: the position need not wait for it
 	cfg := &w.r.cfg
 	schedule := cfg.Retry.Schedule()
 	f := failure{first: time.Now(), ctx: tctx}
@@ -891,13 +792,6 @@ func (w *worker) commit(ctx context.Context, msgs []*Message, attempt int) (fail
 			w.outage.Ok()
 			return -1, tctx, nil
 		}
-		if lost := (*chainLostError)(nil); failed < 0 && errors.As(err, &lost) && ctx.Err() == nil {
-			// Not an outage nor the messages' fault: run the transaction
-			// again, on a connection of its own.
-			w.log.DebugContext(tctx, "session of a chained transaction ended; running it again", "err", err)
-			try = 0
-			continue
-		}
 		if failed < 0 && len(msgs) > 1 && (errors.Is(err, dedup.ErrNoPartition) || errors.Is(err, dedup.ErrPartitionDropped)) {
 			// One of the claims has no daily partition: find it alone.
 			w.r.askMaintenance()
@@ -1013,9 +907,12 @@ func (e *handlerError) Unwrap() error { return e.err }
 func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes []Outcome, err error) {
 	cfg := &w.r.cfg
 	outcomes = make([]Outcome, len(msgs))
-	live := w.indexes(len(msgs)) // messages handled now; the others wait behind a parked message of their key
-	if w.parked != nil && len(w.parked.keys) > 0 {
-		live = nil
+	live := make([]int, 0, len(msgs)) // messages handled now; the others wait behind a parked message of their key
+	if w.parked == nil || len(w.parked.keys) == 0 {
+		for i := range msgs {
+			live = append(live, i)
+		}
+	} else {
 		for i, m := range msgs {
 			if w.parked.parkedKey(m) {
 				outcomes[i] = Parked
@@ -1025,38 +922,17 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 		}
 	}
 	parking := len(live) < len(msgs)
-	pre := w.takeNext(msgs, parking) // begun by the commit before, claims done
 	// Claims of UUIDv7 IDs need the layout; read once, and again after
-	// a claim found it changed (dedup.ErrLayoutChanged). With a chained
-	// transaction, through it: a worker holding a connection never waits
-	// for another.
-	var db dedup.DBTX = cfg.pool
-	if pre != nil {
-		db = pre.tx
-	}
-	layout, err := cfg.Store.Layout(ctx, db)
+	// a claim found it changed (dedup.ErrLayoutChanged).
+	layout, err := cfg.Store.Layout(ctx, cfg.pool)
 	if err != nil {
-		if pre != nil {
-			pre.discard()
-		}
 		return -1, nil, fmt.Errorf("consumer: %w", err)
 	}
 	// The claims travel with BEGIN: one round trip before the handler runs.
-	// Or they went already, with the COMMIT of the transaction before.
-	t := &w.txr
-	*t = txRun{w: w, ctx: ctx, msgs: msgs, live: live, parking: parking, res: &t.own, outcomes: outcomes,
-		beyond: t.beyond[:0]}
-	defer t.reset()
-	if pre != nil {
-		t.res = &pre.res
-	}
-	res := t.res
-	if err = w.runTx(ctx, pre, t); err != nil {
+	t := &txRun{w: w, ctx: ctx, msgs: msgs, live: live, parking: parking, outcomes: outcomes}
+	if err = w.runTx(ctx, t); err != nil {
 		failed, err = w.txFailed(msgs, layout, err)
 		return failed, nil, err
-	}
-	if res.moved {
-		w.marked = true // the move marked the row ClaimsAhead, and committed
 	}
 	for i, m := range msgs {
 		if outcomes[i] == Parked {
@@ -1104,50 +980,31 @@ func (w *worker) txFailed(msgs []*Message, layout dedup.Layout, err error) (int,
 }
 
 // txRun is a transaction of a worker's: what its claims and its body need.
-// The worker keeps one and reuses it (tx is never running twice at once on
-// a worker): methods rather than closures, which cost allocations per
-// transaction.
 type txRun struct {
 	w        *worker
 	ctx      context.Context
 	msgs     []*Message
 	live     []int // the messages handled now; the others wait behind a parked message of their key
 	parking  bool
-	res      *claimResults
-	own      claimResults // res, when the transaction is not chained
+	res      claimResults
 	outcomes []Outcome
 	beyond   []horizonNote // messages applied beyond the horizon (HorizonApply)
 }
 
-func (t *txRun) messages() []*Message { return t.msgs }
-
-// reset drops what the transaction refers to (messages, its context,
-// outcomes), keeping beyond's array, so that an idle worker keeps nothing
-// of its last transaction.
-func (t *txRun) reset() {
-	clear(t.beyond)
-	*t = txRun{beyond: t.beyond[:0]}
-}
-
 // claims queues the transaction's claims on b (after its BEGIN).
 func (t *txRun) claims(b *pgx.Batch) error {
-	return t.w.queueClaims(b, t.msgs, t.live, t.parking, false, t.res)
+	return t.w.queueClaims(b, t.msgs, t.live, t.parking, &t.res)
 }
 
 // body runs in the transaction once its claims are done: idemkit's own
 // writes, then the handler.
 func (t *txRun) body(tx pgx.Tx) error {
-	w, ctx, msgs, live, parking, res, outcomes := t.w, t.ctx, t.msgs, t.live, t.parking, t.res, t.outcomes
+	w, ctx, msgs, live, parking, res, outcomes := t.w, t.ctx, t.msgs, t.live, t.parking, &t.res, t.outcomes
 	cfg := &w.r.cfg
 	dup := res.dup
 	if len(live) == 1 && !parking {
 		dup = []bool{res.one}
-		// A message claimed without the position has it moved
-		// later (runTx: the next transaction, or flushOwed), unless
-		// a duplicate: its position is moved now, before the
-		// handler, so that it is not reported again after a restart
-		// (ClaimedAt finds no claim at its coordinates).
-		if !res.moved && (!res.lazy || res.one) { // no row yet (or ahead, or another epoch: left as it is)
+		if !res.moved { // no row yet (or ahead, or another epoch: left as it is)
 			m := msgs[0]
 			if err := cfg.Store.SavePositionTx(ctx, tx, cfg.Name, m.Topic, m.Partition, m.Offset+1, m.Time, w.epoch); err != nil {
 				return err
@@ -1313,7 +1170,7 @@ func inTx(ctx context.Context, pool *pgxpool.Pool, f func(pgx.Tx) error) error {
 	err = f(tx)
 	// Made once f returned: f's own time does not count against the
 	// commit's.
-	detached, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
+	detached, cancel := detach(ctx)
 	defer cancel()
 	if err != nil {
 		dropReadOnly(detached, tx, err)

@@ -48,19 +48,6 @@
 // (a redelivery at a lower offset leaves it alone) and it is recorded for
 // duplicates too, since a duplicate is done. Positions are never purged.
 //
-// A consumer may also claim several messages of a partition in a row
-// without moving the position (QueueClaim), and move it past them once
-// (with a later claim, or QueueMovePosition in a transaction of its own):
-// PostgreSQL then updates the position row once per run instead of once per
-// message. The move marks the row ClaimsAhead (migration 16): claims of the
-// partition may lie past it. A consumer that starts at such a position asks
-// ClaimedAt, message by message, whether each was claimed at exactly its
-// coordinates since the position was last written, and passes those
-// silently as if the position were past them, so a crash in the middle of
-// the run still costs no redelivery. Purge keeps those claims; a seek
-// clears the mark, and what it rewinds over (claimed before the seek) comes
-// back as duplicates.
-//
 // Store.SeekTx is the one way a position moves back (or jumps ahead): it
 // locks the consumer's positions in a topic, returns what it replaced, and
 // writes the new ones with their anchor time cleared; with newIncarnation it

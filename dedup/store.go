@@ -137,8 +137,7 @@ type Store struct {
 	claimBatchSQL         string
 	claimBatchOneSQL      string // all claims of one consumer, topic and partition
 	savePositionSQL       string
-	movePositionSQL       string    // QueueClaimMovePosition's UPDATE
-	claimedAtSQL          [3]string // by key, as claimSQL
+	movePositionSQL       string // QueueClaimMovePosition's UPDATE
 	processedSQL          string
 	purgeSQL              string
 	purgeConsumerSQL      string
@@ -204,16 +203,6 @@ func New(cfg *Config) (*Store, error) {
 		anchor_offset = CASE WHEN EXCLUDED.anchor_time IS NULL THEN p.anchor_offset ELSE EXCLUDED.anchor_offset END,
 		anchor_time = coalesce(EXCLUDED.anchor_time, p.anchor_time), updated_at = now()
 	WHERE p.next_offset < EXCLUDED.next_offset AND p.epoch = EXCLUDED.epoch`
-	// A claim m past its position, made since the position was last
-	// written: one that may have left the position behind it (a seek, or a
-	// recreated topic's new incarnation, writes the position after the
-	// claims it rewinds over).
-	sinceWritten := `NOT EXISTS (SELECT 1 FROM ` + positions + ` AS p
-		WHERE p.consumer = m.consumer AND p.topic = m.topic AND p.kafka_partition = m.kafka_partition
-			AND p.updated_at > m.processed_at)`
-	keepAhead := `NOT EXISTS (SELECT 1 FROM ` + positions + ` AS p
-		WHERE p.consumer = m.consumer AND p.topic = m.topic AND p.kafka_partition = m.kafka_partition
-			AND p.claims_ahead AND m.kafka_offset >= p.next_offset AND m.processed_at >= p.updated_at)`
 	withPosition := func(input string) string {
 		return positionCTEs(input) + `, position_new AS (
 	` + positionInsert + `
@@ -359,37 +348,20 @@ SELECT input.ord FROM input JOIN (SELECT * FROM claimed UNION ALL SELECT * FROM 
 		savePositionSQL: `WITH ` + positionCTEs(`VALUES ($1::text, $2::text, $3::int, $4::bigint, $5::timestamptz, $6::bigint)`) + `
 ` + positionInsert,
 
-		// position_moved alone, for a row that exists (QueueClaimMovePosition,
-		// QueueMovePosition); it marks the row: claims may lie past it.
+		// position_moved alone, for a row that exists (QueueClaimMovePosition).
 		movePositionSQL: `UPDATE ` + positions + ` AS p SET next_offset = $4::bigint,
 	anchor_offset = CASE WHEN $5::timestamptz IS NULL THEN p.anchor_offset ELSE $4::bigint - 1 END,
-	anchor_time = coalesce($5::timestamptz, p.anchor_time), updated_at = now(), claims_ahead = true
+	anchor_time = coalesce($5::timestamptz, p.anchor_time), updated_at = now()
 	WHERE p.consumer = $1::text AND p.topic = $2::text AND p.kafka_partition = $3::int
 		AND p.next_offset < $4::bigint AND p.epoch = $6::bigint`,
-
-		// A claim at exactly these coordinates, made since the partition's
-		// position was last written, with claimArgs' parameters.
-		claimedAtSQL: [3]string{
-			keyText: `SELECT EXISTS (SELECT 1 FROM ` + processed + ` AS m WHERE consumer = $1 AND message_id = $2
-	AND topic = $3 AND kafka_partition = $4 AND kafka_offset = $5 AND ` + sinceWritten + `)`,
-			keyUUID: `SELECT EXISTS (SELECT 1 FROM ` + processed + ` AS m WHERE consumer = $1::text AND message_uuid = $6::uuid
-	AND topic = $3::text AND kafka_partition = $4::int AND kafka_offset = $5::bigint AND ` + sinceWritten + `)
-	OR EXISTS (SELECT 1 FROM ` + processed + ` AS m WHERE consumer = $1::text AND message_id = $2::text
-	AND topic = $3::text AND kafka_partition = $4::int AND kafka_offset = $5::bigint AND ` + sinceWritten + `)`,
-			keyDaily: `SELECT EXISTS (SELECT 1 FROM ` + daily.table + ` AS m WHERE consumer = $1 AND message_uuid = $2 AND day = $3
-	AND topic = $4 AND kafka_partition = $5 AND kafka_offset = $6 AND ` + sinceWritten + `)`,
-		},
 
 		processedSQL: `SELECT EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1 AND message_id = $2)
 	OR ($3::uuid IS NOT NULL AND EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1 AND message_uuid = $3::uuid))`,
 
-		// Rows are found by their ctid: a row has one of two keys. A claim
-		// past a position that says ClaimsAhead, made since its last write,
-		// is kept, however old: it is what tells the consumer starting
-		// there that the message is done (ClaimedAt).
+		// Rows are found by their ctid: a row has one of two keys.
 		purgeSQL: `DELETE FROM ` + processed + ` WHERE ctid = ANY (ARRAY (
 	SELECT ctid FROM ` + processed + ` AS m
-	WHERE processed_at < $1 AND ` + keepAhead + `
+	WHERE processed_at < $1
 	ORDER BY processed_at
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED
@@ -397,7 +369,7 @@ SELECT input.ord FROM input JOIN (SELECT * FROM claimed UNION ALL SELECT * FROM 
 
 		purgeConsumerSQL: `DELETE FROM ` + processed + ` WHERE ctid = ANY (ARRAY (
 	SELECT ctid FROM ` + processed + ` AS m
-	WHERE consumer = $1 AND processed_at < $2 AND ` + keepAhead + `
+	WHERE consumer = $1 AND processed_at < $2
 	ORDER BY processed_at
 	LIMIT $3
 	FOR UPDATE SKIP LOCKED
@@ -530,8 +502,7 @@ func (s *Store) QueueClaimWithPosition(b *pgx.Batch, c Claim, duplicate *bool) e
 // before), as two plain statements that travel in the same round trip: the
 // claim ClaimTx runs, then an UPDATE of the position row, with the same
 // rules (never back, the anchor moves with a known time, the same epoch
-// only), which also marks the row ClaimsAhead (see QueueClaim; it needs
-// migration 16). *duplicate is the claim's outcome and *moved reports whether the
+// only). *duplicate is the claim's outcome and *moved reports whether the
 // UPDATE moved the position; both are stored when b's results are read,
 // errors are returned as for QueueClaimWithPosition.
 //
@@ -588,82 +559,6 @@ func (s *Store) queueMove(b *pgx.Batch, consumer, topic string, partition int, n
 			*moved = tag.RowsAffected() == 1
 			return nil
 		}
-}
-
-// QueueClaim queues on b the claim ClaimTx makes, without a position:
-// queued after b.BeginTx, the transaction begins and claims in one round
-// trip. *duplicate is stored when b's results are read; errors are returned
-// as for QueueClaimWithPosition, and a UUIDv7 ID needs Store.Layout called
-// once before.
-//
-// A consumer claims so only once the partition's position row says
-// ClaimsAhead (QueueClaimMovePosition or QueueMovePosition moved it in a
-// committed transaction), and moves the position past such claims later:
-// with the claim of a later message, or on its own (QueueMovePosition).
-// When it starts at a position that says ClaimsAhead, it asks ClaimedAt
-// about each message it reads there before handling it.
-func (s *Store) QueueClaim(b *pgx.Batch, c Claim, duplicate *bool) error {
-	if err := c.validate(); err != nil {
-		return fail("claim", err)
-	}
-	if b == nil || duplicate == nil {
-		return errors.New("dedup: claim: nil batch or result")
-	}
-	return s.queueClaim(b, c, duplicate)
-}
-
-// QueueMovePosition queues on b the UPDATE that moves consumer's position
-// in topic's partition on to next, as QueueClaimMovePosition's second
-// statement does: never back, the anchor moved when anchorTime is known,
-// under the same epoch only, and the row marked ClaimsAhead. *moved
-// reports, when b's results are read, whether the row moved; a row that
-// does not exist is not inserted (SavePositionTx does that). It moves the
-// position past claims QueueClaim made, in a transaction of its own: as
-// the row says ClaimsAhead, that transaction may commit asynchronously
-// (synchronous_commit off), since losing it loses nothing ClaimedAt does
-// not find. It needs migration 16.
-func (s *Store) QueueMovePosition(b *pgx.Batch, consumer, topic string, partition int, next int64, anchorTime time.Time, epoch int64, moved *bool) error {
-	if err := validatePosition("move position", consumer, topic, partition, next); err != nil {
-		return err
-	}
-	if b == nil || moved == nil {
-		return errors.New("dedup: move position: nil batch or result")
-	}
-	s.queueMove(b, consumer, topic, partition, next, anchorTime, epoch, moved)
-	return nil
-}
-
-// ClaimedAt reports whether c.MessageID was claimed by c.Consumer at exactly
-// c's topic, partition and offset since the position of that partition was
-// last written, if it has one (the claim's processed_at is not before the
-// position's UpdatedAt), as db sees it: the message read there was claimed, and its
-// transaction committed, by a consumer of that name that did not move the
-// position past it. (c.Time and c.Epoch are not used.) A consumer starting
-// at a position that says ClaimsAhead passes such messages silently, as if
-// the position were past them; a message claimed elsewhere (a true
-// duplicate), before the position's last write (what a seek rewound over,
-// a recreated topic's earlier incarnation) or not at all ends what it
-// passes, and comes back as usual. Invalid input returns an error matching
-// ErrInvalidInput. It needs migration 16.
-func (s *Store) ClaimedAt(ctx context.Context, db DBTX, c Claim) (bool, error) {
-	if err := c.validate(); err != nil {
-		return false, fail("claimed at", err)
-	}
-	if _, ok := uuid7Day(compactID(c.MessageID)); ok {
-		// A read, not a claim: as Processed, read the layout afresh.
-		if _, err := s.ReadLayout(ctx, db); err != nil {
-			return false, fmt.Errorf("dedup: claimed at: %w", err)
-		}
-	}
-	kind, u, day, err := s.route(ctx, db, c.MessageID)
-	if err != nil {
-		return false, fmt.Errorf("dedup: claimed at: %w", err)
-	}
-	var ok bool
-	if err := db.QueryRow(ctx, s.claimedAtSQL[kind], claimArgs(c, kind, u, day)...).Scan(&ok); err != nil {
-		return false, fail("claimed at", err)
-	}
-	return ok, nil
 }
 
 type idKey struct{ consumer, messageID string }
@@ -970,11 +865,8 @@ func (s *Store) Processed(ctx context.Context, db DBTX, consumer, messageID stri
 // per statement, each statement its own short transaction on db, until no
 // such record is left or ctx ends. It returns how many records it deleted,
 // also when it returns an error. batchSize <= 0 means PurgeBatchDefault.
-// Rows locked by a concurrent Purge are skipped, not waited for (it needs
-// migration 16). Positions are never purged, nor the records ClaimedAt finds past a position that
-// says ClaimsAhead (claims made since its last write: at most a run of
-// one-message transactions per partition, which the consumer starting
-// there needs). Records in daily partitions
+// Rows locked by a concurrent Purge are skipped, not waited for.
+// Positions are never purged. Records in daily partitions
 // are not deleted here: they go with their day's partition
 // (MaintainPartitions), whatever the positions say: a consumer stopped for
 // longer than KeepDays reads such messages again as new, which

@@ -178,7 +178,6 @@ func TestUpDownUp(t *testing.T) {
 		{"anchor_time", "timestamp with time zone", false, ""},
 		{"anchor_offset", "bigint", false, ""},
 		{"epoch", "bigint", true, "0"},
-		{"claims_ahead", "boolean", true, "false"},
 	}
 	if got := columns(t, db.Pool, positions); !slices.Equal(got, wantPositions) {
 		t.Fatalf("consumer_positions columns:\n got  %v\n want %v", got, wantPositions)

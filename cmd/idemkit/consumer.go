@@ -42,9 +42,7 @@ records: see idemkit consumer seek -recreated), a position below the log start
 lost), and positions of partitions the topic does not have.
 -json prints the same as one JSON object; null means "none" or "not known",
 last_stable is the stable end, and position_lag and committed_lag are the log
-end minus each, as they are. claims_ahead says that claims may lie past the
-position: a consumer with BatchSize 1 claims a run of messages before it moves
-the position past them, and one that starts there passes what was claimed.
+end minus each, as they are.
 `
 
 const seekHelp = `Moves a consumer, backwards or forwards, in PostgreSQL and in Kafka together:
@@ -273,7 +271,6 @@ type positionRow struct {
 	Incarnation  *int64     `json:"incarnation"`
 	AnchorTime   *time.Time `json:"anchor_time"`
 	UpdatedAt    *time.Time `json:"position_updated_at"`
-	ClaimsAhead  *bool      `json:"claims_ahead"`
 	Committed    *int64     `json:"committed"`
 	LogStart     *int64     `json:"log_start"`
 	LogEnd       *int64     `json:"log_end"`
@@ -312,7 +309,6 @@ func (st *state) rows() []positionRow {
 		pos, hasPos := st.positions[id]
 		if hasPos {
 			r.Position, r.Incarnation, r.UpdatedAt = ptr(pos.Next), ptr(pos.Incarnation), ptr(pos.UpdatedAt)
-			r.ClaimsAhead = ptr(pos.ClaimsAhead)
 			if !pos.AnchorTime.IsZero() {
 				r.AnchorTime = ptr(pos.AnchorTime)
 			}

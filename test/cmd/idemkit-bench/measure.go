@@ -190,9 +190,7 @@ func findKafkaPID() int {
 // segments split the time of the partition workers (summed over workers):
 // waiting for messages (from a transaction's commit to the start of the
 // next: fetching, or idle under a steady rate); BEGIN and the dedup claim
-// (for the runner, from Hooks.TxStart to the handler: a chained
-// transaction's BEGIN and claims went with the COMMIT before, so this is
-// then the runner's own work); the handler's statements; COMMIT. Unsplit is
+// (for the runner, from Hooks.TxStart to the handler); the handler's statements; COMMIT. Unsplit is
 // the wait plus BEGIN + claim of transactions whose start was not seen.
 type segments struct {
 	Wait    time.Duration `json:"wait_ns"`

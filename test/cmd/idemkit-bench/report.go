@@ -264,8 +264,7 @@ func (r *report) print(w io.Writer) {
 		}
 		p("\nWait for messages: from a transaction's commit to the start of the next on the same partition worker " +
 			"(fetching, the runner's own work between transactions, or the broker being behind). A transaction starts " +
-			"at Hooks.TxStart (idemkit: a transaction chained to the one before had its BEGIN and claims sent with that " +
-			"one's COMMIT, so its \"BEGIN + claim\" is the runner's own work) or at the BEGIN timed in the handler (the " +
+			"at Hooks.TxStart (idemkit) or at the BEGIN timed in the handler (the " +
 			"Watermill peer, whose \"wait\" also holds its ack and the router's dispatch; its \"handler\" is the upsert). " +
 			"PostgreSQL-alone workers never wait.\n")
 	}

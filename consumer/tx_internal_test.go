@@ -12,16 +12,16 @@ import (
 	"github.com/idemkit/idemkit/internal/testenv"
 )
 
-// TestReviewRunTxReleasesConnection: every way a worker's transaction
-// (runTx, not chained) can end gives its connection back to the pool.
-func TestReviewRunTxReleasesConnection(t *testing.T) {
+// TestRunTxReleasesConnection: every way a worker's transaction can end
+// gives its connection back to the pool.
+func TestRunTxReleasesConnection(t *testing.T) {
 	t.Parallel()
 	pool, err := pgxpool.New(context.Background(), testenv.DatabaseURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	w := &worker{r: &Runner{cfg: Config{pool: pool}, chains: budgetOf(pool)}}
+	w := &worker{r: &Runner{cfg: Config{pool: pool}}}
 	ok := func(tx pgx.Tx) error { return nil }
 	boom := errors.New("boom")
 	cancelled, cancel := context.WithCancel(context.Background())
@@ -66,7 +66,7 @@ func TestReviewRunTxReleasesConnection(t *testing.T) {
 		if c.ctx != nil {
 			ctx, cancel = c.ctx()
 		}
-		err := w.runTx(ctx, nil, testSteps{c.first, c.f})
+		err := w.runTx(ctx, testSteps{c.first, c.f})
 		cancel()
 		// A closed connection is destroyed asynchronously by the pool.
 		for deadline := time.Now().Add(2 * time.Second); pool.Stat().AcquiredConns() != 0 && time.Now().Before(deadline); {
@@ -86,6 +86,34 @@ type testSteps struct {
 	f     func(tx pgx.Tx) error
 }
 
-func (s testSteps) messages() []*Message      { return nil }
 func (s testSteps) claims(b *pgx.Batch) error { return s.first(b) }
 func (s testSteps) body(tx pgx.Tx) error      { return s.f(tx) }
+
+// TestCommitAfterLongHandler: a handler that runs longer than commitTimeout
+// does not leave its commit an expired context (which pgx would not even
+// send, and which the runner would take for a lost connection: the
+// transaction would run again, and again). Not parallel: it shortens
+// commitTimeout.
+func TestCommitAfterLongHandler(t *testing.T) {
+	saved := commitTimeout
+	commitTimeout = 300 * time.Millisecond
+	defer func() { commitTimeout = saved }()
+	pool, err := pgxpool.New(context.Background(), testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	w := &worker{r: &Runner{cfg: Config{pool: pool}}}
+	slow := func(tx pgx.Tx) error {
+		time.Sleep(2 * commitTimeout)
+		_, err := tx.Exec(context.Background(), `SELECT 1`)
+		return err
+	}
+	err = w.runTx(context.Background(), testSteps{func(b *pgx.Batch) error { b.Queue(`SELECT 1`); return nil }, slow})
+	if err != nil {
+		t.Fatalf("runTx with a handler of %v (commitTimeout %v): %v", 2*commitTimeout, commitTimeout, err)
+	}
+	if err := inTx(context.Background(), pool, slow); err != nil {
+		t.Fatalf("inTx with a handler of %v (commitTimeout %v): %v", 2*commitTimeout, commitTimeout, err)
+	}
+}

@@ -1,0 +1,110 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idemkit/dedup"
+)
+
+// txSteps is what runTx runs: the claims queued after the transaction's
+// BEGIN, and its body once they answered.
+type txSteps interface {
+	claims(b *pgx.Batch) error
+	body(tx pgx.Tx) error
+}
+
+// runTx runs one transaction of a partition: BEGIN and t's claims go to
+// PostgreSQL in one round trip, then t's body runs (idemkit's own writes
+// and the handler), then COMMIT. Once the body returned, the commit (or
+// rollback) is finished even if ctx is cancelled meanwhile, within
+// commitTimeout: a shutdown does not leave the outcome of work in flight
+// unknown. The connection goes back to the pool however it ends.
+func (w *worker) runTx(ctx context.Context, t txSteps) error {
+	conn, err := w.r.cfg.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	if err := t.claims(b); err != nil {
+		return err
+	}
+	br := conn.SendBatch(ctx, b)
+	tx := br.Tx()
+	if err := br.Close(); err != nil {
+		detached, cancel := detach(ctx)
+		defer cancel()
+		dropReadOnly(detached, tx, err)
+		_ = tx.Rollback(detached)
+		return err
+	}
+	err = t.body(tx)
+	// Made once the body returned: the handler's own time does not count
+	// against the commit's.
+	detached, cancel := detach(ctx)
+	defer cancel()
+	if err != nil {
+		dropReadOnly(detached, tx, err)
+		_ = tx.Rollback(detached)
+		return err
+	}
+	if pc := conn.Conn(); !pc.IsClosed() && pc.PgConn().TxStatus() == 'I' {
+		// The handler ended the transaction itself (tx.Rollback, a
+		// ROLLBACK statement): nothing of it is committed, whatever a
+		// COMMIT sent now answers (outside a transaction PostgreSQL
+		// answers COMMIT, with a warning).
+		_ = tx.Rollback(detached)
+		return fmt.Errorf("consumer: the transaction ended before its commit: %w", pgx.ErrTxClosed)
+	}
+	if err := tx.Commit(detached); err != nil {
+		dropReadOnly(detached, tx, err)
+		_ = tx.Rollback(detached)
+		return err
+	}
+	return nil
+}
+
+// detach returns a context with ctx's values (the transaction's trace)
+// that ctx's cancellation does not reach and that ends after
+// commitTimeout: for a commit or rollback.
+func detach(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
+}
+
+// claimResults are the outcomes of the claims queued by queueClaims.
+type claimResults struct {
+	dup        []bool // one per live message, for a claim batch
+	one, moved bool   // for one message: duplicate, and whether its position row moved
+}
+
+// claim is the dedup claim of m.
+func (w *worker) claim(m *Message) dedup.Claim {
+	return dedup.Claim{Consumer: w.r.cfg.Name, MessageID: m.ID, Topic: m.Topic, Partition: m.Partition,
+		Offset: m.Offset, Time: m.Time, Epoch: w.epoch}
+}
+
+// queueClaims queues on b the claims of msgs[i] for each i in live (the
+// messages handled now; parking: others of msgs wait behind a parked
+// message of their key) with the partition's position; their outcomes are
+// stored in res when b's results are read.
+func (w *worker) queueClaims(b *pgx.Batch, msgs []*Message, live []int, parking bool, res *claimResults) error {
+	store := w.r.cfg.Store
+	switch {
+	case len(live) == 1 && !parking:
+		// Two plain statements cost PostgreSQL less than the one of
+		// QueueClaimWithPosition; the position row is inserted in the
+		// transaction when it does not exist yet (txRun.body).
+		return store.QueueClaimMovePosition(b, w.claim(msgs[0]), &res.one, &res.moved)
+	case len(live) > 0:
+		claims := make([]dedup.Claim, len(live))
+		for j, i := range live {
+			claims[j] = w.claim(msgs[i])
+		}
+		return store.QueueClaimBatch(b, claims, &res.dup)
+	}
+	return nil
+}
