@@ -60,7 +60,7 @@ func scanPositions(rows pgx.Rows) ([]Position, error) {
 }
 
 // ListPositions returns consumer's recorded positions in topic, one per
-// partition that has one, in partition order. It needs migration 16.
+// partition that has one, in partition order.
 func (s *Store) ListPositions(ctx context.Context, db DBTX, consumer, topic string) ([]Position, error) {
 	if err := ValidateID("Consumer", consumer); err != nil {
 		return nil, fmt.Errorf("dedup: list positions: %w", &inputError{err: err})
