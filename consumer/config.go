@@ -82,7 +82,7 @@ func (f BatchHandlerFunc) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []*Me
 
 // Middleware wraps a Handler: tracing, metrics or logging around each call,
 // with the call's context (which carries the transaction's span when a
-// Hooks.TxStart set one). It runs inside the transaction, after the claim.
+// TxObserver started one). It runs inside the transaction, after the claim.
 type Middleware func(Handler) Handler
 
 // BatchMiddleware wraps a BatchHandler, like Middleware.
@@ -115,8 +115,8 @@ const (
 	// This is the default: what dedup can no longer vouch for is never
 	// applied silently.
 	HorizonFail HorizonPolicy = iota
-	// HorizonApply applies the message as new, as the runner did before the
-	// guard existed; Hooks.BeyondHorizon still counts it.
+	// HorizonApply applies the message as new; its OutcomeEvent carries
+	// the *HorizonError.
 	HorizonApply
 )
 
@@ -268,7 +268,7 @@ type Config struct {
 	OffsetCommitInterval time.Duration
 	// HeldWarnAfter is how long a partition may wait behind an open
 	// transaction of a transactional producer before the runner logs it
-	// (WARN) and calls Hooks.HeldByTransaction. Defaults to 30s.
+	// (WARN) and tells HeldObservers. Defaults to 30s.
 	HeldWarnAfter time.Duration
 	// MaxOutage bounds how long the runner waits out a PostgreSQL or Kafka
 	// server it cannot reach (connection-class errors; see
@@ -297,96 +297,9 @@ type Config struct {
 	RebalanceTimeout time.Duration
 	// Logger receives structured logs. Defaults to slog.Default().
 	Logger *slog.Logger
-	// Hooks observe the runner; every field is optional.
-	Hooks Hooks
-}
-
-// Hooks are optional callbacks for metrics, tracing and tests. They run
-// synchronously on the partition's goroutine (the committer's, for offset
-// commits): keep them fast (the partition's next transaction may be open
-// meanwhile, holding its locks: see "Transactions in a row" in the package
-// documentation), and do not panic in them (unlike a handler's or
-// a middleware's, a hook's panic is not recovered). The context they get is
-// the transaction's (see TxStart) where there is one; a context TxStart
-// returns must derive from the one it got, or cancellation (a rebalance, a
-// shutdown) no longer reaches the transaction.
-type Hooks struct {
-	// TxStart runs before a transaction for msgs begins: one message, or a
-	// batch of one partition in offset order. attempt counts the handler
-	// attempts of these messages, from 1 (a message retried in place starts
-	// transactions with attempt 2, 3, …). The context it returns is the one
-	// the claim, the handlers, the other hooks of this transaction and
-	// TxEnd get: a tracer starts a span here. Returning nil keeps ctx. A
-	// transaction begun with the commit of the one before (see
-	// "Transactions in a row") has begun and claimed already when TxStart
-	// runs, under the context of that one.
-	TxStart func(ctx context.Context, msgs []*Message, attempt int) context.Context
-	// TxEnd runs once per TxStart, when that transaction committed (err nil;
-	// outcomes[i] is msgs[i]'s: Applied, Duplicate or Parked) or was rolled
-	// back (err says why; outcomes is nil). d is from TxStart to the end of
-	// the commit or rollback. A rolled-back transaction may run again:
-	// another TxStart follows.
-	TxEnd func(ctx context.Context, msgs []*Message, outcomes []Outcome, err error, d time.Duration)
-	// BeforeCommit runs after the handlers succeeded and before the
-	// transaction commits.
-	BeforeCommit func(ctx context.Context, msgs []*Message)
-	// AfterCommit runs after the transaction committed and before the Kafka
-	// offset commit.
-	AfterCommit func(ctx context.Context, msgs []*Message)
-	// Outcome runs once per message when its fate is known.
-	Outcome func(ctx context.Context, msg *Message, outcome Outcome)
-	// Retry runs when a handler failure is retried in place: ctx is the
-	// failed transaction's (TxStart's, ended), attempt the attempt that
-	// failed (from 1), class the failure's class, delay the wait before the
-	// next attempt. The runner's logs about a message's failure are written
-	// with that context too (slog's *Context methods), so that a handler
-	// that reads it, such as a tracing one, can add the trace ID.
-	Retry func(ctx context.Context, msg *Message, attempt int, err error, class retry.Class, delay time.Duration)
-	// OffsetCommitted runs after a Kafka offset commit succeeded; next is the
-	// offset of the next message to read.
-	OffsetCommitted func(topic string, partition int, next int64)
-	// OffsetCommitFailed runs when a Kafka offset commit failed. When the
-	// group coordinator could not write it for now (coordinator not
-	// available, load in progress, a timeout, not enough replicas: on a
-	// cluster, while __consumer_offsets waits for a replica that died), the
-	// offsets go again with the next commit and the generation goes on;
-	// after any other failure the runner leaves the generation and the group
-	// forms again. Either way the PostgreSQL positions are what the runner
-	// resumes from, so nothing is lost or re-applied.
-	OffsetCommitFailed func(topic string, offsets map[int]int64, err error)
-	// Purged runs after each retention purge with the records it deleted.
-	Purged func(deleted int64)
-	// BeyondHorizon runs once per message found beyond the dedup horizon
-	// (see ErrBeyondHorizon): err is its *HorizonError; applied tells
-	// whether it was applied anyway (HorizonApply, after its transaction
-	// committed) or failed (HorizonFail, before it goes to OnFailure).
-	BeyondHorizon func(ctx context.Context, msg *Message, err *HorizonError, applied bool)
-	// Rebalanced runs when the group assigned this runner its partitions of
-	// a new generation (partitions may be empty), before Assigned runs for
-	// each.
-	Rebalanced func(generation int32, partitions []int)
-	// Assigned runs when a partition is assigned, with the offset it starts
-	// at: the later of Kafka's committed offset and the PostgreSQL position,
-	// or kafka.FirstOffset / kafka.LastOffset (Config.StartOffset) when
-	// neither has one.
-	Assigned func(topic string, partition int, start int64)
-	// PositionMoved runs when a partition does not start at its stored
-	// position: err matches ErrMessagesLost (Kafka deleted messages before
-	// they were processed; the partition continues at the log start) or
-	// ErrTopicRecreated (with RecreatedRestart: the partition starts over at
-	// the log start of the new topic).
-	PositionMoved func(err *PositionError)
-	// HeldByTransaction runs when a partition has been held for
-	// Config.HeldWarnAfter at the last stable offset by a transaction left
-	// open on the topic (records after it wait until it commits or aborts).
-	HeldByTransaction func(topic string, partition int, lastStable, highWatermark int64, held time.Duration)
-	// OutageStarted and OutageEnded observe outages the runner waits out:
-	// op names what could not reach its server. Each OutageStarted is
-	// followed by one OutageEnded: when the server answers again, or when no
-	// loop of the runner waits for it any more (Run ended, or a rebalance
-	// ended the partition workers that waited).
-	OutageStarted func(op string, err error)
-	OutageEnded   func(op string, d time.Duration)
+	// Observers watch the runner (metrics, tracing, tests): each takes
+	// the events of the observer interfaces it implements (see Observer).
+	Observers []Observer
 }
 
 // Outcome is what became of a message.

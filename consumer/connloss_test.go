@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -44,9 +45,9 @@ func TestHandlerConnectionLossIsNotAnAttempt(t *testing.T) {
 				return e.effect(ctx, tx, m)
 			})
 			var outages atomic.Int32
-			cfg.Hooks.OutageStarted = func(string, error) { outages.Add(1) }
+			testobs.Of(cfg).OnOutageStarted = func(string, error) { outages.Add(1) }
 			oc := newOutcomes(2)
-			cfg.Hooks.Outcome = oc.hook
+			testobs.Of(cfg).OnOutcome = oc.hook
 			r, err := consumer.New(e.db.Pool, cfg)
 			if err != nil {
 				t.Fatal(err)

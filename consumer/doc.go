@@ -48,12 +48,12 @@
 // moves the consumer on; nothing is consumed from a topic the position does
 // not describe. With RecreatedRestart the partition starts over at its log
 // start as a new incarnation of the topic (Message.Incarnation), logged at
-// ERROR and reported to Hooks.PositionMoved; IDs derived from coordinates
+// ERROR and reported to PositionObservers; IDs derived from coordinates
 // (CoordinateID) and dead-letter replay records include the incarnation, so
 // the new topic's offsets never collide with the old one's. A start below
 // the log start (retention deleted messages before they were processed)
 // is reported as ErrMessagesLost with the lost range (ERROR log and
-// Hooks.PositionMoved), then the partition continues at the log start.
+// PositionObservers), then the partition continues at the log start.
 //
 // To rewind or skip, move both the PostgreSQL position and Kafka's committed
 // offset with `idemkit consumer seek` (or dedup.Store.SeekTx and an
@@ -69,7 +69,7 @@
 // transaction of its own, so that lag reaches zero; the anchor stays on the
 // last data record. A transaction left open holds its partition at its
 // first offset until it commits or aborts; after Config.HeldWarnAfter the
-// runner logs it and calls Hooks.HeldByTransaction.
+// runner logs it and tells HeldObservers.
 //
 // # Outages
 //
@@ -81,7 +81,7 @@
 // topic check at start, joining the group, reading positions, a transaction
 // (also when the connection dies under the handler), releasing parked
 // messages — and logs each outage once when it starts and once when it ends,
-// with its duration (Hooks.OutageStarted, Hooks.OutageEnded). A transaction
+// with its duration (OutageObserver). A transaction
 // cut by an outage runs again without spending the message's retries; a
 // commit whose outcome is unknown is settled by the claims (what committed
 // comes back as duplicates). Config.MaxOutage bounds the wait: past it Run
@@ -169,8 +169,8 @@
 // default (HorizonFail) it is not applied: its claim is rolled back, and it
 // goes without retries to Config.OnFailure (or stops the runner) with a
 // *HorizonError matching ErrBeyondHorizon and retry.IsPermanent; with
-// HorizonApply it is applied as new. Either way Hooks.BeyondHorizon counts it
-// (the otel module exports idemkit_consumer_beyond_horizon_total). An old
+// HorizonApply it is applied as new. Either way its OutcomeEvent carries
+// the *HorizonError (the otel module exports idemkit_consumer_beyond_horizon_total). An old
 // message whose claim finds its record is a duplicate as always; messages
 // without a timestamp, messages released from parking (NonBlocking; they
 // were checked when first handled), and every message of a runner without
@@ -195,14 +195,16 @@
 // The package depends on no metrics or tracing library; it offers seams that
 // adapters (the module github.com/idemkit/idemkit/otel) and your own code
 // use. Config.Middleware and Config.BatchMiddleware wrap the handler inside
-// the transaction. Hooks.TxStart runs before each transaction (one message,
-// or a batch) with the handler attempt, and the context it returns is the one
-// the claim, the handlers and every later hook of that transaction get: a
-// span started there covers claim, handler and commit. Hooks.TxEnd reports
-// the transaction's end with its outcomes or error and its duration;
-// Hooks.Outcome each message's fate; Hooks.Retry each retry in place with
-// the error's class and the delay; Hooks.Rebalanced, OffsetCommitted,
-// OffsetCommitFailed and the outage hooks the runner's life.
+// the transaction. Config.Observers take the runner's events, each through
+// the interfaces it implements (several observers coexist): a TxObserver's
+// TxStart runs before each transaction (one message, or a batch) with the
+// handler attempt, and the context it returns is the one the claim, the
+// handlers and every later event of that transaction get, so a span started
+// there covers claim, handler and commit; its TxEnd reports the
+// transaction's end with its outcomes or error and its duration. An
+// OutcomeObserver sees each message's fate, a RetryObserver each retry in
+// place with the error's class and the delay, and the other interfaces the
+// runner's life (rebalances, assignments, offset commits, outages, purges).
 // Runner.Partitions tells, from any goroutine, each held partition's
 // position, lag behind the last stable offset and parked messages: gauges
 // read it.

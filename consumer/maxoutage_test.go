@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -96,7 +97,7 @@ func TestMaxOutageBoundsPostgresOutage(t *testing.T) {
 			cfg := e.config(md, nil)
 			cfg.MaxOutage = 2 * time.Second
 			cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}))
-			cfg.Hooks.AfterCommit = func(context.Context, []*consumer.Message) { once.Do(func() { close(applied) }) }
+			testobs.Of(cfg).OnAfterCommit = func(context.Context, []*consumer.Message) { once.Do(func() { close(applied) }) }
 			r, err := consumer.New(pool, cfg)
 			if err != nil {
 				t.Fatal(err)

@@ -175,9 +175,7 @@ func (p *parker) park(ctx context.Context, msg *Message, f failure) error {
 	p.counted()
 	p.w.log.WarnContext(f.logCtx(ctx), "message parked; its key waits, other keys flow", "offset", msg.Offset, "message_id", msg.ID,
 		"attempts", f.attempts, "retry_in", delay, "err", f.err)
-	if h := cfg.Hooks.Outcome; h != nil {
-		h(f.logCtx(ctx), msg, Parked)
-	}
+	p.w.r.obs.outcomeOf(f.logCtx(ctx), &OutcomeEvent{Message: msg, Outcome: Parked})
 	return nil
 }
 
@@ -324,9 +322,7 @@ func (p *parker) releaseKey(ctx context.Context, key []byte) error {
 		switch {
 		case err == nil:
 			p.keys[string(key)]--
-			if h := cfg.Hooks.Outcome; h != nil {
-				h(tctx, pm.msg, outcome)
-			}
+			p.w.r.obs.outcomeOf(tctx, &OutcomeEvent{Message: pm.msg, Outcome: outcome})
 			continue // the next parked message of the key is due at once
 		case errors.As(err, &herr):
 			if done, err := p.failed(ctx, tctx, pm, herr.err); err != nil || !done {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -61,7 +62,7 @@ func TestParkedReleaseOutageIsNotAVerdict(t *testing.T) {
 			}
 			applied := make(chan struct{})
 			var once sync.Once
-			cfg.Hooks.Outcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
+			testobs.Of(cfg).OnOutcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
 				if m.ID == "p1" && (o == consumer.Applied || o == consumer.Failed) {
 					once.Do(func() { close(applied) })
 				}
@@ -106,7 +107,7 @@ func TestParkNULInErrorKeepsRunning(t *testing.T) {
 			cfg.ParkedRetry = &retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxAttempts: 5}
 			applied := make(chan struct{})
 			var once sync.Once
-			cfg.Hooks.Outcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
+			testobs.Of(cfg).OnOutcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
 				if m.ID == "ok" {
 					once.Do(func() { close(applied) })
 				}
@@ -173,7 +174,7 @@ func TestParkedHeadersRoundTrip(t *testing.T) {
 				cfg.ParkedPoll = 50 * time.Millisecond
 				done := make(chan struct{})
 				var once sync.Once
-				cfg.Hooks.Outcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
+				testobs.Of(cfg).OnOutcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
 					if m.ID == "a2" && o == consumer.Applied {
 						once.Do(func() { close(done) })
 					}
@@ -235,7 +236,7 @@ func TestParkKeylessMessage(t *testing.T) {
 			cfg.ParkedRetry = &retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 5}
 			cfg.ParkedPoll = 50 * time.Millisecond
 			oc := newOutcomes(2)
-			cfg.Hooks.Outcome = oc.hook
+			testobs.Of(cfg).OnOutcome = oc.hook
 			r, err := consumer.New(e.db.Pool, cfg)
 			if err != nil {
 				t.Fatal(err)

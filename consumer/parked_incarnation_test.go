@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -39,7 +40,7 @@ func TestParkedAcrossRecreation(t *testing.T) {
 			oc := newOutcomes(-1)
 			done := make(chan struct{})
 			var once sync.Once
-			cfg.Hooks.Outcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
+			testobs.Of(cfg).OnOutcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
 				oc.hook(ctx, m, o)
 				if m.ID == "b1" {
 					once.Do(func() { close(done) })
@@ -62,7 +63,7 @@ func TestParkedAcrossRecreation(t *testing.T) {
 			var once2 sync.Once
 			outs := map[string]consumer.Outcome{}
 			var mu sync.Mutex
-			cfg2.Hooks.Outcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
+			testobs.Of(cfg2).OnOutcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
 				mu.Lock()
 				outs[m.ID] = o
 				mu.Unlock()

@@ -15,6 +15,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -63,7 +64,7 @@ func testListAndRetryParked(t *testing.T, skew time.Duration) {
 	applied := map[string]int{}
 	flowed, released := make(chan struct{}), make(chan struct{})
 	var flowOnce, releaseOnce sync.Once
-	cfg.Hooks.Outcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
+	testobs.Of(cfg).OnOutcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
 		if o != consumer.Applied {
 			return
 		}
@@ -238,7 +239,7 @@ func TestParkedDueOnDatabaseClock(t *testing.T) {
 	cfg.ParkedPoll = 20 * time.Millisecond
 	applied := make(chan struct{})
 	var once sync.Once
-	cfg.Hooks.Outcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
+	testobs.Of(cfg).OnOutcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
 		if m.ID == "b1" && o == consumer.Applied {
 			once.Do(func() { close(applied) })
 		}

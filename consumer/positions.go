@@ -24,7 +24,7 @@ var ErrTopicRecreated = errors.New("consumer: stored position does not match the
 // ErrMessagesLost means messages of a partition were deleted from Kafka
 // (retention, or a deleted-records request) before this consumer processed
 // them: its position is below the partition's log start. The runner reports
-// the lost range (ERROR log, Hooks.PositionMoved) and continues at the log
+// the lost range (ERROR log, PositionObserver) and continues at the log
 // start; nothing can bring those messages back.
 var ErrMessagesLost = errors.New("consumer: messages deleted before they were processed")
 
@@ -75,7 +75,7 @@ const (
 	// RecreatedRestart starts the partition over at its log start, as a new
 	// incarnation of the topic (Message.Incarnation increases, so IDs made
 	// from coordinates and dead-letter replay records do not collide with
-	// the old topic's), with an ERROR log and Hooks.PositionMoved. Messages
+	// the old topic's), with an ERROR log and PositionObserver. Messages
 	// whose IDs were processed before are still deduplicated.
 	RecreatedRestart
 )
@@ -185,9 +185,7 @@ func (r *Runner) checkStart(ctx context.Context, client *kafka.Client, partition
 		}
 		log.Error("stored position does not match the topic; starting over at the log start as a new incarnation",
 			"position", mismatch.Position, "log_start", lr.Start, "log_end", lr.End, "incarnation", inc, "reason", mismatch.Reason)
-		if h := cfg.Hooks.PositionMoved; h != nil {
-			h(mismatch)
-		}
+		r.obs.positionMoved(ctx, mismatch)
 		return partitionStart{offset: lr.Start, incarnation: inc, epoch: epoch, commit: true}, nil
 	}
 	if start.offset < lr.Start {
@@ -195,9 +193,7 @@ func (r *Runner) checkStart(ctx context.Context, client *kafka.Client, partition
 		lost.Position = start.offset
 		log.Error("messages were deleted by Kafka before this consumer processed them; continuing at the log start",
 			"from", start.offset, "to", lr.Start, "lost", lr.Start-start.offset, "source", source)
-		if h := cfg.Hooks.PositionMoved; h != nil {
-			h(lost)
-		}
+		r.obs.positionMoved(ctx, lost)
 		start.offset, start.commit = lr.Start, true
 	}
 	return start, nil

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -36,9 +37,9 @@ func TestReadOnlySessionIsReplaced(t *testing.T) {
 				return e.effect(ctx, tx, m)
 			})
 			var outages atomic.Int32
-			cfg.Hooks.OutageStarted = func(string, error) { outages.Add(1) }
+			testobs.Of(cfg).OnOutageStarted = func(string, error) { outages.Add(1) }
 			first, second := newOutcomes(1), newOutcomes(2)
-			cfg.Hooks.Outcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
+			testobs.Of(cfg).OnOutcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
 				first.hook(ctx, m, o)
 				second.hook(ctx, m, o)
 			}
@@ -105,7 +106,7 @@ func TestReadOnlyHandlerInParkedRelease(t *testing.T) {
 	cfg.ParkedPoll = 20 * time.Millisecond
 	cfg.ParkedRetry = &retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 3}
 	var outages atomic.Int32
-	cfg.Hooks.OutageStarted = func(string, error) { outages.Add(1) }
+	testobs.Of(cfg).OnOutageStarted = func(string, error) { outages.Add(1) }
 	gave := make(chan struct{})
 	cfg.OnFailure = func(context.Context, *consumer.Message, error) error {
 		close(gave)

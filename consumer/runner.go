@@ -44,6 +44,7 @@ type Message struct {
 type Runner struct {
 	cfg     Config
 	sem     chan struct{} // bounds the partitions processed at once
+	obs     observers
 	outages *outage.Tracker
 	states  partitionStates
 	// now is the runner's clock, for its own timers only: when parked
@@ -70,9 +71,16 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Runner{cfg: c, sem: make(chan struct{}, c.MaxPartitions), now: time.Now, maintain: make(chan struct{}, 1),
-		outages: &outage.Tracker{Log: c.Logger.With("topic", c.Topic, "group", c.GroupID),
-			OnStart: c.Hooks.OutageStarted, OnEnd: c.Hooks.OutageEnded}}, nil
+	obs, err := newObservers(c.Observers)
+	if err != nil {
+		return nil, err
+	}
+	r := &Runner{cfg: c, obs: obs, sem: make(chan struct{}, c.MaxPartitions), now: time.Now, maintain: make(chan struct{}, 1)}
+	r.outages = &outage.Tracker{Log: c.Logger.With("topic", c.Topic, "group", c.GroupID)}
+	if len(obs.outage) > 0 {
+		r.outages.OnStart, r.outages.OnEnd = obs.outageStarted, obs.outageEnded
+	}
+	return r, nil
 }
 
 // Pool returns the pool the runner's transactions run on, as given to New.
@@ -247,6 +255,7 @@ func (r *Runner) purgeLoop(ctx context.Context, log *slog.Logger) {
 	t := time.NewTicker(r.cfg.PurgeInterval)
 	defer t.Stop()
 	for {
+		began := time.Now()
 		n, err := r.cfg.Store.PurgeConsumer(ctx, r.cfg.pool, r.cfg.Name, r.cfg.Retention, 0)
 		switch {
 		case err != nil && ctx.Err() == nil:
@@ -254,8 +263,8 @@ func (r *Runner) purgeLoop(ctx context.Context, log *slog.Logger) {
 		case n > 0:
 			log.Info("dedup retention purge", "deleted", n, "older_than", r.cfg.Retention)
 		}
-		if h := r.cfg.Hooks.Purged; h != nil && err == nil {
-			h(n)
+		if err == nil {
+			r.obs.purged(ctx, &PurgeEvent{Deleted: n, Duration: time.Since(began)})
 		}
 		select {
 		case <-ctx.Done():
@@ -383,13 +392,13 @@ func (r *Runner) requireTopic(ctx context.Context, client *kafka.Client) error {
 // out outages; the generation ending (a rebalance) stops them.
 func (r *Runner) startGeneration(ctx context.Context, gen *kafka.Generation, client *kafka.Client, fail func(error)) {
 	assigned := gen.Assignments[r.cfg.Topic]
-	if h := r.cfg.Hooks.Rebalanced; h != nil {
+	if len(r.obs.rebalance) > 0 {
 		ids := make([]int, len(assigned))
 		for i, a := range assigned {
 			ids[i] = a.ID
 		}
 		slices.Sort(ids)
-		h(gen.ID, ids)
+		r.obs.rebalanced(ctx, &RebalanceEvent{Generation: gen.ID, Partitions: ids})
 	}
 	if len(assigned) == 0 {
 		// Nothing for this member: other members may hold every partition,
@@ -419,16 +428,14 @@ func (r *Runner) startGeneration(ctx context.Context, gen *kafka.Generation, cli
 			// it now would run unowned. The next generation starts over.
 			return
 		}
-		commits := newCommitter(gen, r.cfg.Topic, r.cfg.OffsetCommitInterval, r.cfg.Logger.With("topic", r.cfg.Topic), &r.cfg.Hooks)
+		commits := newCommitter(gen, r.cfg.Topic, r.cfg.OffsetCommitInterval, r.cfg.Logger.With("topic", r.cfg.Topic), &r.obs)
 		commits.workers.Add(len(assigned))
 		budget := max(r.cfg.MaxBufferedBytes/int64(len(assigned)), 1)
 		for _, a := range assigned {
 			st := starts[a.ID]
 			w := &worker{r: r, commits: commits, partition: a.ID, start: st.offset, incarnation: st.incarnation, epoch: st.epoch,
 				budget: budget, fail: fail, log: r.cfg.Logger.With("topic", r.cfg.Topic, "partition", a.ID)}
-			if h := r.cfg.Hooks.Assigned; h != nil {
-				h(r.cfg.Topic, a.ID, st.offset)
-			}
+			r.obs.assigned(ctx, &AssignEvent{Topic: r.cfg.Topic, Partition: a.ID, Start: st.offset})
 			if st.commit {
 				commits.mark(a.ID, st.offset)
 			}

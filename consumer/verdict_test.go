@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -29,7 +30,7 @@ func TestPermanentErrorWrappingEOFStops(t *testing.T) {
 				return retry.Permanent(io.ErrUnexpectedEOF)
 			})
 			var outages int
-			cfg.Hooks.OutageStarted = func(string, error) { outages++ }
+			testobs.Of(cfg).OnOutageStarted = func(string, error) { outages++ }
 			r, err := consumer.New(e.db.Pool, cfg)
 			if err != nil {
 				t.Fatal(err)

@@ -322,9 +322,8 @@ func (w *worker) prefetch(ctx context.Context, reader *kread.Reader) {
 			heldReported = true
 			w.log.Warn("partition held at the last stable offset by an open transaction; records after it wait until it commits or aborts",
 				"last_stable", f.LastStable, "high_watermark", f.HighWatermark, "held", time.Since(heldSince).Round(time.Second))
-			if h := cfg.Hooks.HeldByTransaction; h != nil {
-				h(cfg.Topic, w.partition, f.LastStable, f.HighWatermark, time.Since(heldSince))
-			}
+			w.r.obs.heldBack(ctx, &HeldEvent{Topic: cfg.Topic, Partition: w.partition, LastStable: f.LastStable,
+				HighWatermark: f.HighWatermark, Held: time.Since(heldSince)})
 		case !held && !heldSince.IsZero():
 			if heldReported {
 				w.log.Info("partition released by the open transaction", "held", time.Since(heldSince).Round(time.Second))
@@ -660,8 +659,8 @@ func indexMissingID(msgs []*Message) int {
 
 // retry runs one failing message again under the retry policy until it
 // succeeds, its error proves permanent, or the schedule is used up. tctx is
-// the context of the transaction that failed (Hooks.TxStart's): logs and
-// hooks about the failure get it, so that they carry its trace.
+// the context of the transaction that failed (its TxStart's): logs and
+// observers of the failure get it, so that they carry its trace.
 func (w *worker) retry(ctx, tctx context.Context, msg *Message, err error) error {
 	cfg := &w.r.cfg
 	schedule := cfg.Retry.Schedule()
@@ -675,9 +674,6 @@ func (w *worker) retry(ctx, tctx context.Context, msg *Message, err error) error
 			f.class = retry.ClassPermanent
 			w.log.WarnContext(f.logCtx(ctx), "message beyond the dedup horizon; not applied", "offset", msg.Offset,
 				"message_id", msg.ID, "age", herr.Age, "horizon", herr.Horizon)
-			if h := cfg.Hooks.BeyondHorizon; h != nil {
-				h(f.logCtx(ctx), msg, herr, false)
-			}
 			return w.giveUp(ctx, msg, f, true)
 		}
 		f.class = cfg.Retry.Classify(err)
@@ -699,9 +695,7 @@ func (w *worker) retry(ctx, tctx context.Context, msg *Message, err error) error
 		}
 		w.log.WarnContext(f.ctx, "handler failed; retrying", "offset", msg.Offset, "message_id", msg.ID,
 			"attempt", f.attempts, "delay", delay, "err", err)
-		if h := cfg.Hooks.Retry; h != nil {
-			h(f.ctx, msg, f.attempts, err, f.class, delay)
-		}
+		w.r.obs.retried(f.ctx, &RetryEvent{Message: msg, Attempt: f.attempts, Err: err, Class: f.class, Delay: delay})
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
@@ -725,7 +719,7 @@ type failure struct {
 	class       retry.Class
 	first, last time.Time
 	err         error
-	// ctx is the context of the last failed transaction (Hooks.TxStart's,
+	// ctx is the context of the last failed transaction (its TxStart's,
 	// with its trace) for logs; nil when the failure had none.
 	ctx context.Context
 }
@@ -771,15 +765,17 @@ func (w *worker) giveUp(ctx context.Context, msg *Message, f failure, savePositi
 			return fmt.Errorf("consumer: save position past failed message: %w", err)
 		}
 	}
-	if h := cfg.Hooks.Outcome; h != nil {
-		h(lctx, msg, Failed)
+	if len(w.r.obs.outcome) > 0 {
+		e := &OutcomeEvent{Message: msg, Outcome: Failed, Err: merr}
+		_ = errors.As(f.err, &e.Horizon)
+		w.r.obs.outcomeOf(lctx, e)
 	}
 	return nil
 }
 
 // commit runs msgs in one transaction: claim every ID and record the
 // position in one statement, run the handler for the new ones, commit.
-// attempt is the handler attempt (from 1) for Hooks.TxStart.
+// attempt is the handler attempt (from 1) for TxStartEvent.
 // On a handler error it returns the index of the failing message (0 for a
 // batch handler); on any other error, -1. Serialization failures and
 // deadlocks run the transaction again.
@@ -839,56 +835,67 @@ func (w *worker) commit(ctx context.Context, msgs []*Message, attempt int) (fail
 	}
 }
 
-// observedTx runs tx between Hooks.TxStart and Hooks.TxEnd, and reports
-// the outcomes of a committed transaction to Hooks.Outcome.
+// observedTx runs tx between the TxObservers' TxStart and TxEnd, and
+// reports the outcomes of a committed transaction to the OutcomeObservers.
 func (w *worker) observedTx(ctx context.Context, msgs []*Message, attempt int) (failed int, outcomes []Outcome, tctx context.Context, err error) {
 	tctx, obs := w.observe(ctx, msgs, attempt)
-	failed, outcomes, err = w.tx(tctx, msgs)
+	var beyond []horizonNote
+	failed, outcomes, beyond, err = w.tx(tctx, msgs)
 	obs.end(outcomes, err)
-	if h := w.r.cfg.Hooks.Outcome; err == nil && h != nil {
+	if err == nil && len(w.r.obs.outcome) > 0 {
+		e := &OutcomeEvent{}
 		for i, m := range msgs {
-			h(tctx, m, outcomes[i])
+			*e = OutcomeEvent{Message: m, Outcome: outcomes[i]}
+			for _, b := range beyond {
+				if b.index == i {
+					e.Horizon = b.err
+				}
+			}
+			w.r.obs.outcomeOf(tctx, e)
 		}
 	}
 	return failed, outcomes, tctx, err
 }
 
-// observe calls Hooks.TxStart for a transaction of msgs and returns the
-// context the transaction runs with and what reports its end to
-// Hooks.TxEnd.
+// observe calls the TxObservers' TxStart for a transaction of msgs and
+// returns the context the transaction runs with and what reports its end.
 func (w *worker) observe(ctx context.Context, msgs []*Message, attempt int) (context.Context, observation) {
-	hooks := &w.r.cfg.Hooks
-	if hooks.TxStart == nil && hooks.TxEnd == nil {
+	list := w.r.obs.tx
+	if len(list) == 0 {
 		return ctx, observation{}
 	}
 	start := time.Now()
-	if hooks.TxStart != nil {
-		if c := hooks.TxStart(ctx, msgs, attempt); c != nil {
+	e := &TxStartEvent{Messages: msgs, Attempt: attempt}
+	for _, o := range list {
+		if c := o.TxStart(ctx, e); c != nil {
 			ctx = c
 		}
 	}
-	return ctx, observation{hook: hooks.TxEnd, ctx: ctx, msgs: msgs, start: start}
+	return ctx, observation{list: list, ctx: ctx, msgs: msgs, attempt: attempt, start: start}
 }
 
-// observation is a transaction between Hooks.TxStart and Hooks.TxEnd (a
-// value, not a closure: one allocation less per transaction).
+// observation is a transaction between its TxStart and its TxEnd.
 type observation struct {
-	hook  func(ctx context.Context, msgs []*Message, outcomes []Outcome, err error, took time.Duration)
-	ctx   context.Context
-	msgs  []*Message
-	start time.Time
+	list    []TxObserver
+	ctx     context.Context
+	msgs    []*Message
+	attempt int
+	start   time.Time
 }
 
-// end reports the transaction's end to Hooks.TxEnd (outcomes are dropped
-// when err is not nil).
+// end reports the transaction's end to the TxObservers, last first
+// (outcomes are dropped when err is not nil).
 func (o observation) end(outcomes []Outcome, err error) {
-	if o.hook == nil {
+	if len(o.list) == 0 {
 		return
 	}
 	if err != nil {
 		outcomes = nil
 	}
-	o.hook(o.ctx, o.msgs, outcomes, err, time.Since(o.start))
+	e := &TxEndEvent{Messages: o.msgs, Attempt: o.attempt, Outcomes: outcomes, Err: err, Duration: time.Since(o.start)}
+	for i := len(o.list) - 1; i >= 0; i-- {
+		o.list[i].TxEnd(o.ctx, e)
+	}
 }
 
 // errSplit asks process to run a batch again in halves: its transaction
@@ -904,7 +911,7 @@ type handlerError struct {
 func (e *handlerError) Error() string { return e.err.Error() }
 func (e *handlerError) Unwrap() error { return e.err }
 
-func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes []Outcome, err error) {
+func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes []Outcome, beyond []horizonNote, err error) {
 	cfg := &w.r.cfg
 	outcomes = make([]Outcome, len(msgs))
 	live := make([]int, 0, len(msgs)) // messages handled now; the others wait behind a parked message of their key
@@ -926,13 +933,13 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 	// a claim found it changed (dedup.ErrLayoutChanged).
 	layout, err := cfg.Store.Layout(ctx, cfg.pool)
 	if err != nil {
-		return -1, nil, fmt.Errorf("consumer: %w", err)
+		return -1, nil, nil, fmt.Errorf("consumer: %w", err)
 	}
 	// The claims travel with BEGIN: one round trip before the handler runs.
 	t := &txRun{w: w, ctx: ctx, msgs: msgs, live: live, parking: parking, outcomes: outcomes}
 	if err = w.runTx(ctx, t); err != nil {
 		failed, err = w.txFailed(msgs, layout, err)
-		return failed, nil, err
+		return failed, nil, nil, err
 	}
 	for i, m := range msgs {
 		if outcomes[i] == Parked {
@@ -942,17 +949,11 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 	if parking {
 		w.parked.counted()
 	}
-	if h := cfg.Hooks.AfterCommit; h != nil {
-		h(ctx, msgs)
-	}
 	for _, b := range t.beyond {
 		w.log.WarnContext(ctx, "message beyond the dedup horizon applied (HorizonApply)", "offset", msgs[b.index].Offset,
 			"message_id", msgs[b.index].ID, "age", b.err.Age, "horizon", b.err.Horizon)
-		if h := cfg.Hooks.BeyondHorizon; h != nil {
-			h(ctx, msgs[b.index], b.err, true)
-		}
 	}
-	return -1, outcomes, nil
+	return -1, outcomes, t.beyond, nil
 }
 
 // txFailed returns what tx returns for err, the error of a transaction of
@@ -1052,9 +1053,6 @@ func (t *txRun) body(tx pgx.Tx) error {
 			return lost // an outage, not the handler's verdict
 		}
 		return err
-	}
-	if h := cfg.Hooks.BeforeCommit; h != nil {
-		h(ctx, msgs)
 	}
 	return nil
 }

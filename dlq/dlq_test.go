@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
@@ -152,11 +153,11 @@ func (e *env) consumeWith(n int, fail func(m *consumer.Message, attempt int) err
 			}
 			return e.effect(ctx, tx, m)
 		}),
-		Hooks: consumer.Hooks{Outcome: func(context.Context, *consumer.Message, consumer.Outcome) {
+		Observers: []consumer.Observer{&testobs.Hooks{OnOutcome: func(context.Context, *consumer.Message, consumer.Outcome) {
 			if int(outcomes.Add(1)) == n {
 				close(done)
 			}
-		}},
+		}}},
 	}
 	if mutate != nil {
 		mutate(cfg)

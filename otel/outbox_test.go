@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/outbox"
 )
 
@@ -48,7 +49,7 @@ func TestOutboxCarriesTheTrace(t *testing.T) {
 	cfg := e.config(nil)
 	cfg.IDHeader = outbox.HeaderID // the relay's stable ID
 	oc := newOutcomes(1)
-	cfg.Hooks.Outcome = oc.hook
+	testobs.Of(cfg).OnOutcome = oc.hook
 	if _, err := e.tel.Consumer(cfg); err != nil {
 		t.Fatal(err)
 	}

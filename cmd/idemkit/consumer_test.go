@@ -22,6 +22,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/kafkaoffsets"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/migrate"
 )
 
@@ -435,15 +436,15 @@ func runConsumer(t *testing.T, e *seekEnv, partitions int) map[int]int64 {
 		Kafka: testenv.Kafka(t), Topic: e.topic, GroupID: e.group, Store: e.store,
 		MissingID: consumer.MissingIDUseCoordinates, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Handler: consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil }),
-		Hooks: consumer.Hooks{ // signals only: a hook must never block the runner
-			Assigned: func(_ string, partition int, start int64) {
+		Observers: []consumer.Observer{&testobs.Hooks{ // signals only: a hook must never block the runner
+			OnAssigned: func(_ string, partition int, start int64) {
 				mu.Lock()
 				defer mu.Unlock()
 				if _, ok := starts[partition]; !ok {
 					starts[partition] = start
 				}
 			},
-			Outcome: func(_ context.Context, msg *consumer.Message, _ consumer.Outcome) {
+			OnOutcome: func(_ context.Context, msg *consumer.Message, _ consumer.Outcome) {
 				mu.Lock()
 				defer mu.Unlock()
 				if _, ok := handled[msg.Partition]; !ok {
@@ -453,7 +454,7 @@ func runConsumer(t *testing.T, e *seekEnv, partitions int) map[int]int64 {
 					}
 				}
 			},
-		},
+		}},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 )
 
 // TestSeekForceWhileRunning: `consumer seek -to-earliest -force` while
@@ -45,20 +46,20 @@ func TestSeekForceWhileRunning(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 			return nil
 		}),
-		Hooks: consumer.Hooks{
-			Assigned: func(_ string, _ int, start int64) {
+		Observers: []consumer.Observer{&testobs.Hooks{
+			OnAssigned: func(_ string, _ int, start int64) {
 				mu.Lock()
 				defer mu.Unlock()
 				assigns = append(assigns, start)
 			},
-			Outcome: func(context.Context, *consumer.Message, consumer.Outcome) {
+			OnOutcome: func(context.Context, *consumer.Message, consumer.Outcome) {
 				mu.Lock()
 				defer mu.Unlock()
 				if handled++; handled == 30 {
 					once.Do(func() { close(progress) })
 				}
 			},
-		},
+		}},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -18,6 +18,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -207,7 +208,7 @@ func TestCLIParked(t *testing.T) {
 			_, err := tx.Exec(ctx, `INSERT INTO `+db.Table("effects")+` (id) VALUES ($1)`, m.ID)
 			return err
 		}),
-		Hooks: consumer.Hooks{Outcome: func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
+		Observers: []consumer.Observer{&testobs.Hooks{OnOutcome: func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
 			mu.Lock()
 			defer mu.Unlock()
 			switch o {
@@ -222,7 +223,7 @@ func TestCLIParked(t *testing.T) {
 			if seen["b3"] {
 				releaseOnce.Do(func() { close(released) })
 			}
-		}},
+		}}},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -20,6 +20,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/outage"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
@@ -143,14 +144,14 @@ func run(t *testing.T, sc scenario) {
 		cfg := &consumer.Config{Kafka: kafkaconn.Config{Brokers: brokers}, Topic: inTopic, GroupID: group,
 			Store: store, SessionTimeout: 6 * time.Second, RebalanceTimeout: 10 * time.Second,
 			Logger: logger.With("part", name),
-			Hooks: consumer.Hooks{
-				OutageStarted: func(_ string, err error) {
+			Observers: []consumer.Observer{&testobs.Hooks{
+				OnOutageStarted: func(_ string, err error) {
 					if hooks[i].started.Add(1) == 1 {
 						hooks[i].first.Store(err)
 					}
 				},
-				OutageEnded: func(string, time.Duration) { hooks[i].ended.Add(1) },
-			}}
+				OnOutageEnded: func(string, time.Duration) { hooks[i].ended.Add(1) },
+			}}}
 		switch i {
 		case 0, 3: // one transaction per message
 			cfg.BatchSize, cfg.Handler = 1, a.handler(name)
@@ -306,7 +307,7 @@ func run(t *testing.T, sc scenario) {
 	}
 	for i, name := range runners {
 		if s, e := hooks[i].started.Load(), hooks[i].ended.Load(); s == 0 || s != e {
-			t.Errorf("%s: Hooks.OutageStarted ran %d times, OutageEnded %d times; want at least once, as often", name, s, e)
+			t.Errorf("%s: OutageStarted ran %d times, OutageEnded %d times; want at least once, as often", name, s, e)
 		}
 		if name == standbyRunner {
 			var pgErr *pgconn.PgError

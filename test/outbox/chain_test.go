@@ -23,6 +23,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/outbox"
 )
@@ -212,14 +213,14 @@ func TestCrashAfterPublishChain(t *testing.T) {
 				ON CONFLICT (id) DO UPDATE SET runs = `+effects+`.runs + 1`, string(m.Value))
 			return err
 		}),
-		Hooks: consumer.Hooks{Outcome: func(_ context.Context, _ *consumer.Message, o consumer.Outcome) {
+		Observers: []consumer.Observer{&testobs.Hooks{OnOutcome: func(_ context.Context, _ *consumer.Message, o consumer.Outcome) {
 			switch o {
 			case consumer.Applied:
 				applied.Add(1)
 			case consumer.Duplicate:
 				duplicates.Add(1)
 			}
-		}}})
+		}}}})
 	waitFor(t, time.Minute, "downstream consumed every message", func() (bool, error) {
 		return applied.Load()+duplicates.Load() == int64(n+4), nil
 	})

@@ -25,6 +25,7 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
 )
 
@@ -277,37 +278,33 @@ func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*chil
 			}
 			return "", errors.New("no message-id header")
 		},
-		Hooks: consumer.Hooks{
-			TxStart: func(ctx context.Context, msgs []*consumer.Message, _ int) context.Context {
-				clock.txStarted(msgs[0].Partition, time.Now())
-				return ctx
-			},
-			BeforeCommit: func(_ context.Context, msgs []*consumer.Message) {
-				clock.beforeCommit(msgs[0].Partition, time.Now())
-			},
-			AfterCommit: func(_ context.Context, msgs []*consumer.Message) {
-				now := time.Now()
-				clock.afterCommit(msgs[0].Partition, len(msgs), now)
-				if steady {
-					latencies.add(now, msgs)
-				}
-			},
-			Outcome: func(_ context.Context, _ *consumer.Message, o consumer.Outcome) {
-				if o == consumer.Duplicate {
-					dups.Add(1)
-				}
-				n := done.Add(1)
-				if heapProfile != "" && n == int64(spec.Messages)/2 {
-					writeHeapProfile(heapProfile)
-				}
-				reached(n)
-			},
-			Assigned: func(string, int, int64) {
-				if assigned.Add(1) == int64(spec.Partitions) && steady {
-					fmt.Println("ready")
-				}
-			},
-		},
+	}
+	h := testobs.Of(cfg)
+	h.OnTxStart = func(ctx context.Context, msgs []*consumer.Message, _ int) context.Context {
+		clock.txStarted(msgs[0].Partition, time.Now())
+		return ctx
+	}
+	h.OnAfterCommit = func(_ context.Context, msgs []*consumer.Message) {
+		now := time.Now()
+		clock.afterCommit(msgs[0].Partition, len(msgs), now)
+		if steady {
+			latencies.add(now, msgs)
+		}
+	}
+	h.OnOutcome = func(_ context.Context, _ *consumer.Message, o consumer.Outcome) {
+		if o == consumer.Duplicate {
+			dups.Add(1)
+		}
+		n := done.Add(1)
+		if heapProfile != "" && n == int64(spec.Messages)/2 {
+			writeHeapProfile(heapProfile)
+		}
+		reached(n)
+	}
+	h.OnAssigned = func(string, int, int64) {
+		if assigned.Add(1) == int64(spec.Partitions) && steady {
+			fmt.Println("ready")
+		}
 	}
 	cfg.MaxBufferedBytes = maxBuffered // 0: the default
 	switch {
@@ -327,7 +324,9 @@ func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*chil
 				}
 				effects[i] = e
 			}
-			return upsertSet(ctx, tx, table, effects)
+			err := upsertSet(ctx, tx, table, effects)
+			clock.beforeCommit(msgs[0].Partition, time.Now())
+			return err
 		})
 	} else {
 		cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
@@ -336,7 +335,9 @@ func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*chil
 			if err != nil {
 				return err
 			}
-			return upsertOne(ctx, tx, table, e)
+			err = upsertOne(ctx, tx, table, e)
+			clock.beforeCommit(m.Partition, time.Now()) // the batch's last call is the one before its commit
+			return err
 		})
 	}
 	r, err := consumer.New(pool, cfg)

@@ -190,7 +190,7 @@ func findKafkaPID() int {
 // segments split the time of the partition workers (summed over workers):
 // waiting for messages (from a transaction's commit to the start of the
 // next: fetching, or idle under a steady rate); BEGIN and the dedup claim
-// (for the runner, from Hooks.TxStart to the handler); the handler's statements; COMMIT. Unsplit is
+// (for the runner, from TxStart to the handler); the handler's statements; COMMIT. Unsplit is
 // the wait plus BEGIN + claim of transactions whose start was not seen.
 type segments struct {
 	Wait    time.Duration `json:"wait_ns"`
@@ -247,7 +247,7 @@ func (c *workerClock) part(p int) *partClock {
 	return &c.parts[p]
 }
 
-// txStarted records Hooks.TxStart of a transaction. Once an attempt's
+// txStarted records the TxStart of a transaction. Once an attempt's
 // handler ran, later attempts' starts are ignored until the transaction
 // commits: a retried transaction counts from its first attempt whose
 // handler ran.

@@ -264,7 +264,7 @@ func (r *report) print(w io.Writer) {
 		}
 		p("\nWait for messages: from a transaction's commit to the start of the next on the same partition worker " +
 			"(fetching, the runner's own work between transactions, or the broker being behind). A transaction starts " +
-			"at Hooks.TxStart (idemkit) or at the BEGIN timed in the handler (the " +
+			"at TxStart (idemkit's observer) or at the BEGIN timed in the handler (the " +
 			"Watermill peer, whose \"wait\" also holds its ack and the router's dispatch; its \"handler\" is the upsert). " +
 			"PostgreSQL-alone workers never wait.\n")
 	}

@@ -12,10 +12,11 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/retry"
 )
 
-// TestReviewHandlerTimeoutIsAnAttempt: a handler bounds its own statement
+// TestHandlerTimeoutIsAnAttempt: a handler bounds its own statement
 // with a context deadline (a common pattern: "this lookup may take 100ms at
 // most") and returns the timeout. pgx closes a connection whose statement's
 // context expired, so since c387227 connectionLost takes the handler's own
@@ -24,7 +25,7 @@ import (
 // The partition is stuck behind one slow message and the runner reports a
 // PostgreSQL outage that is not one. Before c387227 the handler's verdict
 // was kept and the message went through the retry policy to OnFailure.
-func TestReviewHandlerTimeoutIsAnAttempt(t *testing.T) {
+func TestHandlerTimeoutIsAnAttempt(t *testing.T) {
 	t.Parallel()
 	for _, md := range baseModes {
 		t.Run(md.name, func(t *testing.T) {
@@ -47,9 +48,9 @@ func TestReviewHandlerTimeoutIsAnAttempt(t *testing.T) {
 			var failed atomic.Int32
 			cfg.OnFailure = func(context.Context, *consumer.Message, error) error { failed.Add(1); return nil }
 			var outages atomic.Int32
-			cfg.Hooks.OutageStarted = func(string, error) { outages.Add(1) }
+			testobs.Of(cfg).OnOutageStarted = func(string, error) { outages.Add(1) }
 			oc := newOutcomes(2)
-			cfg.Hooks.Outcome = oc.hook
+			testobs.Of(cfg).OnOutcome = oc.hook
 			stop := run(t, e.db.Pool, cfg)
 			select {
 			case <-oc.done:
@@ -67,13 +68,13 @@ func TestReviewHandlerTimeoutIsAnAttempt(t *testing.T) {
 	}
 }
 
-// TestReviewLagWhileStuck: Lag is LastStable - Next with LastStable stored
+// TestLagWhileStuck: Lag is LastStable - Next with LastStable stored
 // only after a fetch's records all went into the prefetch buffer. When the
 // handler is stuck and the buffer is full, prefetch blocks inside a fetch
 // and LastStable freezes: Lag stops growing however many messages arrive.
 // (idemkit_consumer_lag then under-reports exactly when a partition is
 // stuck; IdemkitConsumerLagGrowing's delta > 0 never holds for it.)
-func TestReviewLagWhileStuck(t *testing.T) {
+func TestLagWhileStuck(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
 	e.produce(msg("first", "k", 1))
@@ -117,7 +118,7 @@ func TestReviewLagWhileStuck(t *testing.T) {
 	t.Fatalf("FAILS: 51 messages wait behind a stuck handler; Partitions reports %+v (Lag frozen at the last fetch that fit in the buffer)", ps)
 }
 
-// TestReviewIdleInTransactionTimeoutIsAnAttempt: a handler that waits on
+// TestIdleInTransactionTimeoutIsAnAttempt: a handler that waits on
 // something slow with the transaction open (an HTTP call) past the server's
 // idle_in_transaction_session_timeout (a common production setting) has
 // its session terminated by the server (FATAL 25P03). That is the
@@ -128,7 +129,7 @@ func TestReviewLagWhileStuck(t *testing.T) {
 // whole runner stops (OnFailure set or not). Restarted, it stops again on
 // the same message. Before c387227 the message went through the retry
 // policy to OnFailure (this test passes with the 3-line hunk reverted).
-func TestReviewIdleInTransactionTimeoutIsAnAttempt(t *testing.T) {
+func TestIdleInTransactionTimeoutIsAnAttempt(t *testing.T) {
 	t.Parallel()
 	for _, md := range baseModes {
 		t.Run(md.name, func(t *testing.T) {
@@ -153,9 +154,9 @@ func TestReviewIdleInTransactionTimeoutIsAnAttempt(t *testing.T) {
 			var failed atomic.Int32
 			cfg.OnFailure = func(context.Context, *consumer.Message, error) error { failed.Add(1); return nil }
 			var outages atomic.Int32
-			cfg.Hooks.OutageStarted = func(string, error) { outages.Add(1) }
+			testobs.Of(cfg).OnOutageStarted = func(string, error) { outages.Add(1) }
 			oc := newOutcomes(2)
-			cfg.Hooks.Outcome = oc.hook
+			testobs.Of(cfg).OnOutcome = oc.hook
 			stop := run(t, e.db.Pool, cfg)
 			select {
 			case <-oc.done:

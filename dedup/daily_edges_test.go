@@ -17,7 +17,7 @@ import (
 	"github.com/idemkit/idemkit/migrate"
 )
 
-// TestReviewQueuedClaimAfterConcurrentForget: the consumer's worker reads
+// TestQueuedClaimAfterConcurrentForget: the consumer's worker reads
 // the layout (Store.Layout, in tx()) and then queues its claims, which
 // cannot read it. The store is shared by every partition's worker: when
 // another worker's claim meets the flat table's CHECK in between, the store
@@ -25,7 +25,7 @@ import (
 // which the runner does not retry (not retryableTx, not a connection
 // error): Run stops. The queued claim should succeed, or at least fail
 // with a retryable ErrLayoutChanged.
-func TestReviewQueuedClaimAfterConcurrentForget(t *testing.T) {
+func TestQueuedClaimAfterConcurrentForget(t *testing.T) {
 	db, s := newStore(t)
 	ctx := context.Background()
 	tomorrow := testenv.Today(t, db.Pool).AddDate(0, 0, 2) // DailyFrom
@@ -59,12 +59,12 @@ func TestReviewQueuedClaimAfterConcurrentForget(t *testing.T) {
 	}
 }
 
-// TestReviewMigrateDownLosesInFlightDailyClaim: migration 15's down copies
+// TestMigrateDownLosesInFlightDailyClaim: migration 15's down copies
 // the daily rows with INSERT … SELECT (its snapshot), then DROP TABLE waits
 // for the claims in flight on the daily table and drops what they commit
 // meanwhile. A claim committed in that window is lost: the message is
 // applied again on its next delivery.
-func TestReviewMigrateDownLosesInFlightDailyClaim(t *testing.T) {
+func TestMigrateDownLosesInFlightDailyClaim(t *testing.T) {
 	db, s := newStore(t)
 	ctx := context.Background()
 	if _, err := s.EnableDaily(ctx, db.Pool, dedup.DailyConfig{}); err != nil {
@@ -128,14 +128,14 @@ func TestReviewMigrateDownLosesInFlightDailyClaim(t *testing.T) {
 	}
 }
 
-// TestReviewDroppedDayComesBackEmpty: MaintainPartitions creates every
+// TestDroppedDayComesBackEmpty: MaintainPartitions creates every
 // missing day from max(DailyFrom, today-KeepDays): a day it dropped before
 // comes back empty whenever a maintainer's window reaches it again (here
 // KeepDays raised; the same happens at midnight when a maintainer that
 // read now() before midnight lists the partitions after another dropped
 // that day). The IDs of that day, claimed before, are then claimed as new:
 // applied twice, where the contract says ErrPartitionDropped.
-func TestReviewDroppedDayComesBackEmpty(t *testing.T) {
+func TestDroppedDayComesBackEmpty(t *testing.T) {
 	db, s := newStore(t)
 	ctx := context.Background()
 	today := testenv.Today(t, db.Pool)
@@ -168,12 +168,12 @@ func TestReviewDroppedDayComesBackEmpty(t *testing.T) {
 	}
 }
 
-// TestReviewDetachedPartitionLeaks: dropPartition detaches, then drops in
+// TestDetachedPartitionLeaks: dropPartition detaches, then drops in
 // a second statement. When the drop does not happen (the runner's context
 // ends between the two, or DROP's lock_timeout), the detached table is no
 // longer a partition: Partitions does not list it, so no later
 // MaintainPartitions drops it. It stays, with its day's rows, for good.
-func TestReviewDetachedPartitionLeaks(t *testing.T) {
+func TestDetachedPartitionLeaks(t *testing.T) {
 	db, s := newStore(t)
 	ctx := context.Background()
 	if _, err := s.EnableDaily(ctx, db.Pool, dedup.DailyConfig{AheadDays: 2}); err != nil {

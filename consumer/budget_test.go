@@ -11,9 +11,10 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/internal/testobs"
 )
 
-// TestReviewBudgetWithMutatingMiddleware: the byte budget is acquired with
+// TestBudgetWithMutatingMiddleware: the byte budget is acquired with
 // messageBytes(msg) when a message is fetched and released with
 // messageBytes(msg) again after its transaction — recomputed from a
 // *Message the handler and the middleware hold and may change. A
@@ -22,7 +23,7 @@ import (
 // its acquire: the difference stays "used" for ever, and once it reaches
 // MaxBufferedBytes the prefetcher waits for bytes that are never released
 // — the partition stops for good with nothing in flight.
-func TestReviewBudgetWithMutatingMiddleware(t *testing.T) {
+func TestBudgetWithMutatingMiddleware(t *testing.T) {
 	t.Parallel()
 	for _, md := range baseModes {
 		t.Run(md.name, func(t *testing.T) {
@@ -46,7 +47,7 @@ func TestReviewBudgetWithMutatingMiddleware(t *testing.T) {
 				})
 			}}
 			oc := newOutcomes(60)
-			cfg.Hooks.Outcome = oc.hook
+			testobs.Of(cfg).OnOutcome = oc.hook
 			stop := run(t, e.db.Pool, cfg)
 			select {
 			case <-oc.done:

@@ -16,10 +16,11 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/migrate"
 )
 
-// TestReviewSwitchPendingStopsRunner: while a switch to the daily layout is
+// TestSwitchPendingStopsRunner: while a switch to the daily layout is
 // in progress — here left after EnableDaily's first step, as a crash
 // leaves it, and held back by a lock its VALIDATE waits for — a claim of a
 // UUIDv7 dated DailyFrom or later is refused with ErrLayoutChanged at every
@@ -27,7 +28,7 @@ import (
 // transaction TxRetries times and stopped Run), and its own partition
 // maintenance finishes the switch once the lock is gone: the message is
 // then applied once.
-func TestReviewSwitchPendingStopsRunner(t *testing.T) {
+func TestSwitchPendingStopsRunner(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newEnv(t, 1)
@@ -63,8 +64,8 @@ func TestReviewSwitchPendingStopsRunner(t *testing.T) {
 	var refusals atomic.Int32
 	var once sync.Once
 	cfg := e.config(modes[0], nil)
-	cfg.Hooks.Outcome = oc.hook
-	cfg.Hooks.TxEnd = func(_ context.Context, _ []*consumer.Message, _ []consumer.Outcome, err error, _ time.Duration) {
+	testobs.Of(cfg).OnOutcome = oc.hook
+	testobs.Of(cfg).OnTxEnd = func(_ context.Context, _ []*consumer.Message, _ []consumer.Outcome, err error, _ time.Duration) {
 		if errors.Is(err, dedup.ErrLayoutChanged) {
 			if refusals.Add(1) == 15 { // more than TxRetries (10)
 				once.Do(func() { close(refused) })

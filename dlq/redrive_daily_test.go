@@ -16,14 +16,14 @@ import (
 	"github.com/idemkit/idemkit/retry"
 )
 
-// TestReviewRedriveOldDeadLetterDailyLayout: dead letters are replayed
+// TestRedriveOldDeadLetterDailyLayout: dead letters are replayed
 // days after they failed. With the daily layout, a dead letter whose ID's
 // day was dropped meanwhile (DailyConfig.KeepDays) cannot be claimed
 // (dedup.ErrPartitionDropped); Redrive does not know that error: the whole
 // run stops at that dead letter, every time, so the dead letters behind it
 // (here a text ID that the daily layout does not even concern) are never
 // replayed.
-func TestReviewRedriveOldDeadLetterDailyLayout(t *testing.T) {
+func TestRedriveOldDeadLetterDailyLayout(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newEnv(t, true)

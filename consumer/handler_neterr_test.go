@@ -10,10 +10,11 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/retry"
 )
 
-// TestReviewHandlerOwnNetworkErrorIsAnAttempt (guards connectionLost): a
+// TestHandlerOwnNetworkErrorIsAnAttempt (guards connectionLost): a
 // handler's own network error — its call to another service is refused —
 // on a healthy PostgreSQL connection is the handler's verdict: retried
 // under Retry, then OnFailure. It must not be taken for a PostgreSQL
@@ -21,7 +22,7 @@ import (
 // retry.IsConnection recognises a network error. Passes on b8e2805; the
 // connectionLost rework seen uncommitted in /work/main (IsConnection
 // checked before the connection's state) fails it.
-func TestReviewHandlerOwnNetworkErrorIsAnAttempt(t *testing.T) {
+func TestHandlerOwnNetworkErrorIsAnAttempt(t *testing.T) {
 	t.Parallel()
 	for _, md := range baseModes {
 		t.Run(md.name, func(t *testing.T) {
@@ -44,9 +45,9 @@ func TestReviewHandlerOwnNetworkErrorIsAnAttempt(t *testing.T) {
 			})
 			var failed, outages atomic.Int32
 			cfg.OnFailure = func(context.Context, *consumer.Message, error) error { failed.Add(1); return nil }
-			cfg.Hooks.OutageStarted = func(string, error) { outages.Add(1) }
+			testobs.Of(cfg).OnOutageStarted = func(string, error) { outages.Add(1) }
 			oc := newOutcomes(2)
-			cfg.Hooks.Outcome = oc.hook
+			testobs.Of(cfg).OnOutcome = oc.hook
 			stop := run(t, e.db.Pool, cfg)
 			select {
 			case <-oc.done:

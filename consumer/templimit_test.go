@@ -9,10 +9,11 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/retry"
 )
 
-// TestReviewTempFileLimitIsAnAttempt: a message whose handler's query
+// TestTempFileLimitIsAnAttempt: a message whose handler's query
 // exceeds temp_file_limit gets ERROR 53400 (configuration_limit_exceeded)
 // on a connection that stays open. It fails the same way on every run: the
 // message's verdict. But SQLSTATE class 53 is a "connection" class for
@@ -20,7 +21,7 @@ import (
 // outage (the handler mark dropped): the message is run again for ever,
 // never charged an attempt, never given to OnFailure, the partition stuck
 // and a PostgreSQL outage reported that is not one.
-func TestReviewTempFileLimitIsAnAttempt(t *testing.T) {
+func TestTempFileLimitIsAnAttempt(t *testing.T) {
 	t.Parallel()
 	for _, md := range baseModes {
 		t.Run(md.name, func(t *testing.T) {
@@ -46,9 +47,9 @@ func TestReviewTempFileLimitIsAnAttempt(t *testing.T) {
 			})
 			var failed, outages atomic.Int32
 			cfg.OnFailure = func(context.Context, *consumer.Message, error) error { failed.Add(1); return nil }
-			cfg.Hooks.OutageStarted = func(string, error) { outages.Add(1) }
+			testobs.Of(cfg).OnOutageStarted = func(string, error) { outages.Add(1) }
 			oc := newOutcomes(2)
-			cfg.Hooks.Outcome = oc.hook
+			testobs.Of(cfg).OnOutcome = oc.hook
 			stop := run(t, e.db.Pool, cfg)
 			select {
 			case <-oc.done:

@@ -8,11 +8,11 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 )
 
-// TestReviewSeekRacesFirstWrite (passes, with and without the review fix):
+// TestSeekRacesFirstWrite (passes, with and without the review fix):
 // a seek that creates a partition's row (epoch 1) while a writer that read
 // no row (epoch 0) is claiming: the writer's position does not overwrite
 // the seek's, whichever runs first.
-func TestReviewSeekRacesFirstWrite(t *testing.T) {
+func TestSeekRacesFirstWrite(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	for _, seekFirst := range []bool{true, false} {

@@ -12,7 +12,7 @@ import (
 	"github.com/idemkit/idemkit/internal/testenv"
 )
 
-// TestReviewStatusPartitionWithoutPosition: billing consumes a 2-partition
+// TestStatusPartitionWithoutPosition: billing consumes a 2-partition
 // topic and is caught up on partition 0, but partition 1 has no position
 // row (its first message is stuck in a handler retrying in place: the
 // consumer writes a position only when a transaction commits). status
@@ -20,7 +20,7 @@ import (
 // messages count for nothing: lag 0, exit 0 — a probe reports healthy a
 // partition that never moved. (With StartOffset FirstOffset, the default,
 // everything from the log start is the partition's lag.)
-func TestReviewStatusPartitionWithoutPosition(t *testing.T) {
+func TestStatusPartitionWithoutPosition(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	bin := binary(t)

@@ -8,7 +8,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 )
 
-// TestReviewFirstPositionWritesRace: two owners of a partition during a
+// TestFirstPositionWritesRace: two owners of a partition during a
 // rebalance both write its first position. A inserts the row (next 5) and
 // has not committed; B claims further (next 10): B's UPDATE does not see
 // A's row (not in its snapshot), its INSERT … ON CONFLICT DO NOTHING waits
@@ -17,7 +17,7 @@ import (
 // rechecked the committed row and wrote 10: the new statements are not
 // equivalent for a missing row. (Same for SavePositionTx, which is the
 // only record of a message handed to OnFailure.)
-func TestReviewFirstPositionWritesRace(t *testing.T) {
+func TestFirstPositionWritesRace(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db, s := newStore(t)
