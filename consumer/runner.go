@@ -321,10 +321,8 @@ func days(ds []time.Time) []string {
 var ErrNotMigrated = fmt.Errorf("consumer: %w", idemkit.ErrNotMigrated)
 
 // schemaVersions are the migration versions the runner reads and writes:
-// processed messages and positions (1), parked messages (4), positions'
-// incarnation and anchor (6, 8), parked messages' incarnation (9), the
-// positions' seek epoch (10), message IDs stored as uuid (14).
-var schemaVersions = []int{1, 4, 6, 8, 9, 10, 14}
+// the baseline's tables (1).
+var schemaVersions = []int{1}
 
 // requireSchema checks, before anything is consumed, that the store's
 // schema has every migration the runner needs, so that a schema behind is

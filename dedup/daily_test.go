@@ -439,40 +439,6 @@ func TestEnableDailyRefused(t *testing.T) {
 	}
 }
 
-// TestDailyMigrateDown: migration 15's down copies the daily claims into
-// the flat table, so none is forgotten.
-func TestDailyMigrateDown(t *testing.T) {
-	db, s := newStore(t)
-	ctx := context.Background()
-	if _, err := s.EnableDaily(ctx, db.Pool, dedup.DailyConfig{}); err != nil {
-		t.Fatal(err)
-	}
-	id := testenv.UUID7(t, noon(testenv.Today(t, db.Pool).AddDate(0, 0, 2)))
-	if _, err := claimOne(t, db, s, dedup.Claim{Consumer: "c", MessageID: id, Topic: "t"}); err != nil {
-		t.Fatal(err)
-	}
-	if got := whereStored(t, db, "c", id); got != "daily" {
-		t.Fatalf("stored in %q, want daily", got)
-	}
-	m, err := migrate.New(db.Pool, &migrate.Config{Schema: db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Down(ctx, 14); err != nil {
-		t.Fatalf("Down(14): %v", err)
-	}
-	flat, err := dedup.New(&dedup.Config{Schema: db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if dup, err := claimOne(t, db, flat, dedup.Claim{Consumer: "c", MessageID: id, Topic: "t"}); err != nil || !dup {
-		t.Fatalf("claim after Down(14): %v %v; want a duplicate", dup, err)
-	}
-	if got := storedAs(t, db, "c", id); got != "uuid" {
-		t.Fatalf("stored as %q after Down(14), want uuid", got)
-	}
-}
-
 // TestProcessedSeesASwitchByAnother: Processed of a UUIDv7 reads the
 // layout again, so a store that read the flat layout before another
 // process switched still finds a claim stored in the daily table.

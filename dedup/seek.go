@@ -23,8 +23,7 @@ type Position struct {
 	// AnchorTime is the timestamp of the record at AnchorOffset, the last
 	// data record the consumer passed (Next-1, or before it when the
 	// position moved on over transaction markers); the zero time, with
-	// AnchorOffset -1, when it is not known (after a seek, or for a position
-	// written before migration 6).
+	// AnchorOffset -1, when it is not known (after a seek).
 	AnchorTime   time.Time
 	AnchorOffset int64
 	// Epoch counts the seeks of the position (SeekTx): position writes made
@@ -33,12 +32,6 @@ type Position struct {
 	// UpdatedAt is when the position was last written.
 	UpdatedAt time.Time
 }
-
-func (s *Store) positionsTable() string {
-	return pgx.Identifier{s.tables.Schema, s.tables.Tables.ConsumerPositions}.Sanitize()
-}
-
-const positionColumns = `kafka_partition, next_offset, incarnation, anchor_time, coalesce(anchor_offset, next_offset - 1), epoch, updated_at`
 
 func scanPositions(rows pgx.Rows) ([]Position, error) {
 	var (
@@ -68,8 +61,7 @@ func (s *Store) ListPositions(ctx context.Context, db DBTX, consumer, topic stri
 	if err := validateTopic(topic); err != nil {
 		return nil, fail("list positions", err)
 	}
-	rows, err := db.Query(ctx, `SELECT `+positionColumns+` FROM `+s.positionsTable()+`
-	WHERE consumer = $1 AND topic = $2 ORDER BY kafka_partition`, consumer, topic)
+	rows, err := db.Query(ctx, s.sql.listPositions, consumer, topic)
 	if err != nil {
 		return nil, fail("list positions", err)
 	}
@@ -128,8 +120,7 @@ func (s *Store) SeekTx(ctx context.Context, tx pgx.Tx, consumer, topic string, t
 		return nil, nil, errors.New("dedup: seek: nil tx")
 	}
 
-	rows, err := tx.Query(ctx, `SELECT `+positionColumns+` FROM `+s.positionsTable()+`
-	WHERE consumer = $1 AND topic = $2 ORDER BY kafka_partition FOR UPDATE`, consumer, topic)
+	rows, err := tx.Query(ctx, s.sql.lockPositions, consumer, topic)
 	if err != nil {
 		return nil, nil, fail("seek", err)
 	}
@@ -159,15 +150,7 @@ func (s *Store) SeekTx(ctx context.Context, tx pgx.Tx, consumer, topic string, t
 			incarnations[i] = cur.Incarnation
 		}
 	}
-	rows, err = tx.Query(ctx, `INSERT INTO `+s.positionsTable()+` AS p
-	(consumer, topic, kafka_partition, next_offset, incarnation, anchor_time, epoch, updated_at)
-SELECT $1, $2, t.kafka_partition, t.next_offset, t.incarnation, NULL, 1, now()
-FROM unnest($3::int[], $4::bigint[], $5::bigint[]) AS t (kafka_partition, next_offset, incarnation)
-ORDER BY t.kafka_partition
-ON CONFLICT (consumer, topic, kafka_partition) DO UPDATE
-SET next_offset = EXCLUDED.next_offset, incarnation = EXCLUDED.incarnation, anchor_time = NULL, anchor_offset = NULL,
-	epoch = p.epoch + 1, updated_at = now()
-RETURNING `+positionColumns, consumer, topic, ids, next, incarnations)
+	rows, err = tx.Query(ctx, s.sql.seekPositions, consumer, topic, ids, next, incarnations)
 	if err != nil {
 		return nil, nil, fail("seek", err)
 	}

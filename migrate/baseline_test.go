@@ -9,10 +9,10 @@ import (
 	"github.com/idemkit/idemkit/migrate"
 )
 
-// TestVersion15: the daily table and the layout row come empty and flat,
-// the flat table gets its autovacuum settings and the positions table its
-// fillfactor; Down(14) takes all of it back.
-func TestVersion15(t *testing.T) {
+// TestBaselineStorageAndLayout: the daily table and the layout row come
+// empty and flat, the flat table has its autovacuum settings, the positions
+// and idempotency tables their fillfactor; Down(0) drops all of it.
+func TestBaselineStorageAndLayout(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.NewDB(t)
 	m := newMigrator(t, db.Pool, &migrate.Config{Schema: db.Schema})
@@ -46,17 +46,15 @@ func TestVersion15(t *testing.T) {
 		rows != 1 || !flatLayout {
 		t.Fatalf("layout rows %d, flat %v (%v); want one flat row", rows, flatLayout, err)
 	}
-	if _, err := m.Down(ctx, 14); err != nil {
+	if got := reloptions(db.Table(migrate.IdempotencyRecordsDefault)); !slices.Equal(got, []string{"fillfactor=70"}) {
+		t.Fatalf("idempotency table's options %v, want fillfactor=70", got)
+	}
+	if _, err := m.Down(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
-	for _, table := range []string{flat, positions} {
-		if got := reloptions(table); len(got) != 0 {
-			t.Fatalf("%s's options after Down(14): %v, want none", table, got)
-		}
-	}
-	for _, table := range []string{daily, layout} {
+	for _, table := range []string{flat, daily, layout, positions} {
 		if relExists(t, db.Pool, table) {
-			t.Fatalf("%s still there after Down(14)", table)
+			t.Fatalf("%s still there after Down(0)", table)
 		}
 	}
 }
