@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -40,15 +41,23 @@ const (
 	// PartitionWatchIntervalDefault is how often the runner looks for
 	// partitions added to its topic.
 	PartitionWatchIntervalDefault = 5 * time.Second
-	// OffsetCommitIntervalDefault is the least time between two Kafka
-	// offset commits of a runner.
-	OffsetCommitIntervalDefault = 200 * time.Millisecond
 	// HeldWarnAfterDefault is how long a partition waits behind an open
 	// transaction before the runner reports it.
 	HeldWarnAfterDefault = 30 * time.Second
-	TxRetriesDefault     = 10
 	PurgeIntervalDefault = 10 * time.Minute
 )
+
+// offsetCommitInterval is the least time between two Kafka offset commits
+// of a runner: positions committed meanwhile go in the next request, so
+// Kafka's offsets (and lag tooling) trail PostgreSQL's by about that much,
+// while the broker writes a few commits a second instead of one per
+// transaction. The PostgreSQL position, written with the effects, is what
+// the runner resumes from.
+const offsetCommitInterval = 200 * time.Millisecond
+
+// txRetries bounds how often a transaction that failed with a
+// serialization failure or a deadlock is run again.
+const txRetries = 10
 
 // Handler applies one message's business effect inside tx. The runner owns tx:
 // a handler must neither commit nor roll it back. Returning an error rolls
@@ -199,7 +208,7 @@ type Config struct {
 	// Retry decides whether and when a failed message is tried again, and
 	// which errors are permanent. Defaults to the zero retry.Policy: 5
 	// attempts, exponential from 100ms with jitter, retry.Classify.
-	Retry *retry.Policy
+	Retry retry.Policy
 	// OnFailure receives messages that failed for good. Defaults to nil: the
 	// runner stops and Run returns a *MessageError; nothing is skipped.
 	OnFailure FailureFunc
@@ -209,13 +218,10 @@ type Config struct {
 	FailureMode FailureMode
 	// ParkedRetry paces retries of parked messages (NonBlocking only).
 	// Defaults to 10 attempts, 1s to 1m apart, with jitter.
-	ParkedRetry *retry.Policy
+	ParkedRetry retry.Policy
 	// ParkedPoll is how often a partition with parked messages looks for
 	// due ones (NonBlocking only). Defaults to 500ms.
 	ParkedPoll time.Duration
-	// TxRetries bounds how often a transaction that failed with a
-	// serialization failure or a deadlock is run again. Defaults to 10.
-	TxRetries int
 
 	// Retention, when positive, makes Run purge dedup records older than it
 	// every PurgeInterval (dedup.Store.PurgeConsumer, in bounded batches).
@@ -258,14 +264,6 @@ type Config struct {
 	// Defaults to 8 MiB: thousands of small messages per partition, several
 	// batches of BatchSize ahead, and as fast as 16 MiB in scripts/bench.
 	MaxBufferedBytes int64
-	// OffsetCommitInterval is the least time between two Kafka offset
-	// commits: positions committed meanwhile go in the next request, so
-	// Kafka's offsets (and lag tooling) trail PostgreSQL's by about that
-	// much, while the broker writes a few commits a second instead of one per
-	// transaction. The PostgreSQL position, written with the effects, is
-	// what the runner resumes from. Defaults to 200ms; a negative value
-	// commits as soon as the previous commit answered.
-	OffsetCommitInterval time.Duration
 	// HeldWarnAfter is how long a partition may wait behind an open
 	// transaction of a transactional producer before the runner logs it
 	// (WARN) and tells HeldObservers. Defaults to 30s.
@@ -334,25 +332,32 @@ func (o Outcome) String() string {
 // ErrInvalidConfig is wrapped by every configuration error New returns.
 var ErrInvalidConfig = fmt.Errorf("consumer: %w", idemkit.ErrInvalidConfig)
 
+// Validate reports what New would refuse in c: a missing or contradictory
+// field, a value out of range. New calls it; call it yourself to check a
+// configuration read from a file before anything connects. The error wraps
+// ErrInvalidConfig.
+func (c *Config) Validate() error {
+	if c == nil {
+		return fmt.Errorf("%w: nil config", ErrInvalidConfig)
+	}
+	_, err := c.withDefaults()
+	return err
+}
+
 func (c Config) withDefaults() (Config, error) {
 	c.Name = cmp.Or(c.Name, c.GroupID)
 	c.IDHeader = cmp.Or(c.IDHeader, IDHeaderDefault)
 	c.BatchSize = cmp.Or(c.BatchSize, BatchSizeDefault)
 	c.BatchLinger = cmp.Or(c.BatchLinger, BatchLingerDefault)
 	c.MaxPartitions = cmp.Or(c.MaxPartitions, MaxPartitionsDefault)
-	c.TxRetries = cmp.Or(c.TxRetries, TxRetriesDefault)
 	c.StartOffset = cmp.Or(c.StartOffset, kafka.FirstOffset)
 	c.SessionTimeout = cmp.Or(c.SessionTimeout, SessionTimeoutDefault)
 	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, min(HeartbeatIntervalDefault, c.SessionTimeout/3))
 	c.RebalanceTimeout = cmp.Or(c.RebalanceTimeout, RebalanceTimeoutDefault)
 	c.MaxBufferedBytes = cmp.Or(c.MaxBufferedBytes, MaxBufferedBytesDefault)
 	c.HeldWarnAfter = cmp.Or(c.HeldWarnAfter, HeldWarnAfterDefault)
-	c.OffsetCommitInterval = cmp.Or(c.OffsetCommitInterval, OffsetCommitIntervalDefault)
-	if c.Retry == nil {
-		c.Retry = &retry.Policy{}
-	}
-	if c.ParkedRetry == nil {
-		c.ParkedRetry = parkedRetryDefault()
+	if reflect.ValueOf(c.ParkedRetry).IsZero() {
+		c.ParkedRetry = parkedRetryDefault
 	}
 	c.ParkedPoll = cmp.Or(c.ParkedPoll, ParkedPollDefault)
 	c.PurgeInterval = cmp.Or(c.PurgeInterval, PurgeIntervalDefault)
@@ -372,6 +377,9 @@ func (c Config) withDefaults() (Config, error) {
 	invalid := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
 	}
+	if _, err := newObservers(c.Observers); err != nil {
+		return c, err
+	}
 	switch {
 	case c.Kafka.Validate() != nil:
 		return c, fmt.Errorf("%w: Kafka: %w", ErrInvalidConfig, c.Kafka.Validate())
@@ -379,8 +387,6 @@ func (c Config) withDefaults() (Config, error) {
 		return c, invalid("Topic is empty")
 	case c.GroupID == "":
 		return c, invalid("GroupID is empty")
-	case c.pool == nil:
-		return c, invalid("nil pool")
 	case c.Handler == nil && c.BatchHandler == nil:
 		return c, invalid("set Handler or BatchHandler")
 	case c.Handler != nil && c.BatchHandler != nil:
@@ -391,8 +397,6 @@ func (c Config) withDefaults() (Config, error) {
 		return c, invalid("BatchLinger %s < 0", c.BatchLinger)
 	case c.MaxPartitions < 1:
 		return c, invalid("MaxPartitions %d < 1", c.MaxPartitions)
-	case c.TxRetries < 1:
-		return c, invalid("TxRetries %d < 1", c.TxRetries)
 	case c.StartOffset != kafka.FirstOffset && c.StartOffset != kafka.LastOffset:
 		return c, invalid("StartOffset must be kafka.FirstOffset or kafka.LastOffset")
 	case c.Retry.Validate() != nil:

@@ -33,7 +33,7 @@ func TestHandlerConnectionLossIsNotAnAttempt(t *testing.T) {
 			e.produce(msg("m1", "k", 1), msg("m2", "k", 1))
 			var calls atomic.Int32
 			cfg := e.config(md, nil)
-			cfg.Retry = &retry.Policy{MaxAttempts: 1} // an attempt charged is the message's last
+			cfg.Retry = retry.Policy{MaxAttempts: 1} // an attempt charged is the message's last
 			cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 				if m.ID == "m1" && calls.Add(1) == 1 {
 					_, err := tx.Exec(ctx, `SELECT pg_terminate_backend(pg_backend_pid())`)

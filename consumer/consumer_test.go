@@ -191,7 +191,7 @@ func (e *env) config(md mode, check func(ctx context.Context, m *consumer.Messag
 	cfg := &consumer.Config{
 		Kafka: testenv.Kafka(e.t), Topic: e.topic, GroupID: e.group,
 		Store: e.store, BatchSize: md.batch,
-		Retry:  &retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
+		Retry:  retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
 		Logger: slog.New(slog.NewTextHandler(e.t.Output(), nil)),
 	}
 	if check == nil {
@@ -622,9 +622,9 @@ func TestNonBlockingKeepsPerKeyOrder(t *testing.T) {
 				return nil
 			})
 			cfg.FailureMode = consumer.NonBlocking
-			cfg.Retry = &retry.Policy{MaxAttempts: 1} // park at the first failure
+			cfg.Retry = retry.Policy{MaxAttempts: 1} // park at the first failure
 			// Parked retries wait at least 0.5 s (1 s ± 50%): far longer than A and C need.
-			cfg.ParkedRetry = &retry.Policy{InitialInterval: time.Second, MaxInterval: time.Second, MaxAttempts: 10}
+			cfg.ParkedRetry = retry.Policy{InitialInterval: time.Second, MaxInterval: time.Second, MaxAttempts: 10}
 			cfg.ParkedPoll = 20 * time.Millisecond
 			testobs.Of(cfg).OnOutcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
 				if m.ID == "B0" && o == consumer.Parked {
@@ -702,7 +702,7 @@ func TestOtherPartitionsFlow(t *testing.T) {
 				}
 				return nil
 			})
-			cfg.Retry = &retry.Policy{InitialInterval: 50 * time.Millisecond, MaxInterval: 50 * time.Millisecond, MaxAttempts: -1}
+			cfg.Retry = retry.Policy{InitialInterval: 50 * time.Millisecond, MaxInterval: 50 * time.Millisecond, MaxAttempts: -1}
 			var mu sync.Mutex
 			parts := map[string]int{}
 			testobs.Of(cfg).OnOutcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
@@ -757,7 +757,7 @@ func TestDeadlockRerunsTheTransaction(t *testing.T) {
 			oc := newOutcomes(2)
 			cfg := e.config(md, nil)
 			// No handler retries: only the transaction rerun may save the deadlock victim.
-			cfg.Retry = &retry.Policy{MaxAttempts: 1}
+			cfg.Retry = retry.Policy{MaxAttempts: 1}
 			cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 				n, _ := attempts.LoadOrStore(m.ID, new(atomic.Int32))
 				attempt := n.(*atomic.Int32).Add(1)
@@ -912,5 +912,34 @@ func TestRetentionPurge(t *testing.T) {
 				t.Fatalf("recent: %v, want duplicate (its record is kept)", got)
 			}
 		})
+	}
+}
+
+// TestConfigValidate: Validate refuses what New refuses, without a pool,
+// and accepts a complete configuration.
+func TestConfigValidate(t *testing.T) {
+	t.Parallel()
+	ok := consumer.Config{Kafka: kafkaconn.Config{Brokers: []string{"127.0.0.1:9092"}}, Topic: "orders", GroupID: "billing",
+		Handler: consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })}
+	if err := ok.Validate(); err != nil {
+		t.Fatalf("Validate of a complete config: %v", err)
+	}
+	for name, mutate := range map[string]func(*consumer.Config){
+		"no topic":      func(c *consumer.Config) { c.Topic = "" },
+		"no handler":    func(c *consumer.Config) { c.Handler = nil },
+		"no brokers":    func(c *consumer.Config) { c.Kafka.Brokers = nil },
+		"batch size":    func(c *consumer.Config) { c.BatchSize = -1 },
+		"bad retry":     func(c *consumer.Config) { c.Retry.Multiplier = 0.5 },
+		"bad observers": func(c *consumer.Config) { c.Observers = []consumer.Observer{42} },
+	} {
+		c := ok
+		mutate(&c)
+		if err := c.Validate(); !errors.Is(err, consumer.ErrInvalidConfig) {
+			t.Errorf("%s: Validate = %v, want ErrInvalidConfig", name, err)
+		}
+	}
+	var nilCfg *consumer.Config
+	if err := nilCfg.Validate(); !errors.Is(err, consumer.ErrInvalidConfig) {
+		t.Errorf("nil config: Validate = %v, want ErrInvalidConfig", err)
 	}
 }

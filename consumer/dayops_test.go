@@ -287,8 +287,8 @@ func TestParkedReleasedAfterSwitchToBlocking(t *testing.T) {
 				return nil
 			})
 			cfg.FailureMode = consumer.NonBlocking
-			cfg.Retry = &retry.Policy{MaxAttempts: 1}
-			cfg.ParkedRetry = &retry.Policy{InitialInterval: 100 * time.Millisecond, MaxInterval: 100 * time.Millisecond, MaxAttempts: 1000}
+			cfg.Retry = retry.Policy{MaxAttempts: 1}
+			cfg.ParkedRetry = retry.Policy{InitialInterval: 100 * time.Millisecond, MaxInterval: 100 * time.Millisecond, MaxAttempts: 1000}
 			cfg.ParkedPoll = 20 * time.Millisecond
 			oc := newOutcomes(-1)
 			parked := make(chan struct{})

@@ -31,7 +31,7 @@ func TestHandlerOwnNetworkErrorIsAnAttempt(t *testing.T) {
 			e.produce(msg("ext", "k", 1), msg("next", "k", 1))
 			var calls atomic.Int32
 			cfg := e.config(md, nil)
-			cfg.Retry = &retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 2}
+			cfg.Retry = retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 2}
 			cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 				if m.ID == "ext" {
 					calls.Add(1)

@@ -34,7 +34,7 @@ func TestHandlerTimeoutIsAnAttempt(t *testing.T) {
 			e.produce(msg("slow", "k", 1), msg("next", "k", 1))
 			var calls atomic.Int32
 			cfg := e.config(md, nil)
-			cfg.Retry = &retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 2}
+			cfg.Retry = retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 2}
 			cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 				if m.ID == "slow" {
 					calls.Add(1)
@@ -138,7 +138,7 @@ func TestIdleInTransactionTimeoutIsAnAttempt(t *testing.T) {
 			e.produce(msg("slow", "k", 1), msg("next", "k", 1))
 			var calls atomic.Int32
 			cfg := e.config(md, nil)
-			cfg.Retry = &retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 2}
+			cfg.Retry = retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 2}
 			cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 				if m.ID == "slow" {
 					calls.Add(1)

@@ -25,7 +25,7 @@ import (
 // leaves it, and held back by a lock its VALIDATE waits for — a claim of a
 // UUIDv7 dated DailyFrom or later is refused with ErrLayoutChanged at every
 // try. The runner must wait that out (before the fix it ran the
-// transaction TxRetries times and stopped Run), and its own partition
+// transaction ten times and stopped Run), and its own partition
 // maintenance finishes the switch once the lock is gone: the message is
 // then applied once.
 func TestSwitchPendingStopsRunner(t *testing.T) {
@@ -67,7 +67,7 @@ func TestSwitchPendingStopsRunner(t *testing.T) {
 	testobs.Of(cfg).OnOutcome = oc.hook
 	testobs.Of(cfg).OnTxEnd = func(_ context.Context, _ []*consumer.Message, _ []consumer.Outcome, err error, _ time.Duration) {
 		if errors.Is(err, dedup.ErrLayoutChanged) {
-			if refusals.Add(1) == 15 { // more than TxRetries (10)
+			if refusals.Add(1) == 15 { // more than the ten runs of a conflicting transaction
 				once.Do(func() { close(refused) })
 			}
 		}

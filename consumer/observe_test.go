@@ -97,7 +97,7 @@ func TestObserversCompose(t *testing.T) {
 				}
 				return nil
 			})
-			cfg.Retry = &retry.Policy{InitialInterval: time.Millisecond, MaxInterval: time.Millisecond, MaxAttempts: 5}
+			cfg.Retry = retry.Policy{InitialInterval: time.Millisecond, MaxInterval: time.Millisecond, MaxAttempts: 5}
 			wrap := func(name string) consumer.Middleware {
 				return func(next consumer.Handler) consumer.Handler {
 					return consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
@@ -279,8 +279,8 @@ func TestPartitionsStatus(t *testing.T) {
 		return nil
 	})
 	cfg.FailureMode = consumer.NonBlocking
-	cfg.Retry = &retry.Policy{MaxAttempts: 1}
-	cfg.ParkedRetry = &retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxAttempts: 10}
+	cfg.Retry = retry.Policy{MaxAttempts: 1}
+	cfg.ParkedRetry = retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxAttempts: 10}
 	r, err := consumer.New(e.db.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)

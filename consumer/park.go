@@ -45,9 +45,7 @@ const (
 )
 
 // parkedRetryDefault paces retries of parked messages.
-func parkedRetryDefault() *retry.Policy {
-	return &retry.Policy{InitialInterval: time.Second, MaxInterval: time.Minute, MaxAttempts: 10, MaxElapsedTime: -1}
-}
+var parkedRetryDefault = retry.Policy{InitialInterval: time.Second, MaxInterval: time.Minute, MaxAttempts: 10, MaxElapsedTime: -1}
 
 // parker keeps a partition's parked messages in the non-blocking mode. It is
 // used only by its worker's goroutine.

@@ -51,8 +51,8 @@ func TestParkedReleaseOutageIsNotAVerdict(t *testing.T) {
 				return e.effect(ctx, tx, m)
 			})
 			cfg.FailureMode = consumer.NonBlocking
-			cfg.Retry = &retry.Policy{MaxAttempts: 1}
-			cfg.ParkedRetry = &retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 2}
+			cfg.Retry = retry.Policy{MaxAttempts: 1}
+			cfg.ParkedRetry = retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 2}
 			cfg.ParkedPoll = 50 * time.Millisecond
 			dead := make(chan string, 4)
 			cfg.OnFailure = func(_ context.Context, m *consumer.Message, err error) error {
@@ -103,8 +103,8 @@ func TestParkNULInErrorKeepsRunning(t *testing.T) {
 				return nil
 			})
 			cfg.FailureMode = consumer.NonBlocking
-			cfg.Retry = &retry.Policy{MaxAttempts: 1}
-			cfg.ParkedRetry = &retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxAttempts: 5}
+			cfg.Retry = retry.Policy{MaxAttempts: 1}
+			cfg.ParkedRetry = retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxAttempts: 5}
 			applied := make(chan struct{})
 			var once sync.Once
 			testobs.Of(cfg).OnOutcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
@@ -169,8 +169,8 @@ func TestParkedHeadersRoundTrip(t *testing.T) {
 					return nil
 				})
 				cfg.FailureMode = consumer.NonBlocking
-				cfg.Retry = &retry.Policy{MaxAttempts: 1}
-				cfg.ParkedRetry = &retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 5}
+				cfg.Retry = retry.Policy{MaxAttempts: 1}
+				cfg.ParkedRetry = retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 5}
 				cfg.ParkedPoll = 50 * time.Millisecond
 				done := make(chan struct{})
 				var once sync.Once
@@ -232,8 +232,8 @@ func TestParkKeylessMessage(t *testing.T) {
 				return nil
 			})
 			cfg.FailureMode = consumer.NonBlocking
-			cfg.Retry = &retry.Policy{MaxAttempts: 1}
-			cfg.ParkedRetry = &retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 5}
+			cfg.Retry = retry.Policy{MaxAttempts: 1}
+			cfg.ParkedRetry = retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 5}
 			cfg.ParkedPoll = 50 * time.Millisecond
 			oc := newOutcomes(2)
 			testobs.Of(cfg).OnOutcome = oc.hook
@@ -302,8 +302,8 @@ func TestParkedGiveUpOutageOnFailureOnce(t *testing.T) {
 				return retry.Permanent(errors.New("bad for good"))
 			})
 			cfg.FailureMode = consumer.NonBlocking
-			cfg.Retry = &retry.Policy{MaxAttempts: 1}
-			cfg.ParkedRetry = &retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 5}
+			cfg.Retry = retry.Policy{MaxAttempts: 1}
+			cfg.ParkedRetry = retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 5}
 			cfg.ParkedPoll = 50 * time.Millisecond
 			var dead []string
 			cfg.OnFailure = func(_ context.Context, m *consumer.Message, _ error) error {

@@ -35,8 +35,8 @@ func TestParkedAcrossRecreation(t *testing.T) {
 			cfg := e.config(md, fail)
 			cfg.FailureMode = consumer.NonBlocking
 			cfg.OnRecreated = consumer.RecreatedRestart
-			cfg.Retry = &retry.Policy{MaxAttempts: 1}
-			cfg.ParkedRetry = &retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxAttempts: 100}
+			cfg.Retry = retry.Policy{MaxAttempts: 1}
+			cfg.ParkedRetry = retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxAttempts: 100}
 			oc := newOutcomes(-1)
 			done := make(chan struct{})
 			var once sync.Once

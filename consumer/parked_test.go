@@ -57,8 +57,8 @@ func testListAndRetryParked(t *testing.T, skew time.Duration) {
 		return nil
 	})
 	cfg.FailureMode = consumer.NonBlocking
-	cfg.Retry = &retry.Policy{MaxAttempts: 1}
-	cfg.ParkedRetry = &retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxAttempts: 5}
+	cfg.Retry = retry.Policy{MaxAttempts: 1}
+	cfg.ParkedRetry = retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxAttempts: 5}
 	cfg.ParkedPoll = 20 * time.Millisecond
 	var mu sync.Mutex
 	applied := map[string]int{}
@@ -234,8 +234,8 @@ func TestParkedDueOnDatabaseClock(t *testing.T) {
 		return nil
 	})
 	cfg.FailureMode = consumer.NonBlocking
-	cfg.Retry = &retry.Policy{MaxAttempts: 1}
-	cfg.ParkedRetry = &retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxAttempts: 5}
+	cfg.Retry = retry.Policy{MaxAttempts: 1}
+	cfg.ParkedRetry = retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxAttempts: 5}
 	cfg.ParkedPoll = 20 * time.Millisecond
 	applied := make(chan struct{})
 	var once sync.Once

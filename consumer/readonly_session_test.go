@@ -102,9 +102,9 @@ func TestReadOnlyHandlerInParkedRelease(t *testing.T) {
 		return e.effect(ctx, tx, m) // 25006: the handler's own doing
 	})
 	cfg.FailureMode = consumer.NonBlocking
-	cfg.Retry = &retry.Policy{MaxAttempts: 1}
+	cfg.Retry = retry.Policy{MaxAttempts: 1}
 	cfg.ParkedPoll = 20 * time.Millisecond
-	cfg.ParkedRetry = &retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 3}
+	cfg.ParkedRetry = retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 3}
 	var outages atomic.Int32
 	testobs.Of(cfg).OnOutageStarted = func(string, error) { outages.Add(1) }
 	gave := make(chan struct{})

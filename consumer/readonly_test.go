@@ -55,7 +55,7 @@ func TestReadOnlyServerIsAnOutage(t *testing.T) {
 			defer pool.Close()
 
 			cfg := e.config(md, nil)
-			cfg.Retry = &retry.Policy{MaxAttempts: 1} // an attempt charged is the message's last
+			cfg.Retry = retry.Policy{MaxAttempts: 1} // an attempt charged is the message's last
 			var retries atomic.Int32
 			testobs.Of(cfg).OnRetry = func(context.Context, *consumer.Message, int, error, retry.Class, time.Duration) { retries.Add(1) }
 			// Transactions refused for the read-only server; outages seen.

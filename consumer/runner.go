@@ -426,7 +426,7 @@ func (r *Runner) startGeneration(ctx context.Context, gen *kafka.Generation, cli
 			// it now would run unowned. The next generation starts over.
 			return
 		}
-		commits := newCommitter(gen, r.cfg.Topic, r.cfg.OffsetCommitInterval, r.cfg.Logger.With("topic", r.cfg.Topic), &r.obs)
+		commits := newCommitter(gen, r.cfg.Topic, offsetCommitInterval, r.cfg.Logger.With("topic", r.cfg.Topic), &r.obs)
 		commits.workers.Add(len(assigned))
 		budget := max(r.cfg.MaxBufferedBytes/int64(len(assigned)), 1)
 		for _, a := range assigned {

@@ -43,7 +43,7 @@ func TestSchemaBehindFailsAtStart(t *testing.T) {
 				return nil
 			})
 			cfg.FailureMode = consumer.NonBlocking
-			cfg.Retry = &retry.Policy{MaxAttempts: 1}
+			cfg.Retry = retry.Policy{MaxAttempts: 1}
 			r, err := consumer.New(e.db.Pool, cfg)
 			if err != nil {
 				t.Fatal(err)

@@ -780,7 +780,6 @@ func (w *worker) giveUp(ctx context.Context, msg *Message, f failure, savePositi
 // batch handler); on any other error, -1. Serialization failures and
 // deadlocks run the transaction again.
 func (w *worker) commit(ctx context.Context, msgs []*Message, attempt int) (failed int, tctx context.Context, err error) {
-	cfg := &w.r.cfg
 	layoutWaits := 0
 	for try := 1; ; try++ {
 		failed, _, tctx, err = w.observedTx(ctx, msgs, attempt)
@@ -828,7 +827,7 @@ func (w *worker) commit(ctx context.Context, msgs []*Message, attempt int) (fail
 			try = 0
 			continue
 		}
-		if !retryableTx(err) || try >= cfg.TxRetries || ctx.Err() != nil {
+		if !retryableTx(err) || try >= txRetries || ctx.Err() != nil {
 			return failed, tctx, err
 		}
 		w.log.DebugContext(tctx, "transaction conflict; running it again", "try", try, "err", err)

@@ -112,7 +112,7 @@ func TestReprocessorRidesOutPostgresTermination(t *testing.T) {
 		return e.effect(ctx, tx, m)
 	}, func(c *dlq.ReprocessorConfig) {
 		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-		c.Retry = &retry.Policy{MaxAttempts: 1} // an outage must not use up the handler's attempts
+		c.Retry = retry.Policy{MaxAttempts: 1} // an outage must not use up the handler's attempts
 		c.Progress = func(it dlq.Item) {
 			if it.DeadLetter != nil && it.DeadLetter.MessageID == "p1" {
 				e.terminate(app) // the next statement finds its connection gone

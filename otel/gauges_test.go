@@ -133,7 +133,7 @@ func TestParkedGauges(t *testing.T) {
 	cfg.BatchSize = 1
 	cfg.FailureMode = consumer.NonBlocking
 	cfg.Retry.MaxAttempts = 1
-	cfg.ParkedRetry = &retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour}
+	cfg.ParkedRetry = retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour}
 	parked := make(chan struct{}, 3)
 	testobs.Of(cfg).OnOutcome = func(_ context.Context, _ *consumer.Message, o consumer.Outcome) {
 		if o == consumer.Parked {

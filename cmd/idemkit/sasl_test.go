@@ -170,7 +170,7 @@ func TestSASLConsumeDeadLetterReplayList(t *testing.T) {
 	var healed bool
 	var applied []string
 	cfg := consumer.Config{Kafka: kc, Topic: origin, GroupID: group, Store: store,
-		Retry: &retry.Policy{MaxAttempts: 1}, OnFailure: w.OnFailure,
+		Retry: retry.Policy{MaxAttempts: 1}, OnFailure: w.OnFailure,
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 			if msg.ID == "pay-bad" && !healed {
 				return retry.Permanent(errors.New("ledger rejected the account"))

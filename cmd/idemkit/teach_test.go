@@ -198,8 +198,8 @@ func TestCLIParked(t *testing.T) {
 	flowed, released := make(chan struct{}), make(chan struct{})
 	var flowOnce, releaseOnce sync.Once
 	r, err := consumer.New(db.Pool, &consumer.Config{Kafka: testenv.Kafka(t), Topic: topic, GroupID: group, Store: store,
-		BatchSize: 1, FailureMode: consumer.NonBlocking, Retry: &retry.Policy{MaxAttempts: 1},
-		ParkedRetry: &retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxAttempts: 5},
+		BatchSize: 1, FailureMode: consumer.NonBlocking, Retry: retry.Policy{MaxAttempts: 1},
+		ParkedRetry: retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxAttempts: 5},
 		ParkedPoll:  20 * time.Millisecond,
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			if m.ID == "b1" && !healed.Load() {

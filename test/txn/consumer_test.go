@@ -97,7 +97,7 @@ func (c *consumerDB) config(t *testing.T, md consumerMode, topic string) *consum
 	cfg := &consumer.Config{
 		Kafka: testenv.Kafka(t), Topic: topic, GroupID: testenv.Name(t, "g"), Store: c.store,
 		BatchSize: md.batch, Logger: slog.New(slog.NewTextHandler(t.Output(), nil)),
-		Retry: &retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
+		Retry: retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
 	}
 	if md.nonBlocking {
 		cfg.FailureMode = consumer.NonBlocking
