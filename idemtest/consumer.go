@@ -419,7 +419,9 @@ func (c *Consumer) crashAfter(ctx context.Context) error {
 // offset commit loses is lost.
 type crashObserver struct{ c *Consumer }
 
-func (o crashObserver) TxStart(ctx context.Context, _ *consumer.TxStartEvent) context.Context { return ctx }
+func (o crashObserver) TxStart(ctx context.Context, _ *consumer.TxStartEvent) context.Context {
+	return ctx
+}
 
 func (o crashObserver) TxEnd(_ context.Context, e *consumer.TxEndEvent) {
 	if e.Err == nil && o.c.take(CrashAfterCommit) {

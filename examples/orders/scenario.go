@@ -401,7 +401,9 @@ type tally struct {
 // committed.
 type afterCommit func()
 
-func (f afterCommit) TxStart(ctx context.Context, _ *consumer.TxStartEvent) context.Context { return ctx }
+func (f afterCommit) TxStart(ctx context.Context, _ *consumer.TxStartEvent) context.Context {
+	return ctx
+}
 
 func (f afterCommit) TxEnd(_ context.Context, e *consumer.TxEndEvent) {
 	if e.Err == nil {
