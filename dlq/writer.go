@@ -500,7 +500,11 @@ func (w *Writer) write(ctx context.Context, topic string, src source, wait *outa
 		if errors.Is(err, kafka.UnknownTopicOrPartition) {
 			// Kafka calls this retriable; for us it means the topic was not
 			// created. Keep waiting, but say what to do.
-			err = fmt.Errorf("dead-letter topic %q does not exist (create it, e.g. with dlq.CreateTopic): %w", topic, err)
+			if w.cfg.Topic != "" && topic != w.cfg.Topic { // a Reprocessor's write to an origin topic
+				err = fmt.Errorf("topic %q does not exist: %w", topic, err)
+			} else {
+				err = fmt.Errorf("dead-letter topic %q does not exist (create it, e.g. with dlq.CreateTopic): %w", topic, err)
+			}
 		}
 		class := w.cfg.Retry.Classify(err)
 		if errors.Is(err, kafka.MessageSizeTooLarge) {
