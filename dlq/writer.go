@@ -122,7 +122,8 @@ type WriterConfig struct {
 // WriteFailure is a failed attempt to write a dead letter (see
 // WriterConfig.WriteFailed).
 type WriteFailure struct {
-	// DLQTopic is the dead-letter topic.
+	// DLQTopic is the topic written to: the dead-letter topic (or, for a
+	// Reprocessor's Republish, the origin topic).
 	DLQTopic string
 	// Topic, Partition, Offset and MessageID are the failed message's: the
 	// consumer's record, or the dead letter a Reprocessor writes back.
@@ -386,8 +387,8 @@ func size(m *kafka.Message) int64 {
 }
 
 // limit returns the largest letter topic takes: the lesser of the writer's
-// limit and the topic's max.message.bytes, read from the broker and cached.
-// When the broker does not say, Kafka's default; a letter the broker
+// limit and the topic's max.message.bytes, read from the broker and cached
+// (Kafka's default when the broker does not say); a letter the broker
 // refuses all the same lowers the cached limit (see refused).
 func (w *Writer) limit(ctx context.Context, topic string) int64 {
 	w.mu.Lock()
@@ -398,9 +399,11 @@ func (w *Writer) limit(ctx context.Context, topic string) int64 {
 	}
 	n, err := w.topicLimit(ctx, topic)
 	if err != nil {
+		// Kept like a limit read (logged once a minute): a letter it lets
+		// through that the broker refuses all the same lowers it.
 		w.cfg.Logger.Warn("cannot read the dead-letter topic's max.message.bytes; letters are checked against Kafka's default",
 			"dlq_topic", topic, "limit", fallbackLimit, "err", err)
-		return fallbackLimit
+		n = fallbackLimit
 	}
 	w.mu.Lock()
 	w.limits[topic] = topicLimit{bytes: n, at: time.Now()}
