@@ -93,8 +93,8 @@ type ReprocessorConfig struct {
 	// pool is where dedup records and replay records live:
 	// NewReprocessor's argument.
 	pool *pgxpool.Pool
-	// Schema holds the dedup and replay records tables (see package
-	// migrate, versions 4 and 7). Defaults to "public".
+	// Schema holds the dedup, replay records and stored values tables (see
+	// package migrate, versions 4, 7 and 17). Defaults to "public".
 	Schema string
 	// Tables names the tables inside Schema; each defaults as documented on
 	// migrate.Tables.
