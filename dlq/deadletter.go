@@ -31,8 +31,17 @@ type DeadLetter struct {
 	// Round is 0 for a message dead-lettered by a consumer, n for one that
 	// failed again in its n-th replay.
 	Round int
-	// History holds every round's failure, oldest first.
+	// History holds the rounds' failures, oldest first: every round's, or,
+	// in a letter that would not fit its topic otherwise, the first and the
+	// last (their Round fields say which).
 	History []Failure
+	// StoredValue is set when the original value was too large for the
+	// dead-letter topic: it lives in PostgreSQL (see WriterConfig.Pool), and
+	// Message.Value is empty until LoadValue fills it in. A Reprocessor
+	// loads it by itself.
+	StoredValue *ValueRef
+
+	valueLoaded bool
 }
 
 // Last returns the most recent failure.
@@ -114,6 +123,16 @@ func Parse(m kafka.Message) (*DeadLetter, error) {
 	}
 	if len(d.History) == 0 {
 		return nil, bad(HeaderHistory, errors.New("empty"))
+	}
+	if last := &d.History[len(d.History)-1]; last.Error == "" {
+		last.Error = h[HeaderError] // the writer keeps the last error in its own header only
+	}
+	if v, ok := h[HeaderValueStored]; ok {
+		ref, err := parseValueRef(v)
+		if err != nil {
+			return nil, bad(HeaderValueStored, err)
+		}
+		d.StoredValue = &ref
 	}
 	d.Round = d.Last().Round
 	return d, nil

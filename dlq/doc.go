@@ -20,6 +20,27 @@
 // once when it starts and once with its duration when it ends; past
 // WriterConfig.MaxOutage (default: no bound) it returns a *retry.OutageError.
 //
+// # Letters too large for their topic
+//
+// A dead letter is its message plus its headers, so it can exceed the
+// dead-letter topic's max.message.bytes (read from the broker) when the
+// message fits its own topic. The writer then cuts the failure history to
+// its first and last rounds (the last error's text is in HeaderError only,
+// never twice); if that is not enough and WriterConfig.Pool is set, it keeps
+// the original value in PostgreSQL (keyed by consumer,
+// origin and the value's SHA-256) and writes the letter with the original
+// key and headers, every dead-letter header, an empty value and a
+// reference (HeaderValueStored). The Reprocessor loads the value back
+// (LoadValue does it for other readers) and checks its size and hash: a
+// replay gets the original bytes exactly. The value is stored before the
+// letter is written, and both before the position moves: a crash leaves at
+// worst a stored value without its letter. Without Pool, or when the key
+// and headers alone are too large, the write fails with a *TooLargeError,
+// which is retried under WriterConfig.Retry (the partition waits, each
+// attempt logged at ERROR) until the topic takes the letter; it never stops
+// the consumer as a permanent error. Every failed write is logged at ERROR
+// with the message's coordinates and reported to WriterConfig.WriteFailed.
+//
 // A crash after the dead-letter write and before the position commit makes
 // the consumer fail the message again after restart and dead-letter it a
 // second time. Both copies carry the same origin and replay round, and the
@@ -95,9 +116,14 @@
 // again without spending an attempt or a round. Past MaxOutage (default: no
 // bound) Run returns a *retry.OutageError.
 //
+// A dead letter that cannot be written back (its next round, or its
+// republished copy) is that dead letter's WriteFailed, recorded with the
+// error, and the run goes on; the next run tries it again. A letter whose
+// stored value is missing is ValueNotFound, left alone.
+//
 // DryRun reports what would happen and writes nothing; Rate bounds the pace;
 // Progress reports each decision.
 //
-// The tables (replay records) are created by package migrate, versions 4
-// and 7.
+// The tables (replay records, stored values) are created by package
+// migrate.
 package dlq

@@ -60,6 +60,8 @@ const (
 	Parked          Action = "parked"            // its replay rounds are used up: recorded, not replayed again
 	NoMessageID     Action = "no-message-id"     // Redrive: no usable message ID, so no dedup: left alone
 	BeyondHorizon   Action = "beyond-horizon"    // Redrive: its ID's daily dedup partition was dropped, so no dedup: left alone
+	WriteFailed     Action = "write-failed"      // could not be written back (see Item.Err): recorded, tried again by the next run
+	ValueNotFound   Action = "value-not-found"   // its stored value is missing or differs (ErrValueNotFound): left alone
 	Skipped         Action = "skipped"           // not selected by the filter
 	WouldReplay     Action = "would-replay"      // dry run: would be replayed
 	Unreadable      Action = "unreadable"        // not an idemkit dead letter
@@ -92,8 +94,8 @@ type ReprocessorConfig struct {
 	// pool is where dedup records and replay records live:
 	// NewReprocessor's argument.
 	pool *pgxpool.Pool
-	// Schema holds the dedup and replay records tables (see package
-	// migrate, versions 4 and 7). Defaults to "public".
+	// Schema holds the dedup, replay records and stored values tables (see
+	// package migrate). Defaults to "public".
 	Schema string
 	// Tables names the tables inside Schema; each defaults as documented on
 	// migrate.Tables.
@@ -140,7 +142,8 @@ type Item struct {
 	// Err is the dead letter's own error: the handler's for FailedAgain and
 	// Parked, ErrReplayLimit for a dead letter parked without a new round,
 	// ErrNoMessageID for NoMessageID and RepublishedNoID, ErrNotDeadLetter for
-	// Unreadable.
+	// Unreadable, ErrValueNotFound for ValueNotFound, and for WriteFailed the
+	// write's error, naming the letter.
 	Err error
 }
 
@@ -206,7 +209,7 @@ func NewReprocessor(pool *pgxpool.Pool, cfg *ReprocessorConfig) (*Reprocessor, e
 		return nil, err
 	}
 	back, err := newWriter(&WriterConfig{Kafka: c.Kafka, Topic: c.Topic, Retry: c.Retry, Logger: c.Logger,
-		MaxOutage: c.MaxOutage})
+		MaxOutage: c.MaxOutage, Pool: pool, Schema: tables.Schema, Tables: tables.Tables})
 	if err != nil {
 		return nil, err
 	}
@@ -242,8 +245,10 @@ type run struct {
 }
 
 // Run replays every selected dead letter once and returns what it did. A
-// dead letter's own trouble (no message ID, a handler that fails again) is
-// that dead letter's Action, never the end of the run. Run waits out
+// dead letter's own trouble (no message ID, a handler that fails again, a
+// write back that fails, a stored value that is missing) is that dead
+// letter's Action, never the end of the run. A dead letter whose value was
+// stored apart (see WriterConfig.Pool) is replayed with that value. Run waits out
 // outages of PostgreSQL and Kafka (see MaxOutage) and goes on where it was;
 // it stops at the first other error it cannot attribute to one dead letter.
 // Running it again is safe: dead letters already replayed are recognised
@@ -389,9 +394,19 @@ func (rn *run) replay(ctx context.Context, d *DeadLetter) (Action, error, error)
 		return NoMessageID, idErr, nil
 	case rn.cfg.DryRun:
 		return WouldReplay, nil, nil
+	}
+	err = rn.pg.Do(ctx, func(ctx context.Context) error { return rn.back.values.load(ctx, rn.cfg.pool, d) })
+	switch {
+	case errors.Is(err, ErrValueNotFound):
+		return ValueNotFound, err, nil
+	case err != nil:
+		return "", nil, err
 	case rn.cfg.Mode == Republish:
-		if err := rn.back.write(ctx, republishable(d), rn.kafka); err != nil {
-			return "", nil, err
+		m := republishable(d)
+		src := source{topic: d.Message.Topic, partition: d.Message.Partition, offset: d.Message.Offset, id: d.MessageID}
+		err := rn.back.write(ctx, d.Origin.Topic, src, rn.kafka, func(context.Context) (kafka.Message, error) { return m, nil })
+		if err != nil {
+			return rn.writeFailed(ctx, d, err)
 		}
 		action := Republished
 		if idErr != nil {
@@ -502,12 +517,28 @@ func (rn *run) redrive(ctx context.Context, d *DeadLetter) (Action, error, error
 	if d.Round+1 >= rn.cfg.ReplayLimit {
 		return Parked, herr, rn.record(ctx, d, Parked, f.Error)
 	}
-	next := build(d.Message, d.Origin, d.Group, d.Consumer, d.MessageID, d.History, f)
-	next.Topic = rn.cfg.Topic
-	if err := rn.back.write(ctx, next, rn.kafka); err != nil {
-		return "", nil, err
+	next := &letter{topic: rn.cfg.Topic, orig: d.Message, origin: d.Origin, group: d.Group, name: d.Consumer,
+		id: d.MessageID, history: extend(d.History, f),
+		src: source{topic: d.Message.Topic, partition: d.Message.Partition, offset: d.Message.Offset, id: d.MessageID}}
+	if err := rn.back.writeLetter(ctx, next, rn.kafka, rn.pg); err != nil {
+		return rn.writeFailed(ctx, d, fmt.Errorf("%w (the handler failed again: %v)", err, herr))
 	}
 	return FailedAgain, herr, rn.record(ctx, d, FailedAgain, f.Error)
+}
+
+// writeFailed makes a failed write of d (back to the dead-letter topic, or
+// to its origin) d's WriteFailed, recorded, unless the run must end: ctx
+// ended, an outage outlasted MaxOutage, or the brokers refused the
+// credentials (every letter would fail alike).
+func (rn *run) writeFailed(ctx context.Context, d *DeadLetter, err error) (Action, error, error) {
+	if ctx.Err() != nil || errors.Is(err, retry.ErrOutage) || errors.Is(err, kafkaconn.ErrAuthentication) ||
+		errors.Is(err, kafkaconn.ErrTLS) {
+		return "", nil, err
+	}
+	m := d.Message
+	err = fmt.Errorf("dead letter %s/%d/%d (message %q from %s/%d/%d): %w", m.Topic, m.Partition, m.Offset,
+		d.MessageID, d.Origin.Topic, d.Origin.Partition, d.Origin.Offset, err)
+	return WriteFailed, err, rn.record(ctx, d, WriteFailed, err.Error())
 }
 
 // redriveTx is one attempt: a transaction that records the replay, claims
@@ -528,9 +559,9 @@ func (rn *run) redriveTx(ctx context.Context, d *DeadLetter, msg *consumer.Messa
 	}()
 	// The replay record first: a concurrent or repeated replay of the same
 	// dead letter waits here, then finds it and does nothing.
-	tag, err := tx.Exec(ctx, `INSERT INTO `+rn.replays+` (origin_topic, origin_incarnation, origin_partition,
+	tag, err := tx.Exec(ctx, `INSERT INTO `+rn.replays+` AS r (origin_topic, origin_incarnation, origin_partition,
 		origin_offset, replay_round, dead_letter_topic, message_id, consumer, outcome, replayed_by)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT DO NOTHING`,
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) `+replaceWriteFailed,
 		d.Origin.Topic, d.Origin.Incarnation, d.Origin.Partition, d.Origin.Offset, d.Round,
 		rn.cfg.Topic, d.MessageID, d.Consumer, string(Applied), rn.cfg.ReplayedBy)
 	if err != nil {
@@ -589,13 +620,16 @@ func callHandler(ctx context.Context, h consumer.Handler, tx pgx.Tx, m *consumer
 	return h.Handle(ctx, tx, m)
 }
 
-// replayed reports whether this dead letter (this round) has a replay record.
+// replayed reports whether this dead letter (this round) has a replay
+// record; a WriteFailed record does not count: its letter is tried again.
 func (rn *run) replayed(ctx context.Context, d *DeadLetter) (bool, error) {
 	var done bool
 	err := rn.pg.Do(ctx, func(ctx context.Context) error {
 		return rn.cfg.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM `+rn.replays+` WHERE origin_topic = $1
-			AND origin_incarnation = $2 AND origin_partition = $3 AND origin_offset = $4 AND replay_round = $5)`,
-			d.Origin.Topic, d.Origin.Incarnation, d.Origin.Partition, d.Origin.Offset, d.Round).Scan(&done)
+			AND origin_incarnation = $2 AND origin_partition = $3 AND origin_offset = $4 AND replay_round = $5
+			AND outcome <> $6)`,
+			d.Origin.Topic, d.Origin.Incarnation, d.Origin.Partition, d.Origin.Offset, d.Round,
+			string(WriteFailed)).Scan(&done)
 	})
 	if err != nil {
 		return false, fmt.Errorf("dlq: read replay records: %w", err)
@@ -615,9 +649,9 @@ func (rn *run) record(ctx context.Context, d *DeadLetter, a Action, detail strin
 	}
 	name, detail := pgtext.Text(d.Consumer, 0), pgtext.Text(detail, maxErrorText)
 	err := rn.pg.Do(ctx, func(ctx context.Context) error {
-		_, err := rn.cfg.pool.Exec(ctx, `INSERT INTO `+rn.replays+` (origin_topic, origin_incarnation,
+		_, err := rn.cfg.pool.Exec(ctx, `INSERT INTO `+rn.replays+` AS r (origin_topic, origin_incarnation,
 			origin_partition, origin_offset, replay_round, dead_letter_topic, message_id, consumer, outcome, detail,
-			replayed_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, NULLIF($10, ''), $11) ON CONFLICT DO NOTHING`,
+			replayed_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, NULLIF($10, ''), $11) `+replaceWriteFailed,
 			d.Origin.Topic, d.Origin.Incarnation, d.Origin.Partition, d.Origin.Offset, d.Round, rn.cfg.Topic,
 			id, name, string(a), detail, rn.cfg.ReplayedBy)
 		return err
@@ -627,3 +661,12 @@ func (rn *run) record(ctx context.Context, d *DeadLetter, a Action, detail strin
 	}
 	return nil
 }
+
+// replaceWriteFailed ends the inserts of replay records: a record that
+// exists is kept, unless it says that the letter's write failed (a later
+// run tried it again): then the new record replaces it.
+const replaceWriteFailed = `ON CONFLICT (origin_topic, origin_incarnation, origin_partition, origin_offset, replay_round)
+	DO UPDATE SET dead_letter_topic = EXCLUDED.dead_letter_topic, message_id = EXCLUDED.message_id,
+		consumer = EXCLUDED.consumer, outcome = EXCLUDED.outcome, detail = EXCLUDED.detail,
+		replayed_by = EXCLUDED.replayed_by, replayed_at = now()
+	WHERE r.outcome = '` + string(WriteFailed) + `'`

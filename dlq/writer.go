@@ -8,10 +8,13 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit"
@@ -20,6 +23,7 @@ import (
 	"github.com/idemkit/idemkit/internal/outage"
 	"github.com/idemkit/idemkit/internal/pgtext"
 	"github.com/idemkit/idemkit/kafkaconn"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -91,7 +95,64 @@ type WriterConfig struct {
 	MaxOutage time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+
+	// Pool, when set, is where a dead letter too large for its topic keeps
+	// the original value: in the table Tables.DLQValues of Schema (see
+	// package migrate), while the letter carries the original key and
+	// headers, the dead-letter headers and a reference (HeaderValueStored).
+	// The Reprocessor, LoadValue and idemkit dlq inspect and replay load it
+	// back, byte for byte. A letter is too large when it exceeds the
+	// dead-letter topic's max.message.bytes (read from the broker, cached a
+	// minute, lowered when the broker refuses a letter) or the writer's
+	// own limit (64 MiB); its failure history is first cut to the first and
+	// the last rounds. Without Pool such a letter cannot be written:
+	// OnFailure tries it again under Retry, logging each attempt at ERROR,
+	// until the topic's max.message.bytes is raised. Defaults to nil.
+	Pool *pgxpool.Pool
+	// Schema and Tables say where Pool's table lives, as in package migrate.
+	// Schema defaults to "public", the table as documented on
+	// migrate.Tables.
+	Schema string
+	Tables migrate.Tables
+	// WriteFailed, when set, runs after each failed attempt to write a dead
+	// letter, whether the writer tries again or gives up (outages it waits
+	// out are logged as outages and not reported here). Each failure is also
+	// logged at ERROR. Defaults to nil.
+	WriteFailed func(ctx context.Context, f *WriteFailure)
 }
+
+// WriteFailure is a failed attempt to write a dead letter (see
+// WriterConfig.WriteFailed).
+type WriteFailure struct {
+	// DLQTopic is the topic written to: the dead-letter topic (or, for a
+	// Reprocessor's Republish, the origin topic).
+	DLQTopic string
+	// Topic, Partition, Offset and MessageID are the failed message's: the
+	// consumer's record, or the dead letter a Reprocessor writes back.
+	Topic     string
+	Partition int
+	Offset    int64
+	MessageID string
+	// Attempt counts the attempts to write this letter, from 1.
+	Attempt int
+	// Final is true when the writer gives up: OnFailure returns the error,
+	// and the consumer keeps the message (its position does not move).
+	Final bool
+	// Err is the attempt's error.
+	Err error
+}
+
+// writerLimit is the largest message the writer's kafka.Writer accepts
+// (its BatchBytes; each batch holds one message, so that two letters never
+// add up to more than their topic takes). Topics take less: see limit.
+const writerLimit = 64 << 20
+
+// fallbackLimit is the limit letters are checked against when a topic's
+// max.message.bytes cannot be read: Kafka's default.
+const fallbackLimit = 1048588
+
+// limitTTL is how long a topic's max.message.bytes is cached.
+const limitTTL = time.Minute
 
 // Writer publishes messages that failed for good to a dead-letter topic, with
 // their origin and failure history in headers, acknowledged by all in-sync
@@ -100,6 +161,17 @@ type Writer struct {
 	cfg       WriterConfig
 	w         *kafka.Writer
 	transport *kafka.Transport
+	client    *kafka.Client // reads topics' max.message.bytes
+	values    *valueStore   // nil without Pool
+
+	mu     sync.Mutex
+	limits map[string]topicLimit
+}
+
+// topicLimit is a topic's max.message.bytes and when it was read.
+type topicLimit struct {
+	bytes int64
+	at    time.Time
 }
 
 // ErrInvalidConfig is wrapped by configuration errors.
@@ -141,16 +213,26 @@ func newWriter(cfg *WriterConfig) (*Writer, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
-	return &Writer{cfg: c, transport: transport, w: &kafka.Writer{
-		Addr:         c.Kafka.Addr(),
-		Balancer:     &kafka.Hash{},
-		RequiredAcks: kafka.RequireAll,
-		BatchTimeout: time.Millisecond,
-		// A few quick tries for a leader that moves; longer trouble is
-		// ours to wait out (outages) or retry (Retry), and to log.
-		MaxAttempts: 3,
-		Transport:   transport,
-	}}, nil
+	var values *valueStore
+	if c.Pool != nil {
+		if values, err = newValueStore(c.Schema, c.Tables); err != nil {
+			return nil, err
+		}
+	}
+	return &Writer{cfg: c, transport: transport, values: values, limits: map[string]topicLimit{},
+		client: &kafka.Client{Addr: c.Kafka.Addr(), Timeout: scanTimeout, Transport: transport},
+		w: &kafka.Writer{
+			Addr:         c.Kafka.Addr(),
+			Balancer:     &kafka.Hash{},
+			RequiredAcks: kafka.RequireAll,
+			BatchTimeout: time.Millisecond,
+			BatchSize:    1,
+			BatchBytes:   writerLimit,
+			// A few quick tries for a leader that moves; longer trouble is
+			// ours to wait out (outages) or retry (Retry), and to log.
+			MaxAttempts: 3,
+			Transport:   transport,
+		}}, nil
 }
 
 // Close flushes and closes the underlying Kafka writer and its connections.
@@ -193,39 +275,228 @@ func (w *Writer) OnFailure(ctx context.Context, msg *consumer.Message, err error
 	} else if lin != nil && lin.Origin.Topic == msg.Topic && lin.Consumer == w.cfg.Consumer {
 		origin, history = lin.Origin, lin.History
 	}
-	dl := build(msg.Message, origin, w.cfg.Group, w.cfg.Consumer, msg.ID, history, f)
-	dl.Topic = w.TopicFor(msg.Topic)
-	wait := &outage.Waiter{Op: "write to " + dl.Topic + ": kafka", Log: w.cfg.Logger, Max: w.cfg.MaxOutage}
-	return w.write(ctx, dl, wait)
+	dl := &letter{topic: w.TopicFor(msg.Topic), orig: msg.Message, origin: origin, group: w.cfg.Group,
+		name: w.cfg.Consumer, id: msg.ID, history: extend(history, f),
+		src: source{topic: msg.Topic, partition: msg.Partition, offset: msg.Offset, id: msg.ID}}
+	kafkaWait := &outage.Waiter{Op: "write to " + dl.topic + ": kafka", Log: w.cfg.Logger, Max: w.cfg.MaxOutage}
+	pgWait := &outage.Waiter{Op: "store dead-letter value for " + dl.topic + ": postgres", Log: w.cfg.Logger, Max: w.cfg.MaxOutage}
+	return w.writeLetter(ctx, dl, kafkaWait, pgWait)
 }
 
-// write writes m, waiting out outages with wait and retrying other failures
-// under the writer's policy.
-func (w *Writer) write(ctx context.Context, m kafka.Message, wait *outage.Waiter) error {
+// extend returns history with f appended as its next round.
+func extend(history []Failure, f Failure) []Failure {
+	f.Round = len(history)
+	if len(history) > 0 {
+		f.Round = history[len(history)-1].Round + 1 // a cut history keeps its rounds' numbers
+	}
+	return append(slices.Clip(history), f)
+}
+
+// letter is a dead letter to write: where it goes, what it is made of, and
+// the message it is about (for logs and WriteFailed).
+type letter struct {
+	topic           string
+	orig            kafka.Message
+	origin          Origin
+	group, name, id string
+	history         []Failure // the last is the current round
+	src             source
+}
+
+// source is the coordinates of the message a write is about.
+type source struct {
+	topic     string
+	partition int
+	offset    int64
+	id        string
+}
+
+// writeLetter writes dl in the first form that fits its topic.
+func (w *Writer) writeLetter(ctx context.Context, dl *letter, kafkaWait, pgWait *outage.Waiter) error {
+	return w.write(ctx, dl.topic, dl.src, kafkaWait, func(ctx context.Context) (kafka.Message, error) {
+		return w.fit(ctx, dl, pgWait)
+	})
+}
+
+// fit builds dl whole when it fits its topic; else with its history cut to
+// the first and the last rounds; else with its value stored in PostgreSQL
+// and a reference in its place. It returns a *TooLargeError when no form
+// fits.
+func (w *Writer) fit(ctx context.Context, dl *letter, pgWait *outage.Waiter) (kafka.Message, error) {
+	limit := w.limit(ctx, dl.topic)
+	history := dl.history
+	m := build(dl.orig, dl.origin, dl.group, dl.name, dl.id, history, nil)
+	if n := size(&m); n > limit && len(history) > 2 {
+		history = []Failure{history[0], history[len(history)-1]}
+		m = build(dl.orig, dl.origin, dl.group, dl.name, dl.id, history, nil)
+	}
+	n := size(&m)
+	if n <= limit {
+		return m, nil
+	}
+	if len(dl.orig.Value) > 0 && w.values != nil {
+		var ref ValueRef
+		err := pgWait.Do(ctx, func(ctx context.Context) error {
+			var err error
+			ref, err = w.values.put(ctx, w.cfg.Pool, dl.name, dl.origin, dl.orig.Value)
+			return err
+		})
+		if err != nil {
+			return kafka.Message{}, err
+		}
+		m = build(dl.orig, dl.origin, dl.group, dl.name, dl.id, history, &ref)
+		if n = size(&m); n <= limit {
+			return m, nil
+		}
+	}
+	// Read the limit again at the next attempt: it may have been raised.
+	w.mu.Lock()
+	delete(w.limits, dl.topic)
+	w.mu.Unlock()
+	return kafka.Message{}, &TooLargeError{Topic: dl.topic, Size: n, Limit: limit, Stored: w.values != nil}
+}
+
+// TooLargeError is a dead letter that fits its topic in no form: the
+// writer tries it again under its Retry policy (the topic's limit is read
+// again), logging each attempt. It matches kafka.MessageSizeTooLarge.
+type TooLargeError struct {
+	Topic       string
+	Size, Limit int64 // the letter's size as estimated, and the topic's limit
+	// Stored is true when the value was already stored apart (the key and
+	// headers alone are too large).
+	Stored bool
+}
+
+func (e *TooLargeError) Error() string {
+	fix := "set WriterConfig.Pool to keep large values in PostgreSQL, or raise the topic's max.message.bytes"
+	if e.Stored {
+		fix = "its key and headers alone are too large: raise the topic's max.message.bytes"
+	}
+	return fmt.Sprintf("dead letter of about %d bytes does not fit %s (limit %d bytes): %s", e.Size, e.Topic, e.Limit, fix)
+}
+
+func (e *TooLargeError) Unwrap() error { return kafka.MessageSizeTooLarge }
+
+// size bounds the bytes m takes in a record batch of its own: the batch
+// header (61 bytes), the record's fields and varint lengths, and per header
+// its two lengths.
+func size(m *kafka.Message) int64 {
+	n := int64(61 + 40 + len(m.Key) + len(m.Value))
+	for _, h := range m.Headers {
+		n += int64(10 + len(h.Key) + len(h.Value))
+	}
+	return n
+}
+
+// limit returns the largest letter topic takes: the lesser of the writer's
+// limit and the topic's max.message.bytes, read from the broker and cached
+// (Kafka's default when the broker does not say); a letter the broker
+// refuses all the same lowers the cached limit (see refused).
+func (w *Writer) limit(ctx context.Context, topic string) int64 {
+	w.mu.Lock()
+	l, ok := w.limits[topic]
+	w.mu.Unlock()
+	if ok && time.Since(l.at) < limitTTL {
+		return min(writerLimit, l.bytes)
+	}
+	n, err := w.topicLimit(ctx, topic)
+	if err != nil {
+		// Kept like a limit read (logged once a minute): a letter it lets
+		// through that the broker refuses all the same lowers it.
+		w.cfg.Logger.Warn("cannot read the dead-letter topic's max.message.bytes; letters are checked against Kafka's default",
+			"dlq_topic", topic, "limit", fallbackLimit, "err", err)
+		n = fallbackLimit
+	}
+	w.mu.Lock()
+	w.limits[topic] = topicLimit{bytes: n, at: time.Now()}
+	w.mu.Unlock()
+	return min(writerLimit, n)
+}
+
+// refused records that topic's broker refused a letter of n bytes as too
+// large.
+func (w *Writer) refused(topic string, n int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	l, ok := w.limits[topic]
+	if !ok || time.Since(l.at) >= limitTTL || l.bytes >= n {
+		l.bytes = n - 1
+	}
+	l.at = time.Now()
+	w.limits[topic] = l
+}
+
+// topicLimit reads topic's max.message.bytes from the cluster.
+func (w *Writer) topicLimit(ctx context.Context, topic string) (int64, error) {
+	resp, err := w.client.DescribeConfigs(ctx, &kafka.DescribeConfigsRequest{Resources: []kafka.DescribeConfigRequestResource{{
+		ResourceType: kafka.ResourceTypeTopic, ResourceName: topic, ConfigNames: []string{"max.message.bytes"},
+	}}})
+	if err != nil {
+		return 0, w.cfg.Kafka.Wrap(err)
+	}
+	for _, r := range resp.Resources {
+		if r.Error != nil {
+			return 0, r.Error
+		}
+		for _, e := range r.ConfigEntries {
+			if e.ConfigName == "max.message.bytes" {
+				n, err := strconv.ParseInt(e.ConfigValue, 10, 64)
+				if err != nil || n <= 0 {
+					return 0, fmt.Errorf("max.message.bytes %q", e.ConfigValue)
+				}
+				return n, nil
+			}
+		}
+	}
+	return 0, errors.New("max.message.bytes not in the answer")
+}
+
+// write writes the message next makes (again at each attempt), waiting out
+// Kafka outages with wait and retrying other failures under the writer's
+// policy. A letter too large for its topic is retried (next makes it
+// smaller once the limit is known). Each failure other than an outage is
+// logged at ERROR with src's coordinates and reported to WriteFailed.
+func (w *Writer) write(ctx context.Context, topic string, src source, wait *outage.Waiter,
+	next func(ctx context.Context) (kafka.Message, error)) error {
 	schedule := w.cfg.Retry.Schedule()
 	for attempt := 1; ; attempt++ {
-		err := w.w.WriteMessages(ctx, m)
-		var werrs kafka.WriteErrors
-		if errors.As(err, &werrs) && len(werrs) == 1 {
-			err = werrs[0]
+		m, err := next(ctx)
+		if err == nil {
+			m.Topic = topic
+			err = w.w.WriteMessages(ctx, m)
+			var werrs kafka.WriteErrors
+			if errors.As(err, &werrs) && len(werrs) == 1 {
+				err = werrs[0]
+			}
+			if errors.Is(err, kafka.MessageSizeTooLarge) {
+				w.refused(topic, size(&m))
+			}
 		}
 		if err == nil {
 			wait.Ok()
 			return nil
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("dlq: write to %s: %w", m.Topic, ctx.Err())
+			return fmt.Errorf("dlq: write to %s: %w", topic, ctx.Err())
 		}
 		if kafkaconn.Classify(err) != nil {
 			// Refused credentials or certificates: no retry helps, and the
 			// message stays where it is (the consumer keeps its position).
-			return fmt.Errorf("dlq: write to %s: %w", m.Topic, w.cfg.Kafka.Wrap(err))
+			err = w.cfg.Kafka.Wrap(err)
+			w.failed(ctx, topic, src, attempt, true, err)
+			return fmt.Errorf("dlq: write to %s: %w", topic, err)
+		}
+		var oerr *retry.OutageError
+		if errors.As(err, &oerr) {
+			w.failed(ctx, topic, src, attempt, true, err) // storing the value outlasted MaxOutage
+			return fmt.Errorf("dlq: %w", err)
 		}
 		if retry.IsConnection(err) {
 			if werr := wait.Wait(ctx, err); werr != nil {
 				if ctx.Err() != nil {
-					return fmt.Errorf("dlq: write to %s: %w", m.Topic, werr)
+					return fmt.Errorf("dlq: write to %s: %w", topic, werr)
 				}
+				w.failed(ctx, topic, src, attempt, true, werr)
 				return fmt.Errorf("dlq: %w", werr) // its Op names the topic
 			}
 			continue
@@ -234,26 +505,50 @@ func (w *Writer) write(ctx context.Context, m kafka.Message, wait *outage.Waiter
 		if errors.Is(err, kafka.UnknownTopicOrPartition) {
 			// Kafka calls this retriable; for us it means the topic was not
 			// created. Keep waiting, but say what to do.
-			err = fmt.Errorf("dead-letter topic %q does not exist (create it, e.g. with dlq.CreateTopic): %w", m.Topic, err)
+			if w.cfg.Topic != "" && topic != w.cfg.Topic { // a Reprocessor's write to an origin topic
+				err = fmt.Errorf("topic %q does not exist: %w", topic, err)
+			} else {
+				err = fmt.Errorf("dead-letter topic %q does not exist (create it, e.g. with dlq.CreateTopic): %w", topic, err)
+			}
 		}
 		class := w.cfg.Retry.Classify(err)
+		if errors.Is(err, kafka.MessageSizeTooLarge) {
+			// Not the letter's fault, and no reason to stop: the next
+			// attempt makes it fit the limit the broker showed, or waits for
+			// the topic's limit to be raised.
+			class = retry.ClassTransient
+		}
 		var delay time.Duration
 		ok := false
 		if class == retry.ClassTransient {
 			delay, ok = schedule.Next()
 		}
+		w.failed(ctx, topic, src, attempt, !ok, err)
 		if !ok {
-			return fmt.Errorf("dlq: write to %s: %w", m.Topic, &retry.Error{Err: err, Attempts: attempt, Class: class})
+			return fmt.Errorf("dlq: write to %s: %w", topic, &retry.Error{Err: err, Attempts: attempt, Class: class})
 		}
-		w.cfg.Logger.Error("dead-letter write failed; the partition waits", "dlq_topic", m.Topic,
-			"attempt", attempt, "retry_in", delay, "err", err)
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("dlq: write to %s: %w", m.Topic, ctx.Err())
+			return fmt.Errorf("dlq: write to %s: %w", topic, ctx.Err())
 		case <-t.C:
 		}
+	}
+}
+
+// failed logs a failed attempt to write a letter about src and reports it
+// to WriteFailed.
+func (w *Writer) failed(ctx context.Context, topic string, src source, attempt int, final bool, err error) {
+	msg := "dead-letter write failed; the message waits and is tried again"
+	if final {
+		msg = "dead-letter write failed; giving up: the message stays where it is"
+	}
+	w.cfg.Logger.ErrorContext(ctx, msg, "dlq_topic", topic, "topic", src.topic, "partition", src.partition,
+		"offset", src.offset, "message_id", src.id, "attempt", attempt, "err", err)
+	if h := w.cfg.WriteFailed; h != nil {
+		h(ctx, &WriteFailure{DLQTopic: topic, Topic: src.topic, Partition: src.partition, Offset: src.offset,
+			MessageID: src.id, Attempt: attempt, Final: final, Err: err})
 	}
 }
 
@@ -297,12 +592,15 @@ func readLineage(headers []kafka.Header) (*lineage, error) {
 
 // build makes a dead letter of the original message: its key, value and
 // headers (without any earlier dead-letter headers), plus the origin and the
-// failure history extended by f.
-func build(orig kafka.Message, o Origin, group, name, id string, history []Failure, f Failure) kafka.Message {
-	f.Round = len(history)
-	history = append(history, f)
+// failure history, whose last entry is the current round. Its error text
+// goes in HeaderError only (Parse puts it back). With ref the value is left
+// out and the letter references the stored one.
+func build(orig kafka.Message, o Origin, group, name, id string, history []Failure, ref *ValueRef) kafka.Message {
+	f := history[len(history)-1]
+	history = slices.Clone(history)
+	history[len(history)-1].Error = ""
 	hist, _ := json.Marshal(history)
-	headers := make([]kafka.Header, 0, len(orig.Headers)+14)
+	headers := make([]kafka.Header, 0, len(orig.Headers)+15)
 	for _, h := range orig.Headers {
 		if !strings.HasPrefix(h.Key, "idemkit-dlq-") {
 			headers = append(headers, h)
@@ -323,7 +621,12 @@ func build(orig kafka.Message, o Origin, group, name, id string, history []Failu
 	add(HeaderLastFailure, f.LastFailure.Format(time.RFC3339Nano))
 	add(HeaderReplayRound, strconv.Itoa(f.Round))
 	add(HeaderHistory, string(hist))
-	return kafka.Message{Key: orig.Key, Value: orig.Value, Headers: headers}
+	value := orig.Value
+	if ref != nil {
+		add(HeaderValueStored, ref.String())
+		value = nil
+	}
+	return kafka.Message{Key: orig.Key, Value: value, Headers: headers}
 }
 
 // CreateTopic creates a dead-letter topic, with replication factor

@@ -30,6 +30,9 @@ const (
 	ParkedMessagesDefault = "idemkit_parked_messages"
 	// DLQReplaysDefault is the table of dead-letter replays (package dlq).
 	DLQReplaysDefault = "idemkit_dlq_replays"
+	// DLQValuesDefault is the table of dead-letter values too large for
+	// their dead-letter topic (package dlq).
+	DLQValuesDefault = "idemkit_dlq_values"
 )
 
 // MaxIdentifierLength is the longest PostgreSQL identifier, in bytes
@@ -64,6 +67,9 @@ type Tables struct {
 	// DLQReplays records which dead letters were replayed, by whom and how.
 	// Defaults to "idemkit_dlq_replays".
 	DLQReplays string
+	// DLQValues holds the original values of dead letters too large for
+	// their dead-letter topic. Defaults to "idemkit_dlq_values".
+	DLQValues string
 }
 
 // Config says where idemkit's tables live.
@@ -86,6 +92,7 @@ func (c Config) WithDefaults() Config {
 	c.Tables.IdempotencyRecords = cmp.Or(c.Tables.IdempotencyRecords, IdempotencyRecordsDefault)
 	c.Tables.ParkedMessages = cmp.Or(c.Tables.ParkedMessages, ParkedMessagesDefault)
 	c.Tables.DLQReplays = cmp.Or(c.Tables.DLQReplays, DLQReplaysDefault)
+	c.Tables.DLQValues = cmp.Or(c.Tables.DLQValues, DLQValuesDefault)
 	return c
 }
 
@@ -104,6 +111,7 @@ func (c Config) Validate() error {
 		{"Tables.IdempotencyRecords", c.Tables.IdempotencyRecords},
 		{"Tables.ParkedMessages", c.Tables.ParkedMessages},
 		{"Tables.DLQReplays", c.Tables.DLQReplays},
+		{"Tables.DLQValues", c.Tables.DLQValues},
 	}
 	seen := map[string]string{}
 	for i, f := range fields {

@@ -95,12 +95,13 @@ type templateData struct {
 	// ProcessedMessagesProcessedAtIndex is the quoted, unqualified name of the
 	// index on processed_at (an index lives in its table's schema).
 	ProcessedMessagesProcessedAtIndex string
-	// Outbox, IdempotencyRecords, ParkedMessages and DLQReplays are
-	// schema-qualified and quoted.
+	// Outbox, IdempotencyRecords, ParkedMessages, DLQReplays and DLQValues
+	// are schema-qualified and quoted.
 	Outbox             string
 	IdempotencyRecords string
 	ParkedMessages     string
 	DLQReplays         string
+	DLQValues          string
 
 	raw Tables // unquoted table names, for Index
 }
@@ -123,6 +124,8 @@ func (d templateData) Index(field, suffix string) (string, error) {
 		table = d.raw.ParkedMessages
 	case "DLQReplays":
 		table = d.raw.DLQReplays
+	case "DLQValues":
+		table = d.raw.DLQValues
 	default:
 		return "", fmt.Errorf("migrate: no table field %q", field)
 	}
@@ -183,6 +186,7 @@ func New(db *pgxpool.Pool, cfg *Config) (*Migrator, error) {
 		IdempotencyRecords: pgx.Identifier{c.Schema, c.Tables.IdempotencyRecords}.Sanitize(),
 		ParkedMessages:     pgx.Identifier{c.Schema, c.Tables.ParkedMessages}.Sanitize(),
 		DLQReplays:         pgx.Identifier{c.Schema, c.Tables.DLQReplays}.Sanitize(),
+		DLQValues:          pgx.Identifier{c.Schema, c.Tables.DLQValues}.Sanitize(),
 		raw:                c.Tables,
 	}
 	m := &Migrator{

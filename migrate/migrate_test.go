@@ -479,6 +479,7 @@ func TestConfig(t *testing.T) {
 		IdempotencyRecords: "idempotency_records",
 		ParkedMessages:     "idemkit_parked_messages",
 		DLQReplays:         "idemkit_dlq_replays",
+		DLQValues:          "idemkit_dlq_values",
 	}}
 	if got != want {
 		t.Fatalf("WithDefaults = %+v, want %+v", got, want)

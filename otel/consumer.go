@@ -430,8 +430,8 @@ func (c *Consumer) batchMiddleware(next consumer.BatchHandler) consumer.BatchHan
 // DeadLetters returns w.OnFailure counting each message it wrote
 // (idemkit_dlq_writes_total, labelled with the consumer, the origin topic
 // and w.TopicFor(origin)). Set it as the consumer's Config.OnFailure, before
-// consumer.New. A write that failed is not counted: the consumer keeps the
-// message.
+// consumer.New. A write that failed is not counted here: the consumer keeps
+// the message; DeadLetterWriter counts the failures.
 func (c *Consumer) DeadLetters(w *dlq.Writer) consumer.FailureFunc {
 	own := attrs(keyConsumer, c.name, keyTopic, c.topic, keyDLQTopic, w.TopicFor(c.topic))
 	c.t.dlq.writes.Add(context.Background(), 0, own.add...)
@@ -446,6 +446,34 @@ func (c *Consumer) DeadLetters(w *dlq.Writer) consumer.FailureFunc {
 		c.t.dlq.writes.Add(ctx, 1, opt.add...)
 		return nil
 	}
+}
+
+// DeadLetterWriter wires the telemetry into cfg before dlq.NewWriter(cfg):
+// it chains cfg.WriteFailed (the function cfg already had runs after) so
+// that each failed attempt to write a dead letter counts into
+// idemkit_dead_letter_write_failures_total, labelled with the consumer, the
+// failed message's topic and the dead-letter topic. The counter starts at 0
+// for the consumer's topic, so that an alert on its increase sees the first
+// failure.
+func (c *Consumer) DeadLetterWriter(cfg *dlq.WriterConfig) error {
+	if cfg == nil {
+		return fmt.Errorf("%w: nil writer config", ErrInvalidConfig)
+	}
+	dlqTopic := func(topic string) string { return cmp.Or(cfg.Topic, topic+dlq.TopicSuffixDefault) }
+	own := attrs(keyConsumer, c.name, keyTopic, c.topic, keyDLQTopic, dlqTopic(c.topic))
+	c.t.dlq.writeFailures.Add(context.Background(), 0, own.add...)
+	prev := cfg.WriteFailed
+	cfg.WriteFailed = func(ctx context.Context, f *dlq.WriteFailure) {
+		opt := own
+		if f.Topic != c.topic || f.DLQTopic != dlqTopic(c.topic) {
+			opt = attrs(keyConsumer, c.name, keyTopic, f.Topic, keyDLQTopic, f.DLQTopic)
+		}
+		c.t.dlq.writeFailures.Add(ctx, 1, opt.add...)
+		if prev != nil {
+			prev(ctx, f)
+		}
+	}
+	return nil
 }
 
 // headerFilter returns a function that tells whether headers hold one of

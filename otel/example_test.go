@@ -55,11 +55,6 @@ func Example() {
 		log.Fatal(err)
 	}
 	brokers := []string{"127.0.0.1:9092"}
-	dead, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: kafkaconn.Config{Brokers: brokers}, Group: "order-service"})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer dead.Close()
 	cfg := consumer.Config{
 		Kafka: kafkaconn.Config{Brokers: brokers}, Topic: "payments", GroupID: "order-service",
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
@@ -72,7 +67,16 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	cfg.OnFailure = c.DeadLetters(dead) // dead.OnFailure, counted
+	wcfg := &dlq.WriterConfig{Kafka: kafkaconn.Config{Brokers: brokers}, Group: "order-service", Pool: pool}
+	if err := c.DeadLetterWriter(wcfg); err != nil { // write failures counted
+		log.Fatal(err)
+	}
+	dead, err := dlq.NewWriter(wcfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer dead.Close()
+	cfg.OnFailure = c.DeadLetters(dead) // dead.OnFailure, letters counted
 	r, err := consumer.New(pool, &cfg)
 	if err != nil {
 		log.Fatal(err)

@@ -91,16 +91,19 @@ func newConsumerInstruments(m metric.Meter) (consumerInstruments, error) {
 
 // dlqInstruments are package dlq's instruments.
 type dlqInstruments struct {
-	writes   metric.Int64Counter // idemkit_dlq_writes_total
-	replayed metric.Int64Counter // idemkit_dlq_replayed_total
+	writes        metric.Int64Counter // idemkit_dlq_writes_total
+	replayed      metric.Int64Counter // idemkit_dlq_replayed_total
+	writeFailures metric.Int64Counter // idemkit_dead_letter_write_failures_total
 }
 
 func newDLQInstruments(m metric.Meter) (dlqInstruments, error) {
 	var in dlqInstruments
-	var errs [2]error
+	var errs [3]error
 	in.writes, errs[0] = m.Int64Counter("idemkit.dlq.writes", metric.WithUnit("{message}"),
 		metric.WithDescription("Messages written to a dead-letter topic."))
 	in.replayed, errs[1] = m.Int64Counter("idemkit.dlq.replayed", metric.WithUnit("{message}"),
 		metric.WithDescription("Dead letters a reprocessor handled, by what it did with them."))
+	in.writeFailures, errs[2] = m.Int64Counter("idemkit.dead_letter.write_failures", metric.WithUnit("{attempt}"),
+		metric.WithDescription("Failed attempts to write a dead letter, retried or given up: the message waits meanwhile."))
 	return in, errors.Join(errs[:]...)
 }

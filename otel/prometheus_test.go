@@ -37,7 +37,7 @@ import (
 // (the outbox's and idemhttp's come later).
 func ours(name string) bool {
 	return strings.HasPrefix(name, "idemkit_consumer_") || strings.HasPrefix(name, "idemkit_dedup_") ||
-		strings.HasPrefix(name, "idemkit_dlq_")
+		strings.HasPrefix(name, "idemkit_dlq_") || strings.HasPrefix(name, "idemkit_dead_letter_")
 }
 
 // alertMetrics returns the idemkit_ metric names used by the expressions of
@@ -158,15 +158,19 @@ func TestPrometheusNames(t *testing.T) {
 	cfg.Retention = 24 * time.Hour
 	oc := newOutcomes(5)
 	testobs.Of(cfg).OnOutcome = oc.hook
-	w, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: testenv.Kafka(t), Group: e.group})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
 	c, err := tel.Consumer(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	wcfg := &dlq.WriterConfig{Kafka: testenv.Kafka(t), Group: e.group}
+	if err := c.DeadLetterWriter(wcfg); err != nil {
+		t.Fatal(err)
+	}
+	w, err := dlq.NewWriter(wcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
 	cfg.OnFailure = c.DeadLetters(w)
 	// An outage, as the runner reports one (its op names the consumer, the
 	// topic and a partition; the label keeps what was waited for).

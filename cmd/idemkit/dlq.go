@@ -12,10 +12,12 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/kafkaconn"
+	"github.com/idemkit/idemkit/migrate"
 )
 
 type dlqFlags struct {
@@ -43,6 +45,9 @@ count read.`
 
 const dlqInspectHelp = `Shows one dead letter (or every one with the message ID): origin, consumer,
 key, value, the original headers and the history of its failures. It only reads.
+A value too large for the topic was kept in PostgreSQL by the writer: with
+-database (or $IDEMKIT_DATABASE_URL) it is read from there and shown like any
+other; without, its size is shown.
 Payloads are redacted by default: card-number-like runs of 13 to 19 digits keep
 only their last four digits; JSON values keep their shape with sensitive fields
 (password, token, card, cvv, iban, ... and -redact-fields) masked whole; headers
@@ -68,6 +73,7 @@ func dlqCmd(ctx context.Context, cmd *command, args []string, out io.Writer) (er
 	fs.StringVar(&f.id, "id", "", "same as -message-id")
 	if sub == "inspect" {
 		fs.StringVar(&f.at, "at", "", "the dead letter at PARTITION/OFFSET")
+		f.registerDB(fs) // for values too large for the topic, kept in PostgreSQL
 	} else {
 		fs.StringVar(&f.origin, "origin", "", "select dead letters from this origin topic")
 		fs.StringVar(&f.errText, "error", "", "select dead letters whose last error contains this text")
@@ -162,19 +168,22 @@ func scanErr(err error, topic string) error {
 // letterJSON is a dead letter as -json prints it; key, value and header
 // values are redacted unless -show-payload.
 type letterJSON struct {
-	Topic     string        `json:"topic"`
-	Partition int           `json:"partition"`
-	Offset    int64         `json:"offset"`
-	MessageID string        `json:"message_id"`
-	Origin    dlq.Origin    `json:"origin"`
-	Group     string        `json:"group"`
-	Consumer  string        `json:"consumer"`
-	Round     int           `json:"round"`
-	Key       *string       `json:"key,omitempty"`
-	Value     *string       `json:"value,omitempty"`
-	Headers   []headerJSON  `json:"headers,omitempty"`
-	History   []dlq.Failure `json:"history"`
-	Redacted  bool          `json:"redacted"`
+	Topic     string     `json:"topic"`
+	Partition int        `json:"partition"`
+	Offset    int64      `json:"offset"`
+	MessageID string     `json:"message_id"`
+	Origin    dlq.Origin `json:"origin"`
+	Group     string     `json:"group"`
+	Consumer  string     `json:"consumer"`
+	Round     int        `json:"round"`
+	Key       *string    `json:"key,omitempty"`
+	Value     *string    `json:"value,omitempty"`
+	// ValueStored is the size of a value kept in PostgreSQL (see
+	// dlq.HeaderValueStored), shown in Value once read from there.
+	ValueStored *int          `json:"value_stored,omitempty"`
+	Headers     []headerJSON  `json:"headers,omitempty"`
+	History     []dlq.Failure `json:"history"`
+	Redacted    bool          `json:"redacted"`
 }
 
 type headerJSON struct {
@@ -190,9 +199,15 @@ func (f *dlqFlags) letter(m kafka.Message, d *dlq.DeadLetter, withPayload bool) 
 		h.Error = f.red.text(h.Error)
 		l.History[i] = h
 	}
+	if d.StoredValue != nil {
+		l.ValueStored = &d.StoredValue.Size
+	}
 	if withPayload {
 		orig := d.Original()
 		l.Key, l.Value = ptr(f.red.bytes(orig.Key)), ptr(f.red.value(orig.Value))
+		if d.StoredValue != nil && len(orig.Value) != d.StoredValue.Size {
+			l.Value = ptr(fmt.Sprintf("(%d bytes kept in PostgreSQL: give -database to show them)", d.StoredValue.Size))
+		}
 		l.Headers = []headerJSON{}
 		for _, h := range orig.Headers {
 			l.Headers = append(l.Headers, headerJSON{h.Key, f.red.header(h.Key, h.Value)})
@@ -275,6 +290,12 @@ func (f *dlqFlags) inspect(ctx context.Context, kc kafkaconn.Config, out io.Writ
 		return usagef("dlq inspect needs -id ID or -at PARTITION/OFFSET (one of them)")
 	}
 	found := []letterJSON{}
+	var pool *pgxpool.Pool
+	defer func() {
+		if pool != nil {
+			pool.Close()
+		}
+	}()
 	err := dlq.Scan(ctx, kc, f.topic, func(m kafka.Message) error {
 		if f.at != "" && (m.Partition != f.partition || m.Offset != f.offset) {
 			return nil
@@ -288,6 +309,16 @@ func (f *dlqFlags) inspect(ctx context.Context, kc kafkaconn.Config, out io.Writ
 		}
 		if f.id != "" && d.MessageID != f.id {
 			return nil
+		}
+		if d.StoredValue != nil && f.database != "" {
+			if pool == nil {
+				if pool, err = connectDB(ctx, f.database); err != nil {
+					return err
+				}
+			}
+			if err := dlq.LoadValue(ctx, pool, migrate.Config{Schema: f.schema}, d); err != nil {
+				return f.dbErr(err)
+			}
 		}
 		l := f.letter(m, d, true)
 		found = append(found, l)
@@ -351,7 +382,7 @@ func (f *dlqFlags) replay(ctx context.Context, kc kafkaconn.Config, out io.Write
 	sum, err := r.Run(ctx)
 	parts := []string{}
 	for _, a := range []dlq.Action{dlq.Republished, dlq.RepublishedNoID, dlq.WouldReplay, dlq.AlreadyApplied,
-		dlq.AlreadyReplayed, dlq.Parked, dlq.Skipped, dlq.Unreadable} {
+		dlq.AlreadyReplayed, dlq.Parked, dlq.WriteFailed, dlq.ValueNotFound, dlq.Skipped, dlq.Unreadable} {
 		if sum[a] > 0 {
 			parts = append(parts, fmt.Sprintf("%d %s", sum[a], a))
 		}

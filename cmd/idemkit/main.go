@@ -8,7 +8,7 @@
 //
 //	idemkit migrate up|down VERSION|status   [-json] -database URL [-schema S]
 //	idemkit dlq list     -topic T.dlq [filters] [-json] [redaction]  -brokers B
-//	idemkit dlq inspect  -topic T.dlq -id ID | -at P/O [-json] [redaction] -brokers B
+//	idemkit dlq inspect  -topic T.dlq -id ID | -at P/O [-json] [redaction] -brokers B [-database URL]
 //	idemkit dlq replay   -topic T.dlq [filters] [-dry-run] [-rate N] [-replay-limit N] [-max-outage D] -brokers B -database URL
 //	idemkit idemhttp stuck [-json] -database URL [-schema S] [-table T] [-limit N]
 //	idemkit outbox stats|parked [-json] | retry ID... -database URL [-schema S] [-table T]
@@ -112,7 +112,7 @@ func init() {
 		{name: "migrate status", synopsis: "[-json] [-database URL] [-schema S]", summary: "the versions applied and those this build knows", run: migrateCmd},
 		{name: "dlq list", synopsis: "-topic T.dlq [filters] [-json] [redaction] [-brokers B] [kafka]", summary: "list dead letters",
 			doc: dlqListHelp, run: dlqCmd},
-		{name: "dlq inspect", synopsis: "-topic T.dlq (-id ID | -at PARTITION/OFFSET) [-json] [redaction] [-brokers B] [kafka]",
+		{name: "dlq inspect", synopsis: "-topic T.dlq (-id ID | -at PARTITION/OFFSET) [-json] [redaction] [-brokers B] [kafka] [-database URL] [-schema S]",
 			summary: "show a dead letter: origin, key, value, headers, history", doc: dlqInspectHelp, run: dlqCmd},
 		{name: "dlq replay", synopsis: "-topic T.dlq [filters] [-dry-run] [-rate N] [-replay-limit N] [-max-outage D] [-brokers B] [kafka] [-database URL] [-schema S]",
 			summary: "write dead letters back to their origin topic", doc: dlqReplayHelp, run: dlqCmd},
