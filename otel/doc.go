@@ -119,14 +119,4 @@
 // messages:
 //
 //	go test -run '^$' -bench Overhead -benchtime 5x ./otel
-//
-// # Adding components
-//
-// The outbox relay and the idemhttp middleware are not instrumented yet.
-// They will follow the same shape: their instruments created in New next to
-// the consumer's and the dead-letter ones, one method of Telemetry that
-// wires them into the component's configuration (for example
-// tel.Relay(&relayCfg) and tel.HTTP(&mwCfg)), their names those of
-// docs/observability.md. Telemetry.Inject is what the outbox will use to
-// stamp the trace context into a message's headers at EnqueueTx.
 package idemotel

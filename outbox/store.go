@@ -132,6 +132,7 @@ var (
 // connection and no state besides its SQL: it is safe for concurrent use.
 type Store struct {
 	table   string // schema-qualified, quoted
+	name    string // schema.table, unquoted
 	ident   string // raw "schema"."table", hashed into lock keys and the channel
 	channel string // NOTIFY channel
 	shardNS int32  // first key of the relays' shard advisory locks
@@ -161,6 +162,7 @@ func New(cfg *Config) (*Store, error) {
 	}
 	s := &Store{
 		table: pgx.Identifier{mc.Schema, mc.Tables.Outbox}.Sanitize(),
+		name:  mc.Schema + "." + mc.Tables.Outbox,
 		ident: pgx.Identifier{mc.Schema, mc.Tables.Outbox}.Sanitize(),
 		stamp: c.ContextHeaders,
 	}
@@ -179,8 +181,12 @@ func New(cfg *Config) (*Store, error) {
 // and dispatchers LISTEN on it.
 func (s *Store) Channel() string { return s.channel }
 
-// Table returns the schema-qualified, quoted table name.
+// Table returns the schema-qualified, quoted table name, for SQL.
 func (s *Store) Table() string { return s.table }
+
+// Name returns the table as schema.table, unquoted: for labels and
+// messages.
+func (s *Store) Name() string { return s.name }
 
 func buildSQL(t string) storeSQL {
 	// The scans choose which keys a round locks. Each walks an index range
