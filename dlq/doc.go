@@ -95,8 +95,14 @@
 // again without spending an attempt or a round. Past MaxOutage (default: no
 // bound) Run returns a *retry.OutageError.
 //
-// DryRun reports what would happen and writes nothing; Rate bounds the pace;
-// Progress reports each decision.
+// DryRun reports what would happen and writes nothing. It decides each dead
+// letter as the real run would at that point, remembering its own earlier
+// decisions where the real run would read what it wrote: the second copy of
+// a dead letter is AlreadyReplayed, and in Redrive mode a message ID
+// already decided for replay is AlreadyApplied. Rate bounds the pace;
+// Progress reports each decision. Run's Summary counts dead-letter records
+// (Records: the same message dead-lettered twice counts twice) and distinct
+// origin messages (Messages).
 //
 // The tables (replay records) are created by package migrate, versions 4
 // and 7.

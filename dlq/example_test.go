@@ -47,5 +47,5 @@ func ExampleReprocessor() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println(sum[dlq.Applied], "applied,", sum[dlq.AlreadyApplied], "already applied")
+	fmt.Println(sum.Records[dlq.Applied], "applied,", sum.Records[dlq.AlreadyApplied], "already applied")
 }

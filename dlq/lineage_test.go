@@ -37,10 +37,10 @@ func TestRepublishKeepsLineage(t *testing.T) {
 		if err != nil {
 			t.Fatalf("run %d: %v", run, err)
 		}
-		if sum[dlq.Parked] == 1 {
+		if sum.Records[dlq.Parked] == 1 {
 			break
 		}
-		if sum[dlq.Republished] != 1 {
+		if sum.Records[dlq.Republished] != 1 {
 			t.Fatalf("run %d: %v, want one republished", run, sum)
 		}
 		republished++
@@ -65,7 +65,7 @@ func TestRepublishKeepsLineage(t *testing.T) {
 		}
 	}
 	sum, err := e.reprocessor(dlq.Republish, nil, limit).Run(ctx)
-	if err != nil || sum[dlq.AlreadyReplayed] != 3 {
+	if err != nil || sum.Records[dlq.AlreadyReplayed] != 3 {
 		t.Fatalf("after parking: %v, %v; want 3 already replayed", sum, err)
 	}
 }
@@ -85,11 +85,11 @@ func TestRedriveLimit(t *testing.T) {
 	}
 	limit := func(c *dlq.ReprocessorConfig) { c.ReplayLimit = 2 }
 	sum, err := e.reprocessor(dlq.Redrive, broken, limit).Run(ctx)
-	if err != nil || sum[dlq.FailedAgain] != 1 {
+	if err != nil || sum.Records[dlq.FailedAgain] != 1 {
 		t.Fatalf("round 1: %v, %v", sum, err)
 	}
 	sum, err = e.reprocessor(dlq.Redrive, broken, limit).Run(ctx)
-	if err != nil || sum[dlq.Parked] != 1 || sum[dlq.AlreadyReplayed] != 1 {
+	if err != nil || sum.Records[dlq.Parked] != 1 || sum.Records[dlq.AlreadyReplayed] != 1 {
 		t.Fatalf("round 2: %v, %v", sum, err)
 	}
 	if dls := e.deadLetters(); runs != 2 || len(dls) != 2 {

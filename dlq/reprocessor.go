@@ -143,8 +143,92 @@ type Item struct {
 	Err error
 }
 
-// Summary counts actions.
-type Summary map[Action]int
+// Counts counts dead letters by Action.
+type Counts map[Action]int
+
+// Summary is what one Run did, counted two ways.
+type Summary struct {
+	// Records counts dead-letter records, one per Item: the same message
+	// dead-lettered twice (see "Dead-lettering" in the package doc), or in
+	// two replay rounds, counts twice.
+	Records Counts
+	// Messages counts distinct origin messages (origin topic, incarnation,
+	// partition and offset), each once, under the Action of its dead letter
+	// of the highest round read (of its copies, the first); each
+	// unreadable record counts as one message.
+	Messages Counts
+}
+
+// originKey identifies an origin message.
+type originKey struct {
+	topic               string
+	incarnation, offset int64
+	partition           int
+}
+
+// letterKey identifies a dead letter: its origin and round.
+type letterKey struct {
+	originKey
+	round int
+}
+
+func keyOf(d *DeadLetter) letterKey {
+	return letterKey{originKey{d.Origin.Topic, d.Origin.Incarnation, d.Origin.Offset, d.Origin.Partition}, d.Round}
+}
+
+// tally builds a Summary.
+type tally struct {
+	sum    Summary
+	latest map[originKey]letterAction
+}
+
+type letterAction struct {
+	round  int
+	action Action
+}
+
+func (t *tally) add(it Item) {
+	t.sum.Records[it.Action]++
+	if it.DeadLetter == nil {
+		t.sum.Messages[it.Action]++
+		return
+	}
+	k := keyOf(it.DeadLetter)
+	if prev, ok := t.latest[k.originKey]; !ok || k.round > prev.round {
+		t.latest[k.originKey] = letterAction{k.round, it.Action}
+	}
+}
+
+func (t *tally) summary() Summary {
+	for _, la := range t.latest {
+		t.sum.Messages[la.action]++
+	}
+	return t.sum
+}
+
+// dryRun is what a dry run decided so far, that the real run would have
+// written down by then: a dry run consults it where the real run reads
+// its records and its claims.
+type dryRun struct {
+	recorded map[letterKey]bool // replay records the real run would have written
+	claimed  map[claimKey]bool  // Redrive: message IDs it would have claimed
+}
+
+type claimKey struct{ consumer, id string }
+
+// remember notes what the real run would have written for d, done as a.
+func (dr *dryRun) remember(d *DeadLetter, a Action, mode Mode) {
+	switch a {
+	case WouldReplay:
+		if mode == Redrive {
+			dr.claimed[claimKey{d.Consumer, d.MessageID}] = true
+		}
+	case AlreadyApplied, Parked:
+	default:
+		return // nothing recorded: NoMessageID, BeyondHorizon left alone
+	}
+	dr.recorded[keyOf(d)] = true
+}
 
 // Reprocessor replays a dead-letter topic once, from its start to the end it
 // has when Run starts.
@@ -236,17 +320,22 @@ func whoami() string {
 type run struct {
 	*Reprocessor
 	pg, kafka *outage.Waiter
+	dry       *dryRun // nil unless DryRun
 }
 
-// Run replays every selected dead letter once and returns what it did. A
-// dead letter's own trouble (no message ID, a handler that fails again) is
+// Run replays every selected dead letter once and returns what it did (see
+// Summary: per dead-letter record and per origin message). A dead letter's
+// own trouble (no message ID, a handler that fails again) is
 // that dead letter's Action, never the end of the run. Run waits out
 // outages of PostgreSQL and Kafka (see MaxOutage) and goes on where it was;
 // it stops at the first other error it cannot attribute to one dead letter.
 // Running it again is safe: dead letters already replayed are recognised
-// and left alone.
+// and left alone. A dry run decides each dead letter as the real run would
+// at that point, remembering what it decided for the dead letters before:
+// a second copy of a dead letter is AlreadyReplayed, and in Redrive mode a
+// message ID already decided for replay is AlreadyApplied.
 func (r *Reprocessor) Run(ctx context.Context) (Summary, error) {
-	sum := Summary{}
+	t := &tally{sum: Summary{Records: Counts{}, Messages: Counts{}}, latest: map[originKey]letterAction{}}
 	var pace <-chan time.Time
 	if r.cfg.Rate > 0 {
 		t := time.NewTicker(time.Duration(float64(time.Second) / r.cfg.Rate))
@@ -256,6 +345,9 @@ func (r *Reprocessor) Run(ctx context.Context) (Summary, error) {
 	rn := &run{Reprocessor: r,
 		pg:    &outage.Waiter{Op: "replay " + r.cfg.Topic + ": postgres", Log: r.cfg.Logger, Max: r.cfg.MaxOutage},
 		kafka: &outage.Waiter{Op: "replay " + r.cfg.Topic + ": kafka", Log: r.cfg.Logger, Max: r.cfg.MaxOutage}}
+	if r.cfg.DryRun {
+		rn.dry = &dryRun{recorded: map[letterKey]bool{}, claimed: map[claimKey]bool{}}
+	}
 	err := rn.scan(ctx, func(m kafka.Message) error {
 		item := Item{Raw: m}
 		d, err := Parse(m)
@@ -277,8 +369,11 @@ func (r *Reprocessor) Run(ctx context.Context) (Summary, error) {
 			if err != nil {
 				return err
 			}
+			if rn.dry != nil {
+				rn.dry.remember(d, item.Action, r.cfg.Mode)
+			}
 		}
-		sum[item.Action]++
+		t.add(item)
 		if r.cfg.Progress != nil {
 			r.cfg.Progress(item)
 		}
@@ -288,7 +383,7 @@ func (r *Reprocessor) Run(ctx context.Context) (Summary, error) {
 	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
 		err = notMigratedError{err}
 	}
-	return sum, err
+	return t.summary(), err
 }
 
 // notMigratedError is err, a missing table, matching ErrNotMigrated.
@@ -350,7 +445,7 @@ func (rn *run) replay(ctx context.Context, d *DeadLetter) (Action, error, error)
 	if err != nil {
 		return "", nil, err
 	}
-	if done {
+	if done || rn.dry != nil && rn.dry.recorded[keyOf(d)] {
 		return AlreadyReplayed, nil, nil
 	}
 	idErr := d.CheckID()
@@ -363,6 +458,9 @@ func (rn *run) replay(ctx context.Context, d *DeadLetter) (Action, error, error)
 		})
 		if err != nil {
 			return "", nil, fmt.Errorf("dlq: check dedup for %s: %w", d.MessageID, err)
+		}
+		if rn.dry != nil && rn.dry.claimed[claimKey{d.Consumer, d.MessageID}] {
+			applied = true
 		}
 		if applied {
 			if rn.cfg.DryRun {

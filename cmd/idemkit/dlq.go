@@ -55,8 +55,10 @@ const dlqReplayHelp = `Writes each selected dead letter back to its origin topic
 makes repeats harmless; one without message ID goes back too, and the consumer
 applies its MissingID policy again) and records who replayed what in PostgreSQL;
 one whose replay rounds are used up is parked instead. -dry-run says what would be
-done and changes nothing. To re-run a handler in-process, use dlq.Reprocessor with
-Mode Redrive from Go.`
+done and changes nothing. The summary counts dead-letter records (a message
+dead-lettered twice is two records) and then distinct origin messages.
+-json prints one JSON object: each dead letter's action and both counts.
+To re-run a handler in-process, use dlq.Reprocessor with Mode Redrive from Go.`
 
 func dlqCmd(ctx context.Context, cmd *command, args []string, out io.Writer) (err error) {
 	sub := cmd.sub()
@@ -83,9 +85,9 @@ func dlqCmd(ctx context.Context, cmd *command, args []string, out io.Writer) (er
 			"give up when PostgreSQL or Kafka stays unreachable this long (0: wait for ever, logging the outage)")
 	} else {
 		f.replayLimit = dlq.ReplayLimitDefault
-		fs.BoolVar(&f.json, "json", false, "print JSON")
 		f.red.register(fs)
 	}
+	fs.BoolVar(&f.json, "json", false, "print JSON")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -322,6 +324,31 @@ func (f *dlqFlags) inspect(ctx context.Context, kc kafkaconn.Config, out io.Writ
 	return nil
 }
 
+// replayItemJSON is one dead letter as replay -json prints it.
+type replayItemJSON struct {
+	Action    dlq.Action  `json:"action"`
+	Partition int         `json:"partition"`
+	Offset    int64       `json:"offset"`
+	MessageID *string     `json:"message_id"`
+	Origin    *dlq.Origin `json:"origin"`
+	Round     *int        `json:"round"`
+}
+
+// replayOrder is the order in which replay prints its counts.
+var replayOrder = []dlq.Action{dlq.Republished, dlq.RepublishedNoID, dlq.WouldReplay, dlq.AlreadyApplied,
+	dlq.AlreadyReplayed, dlq.Parked, dlq.BeyondHorizon, dlq.Skipped, dlq.Unreadable}
+
+// counts says c in replayOrder ("2 republished, 1 parked").
+func counts(c dlq.Counts) string {
+	parts := []string{}
+	for _, a := range replayOrder {
+		if c[a] > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", c[a], a))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
 func (f *dlqFlags) replay(ctx context.Context, kc kafkaconn.Config, out io.Writer) (err error) {
 	pool, err := connectDB(ctx, f.database)
 	if err != nil {
@@ -329,12 +356,21 @@ func (f *dlqFlags) replay(ctx context.Context, kc kafkaconn.Config, out io.Write
 	}
 	defer pool.Close()
 	defer func() { err = f.dbErr(err) }()
+	items := []replayItemJSON{}
 	r, err := dlq.NewReprocessor(pool, &dlq.ReprocessorConfig{
 		Kafka: kc, Topic: f.topic, Mode: dlq.Republish,
 		Schema: f.schema, Filter: f.filter, DryRun: f.dryRun, Rate: f.rate,
 		ReplayLimit: f.replayLimit, MaxOutage: f.maxOutage,
 		Progress: func(it dlq.Item) {
 			if it.Action == dlq.Skipped {
+				return
+			}
+			if f.json {
+				j := replayItemJSON{Action: it.Action, Partition: it.Raw.Partition, Offset: it.Raw.Offset}
+				if d := it.DeadLetter; d != nil {
+					j.MessageID, j.Origin, j.Round = &d.MessageID, &d.Origin, &d.Round
+				}
+				items = append(items, j)
 				return
 			}
 			id, origin := "-", "-"
@@ -349,20 +385,30 @@ func (f *dlqFlags) replay(ctx context.Context, kc kafkaconn.Config, out io.Write
 	}
 	defer r.Close()
 	sum, err := r.Run(ctx)
-	parts := []string{}
-	for _, a := range []dlq.Action{dlq.Republished, dlq.RepublishedNoID, dlq.WouldReplay, dlq.AlreadyApplied,
-		dlq.AlreadyReplayed, dlq.Parked, dlq.Skipped, dlq.Unreadable} {
-		if sum[a] > 0 {
-			parts = append(parts, fmt.Sprintf("%d %s", sum[a], a))
-		}
+	if err != nil && f.json {
+		return scanErr(err, f.topic)
+	}
+	if f.json {
+		return writeJSON(out, struct {
+			Topic       string           `json:"topic"`
+			DryRun      bool             `json:"dry_run"`
+			DeadLetters []replayItemJSON `json:"dead_letters"`
+			Records     dlq.Counts       `json:"records"`
+			Messages    dlq.Counts       `json:"messages"`
+		}{f.topic, f.dryRun, items, sum.Records, sum.Messages})
 	}
 	verb := "replayed"
 	if f.dryRun {
 		verb = "dry run, nothing changed"
 	}
-	if len(parts) == 0 {
-		parts = []string{"no dead letters"}
+	if len(sum.Records) == 0 {
+		fmt.Fprintf(out, "%s: no dead letters\n", verb)
+	} else {
+		n := 0
+		for _, c := range sum.Messages {
+			n += c
+		}
+		fmt.Fprintf(out, "%s: %s\nper origin message (%d): %s\n", verb, counts(sum.Records), n, counts(sum.Messages))
 	}
-	fmt.Fprintf(out, "%s: %s\n", verb, strings.Join(parts, ", "))
 	return scanErr(err, f.topic)
 }

@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -61,5 +63,62 @@ func TestCLIReplayLetterWithoutID(t *testing.T) {
 	}
 	if n := countMessages(t, origin); n != 2 {
 		t.Fatalf("replay published %d messages to %s, want 2", n, origin)
+	}
+}
+
+// TestCLIReplayCountsMessages: a message dead-lettered twice (a crash
+// before the position moved) is two dead-letter records and one origin
+// message; the dry run says what the run does, and both say it per record
+// and per message, in text and -json.
+func TestCLIReplayCountsMessages(t *testing.T) {
+	t.Parallel()
+	bin := binary(t)
+	db := testenv.NewDB(t, testenv.Migrate)
+	origin := testenv.NewTopic(t, 1)
+	dead := origin + dlq.TopicSuffixDefault
+	testenv.CreateTopic(t, dead, 1)
+	env := []string{
+		"IDEMKIT_DATABASE_URL=" + testenv.DatabaseURL(t),
+		"IDEMKIT_KAFKA_BROKERS=" + strings.Join(testenv.Brokers(t), ","),
+	}
+	w, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: testenv.Kafka(t), Group: "billing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	for i, id := range []string{"inv-1", "inv-1", "inv-2"} { // inv-1 twice at offset 0
+		offset := []int64{0, 0, 1}[i]
+		m := &consumer.Message{ID: id, Message: kafka.Message{Topic: origin, Offset: offset, Key: []byte("k"), Value: []byte("v")}}
+		merr := &consumer.MessageError{Topic: origin, Offset: offset, ID: id, Attempts: 1, Class: retry.ClassPermanent,
+			FirstFailure: now, LastFailure: now, Err: errors.New("tax service timeout")}
+		if err := w.OnFailure(context.Background(), m, merr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	schema := []string{"-schema", db.Schema}
+	out, errOut, code := cli(t, bin, env, append([]string{"dlq", "replay", "-topic", dead, "-dry-run", "-json"}, schema...)...)
+	var got struct {
+		DryRun      bool `json:"dry_run"`
+		DeadLetters []struct {
+			Action    string `json:"action"`
+			MessageID string `json:"message_id"`
+		} `json:"dead_letters"`
+		Records  map[string]int `json:"records"`
+		Messages map[string]int `json:"messages"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &got) != nil {
+		t.Fatalf("dry run -json: code %d\n%s%s", code, out, errOut)
+	}
+	if !got.DryRun || len(got.DeadLetters) != 3 || got.DeadLetters[1].Action != "already-replayed" ||
+		!maps.Equal(got.Records, map[string]int{"would-replay": 2, "already-replayed": 1}) ||
+		!maps.Equal(got.Messages, map[string]int{"would-replay": 2}) {
+		t.Fatalf("dry run -json:\n%s", out)
+	}
+	out, errOut, code = cli(t, bin, env, append([]string{"dlq", "replay", "-topic", dead}, schema...)...)
+	if code != 0 || !strings.Contains(out, "replayed: 2 republished, 1 already-replayed\nper origin message (2): 2 republished\n") {
+		t.Fatalf("replay: code %d\n%s%s", code, out, errOut)
 	}
 }

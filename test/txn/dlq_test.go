@@ -240,7 +240,7 @@ func TestDeadLettersWrittenTransactionally(t *testing.T) {
 				Handler: consumer.HandlerFunc(db.apply)}
 		}
 		sum, seen := replay(db.db.Pool, cfg())
-		if !maps.Equal(sum, dlq.Summary{dlq.Applied: n}) {
+		if !maps.Equal(sum.Records, dlq.Counts{dlq.Applied: n}) {
 			t.Fatalf("redrive: %v, want %d applied", sum, n)
 		}
 		equalRecs(t, "letters redriven", seen, committed.sorted())
@@ -256,7 +256,7 @@ func TestDeadLettersWrittenTransactionally(t *testing.T) {
 				t.Fatalf("replay record of %s: outcome %q, want %q", id, outcome, dlq.Applied)
 			}
 		}
-		if sum, _ := replay(db.db.Pool, cfg()); !maps.Equal(sum, dlq.Summary{dlq.AlreadyReplayed: n}) {
+		if sum, _ := replay(db.db.Pool, cfg()); !maps.Equal(sum.Records, dlq.Counts{dlq.AlreadyReplayed: n}) {
 			t.Fatalf("second redrive: %v, want %d already-replayed", sum, n)
 		}
 	})
@@ -265,7 +265,7 @@ func TestDeadLettersWrittenTransactionally(t *testing.T) {
 		db := newConsumerDB(t)
 		sum, seen := replay(db.db.Pool, &dlq.ReprocessorConfig{Mode: dlq.Republish,
 			Schema: db.db.Schema})
-		if !maps.Equal(sum, dlq.Summary{dlq.Republished: n}) {
+		if !maps.Equal(sum.Records, dlq.Counts{dlq.Republished: n}) {
 			t.Fatalf("republish: %v, want %d republished", sum, n)
 		}
 		equalRecs(t, "letters republished", seen, committed.sorted())
@@ -341,7 +341,7 @@ func TestDeadLettersWrittenTransactionally(t *testing.T) {
 				Handler: consumer.HandlerFunc(db.apply)}
 		}
 		sum, seen := replay(db.db.Pool, cfg())
-		if !maps.Equal(sum, dlq.Summary{dlq.Applied: n + 1}) {
+		if !maps.Equal(sum.Records, dlq.Counts{dlq.Applied: n + 1}) {
 			t.Fatalf("redrive: %v, want %d applied", sum, n+1)
 		}
 		all := append(slices.Clone(committed), rec{Partition: 0, Offset: pending[0], ID: "pending-1"})
