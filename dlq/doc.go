@@ -7,7 +7,7 @@
 // used up, or that has no usable message ID (consumer.ErrMissingID); it
 // publishes the original key, value and headers to the dead-letter topic
 // (default "<topic>.dlq") with headers that record the origin (topic,
-// partition, offset, the topic's incarnation, consumer group, dedup name,
+// partition, offset, the topic's incarnation, the record timestamp, consumer group, dedup name,
 // message ID — empty for ErrMissingID), the last error's text and class, the
 // attempt count, the first and last failure times, the replay round and the
 // whole failure history as JSON (see the Header… constants). The write waits
@@ -77,11 +77,25 @@
 // republish and its record may republish it twice, and each copy gets its
 // own coordinates.
 //
+// # The dedup horizon
+//
+// A dead letter may be replayed long after its message was first sent, and
+// the dedup store forgets: records older than the consumers' retention are
+// purged. A message applied once, whose record was purged since, would be
+// applied again. With ReprocessorConfig.Retention set (the consumers'
+// consumer.Config.Retention), both modes apply the consumer's rule: a dead
+// letter whose message ID the store does not hold and whose original
+// message (Origin.Time, the record timestamp the dead letter keeps) is
+// older than the horizon is BeyondHorizon, with a *consumer.HorizonError,
+// and left alone, unrecorded; the run goes on. An operator who knows that
+// applying it again is right sets OnBeyondHorizon to consumer.HorizonApply
+// (`idemkit dlq replay -apply-beyond-horizon`) and runs again.
+//
 // With the daily dedup layout (dedup.Store.EnableDaily), a dead letter
 // whose UUIDv7 ID is dated on a day the layout's retention dropped cannot
-// be claimed any more: Redrive reports it as BeyondHorizon (with
-// dedup.ErrPartitionDropped), records it and leaves it alone; the run goes
-// on.
+// be claimed any more, whatever OnBeyondHorizon says: Redrive reports it as
+// BeyondHorizon (with dedup.ErrPartitionDropped), records it and leaves it
+// alone; the run goes on.
 //
 // # Outages
 //

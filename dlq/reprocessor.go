@@ -58,7 +58,7 @@ const (
 	FailedAgain     Action = "failed-again"      // failed again: back to the dead-letter topic, history extended
 	Parked          Action = "parked"            // its replay rounds are used up: recorded, not replayed again
 	NoMessageID     Action = "no-message-id"     // Redrive: no usable message ID, so no dedup: left alone
-	BeyondHorizon   Action = "beyond-horizon"    // Redrive: its ID's daily dedup partition was dropped, so no dedup: left alone
+	BeyondHorizon   Action = "beyond-horizon"    // past the dedup horizon (see ReprocessorConfig.Retention): left alone
 	Skipped         Action = "skipped"           // not selected by the filter
 	WouldReplay     Action = "would-replay"      // dry run: would be replayed
 	Unreadable      Action = "unreadable"        // not an idemkit dead letter
@@ -109,6 +109,22 @@ type ReprocessorConfig struct {
 	// in Redrive mode; in Republish mode the consumer dead-letters it once
 	// more, and the next run parks that dead letter. Defaults to 3.
 	ReplayLimit int
+	// Retention is the consumers' dedup retention (consumer.Config.Retention).
+	// With it set, a dead letter whose message ID the dedup store does not
+	// hold, and whose original message (Origin.Time) is older than the
+	// horizon — Retention minus the consumer's default HorizonMargin — is
+	// BeyondHorizon with a *consumer.HorizonError, as the consumer would
+	// refuse it: it may have been applied and its record purged since, and
+	// replaying it could apply it twice. It is left alone, unrecorded, for a
+	// run that opts in (OnBeyondHorizon). Defaults to 0: not checked.
+	Retention time.Duration
+	// OnBeyondHorizon says what happens to a dead letter past the horizon
+	// of Retention: consumer.HorizonFail reports it as BeyondHorizon;
+	// consumer.HorizonApply replays it like any other. A dead letter whose
+	// daily dedup partition was dropped cannot be claimed at all: it is
+	// BeyondHorizon (recorded) whatever this says. Defaults to
+	// consumer.HorizonFail.
+	OnBeyondHorizon consumer.HorizonPolicy
 	// ReplayedBy is recorded as who replayed. Defaults to user@host.
 	ReplayedBy string
 	// Retry paces the handler's attempts within one replay and writes to
@@ -269,6 +285,10 @@ func NewReprocessor(pool *pgxpool.Pool, cfg *ReprocessorConfig) (*Reprocessor, e
 		return nil, invalid("ReplayLimit must not be negative")
 	case c.MaxOutage < 0:
 		return nil, invalid("MaxOutage must not be negative")
+	case c.Retention < 0:
+		return nil, invalid("Retention must not be negative")
+	case c.OnBeyondHorizon != consumer.HorizonFail && c.OnBeyondHorizon != consumer.HorizonApply:
+		return nil, invalid("OnBeyondHorizon must be consumer.HorizonFail or consumer.HorizonApply")
 	}
 	c.ReplayLimit = cmp.Or(c.ReplayLimit, ReplayLimitDefault)
 	c.ReplayedBy = cmp.Or(c.ReplayedBy, whoami())
@@ -477,6 +497,11 @@ func (rn *run) replay(ctx context.Context, d *DeadLetter) (Action, error, error)
 		}
 		return Parked, perr, rn.record(ctx, d, Parked, d.Last().Error)
 	}
+	if idErr == nil {
+		if herr := rn.beyondHorizon(d, time.Now()); herr != nil {
+			return BeyondHorizon, herr, nil
+		}
+	}
 	switch {
 	case idErr != nil && rn.cfg.Mode == Redrive:
 		// Without an ID nothing can be claimed in the consumer's scope:
@@ -495,6 +520,22 @@ func (rn *run) replay(ctx context.Context, d *DeadLetter) (Action, error, error)
 		return action, idErr, rn.record(ctx, d, action, "")
 	}
 	return rn.redrive(ctx, d)
+}
+
+// beyondHorizon returns the *consumer.HorizonError of a dead letter whose
+// original message is older than the horizon of Retention, by now; nil when
+// Retention is not set, the operator opted in, or the message had no
+// timestamp. The caller found no dedup record for its ID.
+func (rn *run) beyondHorizon(d *DeadLetter, now time.Time) *consumer.HorizonError {
+	ret := rn.cfg.Retention
+	if ret <= 0 || rn.cfg.OnBeyondHorizon == consumer.HorizonApply || d.Origin.Time.IsZero() {
+		return nil
+	}
+	horizon := ret - min(ret/10, consumer.HorizonMarginMax) // the consumer's default margin
+	if age := now.Sub(d.Origin.Time); age > horizon {
+		return &consumer.HorizonError{Time: d.Origin.Time, Age: age, Horizon: horizon}
+	}
+	return nil
 }
 
 // republishable is the original message, bound for its origin topic, with

@@ -28,6 +28,7 @@ const (
 	HeaderOriginPartition   = "idemkit-dlq-origin-partition"
 	HeaderOriginOffset      = "idemkit-dlq-origin-offset"
 	HeaderOriginIncarnation = "idemkit-dlq-origin-incarnation" // consumer.Message.Incarnation; absent means 0
+	HeaderOriginTime        = "idemkit-dlq-origin-time"        // the message's record timestamp, RFC 3339; absent when it had none
 	HeaderGroup             = "idemkit-dlq-group"
 	HeaderConsumer          = "idemkit-dlq-consumer" // the dedup name: replays use the same scope
 	HeaderMessageID         = "idemkit-dlq-message-id"
@@ -183,7 +184,8 @@ func (w *Writer) OnFailure(ctx context.Context, msg *consumer.Message, err error
 	}
 	f := Failure{Error: pgtext.Text(merr.Err.Error(), maxErrorText), Class: merr.Class.String(), Attempts: merr.Attempts,
 		FirstFailure: merr.FirstFailure.UTC(), LastFailure: merr.LastFailure.UTC()}
-	origin := Origin{Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset, Incarnation: msg.Incarnation}
+	origin := Origin{Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset, Incarnation: msg.Incarnation,
+		Time: msg.Time.UTC()}
 	var history []Failure
 	if lin, err := readLineage(msg.Headers); err != nil {
 		w.cfg.Logger.Warn("republished message with an unreadable lineage header; dead-lettering it as a first failure",
@@ -265,6 +267,9 @@ type Origin struct {
 	// Incarnation is the topic's incarnation (see consumer.Message): offsets
 	// of two incarnations of a topic are unrelated.
 	Incarnation int64 `json:"incarnation"`
+	// Time is the message's record timestamp, zero when it had none: what
+	// the dedup horizon is measured against (see ReprocessorConfig.Retention).
+	Time time.Time `json:"time,omitzero"`
 }
 
 // lineage is what a republished message carries in HeaderLineage.
@@ -311,6 +316,9 @@ func build(orig kafka.Message, o Origin, group, name, id string, history []Failu
 	add(HeaderOriginPartition, strconv.Itoa(o.Partition))
 	add(HeaderOriginOffset, strconv.FormatInt(o.Offset, 10))
 	add(HeaderOriginIncarnation, strconv.FormatInt(o.Incarnation, 10))
+	if !o.Time.IsZero() {
+		add(HeaderOriginTime, o.Time.Format(time.RFC3339Nano))
+	}
 	add(HeaderGroup, group)
 	add(HeaderConsumer, name)
 	add(HeaderMessageID, id)

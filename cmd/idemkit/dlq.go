@@ -14,6 +14,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/kafkaconn"
 )
@@ -27,6 +28,8 @@ type dlqFlags struct {
 	rate            float64
 	replayLimit     int
 	maxOutage       time.Duration
+	retention       time.Duration
+	applyOld        bool
 	filter          dlq.Filter
 	json            bool
 	red             redactor
@@ -54,7 +57,10 @@ base64).
 const dlqReplayHelp = `Writes each selected dead letter back to its origin topic (the consumer's dedup
 makes repeats harmless; one without message ID goes back too, and the consumer
 applies its MissingID policy again) and records who replayed what in PostgreSQL;
-one whose replay rounds are used up is parked instead. -dry-run says what would be
+one whose replay rounds are used up is parked instead. With -retention (the
+consumers' dedup retention), one older than its horizon whose message ID the dedup
+store does not hold is left alone as beyond-horizon: it may have been applied and
+its record purged since; -apply-beyond-horizon replays it anyway. -dry-run says what would be
 done and changes nothing. The summary counts dead-letter records (a message
 dead-lettered twice is two records) and then distinct origin messages.
 -json prints one JSON object: each dead letter's action and both counts.
@@ -83,6 +89,10 @@ func dlqCmd(ctx context.Context, cmd *command, args []string, out io.Writer) (er
 		fs.IntVar(&f.replayLimit, "replay-limit", dlq.ReplayLimitDefault, "rounds a dead letter gets before it is parked")
 		fs.DurationVar(&f.maxOutage, "max-outage", 0,
 			"give up when PostgreSQL or Kafka stays unreachable this long (0: wait for ever, logging the outage)")
+		fs.DurationVar(&f.retention, "retention", 0,
+			"the consumers' dedup retention: a dead letter past its horizon whose ID is not in the dedup store is left alone (0: not checked)")
+		fs.BoolVar(&f.applyOld, "apply-beyond-horizon", false,
+			"replay dead letters past the -retention horizon too (their message may have been applied before: only when applying twice is right)")
 	} else {
 		f.replayLimit = dlq.ReplayLimitDefault
 		f.red.register(fs)
@@ -105,6 +115,8 @@ func dlqCmd(ctx context.Context, cmd *command, args []string, out io.Writer) (er
 		return usagef("dlq %s: -replay-limit must be at least 1, not %d", sub, f.replayLimit)
 	case f.maxOutage < 0:
 		return usagef("dlq %s: -max-outage must be >= 0 (0: wait for ever), not %v", sub, f.maxOutage)
+	case f.retention < 0:
+		return usagef("dlq %s: -retention must be >= 0 (0: not checked), not %v", sub, f.retention)
 	}
 	if err := f.parseFilter(); err != nil {
 		return err
@@ -324,6 +336,14 @@ func (f *dlqFlags) inspect(ctx context.Context, kc kafkaconn.Config, out io.Writ
 	return nil
 }
 
+// horizonPolicy is the consumer.HorizonPolicy of -apply-beyond-horizon.
+func horizonPolicy(apply bool) consumer.HorizonPolicy {
+	if apply {
+		return consumer.HorizonApply
+	}
+	return consumer.HorizonFail
+}
+
 // replayItemJSON is one dead letter as replay -json prints it.
 type replayItemJSON struct {
 	Action    dlq.Action  `json:"action"`
@@ -360,7 +380,7 @@ func (f *dlqFlags) replay(ctx context.Context, kc kafkaconn.Config, out io.Write
 	r, err := dlq.NewReprocessor(pool, &dlq.ReprocessorConfig{
 		Kafka: kc, Topic: f.topic, Mode: dlq.Republish,
 		Schema: f.schema, Filter: f.filter, DryRun: f.dryRun, Rate: f.rate,
-		ReplayLimit: f.replayLimit, MaxOutage: f.maxOutage,
+		ReplayLimit: f.replayLimit, MaxOutage: f.maxOutage, Retention: f.retention, OnBeyondHorizon: horizonPolicy(f.applyOld),
 		Progress: func(it dlq.Item) {
 			if it.Action == dlq.Skipped {
 				return
