@@ -97,6 +97,18 @@
 // BeyondHorizon (with dedup.ErrPartitionDropped), records it and leaves it
 // alone; the run goes on.
 //
+// # State
+//
+// List reads a dead-letter topic and the replay records of its messages and
+// gives each dead letter its State — unresolved (no replay decided it),
+// replayed (republished; its consumer decides), applied, exhausted (its
+// replay rounds used up: the Parked action), superseded (it failed again,
+// and a later round stands for its message) or beyond-horizon — grouped
+// per origin message, whose state is that of its latest round. The copies
+// and rounds of one message count once: Listing.Count says how many
+// messages wait for a decision (`idemkit dlq list`, `idemkit status
+// -max-dlq`, and the otel module's idemkit_dlq_messages gauge use it).
+//
 // # Outages
 //
 // Run waits out PostgreSQL and Kafka outages (connection-class errors, see

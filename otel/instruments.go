@@ -18,6 +18,7 @@ const (
 	keyOp        = "op"
 	keyDLQTopic  = "dlq_topic"
 	keyAction    = "action"
+	keyState     = "state"
 )
 
 // consumerInstruments are the consumer's instruments. Their names, with
@@ -93,14 +94,18 @@ func newConsumerInstruments(m metric.Meter) (consumerInstruments, error) {
 type dlqInstruments struct {
 	writes   metric.Int64Counter // idemkit_dlq_writes_total
 	replayed metric.Int64Counter // idemkit_dlq_replayed_total
+	// Observed by each DeadLetterTopic's callback.
+	messages metric.Int64ObservableGauge // idemkit_dlq_messages
 }
 
 func newDLQInstruments(m metric.Meter) (dlqInstruments, error) {
 	var in dlqInstruments
-	var errs [2]error
+	var errs [3]error
 	in.writes, errs[0] = m.Int64Counter("idemkit.dlq.writes", metric.WithUnit("{message}"),
 		metric.WithDescription("Messages written to a dead-letter topic."))
 	in.replayed, errs[1] = m.Int64Counter("idemkit.dlq.replayed", metric.WithUnit("{message}"),
 		metric.WithDescription("Dead letters a reprocessor handled, by what it did with them."))
+	in.messages, errs[2] = m.Int64ObservableGauge("idemkit.dlq.messages", metric.WithUnit("{message}"),
+		metric.WithDescription("Origin messages of a dead-letter topic, by state (unresolved: no replay decided them)."))
 	return in, errors.Join(errs[:]...)
 }

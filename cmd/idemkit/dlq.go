@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -12,6 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/consumer"
@@ -38,11 +40,19 @@ type dlqFlags struct {
 }
 
 const dlqListHelp = `Lists the dead letters of a dead-letter topic (written by dlq.Writer), one line
-each: where it is (PARTITION/OFFSET), message ID, origin topic/partition/offset,
-replay round, error class, attempts, last failure and last error. It only reads.
+each, grouped per origin message: where it is (PARTITION/OFFSET), its state, message
+ID, origin topic/partition/offset, replay round, error class, attempts, last failure
+and last error. It only reads.
+The state comes from the replay records in PostgreSQL (-database, -schema):
+unresolved (no replay decided it), replayed (republished; its consumer decides),
+applied (redriven, or found applied), exhausted (its replay rounds are used up),
+superseded (it failed again and a later round stands for its message) or
+beyond-horizon (its ID can no longer be deduplicated). An origin message has the
+state of its latest round; the last line counts origin messages per state.
+Without a database the states are unknown (?).
 Error texts are redacted unless -show-payload: see below.
--json prints one JSON object: the dead letters shown (with their history) and the
-count read.`
+-json prints one JSON object: the dead letters shown (with their history, state and
+replay record), the origin messages, the count per state and the count read.`
 
 const dlqInspectHelp = `Shows one dead letter (or every one with the message ID): origin, consumer,
 key, value, the original headers and the history of its failures. It only reads.
@@ -81,6 +91,9 @@ func dlqCmd(ctx context.Context, cmd *command, args []string, out io.Writer) (er
 		fs.StringVar(&f.errText, "error", "", "select dead letters whose last error contains this text")
 		fs.StringVar(&f.since, "since", "", "select dead letters that last failed at or after this time (RFC 3339)")
 		fs.StringVar(&f.until, "until", "", "select dead letters that last failed before this time (RFC 3339)")
+	}
+	if sub == "list" {
+		f.registerDB(fs)
 	}
 	if sub == "replay" {
 		f.registerDB(fs)
@@ -176,6 +189,8 @@ func scanErr(err error, topic string) error {
 // letterJSON is a dead letter as -json prints it; key, value and header
 // values are redacted unless -show-payload.
 type letterJSON struct {
+	State     dlq.State     `json:"state,omitempty"`  // list: from the replay records
+	Replay    *dlq.Replay   `json:"replay,omitempty"` // list: its replay record
 	Topic     string        `json:"topic"`
 	Partition int           `json:"partition"`
 	Offset    int64         `json:"offset"`
@@ -215,56 +230,103 @@ func (f *dlqFlags) letter(m kafka.Message, d *dlq.DeadLetter, withPayload bool) 
 	return l
 }
 
-func (f *dlqFlags) list(ctx context.Context, kc kafkaconn.Config, out io.Writer) error {
-	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	if !f.json {
-		fmt.Fprintln(tw, "AT\tMESSAGE ID\tORIGIN\tROUND\tCLASS\tATTEMPTS\tLAST FAILURE\tERROR")
+// listMessageJSON is an origin message as list -json prints it.
+type listMessageJSON struct {
+	Origin      dlq.Origin `json:"origin"`
+	MessageID   string     `json:"message_id"`
+	Consumer    string     `json:"consumer"`
+	State       dlq.State  `json:"state"`
+	DeadLetters []string   `json:"dead_letters"` // PARTITION/OFFSET of each, in the order read
+}
+
+// stateOrder is the order in which list and status print states.
+var stateOrder = []dlq.State{dlq.StateUnresolved, dlq.StateReplayed, dlq.StateApplied, dlq.StateExhausted,
+	dlq.StateSuperseded, dlq.StateBeyondHorizon}
+
+// states says n in stateOrder ("2 unresolved, 1 applied").
+func states(n map[dlq.State]int) string {
+	parts := []string{}
+	for _, s := range stateOrder {
+		if n[s] > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", n[s], s))
+		}
 	}
-	n := 0
-	letters := []letterJSON{}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
+}
+
+func (f *dlqFlags) list(ctx context.Context, kc kafkaconn.Config, out io.Writer) (err error) {
+	var pool *pgxpool.Pool
+	if f.database != "" {
+		if pool, err = connectDB(ctx, f.database); err != nil {
+			return err
+		}
+		defer pool.Close()
+	}
+	l, err := dlq.List(ctx, pool, &dlq.ListConfig{Kafka: kc, Topic: f.topic, Schema: f.schema, Filter: f.filter, NoPayload: true})
+	if err != nil {
+		return f.dbErr(scanErr(err, f.topic))
+	}
+	state := func(s dlq.State) dlq.State { return cmp.Or(s, "?") }
 	type unreadable struct {
 		Partition int   `json:"partition"`
 		Offset    int64 `json:"offset"`
 	}
 	bad := []unreadable{}
-	err := dlq.Scan(ctx, kc, f.topic, func(m kafka.Message) error {
-		n++
-		d, err := dlq.Parse(m)
-		if err != nil {
-			bad = append(bad, unreadable{m.Partition, m.Offset})
-			if !f.json {
-				fmt.Fprintf(tw, "%d/%d\t-\t-\t-\t-\t-\t-\tnot an idemkit dead letter\n", m.Partition, m.Offset)
-			}
-			return nil
-		}
-		if !f.filter.Match(d) {
-			return nil
-		}
-		letters = append(letters, f.letter(m, d, false))
-		if f.json {
-			return nil
-		}
-		last := d.Last()
-		fmt.Fprintf(tw, "%d/%d\t%s\t%s/%d/%d\t%d\t%s\t%d\t%s\t%s\n", m.Partition, m.Offset, idOf(d),
-			d.Origin.Topic, d.Origin.Partition, d.Origin.Offset, d.Round, last.Class, last.Attempts,
-			last.LastFailure.Format(time.RFC3339), short(f.red.text(last.Error), 60))
-		return nil
-	})
-	if err != nil {
-		return scanErr(err, f.topic)
+	for _, m := range l.Unreadable {
+		bad = append(bad, unreadable{m.Partition, m.Offset})
 	}
 	if f.json {
+		letters, msgs := []letterJSON{}, []listMessageJSON{}
+		for _, m := range l.Messages {
+			mj := listMessageJSON{Origin: m.Origin, MessageID: m.MessageID, Consumer: m.Consumer, State: m.State}
+			for _, x := range m.Letters {
+				lj := f.letter(x.Message, x.DeadLetter, false)
+				lj.State, lj.Replay = x.State, x.Replay
+				letters = append(letters, lj)
+				mj.DeadLetters = append(mj.DeadLetters, fmt.Sprintf("%d/%d", x.Message.Partition, x.Message.Offset))
+			}
+			msgs = append(msgs, mj)
+		}
+		var count map[dlq.State]int
+		if pool != nil {
+			count = l.Count()
+		}
 		return writeJSON(out, struct {
-			Topic       string       `json:"topic"`
-			Read        int          `json:"read"`
-			DeadLetters []letterJSON `json:"dead_letters"`
-			Unreadable  []unreadable `json:"unreadable"`
-		}{f.topic, n, letters, bad})
+			Topic       string            `json:"topic"`
+			Read        int               `json:"read"`
+			DeadLetters []letterJSON      `json:"dead_letters"`
+			Messages    []listMessageJSON `json:"messages"`
+			States      map[dlq.State]int `json:"states"` // origin messages per state; null without a database
+			Unreadable  []unreadable      `json:"unreadable"`
+		}{f.topic, l.Read, letters, msgs, count, bad})
+	}
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "AT\tSTATE\tMESSAGE ID\tORIGIN\tROUND\tCLASS\tATTEMPTS\tLAST FAILURE\tERROR")
+	n := 0
+	for _, m := range l.Messages { // grouped per origin message
+		for _, x := range m.Letters {
+			n++
+			last := x.Last()
+			fmt.Fprintf(tw, "%d/%d\t%s\t%s\t%s/%d/%d\t%d\t%s\t%d\t%s\t%s\n", x.Message.Partition, x.Message.Offset,
+				state(x.State), idOf(x.DeadLetter), x.Origin.Topic, x.Origin.Partition, x.Origin.Offset, x.Round,
+				last.Class, last.Attempts, last.LastFailure.Format(time.RFC3339), short(f.red.text(last.Error), 60))
+		}
+	}
+	for _, b := range bad {
+		fmt.Fprintf(tw, "%d/%d\t-\t-\t-\t-\t-\t-\t-\tnot an idemkit dead letter\n", b.Partition, b.Offset)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "%d dead letter(s) shown of %d in %s\n", len(letters), n, f.topic)
+	fmt.Fprintf(out, "%d dead letter(s) of %d origin message(s) shown of %d record(s) in %s\n", n, len(l.Messages), l.Read, f.topic)
+	if pool == nil {
+		fmt.Fprintln(out, "states unknown (?): no database (-database or IDEMKIT_DATABASE_URL) to read the replay records from")
+	} else {
+		fmt.Fprintf(out, "origin messages: %s\n", states(l.Count()))
+	}
 	return nil
 }
 

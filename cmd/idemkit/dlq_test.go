@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -120,5 +121,90 @@ func TestCLIReplayCountsMessages(t *testing.T) {
 	out, errOut, code = cli(t, bin, env, append([]string{"dlq", "replay", "-topic", dead}, schema...)...)
 	if code != 0 || !strings.Contains(out, "replayed: 2 republished, 1 already-replayed\nper origin message (2): 2 republished\n") {
 		t.Fatalf("replay: code %d\n%s%s", code, out, errOut)
+	}
+}
+
+// TestCLIDeadLetterStates: `idemkit status -max-dlq` counts the origin
+// messages no replay decided, not the records of the topic: once every
+// dead letter was replayed it clears. `dlq list` shows each dead letter's
+// state, grouped per origin message.
+func TestCLIDeadLetterStates(t *testing.T) {
+	t.Parallel()
+	bin := binary(t)
+	db := testenv.NewDB(t, testenv.Migrate)
+	origin := testenv.NewTopic(t, 1)
+	suffix := "." + testenv.Name(t, "dead") // only this test's dead-letter topics
+	dead := origin + suffix
+	testenv.CreateTopic(t, dead, 1)
+	env := []string{
+		"IDEMKIT_DATABASE_URL=" + testenv.DatabaseURL(t),
+		"IDEMKIT_KAFKA_BROKERS=" + strings.Join(testenv.Brokers(t), ","),
+	}
+	w, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: testenv.Kafka(t), Group: "billing", Topic: dead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	for i, id := range []string{"inv-1", "inv-2", "inv-1"} { // inv-1 twice: a crash before its position moved
+		offset := []int64{0, 1, 0}[i]
+		m := &consumer.Message{ID: id, Message: kafka.Message{Topic: origin, Offset: offset, Key: []byte("k"), Value: []byte("v")}}
+		merr := &consumer.MessageError{Topic: origin, Offset: offset, ID: id, Attempts: 1, Class: retry.ClassPermanent,
+			FirstFailure: now, LastFailure: now, Err: errors.New("tax service timeout")}
+		if err := w.OnFailure(context.Background(), m, merr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	schema := []string{"-schema", db.Schema}
+	status := append([]string{"status", "-dlq-suffix", suffix, "-max-lag", "-1", "-max-outbox-age", "-1s", "-max-dlq", "0"}, schema...)
+
+	out, errOut, code := cli(t, bin, env, status...)
+	if code != exitThreshold || !strings.Contains(out, "dead-letter topic "+dead+": 2 unresolved origin messages > 0") {
+		t.Fatalf("status before the replay: exit %d, want %d\n%s%s", code, exitThreshold, out, errOut)
+	}
+	if out, errOut, code := cli(t, bin, env, append([]string{"dlq", "replay", "-topic", dead}, schema...)...); code != 0 {
+		t.Fatalf("replay: exit %d\n%s%s", code, out, errOut)
+	}
+	out, errOut, code = cli(t, bin, env, status...)
+	if code != 0 || !strings.Contains(out, "2 replayed") {
+		t.Fatalf("status after every dead letter was replayed: exit %d, want 0\n%s%s", code, out, errOut)
+	}
+
+	out, errOut, code = cli(t, bin, env, append([]string{"dlq", "list", "-topic", dead}, schema...)...)
+	lines := strings.Split(out, "\n")
+	if code != 0 || len(lines) < 4 || !strings.Contains(lines[0], "STATE") ||
+		!strings.HasPrefix(lines[1], "0/0  replayed  inv-1") || !strings.HasPrefix(lines[2], "0/2  replayed  inv-1") ||
+		!strings.HasPrefix(lines[3], "0/1  replayed  inv-2") ||
+		!strings.Contains(out, "3 dead letter(s) of 2 origin message(s) shown of 3 record(s)") ||
+		!strings.Contains(out, "origin messages: 2 replayed") {
+		t.Fatalf("list: exit %d\n%s%s", code, out, errOut)
+	}
+	out, errOut, code = cli(t, bin, env, append([]string{"dlq", "list", "-topic", dead, "-json"}, schema...)...)
+	var got struct {
+		DeadLetters []struct {
+			State  string `json:"state"`
+			Replay *struct {
+				Outcome string `json:"outcome"`
+			} `json:"replay"`
+		} `json:"dead_letters"`
+		Messages []struct {
+			MessageID   string   `json:"message_id"`
+			State       string   `json:"state"`
+			DeadLetters []string `json:"dead_letters"`
+		} `json:"messages"`
+		States map[string]int `json:"states"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &got) != nil || len(got.DeadLetters) != 3 ||
+		got.DeadLetters[0].State != "replayed" || got.DeadLetters[0].Replay == nil || got.DeadLetters[0].Replay.Outcome != "republished" ||
+		len(got.Messages) != 2 || got.Messages[0].MessageID != "inv-1" || !slices.Equal(got.Messages[0].DeadLetters, []string{"0/0", "0/2"}) ||
+		!maps.Equal(got.States, map[string]int{"replayed": 2}) {
+		t.Fatalf("list -json: exit %d\n%s%s", code, out, errOut)
+	}
+	// Without a database the states are unknown, and said so.
+	out, errOut, code = cli(t, bin, []string{"IDEMKIT_KAFKA_BROKERS=" + strings.Join(testenv.Brokers(t), ",")}, "dlq", "list", "-topic", dead)
+	if code != 0 || !strings.Contains(out, "0/0  ?") || !strings.Contains(out, "states unknown") {
+		t.Fatalf("list without a database: exit %d\n%s%s", code, out, errOut)
 	}
 }

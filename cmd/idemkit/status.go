@@ -20,14 +20,17 @@ import (
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/idemhttp"
 	"github.com/idemkit/idemkit/internal/kafkaoffsets"
+	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
 )
 
 const statusHelp = `One screen on everything idemkit keeps: per consumer and topic, the
 partitions, the lag (stable log end minus the PostgreSQL position), the
-parked messages and the oldest; the depth of each dead-letter topic (from
-its offsets: nothing is read); the outbox backlog, its oldest message and
+parked messages and the oldest; per dead-letter topic, its records (from
+its offsets) and its origin messages per state (it reads the topic and
+the replay records: see idemkit dlq list -h), the unresolved ones checked
+against -max-dlq; the outbox backlog, its oldest message and
 the parked ones; the HTTP idempotency records stuck in flight; the age of
 the oldest processed-message record per consumer (against -retention).
 A table that does not exist is reported as such (not an error).
@@ -91,8 +94,16 @@ type partitionStatus struct {
 }
 
 type deadLetterTopic struct {
-	Topic    string `json:"topic"`
-	Messages int64  `json:"messages"`
+	Topic string `json:"topic"`
+	// Messages counts the records (the depth, from the offsets).
+	Messages int64 `json:"messages"`
+	// Unresolved counts the origin messages no replay decided: nil when
+	// the replay records could not be read.
+	Unresolved *int `json:"unresolved"`
+	// States counts the origin messages per state.
+	States map[dlq.State]int `json:"states"`
+	// Unreadable counts the records that are not idemkit dead letters.
+	Unreadable int `json:"unreadable"`
 }
 
 type outboxStatus struct {
@@ -119,7 +130,7 @@ func statusCmd(ctx context.Context, cmd *command, args []string, out io.Writer) 
 	fs.DurationVar(&f.maxParkedAge, "max-parked-age", time.Hour, "threshold: oldest parked consumer message")
 	fs.DurationVar(&f.maxOutboxAge, "max-outbox-age", 5*time.Minute, "threshold: oldest unpublished outbox message")
 	fs.IntVar(&f.maxStuck, "max-stuck", 0, "threshold: most idempotency records stuck in flight")
-	fs.Int64Var(&f.maxDLQ, "max-dlq", -1, "threshold: most messages in a dead-letter topic")
+	fs.Int64Var(&f.maxDLQ, "max-dlq", -1, "threshold: most unresolved origin messages in a dead-letter topic")
 	fs.DurationVar(&f.retention, "retention", 0, "the consumers' dedup retention: records older than 1.25× it cross a threshold (0: not checked)")
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -131,7 +142,7 @@ func statusCmd(ctx context.Context, cmd *command, args []string, out io.Writer) 
 	if f.retention < 0 {
 		return usagef("status: -retention must not be negative")
 	}
-	_, client, closeKafka, err := f.dialKafka(ctx)
+	kc, client, closeKafka, err := f.dialKafka(ctx)
 	if err != nil {
 		return err
 	}
@@ -147,7 +158,7 @@ func statusCmd(ctx context.Context, cmd *command, args []string, out io.Writer) 
 	if err := f.consumers(ctx, pool, client, rep); err != nil {
 		return err
 	}
-	if err := f.deadLetters(ctx, client, rep); err != nil {
+	if err := f.deadLetters(ctx, kc, pool, client, rep); err != nil {
 		return err
 	}
 	if err := f.outbox(ctx, pool, rep); err != nil {
@@ -313,8 +324,9 @@ func (f *statusFlags) consumers(ctx context.Context, pool *pgxpool.Pool, client 
 }
 
 // deadLetters sums the messages of each dead-letter topic from its log
-// range.
-func (f *statusFlags) deadLetters(ctx context.Context, client *kafka.Client, rep *statusReport) error {
+// range, and reads it to count its origin messages per state.
+func (f *statusFlags) deadLetters(ctx context.Context, kc kafkaconn.Config, pool *pgxpool.Pool, client *kafka.Client,
+	rep *statusReport) error {
 	if f.dlqSuffix == "" {
 		return nil
 	}
@@ -338,7 +350,20 @@ func (f *statusFlags) deadLetters(ctx context.Context, client *kafka.Client, rep
 		for _, r := range ranges {
 			n += r.End - r.Start
 		}
-		rep.DeadLetters = append(rep.DeadLetters, deadLetterTopic{Topic: t.Name, Messages: n})
+		dt := deadLetterTopic{Topic: t.Name, Messages: n}
+		l, err := dlq.List(ctx, pool, &dlq.ListConfig{Kafka: kc, Topic: t.Name, Schema: f.schema, NoPayload: true})
+		switch {
+		case errors.Is(err, dlq.ErrNotMigrated):
+			if !slices.Contains(rep.Notes, noReplaysNote) {
+				rep.Notes = append(rep.Notes, noReplaysNote)
+			}
+		case err != nil:
+			return fmt.Errorf("read dead-letter topic %s: %w", t.Name, err)
+		default:
+			dt.States, dt.Unreadable = l.Count(), len(l.Unreadable)
+			dt.Unresolved = ptr(dt.States[dlq.StateUnresolved])
+		}
+		rep.DeadLetters = append(rep.DeadLetters, dt)
 	}
 	slices.SortFunc(rep.DeadLetters, func(a, b deadLetterTopic) int { return strings.Compare(a.Topic, b.Topic) })
 	return nil
@@ -361,6 +386,9 @@ func (f *statusFlags) outbox(ctx context.Context, pool *pgxpool.Pool, rep *statu
 		Parked: int64(st.Parked)}
 	return nil
 }
+
+// noReplaysNote says why dead letters have no state.
+const noReplaysNote = "no dead-letter replay records table: states of dead letters unknown (run idemkit migrate up)"
 
 // oldestRecordTimeout bounds the search for a consumer's oldest record.
 const oldestRecordTimeout = 5 * time.Second
@@ -400,8 +428,8 @@ func (f *statusFlags) check(rep *statusReport) {
 		}
 	}
 	for _, d := range rep.DeadLetters {
-		if f.maxDLQ >= 0 && d.Messages > f.maxDLQ {
-			cross("dead-letter topic %s: %d messages > %d", d.Topic, d.Messages, f.maxDLQ)
+		if f.maxDLQ >= 0 && d.Unresolved != nil && int64(*d.Unresolved) > f.maxDLQ {
+			cross("dead-letter topic %s: %d unresolved origin messages > %d", d.Topic, *d.Unresolved, f.maxDLQ)
 		}
 	}
 	if o := rep.Outbox; o != nil && f.maxOutboxAge >= 0 && o.Backlog > 0 && o.OldestAgeSeconds > f.maxOutboxAge.Seconds() {
@@ -437,9 +465,16 @@ func printStatus(out io.Writer, rep *statusReport) error {
 		fmt.Fprintln(w, "(no consumer has a position yet)")
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "DEAD-LETTER TOPIC\tMESSAGES")
+	fmt.Fprintln(w, "DEAD-LETTER TOPIC\tRECORDS\tUNRESOLVED\tORIGIN MESSAGES")
 	for _, d := range rep.DeadLetters {
-		fmt.Fprintf(w, "%s\t%d\n", d.Topic, d.Messages)
+		unresolved, st := "?", "unknown"
+		if d.Unresolved != nil {
+			unresolved, st = fmt.Sprint(*d.Unresolved), states(d.States)
+		}
+		if d.Unreadable > 0 {
+			st += fmt.Sprintf("; %d unreadable record(s)", d.Unreadable)
+		}
+		fmt.Fprintf(w, "%s\t%d\t%s\t%s\n", d.Topic, d.Messages, unresolved, st)
 	}
 	if len(rep.DeadLetters) == 0 {
 		fmt.Fprintln(w, "(none)")
