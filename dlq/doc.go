@@ -20,6 +20,18 @@
 // once when it starts and once with its duration when it ends; past
 // WriterConfig.MaxOutage (default: no bound) it returns a *retry.OutageError.
 //
+// WriterConfig.Routes send failures to dead-letter topics by error, as a
+// destination resolver does: the first Route whose Match reports true for
+// the message and its error chooses the topic (RouteErrors matches with
+// errors.Is), e.g. validation errors to "orders.invalid"; the rest go to
+// Topic. Writer.Topics lists every destination. A dead letter keeps its
+// origin, round and history wherever it goes: a Redrive that fails again
+// goes where the consumer would send it (ReprocessorConfig.Destination:
+// Writer.Route), a republished message that fails again goes through the
+// consumer's Writer, and replay records are keyed by origin and round, not
+// by topic. List several destinations together (ListConfig.Topics) to group
+// a message's rounds; replay each destination with its own Reprocessor.
+//
 // A crash after the dead-letter write and before the position commit makes
 // the consumer fail the message again after restart and dead-letter it a
 // second time. Both copies carry the same origin and replay round, and the

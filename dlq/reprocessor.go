@@ -83,6 +83,13 @@ type ReprocessorConfig struct {
 	Kafka kafkaconn.Config
 	// Topic is the dead-letter topic to replay.
 	Topic string
+	// Destination chooses the dead-letter topic a dead letter that fails
+	// again in Redrive mode is written back to, from the message and its
+	// new failure (a *consumer.MessageError): give it the consumer's
+	// Writer.Route, so that it goes where the consumer would send it (its
+	// lineage, origin and history, goes with it). In Republish mode the
+	// consumer's Writer routes. Defaults to Topic.
+	Destination func(msg *consumer.Message, err error) string
 	// Mode is Redrive or Republish.
 	Mode Mode
 	// Handler re-runs a message in Redrive mode: the consumer's handler.
@@ -639,11 +646,22 @@ func (rn *run) redrive(ctx context.Context, d *DeadLetter) (Action, error, error
 		return Parked, herr, rn.record(ctx, d, Parked, f.Error)
 	}
 	next := build(d.Message, d.Origin, d.Group, d.Consumer, d.MessageID, d.History, f)
-	next.Topic = rn.cfg.Topic
+	next.Topic = rn.destination(msg, herr, class, f)
 	if err := rn.back.write(ctx, next, rn.kafka); err != nil {
 		return "", nil, err
 	}
 	return FailedAgain, herr, rn.record(ctx, d, FailedAgain, f.Error)
+}
+
+// destination is the dead-letter topic of msg, which failed again with
+// herr (f): Destination's choice, or Topic.
+func (rn *run) destination(msg *consumer.Message, herr error, class retry.Class, f Failure) string {
+	if rn.cfg.Destination == nil {
+		return rn.cfg.Topic
+	}
+	merr := &consumer.MessageError{Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset, ID: msg.ID,
+		Attempts: f.Attempts, Class: class, FirstFailure: f.FirstFailure, LastFailure: f.LastFailure, Err: herr}
+	return cmp.Or(rn.cfg.Destination(msg, merr), rn.cfg.Topic)
 }
 
 // redriveTx is one attempt: a transaction that records the replay, claims

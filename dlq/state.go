@@ -78,15 +78,16 @@ type OriginMessage struct {
 	Origin    Origin
 	MessageID string
 	Consumer  string
-	// State is the state of its dead letters of the highest round read.
+	// State is the state of its dead letters of the highest round read
+	// (see Latest).
 	State State
 	// Letters holds its dead letters in the order read.
 	Letters []Letter
 }
 
-// Listing is what List found in a dead-letter topic.
+// Listing is what List found in dead-letter topics.
 type Listing struct {
-	Topic string
+	Topics []string
 	// Read counts the records read.
 	Read int
 	// Messages holds the origin messages with a dead letter the filter
@@ -105,12 +106,44 @@ func (l *Listing) Count() map[State]int {
 	return n
 }
 
-// ListConfig configures List. Kafka.Brokers and Topic are required.
+// CountByTopic returns, per dead-letter topic, how many origin messages are
+// in each state, each message counted once: in the topic of its dead letter
+// of the highest round (its first copy), where a replay would take it. Every
+// topic listed has an entry.
+func (l *Listing) CountByTopic() map[string]map[State]int {
+	n := map[string]map[State]int{}
+	for _, t := range l.Topics {
+		n[t] = map[State]int{}
+	}
+	for _, m := range l.Messages {
+		t := m.Latest().Message.Topic
+		if n[t] == nil {
+			n[t] = map[State]int{}
+		}
+		n[t][m.State]++
+	}
+	return n
+}
+
+// Latest returns m's dead letter of the highest round: the first copy read.
+func (m *OriginMessage) Latest() *Letter {
+	top := &m.Letters[0]
+	for i := range m.Letters {
+		if m.Letters[i].Round > top.Round {
+			top = &m.Letters[i]
+		}
+	}
+	return top
+}
+
+// ListConfig configures List. Kafka.Brokers and Topics are required.
 type ListConfig struct {
 	// Kafka is how to reach the cluster (see package kafkaconn).
 	Kafka kafkaconn.Config
-	// Topic is the dead-letter topic to list.
-	Topic string
+	// Topics are the dead-letter topics to list, read one after the other:
+	// the destinations of a Writer with Routes (Writer.Topics), so that the
+	// rounds of a message dead-lettered to several of them group together.
+	Topics []string
 	// Schema holds the replay records table (see package migrate).
 	// Defaults to "public".
 	Schema string
@@ -125,28 +158,28 @@ type ListConfig struct {
 	NoPayload bool
 }
 
-// List reads a dead-letter topic from its start to the end it has when List
-// starts (as Scan) and the replay records of its messages in pool (one
+// List reads dead-letter topics, each from its start to the end it has when
+// List reaches it (as Scan), and the replay records of its messages in pool (one
 // query per few thousand origin messages), and returns each dead letter
 // with its state, grouped per origin message. It only reads. A missing
-// topic is ErrNoTopic; a missing replay records table wraps ErrNotMigrated.
+// topic is ErrNoTopic (naming it); a missing replay records table wraps ErrNotMigrated.
 // It holds what it read in memory (see ListConfig.NoPayload). With a nil
 // pool no replay record is read and every State is left empty: unknown.
 func List(ctx context.Context, pool *pgxpool.Pool, cfg *ListConfig) (*Listing, error) {
 	switch {
 	case cfg == nil:
 		return nil, fmt.Errorf("%w: nil config", ErrInvalidConfig)
-	case cfg.Topic == "":
-		return nil, fmt.Errorf("%w: Topic is empty", ErrInvalidConfig)
+	case len(cfg.Topics) == 0 || slices.Contains(cfg.Topics, ""):
+		return nil, fmt.Errorf("%w: Topics is empty or holds an empty name", ErrInvalidConfig)
 	}
 	tables := migrate.Config{Schema: cfg.Schema, Tables: cfg.Tables}.WithDefaults()
 	if err := tables.Validate(); err != nil {
 		return nil, err
 	}
 	replays := pgx.Identifier{tables.Schema, tables.Tables.DLQReplays}.Sanitize()
-	l := &Listing{Topic: cfg.Topic}
+	l := &Listing{Topics: slices.Clone(cfg.Topics)}
 	index := map[originKey]int{}
-	err := Scan(ctx, cfg.Kafka, cfg.Topic, func(m kafka.Message) error {
+	read := func(m kafka.Message) error {
 		l.Read++
 		d, err := Parse(m)
 		if err != nil {
@@ -168,12 +201,15 @@ func List(ctx context.Context, pool *pgxpool.Pool, cfg *ListConfig) (*Listing, e
 		}
 		l.Messages[i].Letters = append(l.Messages[i].Letters, Letter{DeadLetter: d})
 		return nil
-	})
-	if err != nil {
-		return nil, err
+	}
+	for _, topic := range cfg.Topics {
+		if err := Scan(ctx, cfg.Kafka, topic, read); err != nil {
+			return nil, err
+		}
 	}
 	var records map[originKey]map[int]*Replay
 	if pool != nil {
+		var err error
 		if records, err = readReplays(ctx, pool, replays, l.Messages); err != nil {
 			return nil, err
 		}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -69,10 +70,14 @@ type WriterConfig struct {
 	// package kafkaconn). The writer makes its transport from it and closes
 	// it in Close.
 	Kafka kafkaconn.Config
-	// Topic is the dead-letter topic. Defaults to the origin topic with
-	// ".dlq" appended. It must exist: the writer never creates it (see
-	// CreateTopic).
+	// Topic is the dead-letter topic of the failures no Route matches.
+	// Defaults to the origin topic with ".dlq" appended. It must exist: the
+	// writer never creates it (see CreateTopic).
 	Topic string
+	// Routes send failures to dead-letter topics by error: the first Route
+	// whose Match reports true chooses the topic; a failure none matches
+	// goes to Topic. Each topic must exist. Defaults to none.
+	Routes []Route
 	// Group and Consumer are recorded in the headers: the consumer group and
 	// the dedup name of the consumer that gave up. Consumer defaults to Group.
 	Group, Consumer string
@@ -90,6 +95,26 @@ type WriterConfig struct {
 	MaxOutage time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+}
+
+// Route sends the failures it matches to a dead-letter topic of their own
+// (see WriterConfig.Routes), e.g. validation errors to "orders.invalid".
+type Route struct {
+	// Topic is the dead-letter topic.
+	Topic string
+	// Match reports whether a failure goes to Topic. err is the error
+	// OnFailure got: from the consumer, a *consumer.MessageError wrapping
+	// the handler's (errors.Is and errors.As see through it). Match must
+	// not block; a Match that panics counts as no match (logged).
+	Match func(msg *consumer.Message, err error) bool
+}
+
+// RouteErrors is a Route to topic for the failures whose error matches one
+// of targets (errors.Is).
+func RouteErrors(topic string, targets ...error) Route {
+	return Route{Topic: topic, Match: func(_ *consumer.Message, err error) bool {
+		return slices.ContainsFunc(targets, func(t error) bool { return errors.Is(err, t) })
+	}}
 }
 
 // Writer publishes messages that failed for good to a dead-letter topic, with
@@ -129,7 +154,13 @@ func newWriter(cfg *WriterConfig) (*Writer, error) {
 	if cfg.MaxOutage < 0 {
 		return nil, fmt.Errorf("%w: MaxOutage must not be negative", ErrInvalidConfig)
 	}
+	for i, r := range cfg.Routes {
+		if r.Topic == "" || r.Match == nil {
+			return nil, fmt.Errorf("%w: Routes[%d] needs a Topic and a Match", ErrInvalidConfig, i)
+		}
+	}
 	c := *cfg
+	c.Routes = slices.Clone(c.Routes)
 	c.Consumer = cmp.Or(c.Consumer, c.Group)
 	if c.Retry == nil {
 		c.Retry = &retry.Policy{MaxAttempts: -1, MaxElapsedTime: -1}
@@ -159,9 +190,51 @@ func (w *Writer) Close() error {
 	return err
 }
 
-// TopicFor returns the dead-letter topic for messages from origin.
+// TopicFor returns the dead-letter topic for messages from origin that no
+// Route matches.
 func (w *Writer) TopicFor(origin string) string {
 	return cmp.Or(w.cfg.Topic, origin+TopicSuffixDefault)
+}
+
+// Topics returns every dead-letter topic messages from origin may go to:
+// the Routes' topics, in order, then TopicFor(origin), each once. List them
+// all to see, count or replay every destination (dlq.ListConfig.Topics,
+// `idemkit dlq list -topic a,b`).
+func (w *Writer) Topics(origin string) []string {
+	var out []string
+	for _, r := range w.cfg.Routes {
+		if !slices.Contains(out, r.Topic) {
+			out = append(out, r.Topic)
+		}
+	}
+	if t := w.TopicFor(origin); !slices.Contains(out, t) {
+		out = append(out, t)
+	}
+	return out
+}
+
+// Route returns the dead-letter topic OnFailure writes msg to for err:
+// the first Route that matches, else TopicFor(msg.Topic). It is a
+// ReprocessorConfig.Destination.
+func (w *Writer) Route(msg *consumer.Message, err error) string {
+	for i, r := range w.cfg.Routes {
+		if w.match(r, i, msg, err) {
+			return r.Topic
+		}
+	}
+	return w.TopicFor(msg.Topic)
+}
+
+// match is r.Match, a panic counting as no match.
+func (w *Writer) match(r Route, i int, msg *consumer.Message, err error) (ok bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			w.cfg.Logger.Error("dead-letter route panicked; trying the next one", "route", i, "topic", r.Topic,
+				"message_id", msg.ID, "panic", fmt.Sprint(v))
+			ok = false
+		}
+	}()
+	return r.Match(msg, err)
 }
 
 // OnFailure writes msg to the dead-letter topic and returns nil once the
@@ -194,7 +267,7 @@ func (w *Writer) OnFailure(ctx context.Context, msg *consumer.Message, err error
 		origin, history = lin.Origin, lin.History
 	}
 	dl := build(msg.Message, origin, w.cfg.Group, w.cfg.Consumer, msg.ID, history, f)
-	dl.Topic = w.TopicFor(msg.Topic)
+	dl.Topic = w.Route(msg, merr)
 	wait := &outage.Waiter{Op: "write to " + dl.Topic + ": kafka", Log: w.cfg.Logger, Max: w.cfg.MaxOutage}
 	return w.write(ctx, dl, wait)
 }

@@ -3,6 +3,7 @@ package idemotel_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"testing"
 	"time"
@@ -41,7 +42,7 @@ func TestDeadLetterStates(t *testing.T) {
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	g, err := e.tel.ObserveDeadLetters(e.db.Pool, &dlq.ListConfig{Kafka: testenv.Kafka(t), Topic: dead, Schema: e.db.Schema})
+	g, err := e.tel.ObserveDeadLetters(e.db.Pool, &dlq.ListConfig{Kafka: testenv.Kafka(t), Topics: []string{dead}, Schema: e.db.Schema})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,5 +76,44 @@ func TestDeadLetterStates(t *testing.T) {
 	}
 	if got := points(t, e.collect(), "idemkit.dlq.messages"); len(got) != 0 {
 		t.Fatalf("after Close: %v, want no points", got)
+	}
+}
+
+// TestDeadLetterWritesPerDestination: with a Writer's Routes, each write is
+// counted under the dead-letter topic it went to, and every destination
+// starts at zero.
+func TestDeadLetterWritesPerDestination(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, 1)
+	dead, invalid := e.topic+dlq.TopicSuffixDefault, e.topic+".invalid"
+	testenv.CreateTopic(t, dead, 1)
+	testenv.CreateTopic(t, invalid, 1)
+	errInvalid := errors.New("invalid")
+	w, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: testenv.Kafka(t), Group: e.group,
+		Routes: []dlq.Route{dlq.RouteErrors(invalid, errInvalid)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	c, err := e.tel.Consumer(e.config(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	onFailure := c.DeadLetters(w)
+	with := func(dlqTopic string) string { return lbl("consumer", e.group, "topic", e.topic, "dlq_topic", dlqTopic) }
+	if got := points(t, e.collect(), "idemkit.dlq.writes"); !maps.Equal(got, map[string]float64{with(invalid): 0, with(dead): 0}) {
+		t.Fatalf("before any write: %v", got)
+	}
+	now := time.Now()
+	for i, cause := range []error{errInvalid, errors.New("bug"), errInvalid} {
+		m := &consumer.Message{ID: fmt.Sprint("m", i), Message: kafka.Message{Topic: e.topic, Offset: int64(i), Value: []byte("v")}}
+		if err := onFailure(ctx, m, &consumer.MessageError{Topic: e.topic, Offset: int64(i), ID: m.ID, Attempts: 1,
+			Class: retry.ClassPermanent, FirstFailure: now, LastFailure: now, Err: cause}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := points(t, e.collect(), "idemkit.dlq.writes"); !maps.Equal(got, map[string]float64{with(invalid): 2, with(dead): 1}) {
+		t.Fatalf("writes %v, want 2 to %s and 1 to %s", got, invalid, dead)
 	}
 }

@@ -3,6 +3,8 @@ package idemotel
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -42,18 +44,18 @@ func (t *Telemetry) Reprocessor(cfg *dlq.ReprocessorConfig) error {
 	return nil
 }
 
-// DeadLetterTopic observes the state of one dead-letter topic; see
+// DeadLetterTopics observes the state of dead-letter topics; see
 // Telemetry.ObserveDeadLetters.
-type DeadLetterTopic struct {
+type DeadLetterTopics struct {
 	t     *Telemetry
 	pool  *pgxpool.Pool
 	cfg   dlq.ListConfig
-	attrs map[dlq.State]attrOpts
+	attrs map[string]map[dlq.State]attrOpts // per topic and state
 
 	mu     sync.Mutex // one read at a time, whatever the scrapes
 	at     time.Time  // when the last answer (or failure) came
 	ok     bool       // the last read succeeded
-	counts map[dlq.State]int
+	counts map[string]map[dlq.State]int
 	reg    metric.Registration
 }
 
@@ -63,32 +65,41 @@ var deadLetterStates = []dlq.State{dlq.StateUnresolved, dlq.StateReplayed, dlq.S
 	dlq.StateSuperseded, dlq.StateBeyondHorizon}
 
 // ObserveDeadLetters registers the gauge idemkit_dlq_messages{dlq_topic,state}:
-// the origin messages of the dead-letter topic cfg.Topic per state (see
+// the origin messages of the dead-letter topics cfg.Topics per state (see
 // dlq.State; a message dead-lettered twice, or in several rounds, counts
-// once), every state observed. Alert on state="unresolved": the messages
-// no replay decided, which a topic's depth does not tell (it keeps the
-// replayed ones). At each collection it reads the topic and the replay
+// once, in the topic of its latest round: see dlq.Listing.CountByTopic),
+// every topic and state observed. List every destination of a dlq.Writer
+// with Routes (Writer.Topics) in one call, so that a message whose rounds
+// went to several of them counts once. Alert on state="unresolved": the
+// messages no replay decided, which a topic's depth does not tell (it keeps
+// the replayed ones). At each collection it reads the topics and the replay
 // records in pool with dlq.List (without payloads) when its last answer is
-// older than Config.QueryInterval, bounded by Config.QueryTimeout (a topic
-// of many dead letters needs a longer one); a read that fails leaves the
+// older than Config.QueryInterval, bounded by Config.QueryTimeout (topics
+// of many dead letters need a longer one); a read that fails leaves the
 // gauge out until the next read and is reported to otel.Handle. Close
 // unregisters the gauge.
-func (t *Telemetry) ObserveDeadLetters(pool *pgxpool.Pool, cfg *dlq.ListConfig) (*DeadLetterTopic, error) {
+func (t *Telemetry) ObserveDeadLetters(pool *pgxpool.Pool, cfg *dlq.ListConfig) (*DeadLetterTopics, error) {
 	switch {
 	case pool == nil:
 		return nil, fmt.Errorf("%w: nil pool", ErrInvalidConfig)
-	case cfg == nil || cfg.Topic == "":
-		return nil, fmt.Errorf("%w: a dead-letter topic is needed", ErrInvalidConfig)
+	case cfg == nil || len(cfg.Topics) == 0:
+		return nil, fmt.Errorf("%w: dead-letter topics are needed", ErrInvalidConfig)
 	}
-	d := &DeadLetterTopic{t: t, pool: pool, cfg: *cfg, attrs: map[dlq.State]attrOpts{}}
+	d := &DeadLetterTopics{t: t, pool: pool, cfg: *cfg, attrs: map[string]map[dlq.State]attrOpts{}}
+	d.cfg.Topics = slices.Clone(cfg.Topics)
 	d.cfg.NoPayload, d.cfg.Filter = true, dlq.Filter{}
-	for _, s := range deadLetterStates {
-		d.attrs[s] = attrs(keyDLQTopic, cfg.Topic, keyState, string(s))
+	for _, topic := range d.cfg.Topics {
+		d.attrs[topic] = map[dlq.State]attrOpts{}
+		for _, s := range deadLetterStates {
+			d.attrs[topic][s] = attrs(keyDLQTopic, topic, keyState, string(s))
+		}
 	}
 	reg, err := t.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		if counts, ok := d.read(ctx); ok {
-			for _, s := range deadLetterStates {
-				o.ObserveInt64(t.dlq.messages, int64(counts[s]), d.attrs[s].obs...)
+			for _, topic := range d.cfg.Topics {
+				for _, s := range deadLetterStates {
+					o.ObserveInt64(t.dlq.messages, int64(counts[topic][s]), d.attrs[topic][s].obs...)
+				}
 			}
 		}
 		return nil
@@ -100,9 +111,9 @@ func (t *Telemetry) ObserveDeadLetters(pool *pgxpool.Pool, cfg *dlq.ListConfig) 
 	return d, nil
 }
 
-// read returns the counts per state, read again when the last read is
-// older than QueryInterval; false when the last read failed.
-func (d *DeadLetterTopic) read(ctx context.Context) (map[dlq.State]int, bool) {
+// read returns the counts per topic and state, read again when the last
+// read is older than QueryInterval; false when the last read failed.
+func (d *DeadLetterTopics) read(ctx context.Context) (map[string]map[dlq.State]int, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.at.IsZero() || time.Since(d.at) >= d.t.cfg.QueryInterval {
@@ -111,16 +122,16 @@ func (d *DeadLetterTopic) read(ctx context.Context) (map[dlq.State]int, bool) {
 		cancel()
 		d.at, d.ok = time.Now(), err == nil
 		if err != nil {
-			otel.Handle(fmt.Errorf("idemotel: read dead-letter topic %s: %w", d.cfg.Topic, err))
+			otel.Handle(fmt.Errorf("idemotel: read dead-letter topics %s: %w", strings.Join(d.cfg.Topics, ", "), err))
 			return nil, false
 		}
-		d.counts = l.Count()
+		d.counts = l.CountByTopic()
 	}
 	return d.counts, d.ok
 }
 
 // Close unregisters the gauge.
-func (d *DeadLetterTopic) Close() error {
+func (d *DeadLetterTopics) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.reg == nil {

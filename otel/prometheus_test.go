@@ -197,7 +197,7 @@ func TestPrometheusNames(t *testing.T) {
 	if _, err := rp.Run(ctx); err != nil {
 		t.Fatal(err)
 	}
-	dl, err := tel.ObserveDeadLetters(e.db.Pool, &dlq.ListConfig{Kafka: testenv.Kafka(t), Topic: dlqTopic,
+	dl, err := tel.ObserveDeadLetters(e.db.Pool, &dlq.ListConfig{Kafka: testenv.Kafka(t), Topics: []string{dlqTopic},
 		Schema: e.store.Tables().Schema, Tables: e.store.Tables().Tables})
 	if err != nil {
 		t.Fatal(err)

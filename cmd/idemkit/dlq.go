@@ -39,8 +39,9 @@ type dlqFlags struct {
 	offset          int64
 }
 
-const dlqListHelp = `Lists the dead letters of a dead-letter topic (written by dlq.Writer), one line
-each, grouped per origin message: where it is (PARTITION/OFFSET), its state, message
+const dlqListHelp = `Lists the dead letters of dead-letter topics (written by dlq.Writer; -topic a,b
+lists several, e.g. every destination of a Writer with Routes, so that a message's
+rounds in several of them group together), one line each, grouped per origin message: where it is (PARTITION/OFFSET), its state, message
 ID, origin topic/partition/offset, replay round, error class, attempts, last failure
 and last error. It only reads.
 The state comes from the replay records in PostgreSQL (-database, -schema):
@@ -81,7 +82,11 @@ func dlqCmd(ctx context.Context, cmd *command, args []string, out io.Writer) (er
 	fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
 	var f dlqFlags
 	f.registerKafka(fs)
-	fs.StringVar(&f.topic, "topic", "", "dead-letter topic (required)")
+	if sub == "list" {
+		fs.StringVar(&f.topic, "topic", "", "dead-letter topics, comma-separated (required)")
+	} else {
+		fs.StringVar(&f.topic, "topic", "", "dead-letter topic (required)")
+	}
 	fs.StringVar(&f.id, "message-id", "", "select this message ID")
 	fs.StringVar(&f.id, "id", "", "same as -message-id")
 	if sub == "inspect" {
@@ -236,7 +241,7 @@ type listMessageJSON struct {
 	MessageID   string     `json:"message_id"`
 	Consumer    string     `json:"consumer"`
 	State       dlq.State  `json:"state"`
-	DeadLetters []string   `json:"dead_letters"` // PARTITION/OFFSET of each, in the order read
+	DeadLetters []string   `json:"dead_letters"` // TOPIC/PARTITION/OFFSET of each, in the order read
 }
 
 // stateOrder is the order in which list and status print states.
@@ -265,18 +270,20 @@ func (f *dlqFlags) list(ctx context.Context, kc kafkaconn.Config, out io.Writer)
 		}
 		defer pool.Close()
 	}
-	l, err := dlq.List(ctx, pool, &dlq.ListConfig{Kafka: kc, Topic: f.topic, Schema: f.schema, Filter: f.filter, NoPayload: true})
+	topics := strings.Split(f.topic, ",")
+	l, err := dlq.List(ctx, pool, &dlq.ListConfig{Kafka: kc, Topics: topics, Schema: f.schema, Filter: f.filter, NoPayload: true})
 	if err != nil {
 		return f.dbErr(scanErr(err, f.topic))
 	}
 	state := func(s dlq.State) dlq.State { return cmp.Or(s, "?") }
 	type unreadable struct {
-		Partition int   `json:"partition"`
-		Offset    int64 `json:"offset"`
+		Topic     string `json:"topic"`
+		Partition int    `json:"partition"`
+		Offset    int64  `json:"offset"`
 	}
 	bad := []unreadable{}
 	for _, m := range l.Unreadable {
-		bad = append(bad, unreadable{m.Partition, m.Offset})
+		bad = append(bad, unreadable{m.Topic, m.Partition, m.Offset})
 	}
 	if f.json {
 		letters, msgs := []letterJSON{}, []listMessageJSON{}
@@ -286,7 +293,7 @@ func (f *dlqFlags) list(ctx context.Context, kc kafkaconn.Config, out io.Writer)
 				lj := f.letter(x.Message, x.DeadLetter, false)
 				lj.State, lj.Replay = x.State, x.Replay
 				letters = append(letters, lj)
-				mj.DeadLetters = append(mj.DeadLetters, fmt.Sprintf("%d/%d", x.Message.Partition, x.Message.Offset))
+				mj.DeadLetters = append(mj.DeadLetters, fmt.Sprintf("%s/%d/%d", x.Message.Topic, x.Message.Partition, x.Message.Offset))
 			}
 			msgs = append(msgs, mj)
 		}
@@ -295,33 +302,40 @@ func (f *dlqFlags) list(ctx context.Context, kc kafkaconn.Config, out io.Writer)
 			count = l.Count()
 		}
 		return writeJSON(out, struct {
-			Topic       string            `json:"topic"`
+			Topics      []string          `json:"topics"`
 			Read        int               `json:"read"`
 			DeadLetters []letterJSON      `json:"dead_letters"`
 			Messages    []listMessageJSON `json:"messages"`
 			States      map[dlq.State]int `json:"states"` // origin messages per state; null without a database
 			Unreadable  []unreadable      `json:"unreadable"`
-		}{f.topic, l.Read, letters, msgs, count, bad})
+		}{topics, l.Read, letters, msgs, count, bad})
 	}
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "AT\tSTATE\tMESSAGE ID\tORIGIN\tROUND\tCLASS\tATTEMPTS\tLAST FAILURE\tERROR")
+	at := func(m kafka.Message) string { // the topic too when several are listed
+		if len(topics) > 1 {
+			return fmt.Sprintf("%s/%d/%d", m.Topic, m.Partition, m.Offset)
+		}
+		return fmt.Sprintf("%d/%d", m.Partition, m.Offset)
+	}
 	n := 0
 	for _, m := range l.Messages { // grouped per origin message
 		for _, x := range m.Letters {
 			n++
 			last := x.Last()
-			fmt.Fprintf(tw, "%d/%d\t%s\t%s\t%s/%d/%d\t%d\t%s\t%d\t%s\t%s\n", x.Message.Partition, x.Message.Offset,
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s/%d/%d\t%d\t%s\t%d\t%s\t%s\n", at(x.Message),
 				state(x.State), idOf(x.DeadLetter), x.Origin.Topic, x.Origin.Partition, x.Origin.Offset, x.Round,
 				last.Class, last.Attempts, last.LastFailure.Format(time.RFC3339), short(f.red.text(last.Error), 60))
 		}
 	}
-	for _, b := range bad {
-		fmt.Fprintf(tw, "%d/%d\t-\t-\t-\t-\t-\t-\t-\tnot an idemkit dead letter\n", b.Partition, b.Offset)
+	for _, m := range l.Unreadable {
+		fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\t-\tnot an idemkit dead letter\n", at(m))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "%d dead letter(s) of %d origin message(s) shown of %d record(s) in %s\n", n, len(l.Messages), l.Read, f.topic)
+	fmt.Fprintf(out, "%d dead letter(s) of %d origin message(s) shown of %d record(s) in %s\n", n, len(l.Messages), l.Read,
+		strings.Join(topics, ", "))
 	if pool == nil {
 		fmt.Fprintln(out, "states unknown (?): no database (-database or IDEMKIT_DATABASE_URL) to read the replay records from")
 	} else {

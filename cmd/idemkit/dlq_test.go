@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -198,7 +199,7 @@ func TestCLIDeadLetterStates(t *testing.T) {
 	}
 	if code != 0 || json.Unmarshal([]byte(out), &got) != nil || len(got.DeadLetters) != 3 ||
 		got.DeadLetters[0].State != "replayed" || got.DeadLetters[0].Replay == nil || got.DeadLetters[0].Replay.Outcome != "republished" ||
-		len(got.Messages) != 2 || got.Messages[0].MessageID != "inv-1" || !slices.Equal(got.Messages[0].DeadLetters, []string{"0/0", "0/2"}) ||
+		len(got.Messages) != 2 || got.Messages[0].MessageID != "inv-1" || !slices.Equal(got.Messages[0].DeadLetters, []string{dead + "/0/0", dead + "/0/2"}) ||
 		!maps.Equal(got.States, map[string]int{"replayed": 2}) {
 		t.Fatalf("list -json: exit %d\n%s%s", code, out, errOut)
 	}
@@ -206,5 +207,56 @@ func TestCLIDeadLetterStates(t *testing.T) {
 	out, errOut, code = cli(t, bin, []string{"IDEMKIT_KAFKA_BROKERS=" + strings.Join(testenv.Brokers(t), ",")}, "dlq", "list", "-topic", dead)
 	if code != 0 || !strings.Contains(out, "0/0  ?") || !strings.Contains(out, "states unknown") {
 		t.Fatalf("list without a database: exit %d\n%s%s", code, out, errOut)
+	}
+}
+
+// TestCLIRoutedDeadLetters: dead letters routed to several topics by error
+// are listed together (-topic a,b) and counted per destination by status
+// (-dlq-topics for the topics the suffix does not name).
+func TestCLIRoutedDeadLetters(t *testing.T) {
+	t.Parallel()
+	bin := binary(t)
+	db := testenv.NewDB(t, testenv.Migrate)
+	origin := testenv.NewTopic(t, 1)
+	suffix := "." + testenv.Name(t, "dead")
+	dead, invalid := origin+suffix, origin+".invalid"
+	testenv.CreateTopic(t, dead, 1)
+	testenv.CreateTopic(t, invalid, 1)
+	env := []string{
+		"IDEMKIT_DATABASE_URL=" + testenv.DatabaseURL(t),
+		"IDEMKIT_KAFKA_BROKERS=" + strings.Join(testenv.Brokers(t), ","),
+	}
+	errInvalid := errors.New("invalid order")
+	w, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: testenv.Kafka(t), Group: "billing", Topic: dead,
+		Routes: []dlq.Route{dlq.RouteErrors(invalid, errInvalid)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	for i, cause := range []error{errInvalid, errors.New("tax service timeout")} {
+		id := fmt.Sprint("inv-", i)
+		m := &consumer.Message{ID: id, Message: kafka.Message{Topic: origin, Offset: int64(i), Key: []byte("k"), Value: []byte("v")}}
+		merr := &consumer.MessageError{Topic: origin, Offset: int64(i), ID: id, Attempts: 1, Class: retry.ClassPermanent,
+			FirstFailure: now, LastFailure: now, Err: cause}
+		if err := w.OnFailure(context.Background(), m, merr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := cli(t, bin, env, "status", "-schema", db.Schema, "-dlq-suffix", suffix, "-dlq-topics", invalid,
+		"-max-lag", "-1", "-max-outbox-age", "-1s", "-max-dlq", "0")
+	if code != exitThreshold || !strings.Contains(out, "dead-letter topic "+dead+": 1 unresolved origin messages > 0") ||
+		!strings.Contains(out, "dead-letter topic "+invalid+": 1 unresolved origin messages > 0") {
+		t.Fatalf("status: exit %d, want %d\n%s%s", code, exitThreshold, out, errOut)
+	}
+	out, errOut, code = cli(t, bin, env, "dlq", "list", "-schema", db.Schema, "-topic", invalid+","+dead)
+	fields := func(line string) string { return strings.Join(strings.Fields(line), " ") }
+	lines := strings.Split(out, "\n")
+	if code != 0 || len(lines) < 3 || !strings.HasPrefix(fields(lines[1]), invalid+"/0/0 unresolved inv-0") ||
+		!strings.HasPrefix(fields(lines[2]), dead+"/0/0 unresolved inv-1") ||
+		!strings.Contains(out, "2 dead letter(s) of 2 origin message(s) shown of 2 record(s)") {
+		t.Fatalf("list of both: exit %d\n%s%s", code, out, errOut)
 	}
 }

@@ -60,6 +60,7 @@ type statusFlags struct {
 	maxOutboxAge time.Duration
 	maxStuck     int
 	maxDLQ       int64
+	dlqTopics    string
 	retention    time.Duration
 	noPositions  bool // the positions table is missing
 }
@@ -124,6 +125,7 @@ func statusCmd(ctx context.Context, cmd *command, args []string, out io.Writer) 
 	f.register(fs)
 	fs.BoolVar(&f.json, "json", false, "print JSON")
 	fs.StringVar(&f.dlqSuffix, "dlq-suffix", dlq.TopicSuffixDefault, "dead-letter topics are the topics whose name ends with this")
+	fs.StringVar(&f.dlqTopics, "dlq-topics", "", "more dead-letter topics, comma-separated (the destinations of dlq.WriterConfig.Routes)")
 	fs.StringVar(&f.outboxTable, "outbox-table", migrate.OutboxDefault, "outbox table")
 	fs.StringVar(&f.recordsTable, "records-table", migrate.IdempotencyRecordsDefault, "HTTP idempotency records table")
 	fs.Int64Var(&f.maxLag, "max-lag", 10000, "threshold: most lag of a consumer on a topic")
@@ -323,19 +325,25 @@ func (f *statusFlags) consumers(ctx context.Context, pool *pgxpool.Pool, client 
 	return nil
 }
 
-// deadLetters sums the messages of each dead-letter topic from its log
-// range, and reads it to count its origin messages per state.
+// deadLetters sums the messages of each dead-letter topic (those named
+// with the suffix, and -dlq-topics) from its log range, and reads them all
+// to count their origin messages per state.
 func (f *statusFlags) deadLetters(ctx context.Context, kc kafkaconn.Config, pool *pgxpool.Pool, client *kafka.Client,
 	rep *statusReport) error {
-	if f.dlqSuffix == "" {
+	if f.dlqSuffix == "" && f.dlqTopics == "" {
 		return nil
 	}
 	md, err := client.Metadata(ctx, &kafka.MetadataRequest{})
 	if err != nil {
 		return fmt.Errorf("list topics: %w", err)
 	}
+	named := []string{}
+	if f.dlqTopics != "" {
+		named = strings.Split(f.dlqTopics, ",")
+	}
+	var topics []string
 	for _, t := range md.Topics {
-		if !strings.HasSuffix(t.Name, f.dlqSuffix) || t.Error != nil {
+		if t.Error != nil || !(f.dlqSuffix != "" && strings.HasSuffix(t.Name, f.dlqSuffix) || slices.Contains(named, t.Name)) {
 			continue
 		}
 		parts := make([]int, len(t.Partitions))
@@ -350,22 +358,39 @@ func (f *statusFlags) deadLetters(ctx context.Context, kc kafkaconn.Config, pool
 		for _, r := range ranges {
 			n += r.End - r.Start
 		}
-		dt := deadLetterTopic{Topic: t.Name, Messages: n}
-		l, err := dlq.List(ctx, pool, &dlq.ListConfig{Kafka: kc, Topic: t.Name, Schema: f.schema, NoPayload: true})
-		switch {
-		case errors.Is(err, dlq.ErrNotMigrated):
-			if !slices.Contains(rep.Notes, noReplaysNote) {
-				rep.Notes = append(rep.Notes, noReplaysNote)
-			}
-		case err != nil:
-			return fmt.Errorf("read dead-letter topic %s: %w", t.Name, err)
-		default:
-			dt.States, dt.Unreadable = l.Count(), len(l.Unreadable)
-			dt.Unresolved = ptr(dt.States[dlq.StateUnresolved])
+		rep.DeadLetters = append(rep.DeadLetters, deadLetterTopic{Topic: t.Name, Messages: n})
+		topics = append(topics, t.Name)
+	}
+	for _, name := range named {
+		if !slices.Contains(topics, name) {
+			rep.Notes = append(rep.Notes, "dead-letter topic "+name+" (-dlq-topics) does not exist")
 		}
-		rep.DeadLetters = append(rep.DeadLetters, dt)
 	}
 	slices.SortFunc(rep.DeadLetters, func(a, b deadLetterTopic) int { return strings.Compare(a.Topic, b.Topic) })
+	if len(topics) == 0 {
+		return nil
+	}
+	// One listing of them all: a message whose rounds went to several
+	// topics (routes) counts once, in the topic of its latest round.
+	l, err := dlq.List(ctx, pool, &dlq.ListConfig{Kafka: kc, Topics: topics, Schema: f.schema, NoPayload: true})
+	switch {
+	case errors.Is(err, dlq.ErrNotMigrated):
+		rep.Notes = append(rep.Notes, noReplaysNote)
+		return nil
+	case err != nil:
+		return fmt.Errorf("read dead-letter topics: %w", err)
+	}
+	counts := l.CountByTopic()
+	for i := range rep.DeadLetters {
+		d := &rep.DeadLetters[i]
+		d.States = counts[d.Topic]
+		d.Unresolved = ptr(d.States[dlq.StateUnresolved])
+		for _, m := range l.Unreadable {
+			if m.Topic == d.Topic {
+				d.Unreadable++
+			}
+		}
+	}
 	return nil
 }
 
