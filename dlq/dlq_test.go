@@ -398,11 +398,11 @@ func TestReplay(t *testing.T) {
 	}
 }
 
-// TestReplayFailsAgainThenParks: a dead letter that fails again goes back to
+// TestReplayFailsAgainThenExhausts: a dead letter that fails again goes back to
 // the dead-letter topic with its history extended; when it fails in its last
-// replay round it is parked instead of looping. Filters select what is
+// replay round it is exhausted instead of looping. Filters select what is
 // replayed.
-func TestReplayFailsAgainThenParks(t *testing.T) {
+func TestReplayFailsAgainThenExhausts(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
 	e.produce("x", "y")
@@ -426,11 +426,11 @@ func TestReplayFailsAgainThenParks(t *testing.T) {
 
 	// Round 2 is the last of 2: its failure parks it, not written back.
 	sum, err = e.reprocessor(dlq.Redrive, broken, only).Run(context.Background())
-	if err != nil || sum.Records[dlq.Parked] != 1 || sum.Records[dlq.AlreadyReplayed] != 1 {
+	if err != nil || sum.Records[dlq.Exhausted] != 1 || sum.Records[dlq.AlreadyReplayed] != 1 {
 		t.Fatalf("round 2: %v %v", sum, err)
 	}
 	if n := len(e.deadLetters()); n != 3 {
-		t.Fatalf("%d dead letters, want 3 (parked, not looped)", n)
+		t.Fatalf("%d dead letters, want 3 (exhausted, not looped)", n)
 	}
 	if runs := e.runs(); len(runs) != 0 {
 		t.Fatalf("effects %v, want none", runs)

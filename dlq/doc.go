@@ -1,4 +1,4 @@
-// Package dlq parks messages that cannot succeed and replays them safely.
+// Package dlq keeps messages that cannot succeed and replays them safely.
 //
 // # Dead-lettering
 //
@@ -56,7 +56,7 @@
 //     AlreadyReplayed, nothing done — replaying twice is a no-op;
 //   - if the dedup store already holds the message ID under the original
 //     consumer name: AlreadyApplied, recorded, nothing re-run;
-//   - if its replay rounds are used up (its round is ReplayLimit): Parked,
+//   - if its replay rounds are used up (its round is ReplayLimit): Exhausted,
 //     recorded, nothing re-run;
 //   - Redrive: one transaction inserts the replay record, claims the original
 //     message ID under the original consumer name (the consumer's own dedup
@@ -72,8 +72,8 @@
 // back to the dead-letter topic itself; in Republish mode the consumer fails
 // the republished message and its Writer, reading the lineage, writes the
 // next round. A dead letter gets ReplayLimit rounds: in Redrive mode a
-// failure in the last round parks it at once (recorded as Parked, not written
-// back); in Republish mode the next run parks the dead letter that round
+// failure in the last round exhausts it at once (recorded as Exhausted, not
+// written back); in Republish mode the next run exhausts the dead letter that round
 // produced. Either way the loop ends.
 //
 // # Dead letters without a message ID
@@ -114,7 +114,7 @@
 // List reads a dead-letter topic and the replay records of its messages and
 // gives each dead letter its State — unresolved (no replay decided it),
 // replayed (republished; its consumer decides), applied, exhausted (its
-// replay rounds used up: the Parked action), superseded (it failed again,
+// replay rounds used up), superseded (it failed again,
 // and a later round stands for its message) or beyond-horizon — grouped
 // per origin message, whose state is that of its latest round. The copies
 // and rounds of one message count once: Listing.Count says how many

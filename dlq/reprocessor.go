@@ -56,7 +56,7 @@ const (
 	Republished     Action = "republished"       // written back to its origin topic
 	RepublishedNoID Action = "republished-no-id" // written back without a usable message ID (see NoMessageID)
 	FailedAgain     Action = "failed-again"      // failed again: back to the dead-letter topic, history extended
-	Parked          Action = "parked"            // its replay rounds are used up: recorded, not replayed again
+	Exhausted       Action = "exhausted"         // its replay rounds are used up: recorded, not replayed again
 	NoMessageID     Action = "no-message-id"     // Redrive: no usable message ID, so no dedup: left alone
 	BeyondHorizon   Action = "beyond-horizon"    // past the dedup horizon (see ReprocessorConfig.Retention): left alone
 	Skipped         Action = "skipped"           // not selected by the filter
@@ -64,7 +64,7 @@ const (
 	Unreadable      Action = "unreadable"        // not an idemkit dead letter
 )
 
-// ErrReplayLimit is the Err of an Item parked because its dead letter had
+// ErrReplayLimit is the Err of an Item exhausted because its dead letter had
 // used up its replay rounds before this run.
 var ErrReplayLimit = errors.New("dlq: replay limit reached")
 
@@ -112,9 +112,9 @@ type ReprocessorConfig struct {
 	// Rate bounds replays per second. Defaults to 0: no bound.
 	Rate float64
 	// ReplayLimit is how many replay rounds a dead letter gets. One that
-	// fails again in its last round is parked (recorded, not written back)
+	// fails again in its last round is exhausted (recorded, not written back)
 	// in Redrive mode; in Republish mode the consumer dead-letters it once
-	// more, and the next run parks that dead letter. Defaults to 3.
+	// more, and the next run exhausts that dead letter. Defaults to 3.
 	ReplayLimit int
 	// Retention is the consumers' dedup retention (consumer.Config.Retention).
 	// With it set, a dead letter whose message ID the dedup store does not
@@ -160,7 +160,7 @@ type Item struct {
 	// Action is what was done; in a dry run, what would be done.
 	Action Action
 	// Err is the dead letter's own error: the handler's for FailedAgain and
-	// Parked, ErrReplayLimit for a dead letter parked without a new round,
+	// Exhausted, ErrReplayLimit for a dead letter exhausted without a new round,
 	// ErrNoMessageID for NoMessageID and RepublishedNoID, ErrNotDeadLetter for
 	// Unreadable.
 	Err error
@@ -246,7 +246,7 @@ func (dr *dryRun) remember(d *DeadLetter, a Action, mode Mode) {
 		if mode == Redrive {
 			dr.claimed[claimKey{d.Consumer, d.MessageID}] = true
 		}
-	case AlreadyApplied, Parked:
+	case AlreadyApplied, Exhausted:
 	default:
 		return // nothing recorded: NoMessageID, BeyondHorizon left alone
 	}
@@ -500,9 +500,9 @@ func (rn *run) replay(ctx context.Context, d *DeadLetter) (Action, error, error)
 		// Its last round failed (in Republish mode, in the consumer).
 		perr := fmt.Errorf("%w after %d round(s): %s", ErrReplayLimit, d.Round, d.Last().Error)
 		if rn.cfg.DryRun {
-			return Parked, perr, nil
+			return Exhausted, perr, nil
 		}
-		return Parked, perr, rn.record(ctx, d, Parked, d.Last().Error)
+		return Exhausted, perr, rn.record(ctx, d, Exhausted, d.Last().Error)
 	}
 	if idErr == nil {
 		if herr := rn.beyondHorizon(d, time.Now()); herr != nil {
@@ -639,11 +639,11 @@ func (rn *run) redrive(ctx context.Context, d *DeadLetter) (Action, error, error
 		}
 	}
 	// The handler failed again: extend the history, and either send the
-	// message around once more or, in its last round, park it.
+	// message around once more or, in its last round, exhaust it.
 	f := Failure{Error: pgtext.Text(herr.Error(), maxErrorText), Class: class.String(), Attempts: attempts,
 		FirstFailure: first.UTC(), LastFailure: time.Now().UTC()}
 	if d.Round+1 >= rn.cfg.ReplayLimit {
-		return Parked, herr, rn.record(ctx, d, Parked, f.Error)
+		return Exhausted, herr, rn.record(ctx, d, Exhausted, f.Error)
 	}
 	next := build(d.Message, d.Origin, d.Group, d.Consumer, d.MessageID, d.History, f)
 	next.Topic = rn.destination(msg, herr, class, f)

@@ -27,8 +27,8 @@ const (
 	StateReplayed State = "replayed"
 	// StateApplied: redriven, or found applied: its effect is committed.
 	StateApplied State = "applied"
-	// StateExhausted: its replay rounds were used up (the Parked action):
-	// recorded, never replayed again.
+	// StateExhausted: its replay rounds were used up (the Exhausted
+	// action): recorded, never replayed again.
 	StateExhausted State = "exhausted"
 	// StateSuperseded: it failed again, and a dead letter of a later round
 	// stands for its message.
@@ -47,7 +47,7 @@ func stateOf(a Action) State {
 		return StateReplayed
 	case FailedAgain:
 		return StateSuperseded
-	case Parked:
+	case Exhausted:
 		return StateExhausted
 	case BeyondHorizon:
 		return StateBeyondHorizon

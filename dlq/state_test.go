@@ -92,7 +92,7 @@ func TestListStates(t *testing.T) {
 			}
 		}
 	}
-	if r := l.Messages[3].Letters[0].Replay; r == nil || r.Outcome != dlq.Parked || r.ReplayedBy != "test" {
+	if r := l.Messages[3].Letters[0].Replay; r == nil || r.Outcome != dlq.Exhausted || r.ReplayedBy != "test" {
 		t.Fatalf("spent's replay record %+v", r)
 	}
 	if got := l.Count(); !maps.Equal(got, map[dlq.State]int{dlq.StateApplied: 2, dlq.StateUnresolved: 2,

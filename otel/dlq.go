@@ -19,7 +19,7 @@ import (
 // it chains cfg.Progress (the function cfg already had runs after) so that
 // each dead letter handled counts into idemkit_dlq_replayed_total, labelled
 // with the dead-letter topic (cfg.Topic) and what was done (the dlq.Action:
-// "applied", "already-applied", "republished", "failed-again", "parked", …).
+// "applied", "already-applied", "republished", "failed-again", "exhausted", …).
 func (t *Telemetry) Reprocessor(cfg *dlq.ReprocessorConfig) error {
 	if cfg == nil {
 		return fmt.Errorf("%w: nil reprocessor config", ErrInvalidConfig)

@@ -68,7 +68,7 @@ base64).
 const dlqReplayHelp = `Writes each selected dead letter back to its origin topic (the consumer's dedup
 makes repeats harmless; one without message ID goes back too, and the consumer
 applies its MissingID policy again) and records who replayed what in PostgreSQL;
-one whose replay rounds are used up is parked instead. With -retention (the
+one whose replay rounds are used up is exhausted instead (recorded, left alone). With -retention (the
 consumers' dedup retention), one older than its horizon whose message ID the dedup
 store does not hold is left alone as beyond-horizon: it may have been applied and
 its record purged since; -apply-beyond-horizon replays it anyway. -dry-run says what would be
@@ -104,7 +104,7 @@ func dlqCmd(ctx context.Context, cmd *command, args []string, out io.Writer) (er
 		f.registerDB(fs)
 		fs.BoolVar(&f.dryRun, "dry-run", false, "say what would be done, change nothing")
 		fs.Float64Var(&f.rate, "rate", 0, "at most this many dead letters per second (0: no limit)")
-		fs.IntVar(&f.replayLimit, "replay-limit", dlq.ReplayLimitDefault, "rounds a dead letter gets before it is parked")
+		fs.IntVar(&f.replayLimit, "replay-limit", dlq.ReplayLimitDefault, "rounds a dead letter gets before it is exhausted (left alone)")
 		fs.DurationVar(&f.maxOutage, "max-outage", 0,
 			"give up when PostgreSQL or Kafka stays unreachable this long (0: wait for ever, logging the outage)")
 		fs.DurationVar(&f.retention, "retention", 0,
@@ -432,9 +432,9 @@ type replayItemJSON struct {
 
 // replayOrder is the order in which replay prints its counts.
 var replayOrder = []dlq.Action{dlq.Republished, dlq.RepublishedNoID, dlq.WouldReplay, dlq.AlreadyApplied,
-	dlq.AlreadyReplayed, dlq.Parked, dlq.BeyondHorizon, dlq.Skipped, dlq.Unreadable}
+	dlq.AlreadyReplayed, dlq.Exhausted, dlq.BeyondHorizon, dlq.Skipped, dlq.Unreadable}
 
-// counts says c in replayOrder ("2 republished, 1 parked").
+// counts says c in replayOrder ("2 republished, 1 exhausted").
 func counts(c dlq.Counts) string {
 	parts := []string{}
 	for _, a := range replayOrder {
