@@ -98,9 +98,8 @@ type deadLetterTopic struct {
 	Topic string `json:"topic"`
 	// Messages counts the records (the depth, from the offsets).
 	Messages int64 `json:"messages"`
-	// Unresolved counts the origin messages no replay decided: nil when
-	// the replay records could not be read.
-	Unresolved *int `json:"unresolved"`
+	// Unresolved counts the origin messages no replay decided.
+	Unresolved int `json:"unresolved"`
 	// States counts the origin messages per state.
 	States map[dlq.State]int `json:"states"`
 	// Unreadable counts the records that are not idemkit dead letters.
@@ -372,19 +371,29 @@ func (f *statusFlags) deadLetters(ctx context.Context, kc kafkaconn.Config, pool
 	}
 	// One listing of them all: a message whose rounds went to several
 	// topics (routes) counts once, in the topic of its latest round.
-	l, err := dlq.List(ctx, pool, &dlq.ListConfig{Kafka: kc, Topics: topics, Schema: f.schema, NoPayload: true})
-	switch {
-	case errors.Is(err, dlq.ErrNotMigrated):
+	lcfg := &dlq.ListConfig{Kafka: kc, Topics: topics, Schema: f.schema, NoPayload: true}
+	l, err := dlq.List(ctx, pool, lcfg)
+	noReplays := errors.Is(err, dlq.ErrNotMigrated)
+	if noReplays {
+		// Without the table no replay ever ran in this schema: every
+		// message is unresolved.
 		rep.Notes = append(rep.Notes, noReplaysNote)
-		return nil
-	case err != nil:
+		l, err = dlq.List(ctx, nil, lcfg)
+	}
+	if err != nil {
 		return fmt.Errorf("read dead-letter topics: %w", err)
 	}
 	counts := l.CountByTopic()
+	if noReplays {
+		for _, c := range counts {
+			c[dlq.StateUnresolved] += c[""]
+			delete(c, "")
+		}
+	}
 	for i := range rep.DeadLetters {
 		d := &rep.DeadLetters[i]
 		d.States = counts[d.Topic]
-		d.Unresolved = ptr(d.States[dlq.StateUnresolved])
+		d.Unresolved = d.States[dlq.StateUnresolved]
 		for _, m := range l.Unreadable {
 			if m.Topic == d.Topic {
 				d.Unreadable++
@@ -413,7 +422,7 @@ func (f *statusFlags) outbox(ctx context.Context, pool *pgxpool.Pool, rep *statu
 }
 
 // noReplaysNote says why dead letters have no state.
-const noReplaysNote = "no dead-letter replay records table: states of dead letters unknown (run idemkit migrate up)"
+const noReplaysNote = "no dead-letter replay records table: every dead-lettered message counted as unresolved (run idemkit migrate up)"
 
 // oldestRecordTimeout bounds the search for a consumer's oldest record.
 const oldestRecordTimeout = 5 * time.Second
@@ -453,8 +462,8 @@ func (f *statusFlags) check(rep *statusReport) {
 		}
 	}
 	for _, d := range rep.DeadLetters {
-		if f.maxDLQ >= 0 && d.Unresolved != nil && int64(*d.Unresolved) > f.maxDLQ {
-			cross("dead-letter topic %s: %d unresolved origin messages > %d", d.Topic, *d.Unresolved, f.maxDLQ)
+		if f.maxDLQ >= 0 && int64(d.Unresolved) > f.maxDLQ {
+			cross("dead-letter topic %s: %d unresolved origin messages > %d", d.Topic, d.Unresolved, f.maxDLQ)
 		}
 	}
 	if o := rep.Outbox; o != nil && f.maxOutboxAge >= 0 && o.Backlog > 0 && o.OldestAgeSeconds > f.maxOutboxAge.Seconds() {
@@ -492,14 +501,11 @@ func printStatus(out io.Writer, rep *statusReport) error {
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "DEAD-LETTER TOPIC\tRECORDS\tUNRESOLVED\tORIGIN MESSAGES")
 	for _, d := range rep.DeadLetters {
-		unresolved, st := "?", "unknown"
-		if d.Unresolved != nil {
-			unresolved, st = fmt.Sprint(*d.Unresolved), states(d.States)
-		}
+		st := states(d.States)
 		if d.Unreadable > 0 {
 			st += fmt.Sprintf("; %d unreadable record(s)", d.Unreadable)
 		}
-		fmt.Fprintf(w, "%s\t%d\t%s\t%s\n", d.Topic, d.Messages, unresolved, st)
+		fmt.Fprintf(w, "%s\t%d\t%d\t%s\n", d.Topic, d.Messages, d.Unresolved, st)
 	}
 	if len(rep.DeadLetters) == 0 {
 		fmt.Fprintln(w, "(none)")

@@ -125,8 +125,8 @@ func TestStatus(t *testing.T) {
 	if p := c.Partitions[0]; p.Position != 2 || p.StableEnd == nil || *p.StableEnd != 5 || p.Lag == nil || *p.Lag != 3 {
 		t.Fatalf("partition 0: %s", mustJSON(p))
 	}
-	if d := rep.DeadLetters; len(d) != 1 || d[0].Topic != dead || d[0].Messages != 3 || d[0].Unresolved == nil ||
-		*d[0].Unresolved != 2 || d[0].Unreadable != 1 || !maps.Equal(d[0].States, map[dlq.State]int{dlq.StateUnresolved: 2}) {
+	if d := rep.DeadLetters; len(d) != 1 || d[0].Topic != dead || d[0].Messages != 3 || d[0].Unresolved != 2 ||
+		d[0].Unreadable != 1 || !maps.Equal(d[0].States, map[dlq.State]int{dlq.StateUnresolved: 2}) {
 		t.Fatalf("dead letters: %s", mustJSON(rep.DeadLetters))
 	}
 	if rep.Outbox == nil || rep.Outbox.Backlog != 2 || rep.Outbox.OldestAgeSeconds <= 0 {
@@ -181,12 +181,19 @@ func TestStatus(t *testing.T) {
 	if err := testenv.Migrate(ctx, bare.Pool, bare.Schema); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := bare.Pool.Exec(ctx, `DROP TABLE `+bare.Table(migrate.OutboxDefault)+`, `+bare.Table(migrate.IdempotencyRecordsDefault)); err != nil {
+	if _, err := bare.Pool.Exec(ctx, `DROP TABLE `+bare.Table(migrate.OutboxDefault)+`, `+bare.Table(migrate.IdempotencyRecordsDefault)+
+		`, `+bare.Table(migrate.DLQReplaysDefault)); err != nil {
 		t.Fatal(err)
 	}
 	out, errOut, code = cli(t, bin, env, "status", "-json", "-schema", bare.Schema, "-dlq-suffix", suffix)
-	if code != 0 || !strings.Contains(out, "no outbox table") || !strings.Contains(out, "no idempotency records table") {
+	if code != 0 || !strings.Contains(out, "no outbox table") || !strings.Contains(out, "no idempotency records table") ||
+		!strings.Contains(out, "no dead-letter replay records table") {
 		t.Fatalf("partly migrated schema: exit %d\n%s%s", code, out, errOut)
+	}
+	// Without replay records no replay ran: every message is unresolved.
+	rep = statusReport{}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep.DeadLetters) != 1 || rep.DeadLetters[0].Unresolved != 2 {
+		t.Fatalf("dead letters without replay records: %v\n%s", err, out)
 	}
 }
 
