@@ -55,7 +55,7 @@ const (
 	AlreadyReplayed Action = "already-replayed"  // this dead letter was replayed before: no-op
 	Republished     Action = "republished"       // written back to its origin topic
 	RepublishedNoID Action = "republished-no-id" // written back without a usable message ID (see NoMessageID)
-	FailedAgain     Action = "failed-again"      // failed again: back to the dead-letter topic, history extended
+	FailedAgain     Action = "failed-again"      // failed again: back to a dead-letter topic (see Destination), history extended
 	Exhausted       Action = "exhausted"         // its replay rounds are used up: recorded, not replayed again
 	NoMessageID     Action = "no-message-id"     // Redrive: no usable message ID, so no dedup: left alone
 	BeyondHorizon   Action = "beyond-horizon"    // past the dedup horizon (see ReprocessorConfig.Retention): left alone
@@ -362,7 +362,7 @@ type run struct {
 // a second copy of a dead letter is AlreadyReplayed, and in Redrive mode a
 // message ID already decided for replay is AlreadyApplied.
 func (r *Reprocessor) Run(ctx context.Context) (Summary, error) {
-	t := &tally{sum: Summary{Records: Counts{}, Messages: Counts{}}, latest: map[originKey]letterAction{}}
+	tl := &tally{sum: Summary{Records: Counts{}, Messages: Counts{}}, latest: map[originKey]letterAction{}}
 	var pace <-chan time.Time
 	if r.cfg.Rate > 0 {
 		t := time.NewTicker(time.Duration(float64(time.Second) / r.cfg.Rate))
@@ -400,7 +400,7 @@ func (r *Reprocessor) Run(ctx context.Context) (Summary, error) {
 				rn.dry.remember(d, item.Action, r.cfg.Mode)
 			}
 		}
-		t.add(item)
+		tl.add(item)
 		if r.cfg.Progress != nil {
 			r.cfg.Progress(item)
 		}
@@ -410,7 +410,7 @@ func (r *Reprocessor) Run(ctx context.Context) (Summary, error) {
 	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
 		err = notMigratedError{err}
 	}
-	return t.summary(), err
+	return tl.summary(), err
 }
 
 // notMigratedError is err, a missing table, matching ErrNotMigrated.

@@ -102,10 +102,10 @@ type WriterConfig struct {
 type Route struct {
 	// Topic is the dead-letter topic.
 	Topic string
-	// Match reports whether a failure goes to Topic. err is the error
-	// OnFailure got: from the consumer, a *consumer.MessageError wrapping
-	// the handler's (errors.Is and errors.As see through it). Match must
-	// not block; a Match that panics counts as no match (logged).
+	// Match reports whether a failure goes to Topic. err is a
+	// *consumer.MessageError wrapping the handler's error (errors.Is and
+	// errors.As see through it). Match must not block; a Match that panics
+	// counts as no match (logged).
 	Match func(msg *consumer.Message, err error) bool
 }
 
@@ -217,6 +217,16 @@ func (w *Writer) Topics(origin string) []string {
 // the first Route that matches, else TopicFor(msg.Topic). It is a
 // ReprocessorConfig.Destination.
 func (w *Writer) Route(msg *consumer.Message, err error) string {
+	var merr *consumer.MessageError
+	if !errors.As(err, &merr) {
+		merr = &consumer.MessageError{Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset, ID: msg.ID,
+			Attempts: 1, Class: retry.Classify(err), Err: err}
+	}
+	return w.route(msg, merr)
+}
+
+// route is Route for a *consumer.MessageError.
+func (w *Writer) route(msg *consumer.Message, err *consumer.MessageError) string {
 	for i, r := range w.cfg.Routes {
 		if w.match(r, i, msg, err) {
 			return r.Topic
@@ -267,7 +277,7 @@ func (w *Writer) OnFailure(ctx context.Context, msg *consumer.Message, err error
 		origin, history = lin.Origin, lin.History
 	}
 	dl := build(msg.Message, origin, w.cfg.Group, w.cfg.Consumer, msg.ID, history, f)
-	dl.Topic = w.Route(msg, merr)
+	dl.Topic = w.route(msg, merr)
 	wait := &outage.Waiter{Op: "write to " + dl.Topic + ": kafka", Log: w.cfg.Logger, Max: w.cfg.MaxOutage}
 	return w.write(ctx, dl, wait)
 }
