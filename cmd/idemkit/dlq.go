@@ -271,7 +271,18 @@ func (f *dlqFlags) list(ctx context.Context, kc kafkaconn.Config, out io.Writer)
 		defer pool.Close()
 	}
 	topics := strings.Split(f.topic, ",")
-	l, err := dlq.List(ctx, pool, &dlq.ListConfig{Kafka: kc, Topics: topics, Schema: f.schema, Filter: f.filter, NoPayload: true})
+	lcfg := &dlq.ListConfig{Kafka: kc, Topics: topics, Schema: f.schema, Filter: f.filter, NoPayload: true}
+	l, err := dlq.List(ctx, pool, lcfg)
+	var unknown string // why the states are unknown
+	switch {
+	case pool == nil:
+		unknown = "no database (-database or IDEMKIT_DATABASE_URL) to read the replay records from"
+	case errors.Is(err, dlq.ErrNotMigrated):
+		// The letters are still worth seeing.
+		unknown = fmt.Sprintf("schema %s has no replay records table (run idemkit migrate up, or pass -schema)", f.schema)
+		pool = nil
+		l, err = dlq.List(ctx, nil, lcfg)
+	}
 	if err != nil {
 		return f.dbErr(scanErr(err, f.topic))
 	}
@@ -336,8 +347,8 @@ func (f *dlqFlags) list(ctx context.Context, kc kafkaconn.Config, out io.Writer)
 	}
 	fmt.Fprintf(out, "%d dead letter(s) of %d origin message(s) shown of %d record(s) in %s\n", n, len(l.Messages), l.Read,
 		strings.Join(topics, ", "))
-	if pool == nil {
-		fmt.Fprintln(out, "states unknown (?): no database (-database or IDEMKIT_DATABASE_URL) to read the replay records from")
+	if unknown != "" {
+		fmt.Fprintln(out, "states unknown (?): "+unknown)
 	} else {
 		fmt.Fprintf(out, "origin messages: %s\n", states(l.Count()))
 	}

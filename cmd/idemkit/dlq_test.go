@@ -203,6 +203,11 @@ func TestCLIDeadLetterStates(t *testing.T) {
 		!maps.Equal(got.States, map[string]int{"replayed": 2}) {
 		t.Fatalf("list -json: exit %d\n%s%s", code, out, errOut)
 	}
+	// A schema without replay records: the letters, their states unknown, and why.
+	out, errOut, code = cli(t, bin, env, "dlq", "list", "-topic", dead, "-schema", "nowhere_at_all")
+	if code != 0 || !strings.Contains(out, "0/0  ?") || !strings.Contains(out, "schema nowhere_at_all has no replay records table") {
+		t.Fatalf("list with an unmigrated schema: exit %d\n%s%s", code, out, errOut)
+	}
 	// Without a database the states are unknown, and said so.
 	out, errOut, code = cli(t, bin, []string{"IDEMKIT_KAFKA_BROKERS=" + strings.Join(testenv.Brokers(t), ",")}, "dlq", "list", "-topic", dead)
 	if code != 0 || !strings.Contains(out, "0/0  ?") || !strings.Contains(out, "states unknown") {
