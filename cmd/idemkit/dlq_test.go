@@ -265,3 +265,43 @@ func TestCLIRoutedDeadLetters(t *testing.T) {
 		t.Fatalf("list of both: exit %d\n%s%s", code, out, errOut)
 	}
 }
+
+// TestCLIReplayBeyondHorizon: with -retention, a dead letter whose message
+// is older than the horizon and not in the dedup store is left alone as
+// beyond-horizon; -apply-beyond-horizon replays it.
+func TestCLIReplayBeyondHorizon(t *testing.T) {
+	t.Parallel()
+	bin := binary(t)
+	db := testenv.NewDB(t, testenv.Migrate)
+	origin := testenv.NewTopic(t, 1)
+	dead := origin + dlq.TopicSuffixDefault
+	testenv.CreateTopic(t, dead, 1)
+	env := []string{
+		"IDEMKIT_DATABASE_URL=" + testenv.DatabaseURL(t),
+		"IDEMKIT_KAFKA_BROKERS=" + strings.Join(testenv.Brokers(t), ","),
+	}
+	w, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: testenv.Kafka(t), Group: "billing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-2 * time.Hour)
+	m := &consumer.Message{ID: "inv-1", Message: kafka.Message{Topic: origin, Key: []byte("k"), Value: []byte("v"), Time: old}}
+	if err := w.OnFailure(context.Background(), m, errors.New("bug")); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	replay := []string{"dlq", "replay", "-topic", dead, "-schema", db.Schema, "-retention", "1h"}
+	out, errOut, code := cli(t, bin, env, replay...)
+	if code != 0 || !strings.Contains(out, "replayed: 1 beyond-horizon\n") {
+		t.Fatalf("replay -retention: exit %d\n%s%s", code, out, errOut)
+	}
+	if n := countMessages(t, origin); n != 0 {
+		t.Fatalf("%d messages republished to %s, want none", n, origin)
+	}
+	out, errOut, code = cli(t, bin, env, append(replay, "-apply-beyond-horizon")...)
+	if code != 0 || !strings.Contains(out, "replayed: 1 republished\n") {
+		t.Fatalf("replay -apply-beyond-horizon: exit %d\n%s%s", code, out, errOut)
+	}
+}
