@@ -135,3 +135,45 @@ func TestRoutePanicIsNoMatch(t *testing.T) {
 		t.Fatalf("Route %q, want orders.dlq", got)
 	}
 }
+
+// TestRepublishKeepsLineageAcrossRoutes: a letter republished from one
+// destination that the consumer fails again for another error goes to the
+// destination of that error, with its origin, round and history.
+func TestRepublishKeepsLineageAcrossRoutes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, true)
+	invalid := e.topic + ".invalid"
+	testenv.CreateTopic(t, invalid, 1)
+	w, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: testenv.Kafka(t), Group: e.group, Logger: e.logger,
+		Routes: []dlq.Route{dlq.RouteErrors(invalid, errInvalid)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	routed := func(c *consumer.Config) { c.OnFailure = w.OnFailure }
+	e.produce("order")
+	e.consumeWith(1, func(*consumer.Message, int) error {
+		return retry.Permanent(fmt.Errorf("%w: no customer", errInvalid))
+	}, routed)
+	sum, err := e.reprocessor(dlq.Republish, nil, func(c *dlq.ReprocessorConfig) { c.Topic = invalid }).Run(ctx)
+	if err != nil || !maps.Equal(sum.Records, dlq.Counts{dlq.Republished: 1}) {
+		t.Fatalf("republish from %s: %v, %v", invalid, sum, err)
+	}
+	e.consumeWith(1, func(*consumer.Message, int) error { return retry.Permanent(errors.New("tax service down")) }, routed)
+
+	l, err := dlq.List(ctx, e.db.Pool, &dlq.ListConfig{Kafka: testenv.Kafka(t), Topics: w.Topics(e.topic), Schema: e.db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Messages) != 1 || len(l.Messages[0].Letters) != 2 {
+		t.Fatalf("listing: %+v", l.Messages)
+	}
+	m := l.Messages[0]
+	first, again := m.Letters[0], m.Letters[1]
+	if first.Message.Topic != invalid || first.State != dlq.StateSuperseded || again.Message.Topic != e.dlq ||
+		again.Round != 1 || again.Origin != first.Origin || len(again.History) != 2 || m.State != dlq.StateUnresolved {
+		t.Fatalf("rounds: %s %s round %d origin %+v, then %s %s round %d origin %+v history %+v", first.Message.Topic,
+			first.State, first.Round, first.Origin, again.Message.Topic, again.State, again.Round, again.Origin, again.History)
+	}
+}

@@ -177,7 +177,12 @@ func List(ctx context.Context, pool *pgxpool.Pool, cfg *ListConfig) (*Listing, e
 		return nil, err
 	}
 	replays := pgx.Identifier{tables.Schema, tables.Tables.DLQReplays}.Sanitize()
-	l := &Listing{Topics: slices.Clone(cfg.Topics)}
+	l := &Listing{}
+	for _, t := range cfg.Topics {
+		if !slices.Contains(l.Topics, t) { // a topic named twice is read once
+			l.Topics = append(l.Topics, t)
+		}
+	}
 	index := map[originKey]int{}
 	read := func(m kafka.Message) error {
 		l.Read++
@@ -202,7 +207,7 @@ func List(ctx context.Context, pool *pgxpool.Pool, cfg *ListConfig) (*Listing, e
 		l.Messages[i].Letters = append(l.Messages[i].Letters, Letter{DeadLetter: d})
 		return nil
 	}
-	for _, topic := range cfg.Topics {
+	for _, topic := range l.Topics {
 		if err := Scan(ctx, cfg.Kafka, topic, read); err != nil {
 			return nil, err
 		}
