@@ -118,6 +118,11 @@ func Parse(m kafka.Message) (*DeadLetter, error) {
 			return nil, bad(HeaderOriginIncarnation, err)
 		}
 	}
+	if v, ok := h[HeaderOriginTime]; ok {
+		if d.Origin.Time, err = time.Parse(time.RFC3339Nano, v); err != nil {
+			return nil, bad(HeaderOriginTime, err)
+		}
+	}
 	if err := json.Unmarshal([]byte(h[HeaderHistory]), &d.History); err != nil {
 		return nil, bad(HeaderHistory, err)
 	}

@@ -348,7 +348,7 @@ func TestReplay(t *testing.T) {
 
 	// Dry run: reports, changes nothing.
 	sum, err := e.reprocessor(dlq.Redrive, e.effect, func(c *dlq.ReprocessorConfig) { c.DryRun = true }).Run(context.Background())
-	if err != nil || sum[dlq.WouldReplay] != 5 || sum[dlq.AlreadyApplied] != 1 {
+	if err != nil || sum.Records[dlq.WouldReplay] != 5 || sum.Records[dlq.AlreadyApplied] != 1 {
 		t.Fatalf("dry run: %v %v", sum, err)
 	}
 	if runs := e.runs(); len(runs) != 1 {
@@ -377,7 +377,7 @@ func TestReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sum[dlq.AlreadyReplayed] != 3 || sum[dlq.Applied] != 3 || len(items) != 6 {
+	if sum.Records[dlq.AlreadyReplayed] != 3 || sum.Records[dlq.Applied] != 3 || len(items) != 6 {
 		t.Fatalf("rerun: %v (%d items)", sum, len(items))
 	}
 	runs := e.runs()
@@ -389,7 +389,7 @@ func TestReplay(t *testing.T) {
 
 	// Replaying the same topic again is a no-op.
 	sum, err = e.reprocessor(dlq.Redrive, e.effect, nil).Run(context.Background())
-	if err != nil || sum[dlq.AlreadyReplayed] != len(ids) {
+	if err != nil || sum.Records[dlq.AlreadyReplayed] != len(ids) {
 		t.Fatalf("second replay: %v %v", sum, err)
 	}
 	var lineage int
@@ -399,11 +399,11 @@ func TestReplay(t *testing.T) {
 	}
 }
 
-// TestReplayFailsAgainThenParks: a dead letter that fails again goes back to
+// TestReplayFailsAgainThenExhausts: a dead letter that fails again goes back to
 // the dead-letter topic with its history extended; when it fails in its last
-// replay round it is parked instead of looping. Filters select what is
+// replay round it is exhausted instead of looping. Filters select what is
 // replayed.
-func TestReplayFailsAgainThenParks(t *testing.T) {
+func TestReplayFailsAgainThenExhausts(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)
 	e.produce("x", "y")
@@ -412,7 +412,7 @@ func TestReplayFailsAgainThenParks(t *testing.T) {
 	broken := func(context.Context, pgx.Tx, *consumer.Message) error { return errors.New("still broken") }
 	only := func(c *dlq.ReprocessorConfig) { c.Filter = dlq.Filter{MessageID: "x"}; c.ReplayLimit = 2 }
 	sum, err := e.reprocessor(dlq.Redrive, broken, only).Run(context.Background())
-	if err != nil || sum[dlq.FailedAgain] != 1 || sum[dlq.Skipped] != 1 {
+	if err != nil || sum.Records[dlq.FailedAgain] != 1 || sum.Records[dlq.Skipped] != 1 {
 		t.Fatalf("round 1: %v %v", sum, err)
 	}
 	dls := e.deadLetters()
@@ -427,11 +427,11 @@ func TestReplayFailsAgainThenParks(t *testing.T) {
 
 	// Round 2 is the last of 2: its failure parks it, not written back.
 	sum, err = e.reprocessor(dlq.Redrive, broken, only).Run(context.Background())
-	if err != nil || sum[dlq.Parked] != 1 || sum[dlq.AlreadyReplayed] != 1 {
+	if err != nil || sum.Records[dlq.Exhausted] != 1 || sum.Records[dlq.AlreadyReplayed] != 1 {
 		t.Fatalf("round 2: %v %v", sum, err)
 	}
 	if n := len(e.deadLetters()); n != 3 {
-		t.Fatalf("%d dead letters, want 3 (parked, not looped)", n)
+		t.Fatalf("%d dead letters, want 3 (exhausted, not looped)", n)
 	}
 	if runs := e.runs(); len(runs) != 0 {
 		t.Fatalf("effects %v, want none", runs)
@@ -453,11 +453,11 @@ func TestRepublish(t *testing.T) {
 		return nil
 	})
 	sum, err := e.reprocessor(dlq.Republish, nil, nil).Run(context.Background())
-	if err != nil || sum[dlq.Republished] != 2 {
+	if err != nil || sum.Records[dlq.Republished] != 2 {
 		t.Fatalf("republish: %v %v", sum, err)
 	}
 	sum, err = e.reprocessor(dlq.Republish, nil, nil).Run(context.Background())
-	if err != nil || sum[dlq.AlreadyReplayed] != 2 {
+	if err != nil || sum.Records[dlq.AlreadyReplayed] != 2 {
 		t.Fatalf("republish again: %v %v", sum, err)
 	}
 	fixed.Store(true)

@@ -1,4 +1,4 @@
-// Package dlq parks messages that cannot succeed and replays them safely.
+// Package dlq keeps messages that cannot succeed and replays them safely.
 //
 // # Dead-lettering
 //
@@ -7,7 +7,7 @@
 // used up, or that has no usable message ID (consumer.ErrMissingID); it
 // publishes the original key, value and headers to the dead-letter topic
 // (default "<topic>.dlq") with headers that record the origin (topic,
-// partition, offset, the topic's incarnation, consumer group, dedup name,
+// partition, offset, the topic's incarnation, the record timestamp, consumer group, dedup name,
 // message ID — empty for ErrMissingID), the last error's text and class, the
 // attempt count, the first and last failure times, the replay round and the
 // whole failure history as JSON (see the Header… constants). The write waits
@@ -41,6 +41,20 @@
 // the consumer as a permanent error. Every failed write is logged at ERROR
 // with the message's coordinates and reported to WriterConfig.WriteFailed.
 //
+// # Dead-letter topics by error
+//
+// WriterConfig.Routes send failures to dead-letter topics by error, as a
+// destination resolver does: the first Route whose Match reports true for
+// the message and its error chooses the topic (RouteErrors matches with
+// errors.Is), e.g. validation errors to "orders.invalid"; the rest go to
+// Topic. Writer.Topics lists every destination. A dead letter keeps its
+// origin, round and history wherever it goes: a Redrive that fails again
+// goes where the consumer would send it (ReprocessorConfig.Destination:
+// Writer.Route), a republished message that fails again goes through the
+// consumer's Writer, and replay records are keyed by origin and round, not
+// by topic. List several destinations together (ListConfig.Topics) to group
+// a message's rounds; replay each destination with its own Reprocessor.
+//
 // A crash after the dead-letter write and before the position commit makes
 // the consumer fail the message again after restart and dead-letter it a
 // second time. Both copies carry the same origin and replay round, and the
@@ -65,7 +79,7 @@
 //     AlreadyReplayed, nothing done — replaying twice is a no-op;
 //   - if the dedup store already holds the message ID under the original
 //     consumer name: AlreadyApplied, recorded, nothing re-run;
-//   - if its replay rounds are used up (its round is ReplayLimit): Parked,
+//   - if its replay rounds are used up (its round is ReplayLimit): Exhausted,
 //     recorded, nothing re-run;
 //   - Redrive: one transaction inserts the replay record, claims the original
 //     message ID under the original consumer name (the consumer's own dedup
@@ -81,8 +95,8 @@
 // back to the dead-letter topic itself; in Republish mode the consumer fails
 // the republished message and its Writer, reading the lineage, writes the
 // next round. A dead letter gets ReplayLimit rounds: in Redrive mode a
-// failure in the last round parks it at once (recorded as Parked, not written
-// back); in Republish mode the next run parks the dead letter that round
+// failure in the last round exhausts it at once (recorded as Exhausted, not
+// written back); in Republish mode the next run exhausts the dead letter that round
 // produced. Either way the loop ends.
 //
 // # Dead letters without a message ID
@@ -98,11 +112,37 @@
 // republish and its record may republish it twice, and each copy gets its
 // own coordinates.
 //
+// # The dedup horizon
+//
+// A dead letter may be replayed long after its message was first sent, and
+// the dedup store forgets: records older than the consumers' retention are
+// purged. A message applied once, whose record was purged since, would be
+// applied again. With ReprocessorConfig.Retention set (the consumers'
+// consumer.Config.Retention), both modes apply the consumer's rule: a dead
+// letter whose message ID the store does not hold and whose original
+// message (Origin.Time, the record timestamp the dead letter keeps) is
+// older than the horizon is BeyondHorizon, with a *consumer.HorizonError,
+// and left alone, unrecorded; the run goes on. An operator who knows that
+// applying it again is right sets OnBeyondHorizon to consumer.HorizonApply
+// (`idemkit dlq replay -apply-beyond-horizon`) and runs again.
+//
 // With the daily dedup layout (dedup.Store.EnableDaily), a dead letter
 // whose UUIDv7 ID is dated on a day the layout's retention dropped cannot
-// be claimed any more: Redrive reports it as BeyondHorizon (with
-// dedup.ErrPartitionDropped), records it and leaves it alone; the run goes
-// on.
+// be claimed any more, whatever OnBeyondHorizon says: Redrive reports it as
+// BeyondHorizon (with dedup.ErrPartitionDropped), records it and leaves it
+// alone; the run goes on.
+//
+// # State
+//
+// List reads a dead-letter topic and the replay records of its messages and
+// gives each dead letter its State — unresolved (no replay decided it),
+// replayed (republished; its consumer decides), applied, exhausted (its
+// replay rounds used up), superseded (it failed again,
+// and a later round stands for its message) or beyond-horizon — grouped
+// per origin message, whose state is that of its latest round. The copies
+// and rounds of one message count once: Listing.Count says how many
+// messages wait for a decision (`idemkit dlq list`, `idemkit status
+// -max-dlq`, and the otel module's idemkit_dlq_messages gauge use it).
 //
 // # Outages
 //
@@ -121,8 +161,14 @@
 // error, and the run goes on; the next run tries it again. A letter whose
 // stored value is missing is ValueNotFound, left alone.
 //
-// DryRun reports what would happen and writes nothing; Rate bounds the pace;
-// Progress reports each decision.
+// DryRun reports what would happen and writes nothing. It decides each dead
+// letter as the real run would at that point, remembering its own earlier
+// decisions where the real run would read what it wrote: the second copy of
+// a dead letter is AlreadyReplayed, and in Redrive mode a message ID
+// already decided for replay is AlreadyApplied. Rate bounds the pace;
+// Progress reports each decision. Run's Summary counts dead-letter records
+// (Records: the same message dead-lettered twice counts twice) and distinct
+// origin messages (Messages).
 //
 // The tables (replay records, stored values) are created by package
 // migrate.

@@ -2,6 +2,7 @@ package dlq_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"os"
@@ -47,5 +48,34 @@ func ExampleReprocessor() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println(sum[dlq.Applied], "applied,", sum[dlq.AlreadyApplied], "already applied")
+	fmt.Println(sum.Records[dlq.Applied], "applied,", sum.Records[dlq.AlreadyApplied], "already applied")
+}
+
+// Send validation failures to orders.invalid and the rest to orders.dlq,
+// then list both with each dead letter's state, a message's rounds together.
+func ExampleRouteErrors() {
+	ctx := context.Background()
+	kc := kafkaconn.Config{Brokers: []string{"127.0.0.1:9092"}}
+	errInvalid := errors.New("invalid order") // what the handler wraps
+	w, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: kc, Group: "billing",
+		Routes: []dlq.Route{dlq.RouteErrors("orders.invalid", errInvalid)}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer w.Close()
+	// consumer.Config{..., OnFailure: w.OnFailure}
+
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	l, err := dlq.List(ctx, pool, &dlq.ListConfig{Kafka: kc, Topics: w.Topics("orders")})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, m := range l.Messages {
+		fmt.Println(m.MessageID, m.State, len(m.Letters), "dead letter(s)")
+	}
+	fmt.Println(l.Count()[dlq.StateUnresolved], "message(s) wait for a replay")
 }

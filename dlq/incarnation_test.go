@@ -47,14 +47,14 @@ func TestIncarnationsDoNotCollide(t *testing.T) {
 		}
 	}
 	sum, err := e.reprocessor(dlq.Redrive, e.effect, nil).Run(ctx)
-	if err != nil || sum[dlq.Applied] != 2 {
+	if err != nil || sum.Records[dlq.Applied] != 2 {
 		t.Fatalf("replay: %v, %v; want both applied", sum, err)
 	}
 	if runs := e.runs(); len(runs) != 2 || runs["before-recreate"] != 1 || runs["after-recreate"] != 1 {
 		t.Fatalf("effects %v, want each once", runs)
 	}
 	sum, err = e.reprocessor(dlq.Redrive, e.effect, nil).Run(ctx)
-	if err != nil || sum[dlq.AlreadyReplayed] != 2 {
+	if err != nil || sum.Records[dlq.AlreadyReplayed] != 2 {
 		t.Fatalf("replay again: %v, %v", sum, err)
 	}
 }

@@ -15,7 +15,7 @@ import (
 // TestRepublishKeepsLineage: a republished message that the consumer fails
 // again comes back with its history extended and its round increased, so
 // that ReplayLimit ends the loop: with a limit of 2 the message goes around
-// twice, then its third dead letter is parked.
+// twice, then its third dead letter is exhausted.
 func TestRepublishKeepsLineage(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -31,16 +31,16 @@ func TestRepublishKeepsLineage(t *testing.T) {
 	republished := 0
 	for run := 1; ; run++ {
 		if run > 5 {
-			t.Fatalf("after %d republishes the letter is still not parked: ReplayLimit does not bound the loop", republished)
+			t.Fatalf("after %d republishes the letter is still not exhausted: ReplayLimit does not bound the loop", republished)
 		}
 		sum, err := e.reprocessor(dlq.Republish, nil, limit).Run(ctx)
 		if err != nil {
 			t.Fatalf("run %d: %v", run, err)
 		}
-		if sum[dlq.Parked] == 1 {
+		if sum.Records[dlq.Exhausted] == 1 {
 			break
 		}
-		if sum[dlq.Republished] != 1 {
+		if sum.Records[dlq.Republished] != 1 {
 			t.Fatalf("run %d: %v, want one republished", run, sum)
 		}
 		republished++
@@ -65,7 +65,7 @@ func TestRepublishKeepsLineage(t *testing.T) {
 		}
 	}
 	sum, err := e.reprocessor(dlq.Republish, nil, limit).Run(ctx)
-	if err != nil || sum[dlq.AlreadyReplayed] != 3 {
+	if err != nil || sum.Records[dlq.AlreadyReplayed] != 3 {
 		t.Fatalf("after parking: %v, %v; want 3 already replayed", sum, err)
 	}
 }
@@ -85,11 +85,11 @@ func TestRedriveLimit(t *testing.T) {
 	}
 	limit := func(c *dlq.ReprocessorConfig) { c.ReplayLimit = 2 }
 	sum, err := e.reprocessor(dlq.Redrive, broken, limit).Run(ctx)
-	if err != nil || sum[dlq.FailedAgain] != 1 {
+	if err != nil || sum.Records[dlq.FailedAgain] != 1 {
 		t.Fatalf("round 1: %v, %v", sum, err)
 	}
 	sum, err = e.reprocessor(dlq.Redrive, broken, limit).Run(ctx)
-	if err != nil || sum[dlq.Parked] != 1 || sum[dlq.AlreadyReplayed] != 1 {
+	if err != nil || sum.Records[dlq.Exhausted] != 1 || sum.Records[dlq.AlreadyReplayed] != 1 {
 		t.Fatalf("round 2: %v, %v", sum, err)
 	}
 	if dls := e.deadLetters(); runs != 2 || len(dls) != 2 {

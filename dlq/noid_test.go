@@ -59,7 +59,7 @@ func TestLetterWithoutID(t *testing.T) {
 
 	// Dry run: reported, the next letter still considered, nothing changed.
 	sum, err := e.reprocessor(dlq.Redrive, e.effect, func(c *dlq.ReprocessorConfig) { collect(c); c.DryRun = true }).Run(ctx)
-	if err != nil || sum[noID] != 1 || sum[dlq.WouldReplay] != 1 || len(items) != 2 {
+	if err != nil || sum.Records[noID] != 1 || sum.Records[dlq.WouldReplay] != 1 || len(items) != 2 {
 		t.Fatalf("dry run: %v, %v (%d items)", sum, err, len(items))
 	}
 	checkNoID("dry run", items[0], noID)
@@ -67,7 +67,7 @@ func TestLetterWithoutID(t *testing.T) {
 	// Redrive cannot deduplicate it: reported and left alone; the next is applied.
 	items = nil
 	sum, err = e.reprocessor(dlq.Redrive, e.effect, collect).Run(ctx)
-	if err != nil || sum[noID] != 1 || sum[dlq.Applied] != 1 {
+	if err != nil || sum.Records[noID] != 1 || sum.Records[dlq.Applied] != 1 {
 		t.Fatalf("redrive: %v, %v", sum, err)
 	}
 	checkNoID("redrive", items[0], noID)
@@ -79,7 +79,7 @@ func TestLetterWithoutID(t *testing.T) {
 	// coordinates applies it.
 	items = nil
 	sum, err = e.reprocessor(dlq.Republish, nil, collect).Run(ctx)
-	if err != nil || sum[republishedNoID] != 1 || sum[dlq.AlreadyReplayed] != 1 {
+	if err != nil || sum.Records[republishedNoID] != 1 || sum.Records[dlq.AlreadyReplayed] != 1 {
 		t.Fatalf("republish: %v, %v", sum, err)
 	}
 	checkNoID("republish", items[0], republishedNoID)
@@ -90,7 +90,7 @@ func TestLetterWithoutID(t *testing.T) {
 		t.Fatalf("effects %v, want after and %s/0/2 once", runs, e.topic)
 	}
 	sum, err = e.reprocessor(dlq.Republish, nil, nil).Run(ctx)
-	if err != nil || sum[dlq.AlreadyReplayed] != 2 {
+	if err != nil || sum.Records[dlq.AlreadyReplayed] != 2 {
 		t.Fatalf("republish again: %v, %v", sum, err)
 	}
 }

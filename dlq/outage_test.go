@@ -120,7 +120,7 @@ func TestReprocessorRidesOutPostgresTermination(t *testing.T) {
 		}
 	})
 	sum, err := r.Run(ctx)
-	if err != nil || sum[dlq.Applied] != len(ids) {
+	if err != nil || sum.Records[dlq.Applied] != len(ids) {
 		t.Fatalf("replay through two terminations: %v, %v; want all applied\n%s", sum, err, logs.String())
 	}
 	runs := e.runs()
@@ -215,7 +215,7 @@ func TestReprocessorReplacesReadOnlySession(t *testing.T) {
 	sum, err := e.reprocessorOn(pool, dlq.Redrive, e.effect, func(c *dlq.ReprocessorConfig) {
 		c.MaxOutage = 20 * time.Second
 	}).Run(ctx)
-	if err != nil || sum[dlq.Applied] != 1 {
+	if err != nil || sum.Records[dlq.Applied] != 1 {
 		t.Fatalf("Run = %v, %v; want r1 applied", sum, err)
 	}
 	if runs := e.runs(); runs["r1"] != 1 {

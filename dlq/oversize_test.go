@@ -190,7 +190,7 @@ func testOversize(t *testing.T, size int, mode consumer.FailureMode) {
 	rctx, rcancel := context.WithTimeout(context.Background(), time.Minute)
 	defer rcancel()
 	sum, err := rp.Run(rctx)
-	if err != nil || sum[dlq.Applied] != 1 {
+	if err != nil || sum.Records[dlq.Applied] != 1 {
 		t.Fatalf("redrive: %v, %v", sum, err)
 	}
 	if !bytes.Equal(got, value) {
@@ -213,7 +213,7 @@ func testOversize(t *testing.T, size int, mode consumer.FailureMode) {
 		t.Fatal(err)
 	}
 	defer rp2.Close()
-	if sum, err := rp2.Run(rctx); err != nil || sum[dlq.Republished] != 1 {
+	if sum, err := rp2.Run(rctx); err != nil || sum.Records[dlq.Republished] != 1 {
 		t.Fatalf("republish: %v, %v", sum, err)
 	}
 	msgs := testenv.ReadAll(t, testenv.Brokers(t), e.topic)

@@ -60,7 +60,7 @@ func TestRedriveOldDeadLetterDailyLayout(t *testing.T) {
 	if err != nil {
 		t.Errorf("redrive run stopped: %v (summary %v)", err, sum)
 	}
-	if sum[dlq.BeyondHorizon] != 1 || sum[dlq.Applied] != 1 {
+	if sum.Records[dlq.BeyondHorizon] != 1 || sum.Records[dlq.Applied] != 1 {
 		t.Errorf("summary %v, want 1 beyond-horizon and 1 applied", sum)
 	}
 	if runs := e.runs(); runs[old] != 0 {

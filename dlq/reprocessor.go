@@ -56,10 +56,10 @@ const (
 	AlreadyReplayed Action = "already-replayed"  // this dead letter was replayed before: no-op
 	Republished     Action = "republished"       // written back to its origin topic
 	RepublishedNoID Action = "republished-no-id" // written back without a usable message ID (see NoMessageID)
-	FailedAgain     Action = "failed-again"      // failed again: back to the dead-letter topic, history extended
-	Parked          Action = "parked"            // its replay rounds are used up: recorded, not replayed again
+	FailedAgain     Action = "failed-again"      // failed again: back to a dead-letter topic (see Destination), history extended
+	Exhausted       Action = "exhausted"         // its replay rounds are used up: recorded, not replayed again
 	NoMessageID     Action = "no-message-id"     // Redrive: no usable message ID, so no dedup: left alone
-	BeyondHorizon   Action = "beyond-horizon"    // Redrive: its ID's daily dedup partition was dropped, so no dedup: left alone
+	BeyondHorizon   Action = "beyond-horizon"    // past the dedup horizon (see ReprocessorConfig.Retention), or its daily partition dropped: left alone
 	WriteFailed     Action = "write-failed"      // could not be written back (see Item.Err): recorded, tried again by the next run
 	ValueNotFound   Action = "value-not-found"   // its stored value is missing or differs (ErrValueNotFound): left alone
 	Skipped         Action = "skipped"           // not selected by the filter
@@ -67,7 +67,7 @@ const (
 	Unreadable      Action = "unreadable"        // not an idemkit dead letter
 )
 
-// ErrReplayLimit is the Err of an Item parked because its dead letter had
+// ErrReplayLimit is the Err of an Item exhausted because its dead letter had
 // used up its replay rounds before this run.
 var ErrReplayLimit = errors.New("dlq: replay limit reached")
 
@@ -86,6 +86,13 @@ type ReprocessorConfig struct {
 	Kafka kafkaconn.Config
 	// Topic is the dead-letter topic to replay.
 	Topic string
+	// Destination chooses the dead-letter topic a dead letter that fails
+	// again in Redrive mode is written back to, from the message and its
+	// new failure (a *consumer.MessageError): give it the consumer's
+	// Writer.Route, so that it goes where the consumer would send it (its
+	// lineage, origin and history, goes with it). In Republish mode the
+	// consumer's Writer routes. Defaults to Topic.
+	Destination func(msg *consumer.Message, err error) string
 	// Mode is Redrive or Republish.
 	Mode Mode
 	// Handler re-runs a message in Redrive mode: the consumer's handler.
@@ -108,10 +115,26 @@ type ReprocessorConfig struct {
 	// Rate bounds replays per second. Defaults to 0: no bound.
 	Rate float64
 	// ReplayLimit is how many replay rounds a dead letter gets. One that
-	// fails again in its last round is parked (recorded, not written back)
+	// fails again in its last round is exhausted (recorded, not written back)
 	// in Redrive mode; in Republish mode the consumer dead-letters it once
-	// more, and the next run parks that dead letter. Defaults to 3.
+	// more, and the next run exhausts that dead letter. Defaults to 3.
 	ReplayLimit int
+	// Retention is the consumers' dedup retention (consumer.Config.Retention).
+	// With it set, a dead letter whose message ID the dedup store does not
+	// hold, and whose original message (Origin.Time) is older than the
+	// horizon — Retention minus the consumer's default HorizonMargin — is
+	// BeyondHorizon with a *consumer.HorizonError, as the consumer would
+	// refuse it: it may have been applied and its record purged since, and
+	// replaying it could apply it twice. It is left alone, unrecorded, for a
+	// run that opts in (OnBeyondHorizon). Defaults to 0: not checked.
+	Retention time.Duration
+	// OnBeyondHorizon says what happens to a dead letter past the horizon
+	// of Retention: consumer.HorizonFail reports it as BeyondHorizon;
+	// consumer.HorizonApply replays it like any other. A dead letter whose
+	// daily dedup partition was dropped cannot be claimed at all: it is
+	// BeyondHorizon (recorded) whatever this says. Defaults to
+	// consumer.HorizonFail.
+	OnBeyondHorizon consumer.HorizonPolicy
 	// ReplayedBy is recorded as who replayed. Defaults to user@host.
 	ReplayedBy string
 	// Retry paces the handler's attempts within one replay and writes to
@@ -140,15 +163,99 @@ type Item struct {
 	// Action is what was done; in a dry run, what would be done.
 	Action Action
 	// Err is the dead letter's own error: the handler's for FailedAgain and
-	// Parked, ErrReplayLimit for a dead letter parked without a new round,
+	// Exhausted, ErrReplayLimit for a dead letter exhausted without a new round,
 	// ErrNoMessageID for NoMessageID and RepublishedNoID, ErrNotDeadLetter for
 	// Unreadable, ErrValueNotFound for ValueNotFound, and for WriteFailed the
 	// write's error, naming the letter.
 	Err error
 }
 
-// Summary counts actions.
-type Summary map[Action]int
+// Counts counts dead letters by Action.
+type Counts map[Action]int
+
+// Summary is what one Run did, counted two ways.
+type Summary struct {
+	// Records counts dead-letter records, one per Item: the same message
+	// dead-lettered twice (see "Dead-lettering" in the package doc), or in
+	// two replay rounds, counts twice.
+	Records Counts
+	// Messages counts distinct origin messages (origin topic, incarnation,
+	// partition and offset), each once, under the Action of its dead letter
+	// of the highest round read (of its copies, the first); each
+	// unreadable record counts as one message.
+	Messages Counts
+}
+
+// originKey identifies an origin message.
+type originKey struct {
+	topic               string
+	incarnation, offset int64
+	partition           int
+}
+
+// letterKey identifies a dead letter: its origin and round.
+type letterKey struct {
+	originKey
+	round int
+}
+
+func keyOf(d *DeadLetter) letterKey {
+	return letterKey{originKey{d.Origin.Topic, d.Origin.Incarnation, d.Origin.Offset, d.Origin.Partition}, d.Round}
+}
+
+// tally builds a Summary.
+type tally struct {
+	sum    Summary
+	latest map[originKey]letterAction
+}
+
+type letterAction struct {
+	round  int
+	action Action
+}
+
+func (t *tally) add(it Item) {
+	t.sum.Records[it.Action]++
+	if it.DeadLetter == nil {
+		t.sum.Messages[it.Action]++
+		return
+	}
+	k := keyOf(it.DeadLetter)
+	if prev, ok := t.latest[k.originKey]; !ok || k.round > prev.round {
+		t.latest[k.originKey] = letterAction{k.round, it.Action}
+	}
+}
+
+func (t *tally) summary() Summary {
+	for _, la := range t.latest {
+		t.sum.Messages[la.action]++
+	}
+	return t.sum
+}
+
+// dryRun is what a dry run decided so far, that the real run would have
+// written down by then: a dry run consults it where the real run reads
+// its records and its claims.
+type dryRun struct {
+	recorded map[letterKey]bool // replay records the real run would have written
+	claimed  map[claimKey]bool  // Redrive: message IDs it would have claimed
+}
+
+type claimKey struct{ consumer, id string }
+
+// remember notes what the real run would have written for d, done as a.
+func (dr *dryRun) remember(d *DeadLetter, a Action, mode Mode) {
+	switch a {
+	case WouldReplay:
+		if mode == Redrive {
+			dr.claimed[claimKey{d.Consumer, d.MessageID}] = true
+		}
+	case AlreadyApplied, Exhausted:
+	default:
+		return // nothing recorded: NoMessageID, BeyondHorizon left alone
+	}
+	dr.recorded[keyOf(d)] = true
+}
 
 // Reprocessor replays a dead-letter topic once, from its start to the end it
 // has when Run starts.
@@ -189,6 +296,10 @@ func NewReprocessor(pool *pgxpool.Pool, cfg *ReprocessorConfig) (*Reprocessor, e
 		return nil, invalid("ReplayLimit must not be negative")
 	case c.MaxOutage < 0:
 		return nil, invalid("MaxOutage must not be negative")
+	case c.Retention < 0:
+		return nil, invalid("Retention must not be negative")
+	case c.OnBeyondHorizon != consumer.HorizonFail && c.OnBeyondHorizon != consumer.HorizonApply:
+		return nil, invalid("OnBeyondHorizon must be consumer.HorizonFail or consumer.HorizonApply")
 	}
 	c.ReplayLimit = cmp.Or(c.ReplayLimit, ReplayLimitDefault)
 	c.ReplayedBy = cmp.Or(c.ReplayedBy, whoami())
@@ -242,19 +353,24 @@ func whoami() string {
 type run struct {
 	*Reprocessor
 	pg, kafka *outage.Waiter
+	dry       *dryRun // nil unless DryRun
 }
 
-// Run replays every selected dead letter once and returns what it did. A
-// dead letter's own trouble (no message ID, a handler that fails again, a
-// write back that fails, a stored value that is missing) is that dead
-// letter's Action, never the end of the run. A dead letter whose value was
-// stored apart (see WriterConfig.Pool) is replayed with that value. Run waits out
+// Run replays every selected dead letter once and returns what it did (see
+// Summary: per dead-letter record and per origin message). A dead letter's
+// own trouble (no message ID, a handler that fails again, a write back that
+// fails, a stored value that is missing) is that dead letter's Action,
+// never the end of the run. A dead letter whose value was stored apart (see
+// WriterConfig.Pool) is replayed with that value. Run waits out
 // outages of PostgreSQL and Kafka (see MaxOutage) and goes on where it was;
 // it stops at the first other error it cannot attribute to one dead letter.
 // Running it again is safe: dead letters already replayed are recognised
-// and left alone.
+// and left alone. A dry run decides each dead letter as the real run would
+// at that point, remembering what it decided for the dead letters before:
+// a second copy of a dead letter is AlreadyReplayed, and in Redrive mode a
+// message ID already decided for replay is AlreadyApplied.
 func (r *Reprocessor) Run(ctx context.Context) (Summary, error) {
-	sum := Summary{}
+	tl := &tally{sum: Summary{Records: Counts{}, Messages: Counts{}}, latest: map[originKey]letterAction{}}
 	var pace <-chan time.Time
 	if r.cfg.Rate > 0 {
 		t := time.NewTicker(time.Duration(float64(time.Second) / r.cfg.Rate))
@@ -264,6 +380,9 @@ func (r *Reprocessor) Run(ctx context.Context) (Summary, error) {
 	rn := &run{Reprocessor: r,
 		pg:    &outage.Waiter{Op: "replay " + r.cfg.Topic + ": postgres", Log: r.cfg.Logger, Max: r.cfg.MaxOutage},
 		kafka: &outage.Waiter{Op: "replay " + r.cfg.Topic + ": kafka", Log: r.cfg.Logger, Max: r.cfg.MaxOutage}}
+	if r.cfg.DryRun {
+		rn.dry = &dryRun{recorded: map[letterKey]bool{}, claimed: map[claimKey]bool{}}
+	}
 	err := rn.scan(ctx, func(m kafka.Message) error {
 		item := Item{Raw: m}
 		d, err := Parse(m)
@@ -285,8 +404,11 @@ func (r *Reprocessor) Run(ctx context.Context) (Summary, error) {
 			if err != nil {
 				return err
 			}
+			if rn.dry != nil {
+				rn.dry.remember(d, item.Action, r.cfg.Mode)
+			}
 		}
-		sum[item.Action]++
+		tl.add(item)
 		if r.cfg.Progress != nil {
 			r.cfg.Progress(item)
 		}
@@ -296,7 +418,7 @@ func (r *Reprocessor) Run(ctx context.Context) (Summary, error) {
 	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
 		err = notMigratedError{err}
 	}
-	return sum, err
+	return tl.summary(), err
 }
 
 // notMigratedError is err, a missing table, matching ErrNotMigrated.
@@ -358,7 +480,7 @@ func (rn *run) replay(ctx context.Context, d *DeadLetter) (Action, error, error)
 	if err != nil {
 		return "", nil, err
 	}
-	if done {
+	if done || rn.dry != nil && rn.dry.recorded[keyOf(d)] {
 		return AlreadyReplayed, nil, nil
 	}
 	idErr := d.CheckID()
@@ -372,6 +494,9 @@ func (rn *run) replay(ctx context.Context, d *DeadLetter) (Action, error, error)
 		if err != nil {
 			return "", nil, fmt.Errorf("dlq: check dedup for %s: %w", d.MessageID, err)
 		}
+		if rn.dry != nil && rn.dry.claimed[claimKey{d.Consumer, d.MessageID}] {
+			applied = true
+		}
 		if applied {
 			if rn.cfg.DryRun {
 				return AlreadyApplied, nil, nil
@@ -383,9 +508,14 @@ func (rn *run) replay(ctx context.Context, d *DeadLetter) (Action, error, error)
 		// Its last round failed (in Republish mode, in the consumer).
 		perr := fmt.Errorf("%w after %d round(s): %s", ErrReplayLimit, d.Round, d.Last().Error)
 		if rn.cfg.DryRun {
-			return Parked, perr, nil
+			return Exhausted, perr, nil
 		}
-		return Parked, perr, rn.record(ctx, d, Parked, d.Last().Error)
+		return Exhausted, perr, rn.record(ctx, d, Exhausted, d.Last().Error)
+	}
+	if idErr == nil {
+		if herr := rn.beyondHorizon(d, time.Now()); herr != nil {
+			return BeyondHorizon, herr, nil
+		}
 	}
 	switch {
 	case idErr != nil && rn.cfg.Mode == Redrive:
@@ -415,6 +545,22 @@ func (rn *run) replay(ctx context.Context, d *DeadLetter) (Action, error, error)
 		return action, idErr, rn.record(ctx, d, action, "")
 	}
 	return rn.redrive(ctx, d)
+}
+
+// beyondHorizon returns the *consumer.HorizonError of a dead letter whose
+// original message is older than the horizon of Retention, by now; nil when
+// Retention is not set, the operator opted in, or the message had no
+// timestamp. The caller found no dedup record for its ID.
+func (rn *run) beyondHorizon(d *DeadLetter, now time.Time) *consumer.HorizonError {
+	ret := rn.cfg.Retention
+	if ret <= 0 || rn.cfg.OnBeyondHorizon == consumer.HorizonApply || d.Origin.Time.IsZero() {
+		return nil
+	}
+	horizon := ret - min(ret/10, consumer.HorizonMarginMax) // the consumer's default margin
+	if age := now.Sub(d.Origin.Time); age > horizon {
+		return &consumer.HorizonError{Time: d.Origin.Time, Age: age, Horizon: horizon}
+	}
+	return nil
 }
 
 // republishable is the original message, bound for its origin topic, with
@@ -511,13 +657,13 @@ func (rn *run) redrive(ctx context.Context, d *DeadLetter) (Action, error, error
 		}
 	}
 	// The handler failed again: extend the history, and either send the
-	// message around once more or, in its last round, park it.
+	// message around once more or, in its last round, exhaust it.
 	f := Failure{Error: pgtext.Text(herr.Error(), maxErrorText), Class: class.String(), Attempts: attempts,
 		FirstFailure: first.UTC(), LastFailure: time.Now().UTC()}
 	if d.Round+1 >= rn.cfg.ReplayLimit {
-		return Parked, herr, rn.record(ctx, d, Parked, f.Error)
+		return Exhausted, herr, rn.record(ctx, d, Exhausted, f.Error)
 	}
-	next := &letter{topic: rn.cfg.Topic, orig: d.Message, origin: d.Origin, group: d.Group, name: d.Consumer,
+	next := &letter{topic: rn.destination(msg, herr, class, f), orig: d.Message, origin: d.Origin, group: d.Group, name: d.Consumer,
 		id: d.MessageID, history: extend(d.History, f),
 		src: source{topic: d.Message.Topic, partition: d.Message.Partition, offset: d.Message.Offset, id: d.MessageID}}
 	if err := rn.back.writeLetter(ctx, next, rn.kafka, rn.pg); err != nil {
@@ -539,6 +685,17 @@ func (rn *run) writeFailed(ctx context.Context, d *DeadLetter, err error) (Actio
 	err = fmt.Errorf("dead letter %s/%d/%d (message %q from %s/%d/%d): %w", m.Topic, m.Partition, m.Offset,
 		d.MessageID, d.Origin.Topic, d.Origin.Partition, d.Origin.Offset, err)
 	return WriteFailed, err, rn.record(ctx, d, WriteFailed, err.Error())
+}
+
+// destination is the dead-letter topic of msg, which failed again with
+// herr (f): Destination's choice, or Topic.
+func (rn *run) destination(msg *consumer.Message, herr error, class retry.Class, f Failure) string {
+	if rn.cfg.Destination == nil {
+		return rn.cfg.Topic
+	}
+	merr := &consumer.MessageError{Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset, ID: msg.ID,
+		Attempts: f.Attempts, Class: class, FirstFailure: f.FirstFailure, LastFailure: f.LastFailure, Err: herr}
+	return cmp.Or(rn.cfg.Destination(msg, merr), rn.cfg.Topic)
 }
 
 // redriveTx is one attempt: a transaction that records the replay, claims

@@ -43,7 +43,7 @@ func TestRepublishCoordinateIDOnce(t *testing.T) {
 	id := consumer.CoordinateID(e.topic, 0, 0, 0)
 
 	sum, err := e.reprocessor(dlq.Republish, nil, nil).Run(context.Background())
-	if err != nil || sum[dlq.Republished] != 1 {
+	if err != nil || sum.Records[dlq.Republished] != 1 {
 		t.Fatalf("republish: %v %v", sum, err)
 	}
 	// The replay record is lost (as by a crash right after the write): the
@@ -52,7 +52,7 @@ func TestRepublishCoordinateIDOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	sum, err = e.reprocessor(dlq.Republish, nil, nil).Run(context.Background())
-	if err != nil || sum[dlq.Republished] != 1 {
+	if err != nil || sum.Records[dlq.Republished] != 1 {
 		t.Fatalf("republish again: %v %v", sum, err)
 	}
 	fixed.Store(true)

@@ -21,9 +21,9 @@ import (
 // of error text.
 const nearLimit = 1048588 - 3000
 
-// deadLetter writes one dead letter for a message of origin topic at
+// deadLetterOf writes one dead letter for a message of origin topic at
 // offset, as a consumer's OnFailure would.
-func (e *env) deadLetter(w *dlq.Writer, origin string, offset int64, id string, key, value []byte) {
+func (e *env) deadLetterOf(w *dlq.Writer, origin string, offset int64, id string, key, value []byte) {
 	e.t.Helper()
 	msg := &consumer.Message{Message: kafka.Message{Topic: origin, Offset: offset, Key: key, Value: value,
 		Headers: []kafka.Header{{Key: consumer.IDHeaderDefault, Value: []byte(id)}}}, ID: id}
@@ -73,13 +73,13 @@ func TestLetterTooLargeForItsNextRoundIsStored(t *testing.T) {
 	}
 	defer w.Close()
 	value := bigValue(nearLimit)
-	e.deadLetter(w, e.topic, 0, "a", []byte("k"), value)
-	e.deadLetter(w, e.topic, 1, "b", []byte("k"), []byte("small"))
+	e.deadLetterOf(w, e.topic, 0, "a", []byte("k"), value)
+	e.deadLetterOf(w, e.topic, 1, "b", []byte("k"), []byte("small"))
 	if d := e.deadLetters()[0]; d.StoredValue != nil || len(d.Message.Value) != nearLimit {
 		t.Fatalf("round 0 letter stored apart (%+v) or cut (%d bytes)", d.StoredValue, len(d.Message.Value))
 	}
 	sum, _, err := e.redrive(map[string]bool{"a": true})
-	if err != nil || sum[dlq.FailedAgain] != 1 || sum[dlq.Applied] != 1 {
+	if err != nil || sum.Records[dlq.FailedAgain] != 1 || sum.Records[dlq.Applied] != 1 {
 		t.Fatalf("first run: %v, %v; want a failed again, b applied", sum, err)
 	}
 	dls := e.deadLetters()
@@ -88,7 +88,7 @@ func TestLetterTooLargeForItsNextRoundIsStored(t *testing.T) {
 	}
 	var got []byte
 	sum, _, err = e.redrive(nil)
-	if err != nil || sum[dlq.Applied] != 1 || sum[dlq.AlreadyReplayed] != 2 {
+	if err != nil || sum.Records[dlq.Applied] != 1 || sum.Records[dlq.AlreadyReplayed] != 2 {
 		t.Fatalf("second run: %v, %v; want a's round 1 applied", sum, err)
 	}
 	if err := e.db.Pool.QueryRow(context.Background(), `SELECT value FROM `+e.db.Table("idemkit_dlq_values")).Scan(&got); err != nil {
@@ -114,10 +114,10 @@ func TestWriteBackFailureIsTheLettersAction(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	e.deadLetter(w, e.topic, 0, "a", bigValue(nearLimit), []byte("small"))
-	e.deadLetter(w, e.topic, 1, "b", []byte("k"), []byte("small"))
+	e.deadLetterOf(w, e.topic, 0, "a", bigValue(nearLimit), []byte("small"))
+	e.deadLetterOf(w, e.topic, 1, "b", []byte("k"), []byte("small"))
 	sum, items, err := e.redrive(map[string]bool{"a": true})
-	if err != nil || sum[dlq.WriteFailed] != 1 || sum[dlq.Applied] != 1 {
+	if err != nil || sum.Records[dlq.WriteFailed] != 1 || sum.Records[dlq.Applied] != 1 {
 		t.Fatalf("first run: %v, %v; want a write-failed, b applied", sum, err)
 	}
 	if it := items[0]; it.Action != dlq.WriteFailed || !errors.Is(it.Err, kafka.MessageSizeTooLarge) ||
@@ -130,7 +130,7 @@ func TestWriteBackFailureIsTheLettersAction(t *testing.T) {
 		t.Fatalf("record of a: %q %q %v", outcome, detail, err)
 	}
 	sum, _, err = e.redrive(nil)
-	if err != nil || sum[dlq.Applied] != 1 || sum[dlq.AlreadyReplayed] != 1 {
+	if err != nil || sum.Records[dlq.Applied] != 1 || sum.Records[dlq.AlreadyReplayed] != 1 {
 		t.Fatalf("second run: %v, %v; want a applied", sum, err)
 	}
 	if runs := e.runs(); runs["a"] != 1 || runs["b"] != 1 {
@@ -151,8 +151,8 @@ func TestRepublishFailureIsTheLettersAction(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	e.deadLetter(w, testenv.Name(t, "gone"), 0, "a", []byte("k"), []byte("v")) // its origin topic does not exist
-	e.deadLetter(w, e.topic, 1, "b", []byte("k"), []byte("v"))
+	e.deadLetterOf(w, testenv.Name(t, "gone"), 0, "a", []byte("k"), []byte("v")) // its origin topic does not exist
+	e.deadLetterOf(w, e.topic, 1, "b", []byte("k"), []byte("v"))
 	rp, err := dlq.NewReprocessor(e.db.Pool, &dlq.ReprocessorConfig{Kafka: testenv.Kafka(t), Topic: e.dlq,
 		Mode: dlq.Republish, Schema: e.db.Schema, Logger: e.logger,
 		Retry: retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 2}})
@@ -163,7 +163,7 @@ func TestRepublishFailureIsTheLettersAction(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	sum, err := rp.Run(ctx)
-	if err != nil || sum[dlq.WriteFailed] != 1 || sum[dlq.Republished] != 1 {
+	if err != nil || sum.Records[dlq.WriteFailed] != 1 || sum.Records[dlq.Republished] != 1 {
 		t.Fatalf("run: %v, %v; want a write-failed, b republished", sum, err)
 	}
 }

@@ -33,6 +33,7 @@ const (
 	HeaderOriginPartition   = "idemkit-dlq-origin-partition"
 	HeaderOriginOffset      = "idemkit-dlq-origin-offset"
 	HeaderOriginIncarnation = "idemkit-dlq-origin-incarnation" // consumer.Message.Incarnation; absent means 0
+	HeaderOriginTime        = "idemkit-dlq-origin-time"        // the message's record timestamp, RFC 3339; absent when it had none
 	HeaderGroup             = "idemkit-dlq-group"
 	HeaderConsumer          = "idemkit-dlq-consumer" // the dedup name: replays use the same scope
 	HeaderMessageID         = "idemkit-dlq-message-id"
@@ -73,10 +74,14 @@ type WriterConfig struct {
 	// package kafkaconn). The writer makes its transport from it and closes
 	// it in Close.
 	Kafka kafkaconn.Config
-	// Topic is the dead-letter topic. Defaults to the origin topic with
-	// ".dlq" appended. It must exist: the writer never creates it (see
-	// CreateTopic).
+	// Topic is the dead-letter topic of the failures no Route matches.
+	// Defaults to the origin topic with ".dlq" appended. It must exist: the
+	// writer never creates it (see CreateTopic).
 	Topic string
+	// Routes send failures to dead-letter topics by error: the first Route
+	// whose Match reports true chooses the topic; a failure none matches
+	// goes to Topic. Each topic must exist. Defaults to none.
+	Routes []Route
 	// Group and Consumer are recorded in the headers: the consumer group and
 	// the dedup name of the consumer that gave up. Consumer defaults to Group.
 	Group, Consumer string
@@ -154,6 +159,26 @@ const fallbackLimit = 1048588
 // limitTTL is how long a topic's max.message.bytes is cached.
 const limitTTL = time.Minute
 
+// Route sends the failures it matches to a dead-letter topic of their own
+// (see WriterConfig.Routes), e.g. validation errors to "orders.invalid".
+type Route struct {
+	// Topic is the dead-letter topic.
+	Topic string
+	// Match reports whether a failure goes to Topic. err is a
+	// *consumer.MessageError wrapping the handler's error (errors.Is and
+	// errors.As see through it). Match must not block; a Match that panics
+	// counts as no match (logged).
+	Match func(msg *consumer.Message, err error) bool
+}
+
+// RouteErrors is a Route to topic for the failures whose error matches one
+// of targets (errors.Is).
+func RouteErrors(topic string, targets ...error) Route {
+	return Route{Topic: topic, Match: func(_ *consumer.Message, err error) bool {
+		return slices.ContainsFunc(targets, func(t error) bool { return errors.Is(err, t) })
+	}}
+}
+
 // Writer publishes messages that failed for good to a dead-letter topic, with
 // their origin and failure history in headers, acknowledged by all in-sync
 // replicas. Its OnFailure method is a consumer.FailureFunc.
@@ -202,7 +227,13 @@ func newWriter(cfg *WriterConfig) (*Writer, error) {
 	if cfg.MaxOutage < 0 {
 		return nil, fmt.Errorf("%w: MaxOutage must not be negative", ErrInvalidConfig)
 	}
+	for i, r := range cfg.Routes {
+		if r.Topic == "" || r.Match == nil {
+			return nil, fmt.Errorf("%w: Routes[%d] needs a Topic and a Match", ErrInvalidConfig, i)
+		}
+	}
 	c := *cfg
+	c.Routes = slices.Clone(c.Routes)
 	c.Consumer = cmp.Or(c.Consumer, c.Group)
 	if reflect.ValueOf(c.Retry).IsZero() {
 		c.Retry = retry.Policy{MaxAttempts: -1, MaxElapsedTime: -1}
@@ -242,9 +273,61 @@ func (w *Writer) Close() error {
 	return err
 }
 
-// TopicFor returns the dead-letter topic for messages from origin.
+// TopicFor returns the dead-letter topic for messages from origin that no
+// Route matches.
 func (w *Writer) TopicFor(origin string) string {
 	return cmp.Or(w.cfg.Topic, origin+TopicSuffixDefault)
+}
+
+// Topics returns every dead-letter topic messages from origin may go to:
+// the Routes' topics, in order, then TopicFor(origin), each once. List them
+// all to see, count or replay every destination (dlq.ListConfig.Topics,
+// `idemkit dlq list -topic a,b`).
+func (w *Writer) Topics(origin string) []string {
+	var out []string
+	for _, r := range w.cfg.Routes {
+		if !slices.Contains(out, r.Topic) {
+			out = append(out, r.Topic)
+		}
+	}
+	if t := w.TopicFor(origin); !slices.Contains(out, t) {
+		out = append(out, t)
+	}
+	return out
+}
+
+// Route returns the dead-letter topic OnFailure writes msg to for err:
+// the first Route that matches, else TopicFor(msg.Topic). It is a
+// ReprocessorConfig.Destination.
+func (w *Writer) Route(msg *consumer.Message, err error) string {
+	var merr *consumer.MessageError
+	if !errors.As(err, &merr) {
+		merr = &consumer.MessageError{Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset, ID: msg.ID,
+			Attempts: 1, Class: retry.Classify(err), Err: err}
+	}
+	return w.route(msg, merr)
+}
+
+// route is Route for a *consumer.MessageError.
+func (w *Writer) route(msg *consumer.Message, err *consumer.MessageError) string {
+	for i, r := range w.cfg.Routes {
+		if w.match(r, i, msg, err) {
+			return r.Topic
+		}
+	}
+	return w.TopicFor(msg.Topic)
+}
+
+// match is r.Match, a panic counting as no match.
+func (w *Writer) match(r Route, i int, msg *consumer.Message, err error) (ok bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			w.cfg.Logger.Error("dead-letter route panicked; trying the next one", "route", i, "topic", r.Topic,
+				"message_id", msg.ID, "panic", fmt.Sprint(v))
+			ok = false
+		}
+	}()
+	return r.Match(msg, err)
 }
 
 // OnFailure writes msg to the dead-letter topic and returns nil once the
@@ -267,7 +350,8 @@ func (w *Writer) OnFailure(ctx context.Context, msg *consumer.Message, err error
 	}
 	f := Failure{Error: pgtext.Text(merr.Err.Error(), maxErrorText), Class: merr.Class.String(), Attempts: merr.Attempts,
 		FirstFailure: merr.FirstFailure.UTC(), LastFailure: merr.LastFailure.UTC()}
-	origin := Origin{Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset, Incarnation: msg.Incarnation}
+	origin := Origin{Topic: msg.Topic, Partition: msg.Partition, Offset: msg.Offset, Incarnation: msg.Incarnation,
+		Time: msg.Time.UTC()}
 	var history []Failure
 	if lin, err := readLineage(msg.Headers); err != nil {
 		w.cfg.Logger.Warn("republished message with an unreadable lineage header; dead-lettering it as a first failure",
@@ -275,7 +359,7 @@ func (w *Writer) OnFailure(ctx context.Context, msg *consumer.Message, err error
 	} else if lin != nil && lin.Origin.Topic == msg.Topic && lin.Consumer == w.cfg.Consumer {
 		origin, history = lin.Origin, lin.History
 	}
-	dl := &letter{topic: w.TopicFor(msg.Topic), orig: msg.Message, origin: origin, group: w.cfg.Group,
+	dl := &letter{topic: w.route(msg, merr), orig: msg.Message, origin: origin, group: w.cfg.Group,
 		name: w.cfg.Consumer, id: msg.ID, history: extend(history, f),
 		src: source{topic: msg.Topic, partition: msg.Partition, offset: msg.Offset, id: msg.ID}}
 	kafkaWait := &outage.Waiter{Op: "write to " + dl.topic + ": kafka", Log: w.cfg.Logger, Max: w.cfg.MaxOutage}
@@ -562,6 +646,9 @@ type Origin struct {
 	// Incarnation is the topic's incarnation (see consumer.Message): offsets
 	// of two incarnations of a topic are unrelated.
 	Incarnation int64 `json:"incarnation"`
+	// Time is the message's record timestamp, zero when it had none: what
+	// the dedup horizon is measured against (see ReprocessorConfig.Retention).
+	Time time.Time `json:"time,omitzero"`
 }
 
 // lineage is what a republished message carries in HeaderLineage.
@@ -611,6 +698,9 @@ func build(orig kafka.Message, o Origin, group, name, id string, history []Failu
 	add(HeaderOriginPartition, strconv.Itoa(o.Partition))
 	add(HeaderOriginOffset, strconv.FormatInt(o.Offset, 10))
 	add(HeaderOriginIncarnation, strconv.FormatInt(o.Incarnation, 10))
+	if !o.Time.IsZero() {
+		add(HeaderOriginTime, o.Time.Format(time.RFC3339Nano))
+	}
 	add(HeaderGroup, group)
 	add(HeaderConsumer, name)
 	add(HeaderMessageID, id)

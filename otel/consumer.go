@@ -429,21 +429,34 @@ func (c *Consumer) batchMiddleware(next consumer.BatchHandler) consumer.BatchHan
 
 // DeadLetters returns w.OnFailure counting each message it wrote
 // (idemkit_dlq_writes_total, labelled with the consumer, the origin topic
-// and w.TopicFor(origin)). Set it as the consumer's Config.OnFailure, before
-// consumer.New. A write that failed is not counted here: the consumer keeps
-// the message; DeadLetterWriter counts the failures.
+// and the dead-letter topic it went to: w.Route's choice). Every
+// destination of the consumer's topic (w.Topics) starts at zero. Set it as
+// the consumer's Config.OnFailure, before consumer.New. A write that failed
+// is not counted here: the consumer keeps the message; DeadLetterWriter
+// counts the failures.
 func (c *Consumer) DeadLetters(w *dlq.Writer) consumer.FailureFunc {
-	own := attrs(keyConsumer, c.name, keyTopic, c.topic, keyDLQTopic, w.TopicFor(c.topic))
-	c.t.dlq.writes.Add(context.Background(), 0, own.add...)
+	type key struct{ topic, dlqTopic string }
+	var mu sync.Mutex
+	opts := map[key]attrOpts{}
+	get := func(topic, dlqTopic string) attrOpts {
+		mu.Lock()
+		defer mu.Unlock()
+		k := key{topic, dlqTopic}
+		o, ok := opts[k]
+		if !ok {
+			o = attrs(keyConsumer, c.name, keyTopic, topic, keyDLQTopic, dlqTopic)
+			opts[k] = o
+		}
+		return o
+	}
+	for _, t := range w.Topics(c.topic) {
+		c.t.dlq.writes.Add(context.Background(), 0, get(c.topic, t).add...)
+	}
 	return func(ctx context.Context, msg *consumer.Message, err error) error {
-		if err := w.OnFailure(ctx, msg, err); err != nil {
-			return err
+		if werr := w.OnFailure(ctx, msg, err); werr != nil {
+			return werr
 		}
-		opt := own
-		if msg.Topic != c.topic {
-			opt = attrs(keyConsumer, c.name, keyTopic, msg.Topic, keyDLQTopic, w.TopicFor(msg.Topic))
-		}
-		c.t.dlq.writes.Add(ctx, 1, opt.add...)
+		c.t.dlq.writes.Add(ctx, 1, get(msg.Topic, w.Route(msg, err)).add...)
 		return nil
 	}
 }

@@ -15,6 +15,7 @@
 //	err = c.Observe(r)                // gauges: lag, position, parked, ages, retention
 //	defer c.Close()
 //	err = tel.Reprocessor(&rcfg)      // optional: count replays of a dlq.Reprocessor
+//	d, err := tel.ObserveDeadLetters(pool, &lcfg) // optional: a dead-letter topic's messages per state
 //
 // TracerProvider and MeterProvider default to the global providers; a
 // no-op provider turns traces or metrics off.
@@ -88,6 +89,7 @@
 //	idemkit_dedup_daily_partitions_ahead_days{consumer}        gauge (daily layout only)
 //	idemkit_dlq_writes_total{consumer,topic,dlq_topic}
 //	idemkit_dlq_replayed_total{dlq_topic,outcome}
+//	idemkit_dlq_messages{dlq_topic,state}                      gauge (ObserveDeadLetters)
 //
 // The exporter adds otel_scope_name, otel_scope_version and
 // otel_scope_schema_url labels (ScopeName, "", the semconv schema) unless it

@@ -18,6 +18,7 @@ const (
 	keyOp        = "op"
 	keyDLQTopic  = "dlq_topic"
 	keyAction    = "action"
+	keyState     = "state"
 )
 
 // consumerInstruments are the consumer's instruments. Their names, with
@@ -94,16 +95,20 @@ type dlqInstruments struct {
 	writes        metric.Int64Counter // idemkit_dlq_writes_total
 	replayed      metric.Int64Counter // idemkit_dlq_replayed_total
 	writeFailures metric.Int64Counter // idemkit_dead_letter_write_failures_total
+	// Observed by each DeadLetterTopic's callback.
+	messages metric.Int64ObservableGauge // idemkit_dlq_messages
 }
 
 func newDLQInstruments(m metric.Meter) (dlqInstruments, error) {
 	var in dlqInstruments
-	var errs [3]error
+	var errs [4]error
 	in.writes, errs[0] = m.Int64Counter("idemkit.dlq.writes", metric.WithUnit("{message}"),
 		metric.WithDescription("Messages written to a dead-letter topic."))
 	in.replayed, errs[1] = m.Int64Counter("idemkit.dlq.replayed", metric.WithUnit("{message}"),
 		metric.WithDescription("Dead letters a reprocessor handled, by what it did with them."))
 	in.writeFailures, errs[2] = m.Int64Counter("idemkit.dead_letter.write_failures", metric.WithUnit("{attempt}"),
 		metric.WithDescription("Failed attempts to write a dead letter, retried or given up: the message waits meanwhile."))
+	in.messages, errs[3] = m.Int64ObservableGauge("idemkit.dlq.messages", metric.WithUnit("{message}"),
+		metric.WithDescription("Origin messages of a dead-letter topic, by state (unresolved: no replay decided them)."))
 	return in, errors.Join(errs[:]...)
 }

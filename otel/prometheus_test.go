@@ -204,6 +204,12 @@ func TestPrometheusNames(t *testing.T) {
 	if _, err := rp.Run(ctx); err != nil {
 		t.Fatal(err)
 	}
+	dl, err := tel.ObserveDeadLetters(e.db.Pool, &dlq.ListConfig{Kafka: testenv.Kafka(t), Topics: []string{dlqTopic},
+		Schema: e.store.Tables().Schema, Tables: e.store.Tables().Tables})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dl.Close()
 
 	// Wait until the runner holds both partitions (lag and position per
 	// partition), then scrape.

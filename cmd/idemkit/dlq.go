@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
@@ -29,6 +31,8 @@ type dlqFlags struct {
 	rate            float64
 	replayLimit     int
 	maxOutage       time.Duration
+	retention       time.Duration
+	applyOld        bool
 	filter          dlq.Filter
 	json            bool
 	red             redactor
@@ -36,12 +40,21 @@ type dlqFlags struct {
 	offset          int64
 }
 
-const dlqListHelp = `Lists the dead letters of a dead-letter topic (written by dlq.Writer), one line
-each: where it is (PARTITION/OFFSET), message ID, origin topic/partition/offset,
-replay round, error class, attempts, last failure and last error. It only reads.
+const dlqListHelp = `Lists the dead letters of dead-letter topics (written by dlq.Writer; -topic a,b
+lists several, e.g. every destination of a Writer with Routes, so that a message's
+rounds in several of them group together), one line each, grouped per origin message: where it is (PARTITION/OFFSET), its state, message
+ID, origin topic/partition/offset, replay round, error class, attempts, last failure
+and last error. It only reads.
+The state comes from the replay records in PostgreSQL (-database, -schema):
+unresolved (no replay decided it), replayed (republished; its consumer decides),
+applied (redriven, or found applied), exhausted (its replay rounds are used up),
+superseded (it failed again and a later round stands for its message) or
+beyond-horizon (its ID can no longer be deduplicated). An origin message has the
+state of its latest round; the last line counts origin messages per state.
+Without a database the states are unknown (?).
 Error texts are redacted unless -show-payload: see below.
--json prints one JSON object: the dead letters shown (with their history) and the
-count read.`
+-json prints one JSON object: the dead letters shown (with their history, state and
+replay record), the origin messages, the count per state and the count read.`
 
 const dlqInspectHelp = `Shows one dead letter (or every one with the message ID): origin, consumer,
 key, value, the original headers and the history of its failures. It only reads.
@@ -59,16 +72,25 @@ base64).
 const dlqReplayHelp = `Writes each selected dead letter back to its origin topic (the consumer's dedup
 makes repeats harmless; one without message ID goes back too, and the consumer
 applies its MissingID policy again) and records who replayed what in PostgreSQL;
-one whose replay rounds are used up is parked instead. -dry-run says what would be
-done and changes nothing. To re-run a handler in-process, use dlq.Reprocessor with
-Mode Redrive from Go.`
+one whose replay rounds are used up is exhausted instead (recorded, left alone). With -retention (the
+consumers' dedup retention), one older than its horizon whose message ID the dedup
+store does not hold is left alone as beyond-horizon: it may have been applied and
+its record purged since; -apply-beyond-horizon replays it anyway. -dry-run says what would be
+done and changes nothing. The summary counts dead-letter records (a message
+dead-lettered twice is two records) and then distinct origin messages.
+-json prints one JSON object: each dead letter's action and both counts.
+To re-run a handler in-process, use dlq.Reprocessor with Mode Redrive from Go.`
 
 func dlqCmd(ctx context.Context, cmd *command, args []string, out io.Writer) (err error) {
 	sub := cmd.sub()
 	fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
 	var f dlqFlags
 	f.registerKafka(fs)
-	fs.StringVar(&f.topic, "topic", "", "dead-letter topic (required)")
+	if sub == "list" {
+		fs.StringVar(&f.topic, "topic", "", "dead-letter topics, comma-separated (required)")
+	} else {
+		fs.StringVar(&f.topic, "topic", "", "dead-letter topic (required)")
+	}
 	fs.StringVar(&f.id, "message-id", "", "select this message ID")
 	fs.StringVar(&f.id, "id", "", "same as -message-id")
 	if sub == "inspect" {
@@ -80,18 +102,25 @@ func dlqCmd(ctx context.Context, cmd *command, args []string, out io.Writer) (er
 		fs.StringVar(&f.since, "since", "", "select dead letters that last failed at or after this time (RFC 3339)")
 		fs.StringVar(&f.until, "until", "", "select dead letters that last failed before this time (RFC 3339)")
 	}
+	if sub == "list" {
+		f.registerDB(fs)
+	}
 	if sub == "replay" {
 		f.registerDB(fs)
 		fs.BoolVar(&f.dryRun, "dry-run", false, "say what would be done, change nothing")
 		fs.Float64Var(&f.rate, "rate", 0, "at most this many dead letters per second (0: no limit)")
-		fs.IntVar(&f.replayLimit, "replay-limit", dlq.ReplayLimitDefault, "rounds a dead letter gets before it is parked")
+		fs.IntVar(&f.replayLimit, "replay-limit", dlq.ReplayLimitDefault, "rounds a dead letter gets before it is exhausted (left alone)")
 		fs.DurationVar(&f.maxOutage, "max-outage", 0,
 			"give up when PostgreSQL or Kafka stays unreachable this long (0: wait for ever, logging the outage)")
+		fs.DurationVar(&f.retention, "retention", 0,
+			"the consumers' dedup retention: a dead letter past its horizon whose ID is not in the dedup store is left alone (0: not checked)")
+		fs.BoolVar(&f.applyOld, "apply-beyond-horizon", false,
+			"replay dead letters past the -retention horizon too (their message may have been applied before: only when applying twice is right)")
 	} else {
 		f.replayLimit = dlq.ReplayLimitDefault
-		fs.BoolVar(&f.json, "json", false, "print JSON")
 		f.red.register(fs)
 	}
+	fs.BoolVar(&f.json, "json", false, "print JSON")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -109,6 +138,8 @@ func dlqCmd(ctx context.Context, cmd *command, args []string, out io.Writer) (er
 		return usagef("dlq %s: -replay-limit must be at least 1, not %d", sub, f.replayLimit)
 	case f.maxOutage < 0:
 		return usagef("dlq %s: -max-outage must be >= 0 (0: wait for ever), not %v", sub, f.maxOutage)
+	case f.retention < 0:
+		return usagef("dlq %s: -retention must be >= 0 (0: not checked), not %v", sub, f.retention)
 	}
 	if err := f.parseFilter(); err != nil {
 		return err
@@ -168,16 +199,18 @@ func scanErr(err error, topic string) error {
 // letterJSON is a dead letter as -json prints it; key, value and header
 // values are redacted unless -show-payload.
 type letterJSON struct {
-	Topic     string     `json:"topic"`
-	Partition int        `json:"partition"`
-	Offset    int64      `json:"offset"`
-	MessageID string     `json:"message_id"`
-	Origin    dlq.Origin `json:"origin"`
-	Group     string     `json:"group"`
-	Consumer  string     `json:"consumer"`
-	Round     int        `json:"round"`
-	Key       *string    `json:"key,omitempty"`
-	Value     *string    `json:"value,omitempty"`
+	State     dlq.State   `json:"state,omitempty"`  // list: from the replay records
+	Replay    *dlq.Replay `json:"replay,omitempty"` // list: its replay record
+	Topic     string      `json:"topic"`
+	Partition int         `json:"partition"`
+	Offset    int64       `json:"offset"`
+	MessageID string      `json:"message_id"`
+	Origin    dlq.Origin  `json:"origin"`
+	Group     string      `json:"group"`
+	Consumer  string      `json:"consumer"`
+	Round     int         `json:"round"`
+	Key       *string     `json:"key,omitempty"`
+	Value     *string     `json:"value,omitempty"`
 	// ValueStored is the size of a value kept in PostgreSQL (see
 	// dlq.HeaderValueStored), shown in Value once read from there.
 	ValueStored *int          `json:"value_stored,omitempty"`
@@ -216,56 +249,123 @@ func (f *dlqFlags) letter(m kafka.Message, d *dlq.DeadLetter, withPayload bool) 
 	return l
 }
 
-func (f *dlqFlags) list(ctx context.Context, kc kafkaconn.Config, out io.Writer) error {
-	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	if !f.json {
-		fmt.Fprintln(tw, "AT\tMESSAGE ID\tORIGIN\tROUND\tCLASS\tATTEMPTS\tLAST FAILURE\tERROR")
+// listMessageJSON is an origin message as list -json prints it.
+type listMessageJSON struct {
+	Origin      dlq.Origin `json:"origin"`
+	MessageID   string     `json:"message_id"`
+	Consumer    string     `json:"consumer"`
+	State       dlq.State  `json:"state"`
+	DeadLetters []string   `json:"dead_letters"` // TOPIC/PARTITION/OFFSET of each, in the order read
+}
+
+// stateOrder is the order in which list and status print states.
+var stateOrder = []dlq.State{dlq.StateUnresolved, dlq.StateReplayed, dlq.StateApplied, dlq.StateExhausted,
+	dlq.StateSuperseded, dlq.StateBeyondHorizon}
+
+// states says n in stateOrder ("2 unresolved, 1 applied").
+func states(n map[dlq.State]int) string {
+	parts := []string{}
+	for _, s := range stateOrder {
+		if n[s] > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", n[s], s))
+		}
 	}
-	n := 0
-	letters := []letterJSON{}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
+}
+
+func (f *dlqFlags) list(ctx context.Context, kc kafkaconn.Config, out io.Writer) (err error) {
+	var pool *pgxpool.Pool
+	if f.database != "" {
+		if pool, err = connectDB(ctx, f.database); err != nil {
+			return err
+		}
+		defer pool.Close()
+	}
+	topics := strings.Split(f.topic, ",")
+	lcfg := &dlq.ListConfig{Kafka: kc, Topics: topics, Schema: f.schema, Filter: f.filter, NoPayload: true}
+	l, err := dlq.List(ctx, pool, lcfg)
+	var unknown string // why the states are unknown
+	switch {
+	case pool == nil:
+		unknown = "no database (-database or IDEMKIT_DATABASE_URL) to read the replay records from"
+	case errors.Is(err, dlq.ErrNotMigrated):
+		// The letters are still worth seeing.
+		unknown = fmt.Sprintf("schema %s has no replay records table (run idemkit migrate up, or pass -schema)", f.schema)
+		pool = nil
+		l, err = dlq.List(ctx, nil, lcfg)
+	}
+	if err != nil {
+		return f.dbErr(scanErr(err, f.topic))
+	}
+	state := func(s dlq.State) dlq.State { return cmp.Or(s, "?") }
 	type unreadable struct {
-		Partition int   `json:"partition"`
-		Offset    int64 `json:"offset"`
+		Topic     string `json:"topic"`
+		Partition int    `json:"partition"`
+		Offset    int64  `json:"offset"`
 	}
 	bad := []unreadable{}
-	err := dlq.Scan(ctx, kc, f.topic, func(m kafka.Message) error {
-		n++
-		d, err := dlq.Parse(m)
-		if err != nil {
-			bad = append(bad, unreadable{m.Partition, m.Offset})
-			if !f.json {
-				fmt.Fprintf(tw, "%d/%d\t-\t-\t-\t-\t-\t-\tnot an idemkit dead letter\n", m.Partition, m.Offset)
-			}
-			return nil
-		}
-		if !f.filter.Match(d) {
-			return nil
-		}
-		letters = append(letters, f.letter(m, d, false))
-		if f.json {
-			return nil
-		}
-		last := d.Last()
-		fmt.Fprintf(tw, "%d/%d\t%s\t%s/%d/%d\t%d\t%s\t%d\t%s\t%s\n", m.Partition, m.Offset, idOf(d),
-			d.Origin.Topic, d.Origin.Partition, d.Origin.Offset, d.Round, last.Class, last.Attempts,
-			last.LastFailure.Format(time.RFC3339), short(f.red.text(last.Error), 60))
-		return nil
-	})
-	if err != nil {
-		return scanErr(err, f.topic)
+	for _, m := range l.Unreadable {
+		bad = append(bad, unreadable{m.Topic, m.Partition, m.Offset})
 	}
 	if f.json {
+		letters, msgs := []letterJSON{}, []listMessageJSON{}
+		for _, m := range l.Messages {
+			mj := listMessageJSON{Origin: m.Origin, MessageID: m.MessageID, Consumer: m.Consumer, State: m.State}
+			for _, x := range m.Letters {
+				lj := f.letter(x.Message, x.DeadLetter, false)
+				lj.State, lj.Replay = x.State, x.Replay
+				letters = append(letters, lj)
+				mj.DeadLetters = append(mj.DeadLetters, fmt.Sprintf("%s/%d/%d", x.Message.Topic, x.Message.Partition, x.Message.Offset))
+			}
+			msgs = append(msgs, mj)
+		}
+		var count map[dlq.State]int
+		if pool != nil {
+			count = l.Count()
+		}
 		return writeJSON(out, struct {
-			Topic       string       `json:"topic"`
-			Read        int          `json:"read"`
-			DeadLetters []letterJSON `json:"dead_letters"`
-			Unreadable  []unreadable `json:"unreadable"`
-		}{f.topic, n, letters, bad})
+			Topics      []string          `json:"topics"`
+			Read        int               `json:"read"`
+			DeadLetters []letterJSON      `json:"dead_letters"`
+			Messages    []listMessageJSON `json:"messages"`
+			States      map[dlq.State]int `json:"states"` // origin messages per state; null without a database
+			Unreadable  []unreadable      `json:"unreadable"`
+		}{topics, l.Read, letters, msgs, count, bad})
+	}
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "AT\tSTATE\tMESSAGE ID\tORIGIN\tROUND\tCLASS\tATTEMPTS\tLAST FAILURE\tERROR")
+	at := func(m kafka.Message) string { // the topic too when several are listed
+		if len(topics) > 1 {
+			return fmt.Sprintf("%s/%d/%d", m.Topic, m.Partition, m.Offset)
+		}
+		return fmt.Sprintf("%d/%d", m.Partition, m.Offset)
+	}
+	n := 0
+	for _, m := range l.Messages { // grouped per origin message
+		for _, x := range m.Letters {
+			n++
+			last := x.Last()
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s/%d/%d\t%d\t%s\t%d\t%s\t%s\n", at(x.Message),
+				state(x.State), idOf(x.DeadLetter), x.Origin.Topic, x.Origin.Partition, x.Origin.Offset, x.Round,
+				last.Class, last.Attempts, last.LastFailure.Format(time.RFC3339), short(f.red.text(last.Error), 60))
+		}
+	}
+	for _, m := range l.Unreadable {
+		fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t-\t-\t-\tnot an idemkit dead letter\n", at(m))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "%d dead letter(s) shown of %d in %s\n", len(letters), n, f.topic)
+	fmt.Fprintf(out, "%d dead letter(s) of %d origin message(s) shown of %d record(s) in %s\n", n, len(l.Messages), l.Read,
+		strings.Join(topics, ", "))
+	if unknown != "" {
+		fmt.Fprintln(out, "states unknown (?): "+unknown)
+	} else {
+		fmt.Fprintf(out, "origin messages: %s\n", states(l.Count()))
+	}
 	return nil
 }
 
@@ -353,6 +453,39 @@ func (f *dlqFlags) inspect(ctx context.Context, kc kafkaconn.Config, out io.Writ
 	return nil
 }
 
+// horizonPolicy is the consumer.HorizonPolicy of -apply-beyond-horizon.
+func horizonPolicy(apply bool) consumer.HorizonPolicy {
+	if apply {
+		return consumer.HorizonApply
+	}
+	return consumer.HorizonFail
+}
+
+// replayItemJSON is one dead letter as replay -json prints it.
+type replayItemJSON struct {
+	Action    dlq.Action  `json:"action"`
+	Partition int         `json:"partition"`
+	Offset    int64       `json:"offset"`
+	MessageID *string     `json:"message_id"`
+	Origin    *dlq.Origin `json:"origin"`
+	Round     *int        `json:"round"`
+}
+
+// replayOrder is the order in which replay prints its counts.
+var replayOrder = []dlq.Action{dlq.Republished, dlq.RepublishedNoID, dlq.WouldReplay, dlq.AlreadyApplied,
+	dlq.AlreadyReplayed, dlq.Exhausted, dlq.BeyondHorizon, dlq.WriteFailed, dlq.ValueNotFound, dlq.Skipped, dlq.Unreadable}
+
+// counts says c in replayOrder ("2 republished, 1 exhausted").
+func counts(c dlq.Counts) string {
+	parts := []string{}
+	for _, a := range replayOrder {
+		if c[a] > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", c[a], a))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
 func (f *dlqFlags) replay(ctx context.Context, kc kafkaconn.Config, out io.Writer) (err error) {
 	pool, err := connectDB(ctx, f.database)
 	if err != nil {
@@ -360,12 +493,21 @@ func (f *dlqFlags) replay(ctx context.Context, kc kafkaconn.Config, out io.Write
 	}
 	defer pool.Close()
 	defer func() { err = f.dbErr(err) }()
+	items := []replayItemJSON{}
 	r, err := dlq.NewReprocessor(pool, &dlq.ReprocessorConfig{
 		Kafka: kc, Topic: f.topic, Mode: dlq.Republish,
 		Schema: f.schema, Filter: f.filter, DryRun: f.dryRun, Rate: f.rate,
-		ReplayLimit: f.replayLimit, MaxOutage: f.maxOutage,
+		ReplayLimit: f.replayLimit, MaxOutage: f.maxOutage, Retention: f.retention, OnBeyondHorizon: horizonPolicy(f.applyOld),
 		Progress: func(it dlq.Item) {
 			if it.Action == dlq.Skipped {
+				return
+			}
+			if f.json {
+				j := replayItemJSON{Action: it.Action, Partition: it.Raw.Partition, Offset: it.Raw.Offset}
+				if d := it.DeadLetter; d != nil {
+					j.MessageID, j.Origin, j.Round = &d.MessageID, &d.Origin, &d.Round
+				}
+				items = append(items, j)
 				return
 			}
 			id, origin := "-", "-"
@@ -380,20 +522,30 @@ func (f *dlqFlags) replay(ctx context.Context, kc kafkaconn.Config, out io.Write
 	}
 	defer r.Close()
 	sum, err := r.Run(ctx)
-	parts := []string{}
-	for _, a := range []dlq.Action{dlq.Republished, dlq.RepublishedNoID, dlq.WouldReplay, dlq.AlreadyApplied,
-		dlq.AlreadyReplayed, dlq.Parked, dlq.WriteFailed, dlq.ValueNotFound, dlq.Skipped, dlq.Unreadable} {
-		if sum[a] > 0 {
-			parts = append(parts, fmt.Sprintf("%d %s", sum[a], a))
-		}
+	if err != nil && f.json {
+		return scanErr(err, f.topic)
+	}
+	if f.json {
+		return writeJSON(out, struct {
+			Topic       string           `json:"topic"`
+			DryRun      bool             `json:"dry_run"`
+			DeadLetters []replayItemJSON `json:"dead_letters"`
+			Records     dlq.Counts       `json:"records"`
+			Messages    dlq.Counts       `json:"messages"`
+		}{f.topic, f.dryRun, items, sum.Records, sum.Messages})
 	}
 	verb := "replayed"
 	if f.dryRun {
 		verb = "dry run, nothing changed"
 	}
-	if len(parts) == 0 {
-		parts = []string{"no dead letters"}
+	if len(sum.Records) == 0 {
+		fmt.Fprintf(out, "%s: no dead letters\n", verb)
+	} else {
+		n := 0
+		for _, c := range sum.Messages {
+			n += c
+		}
+		fmt.Fprintf(out, "%s: %s\nper origin message (%d): %s\n", verb, counts(sum.Records), n, counts(sum.Messages))
 	}
-	fmt.Fprintf(out, "%s: %s\n", verb, strings.Join(parts, ", "))
 	return scanErr(err, f.topic)
 }

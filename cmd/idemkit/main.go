@@ -7,9 +7,9 @@
 // (rewinds, skips) a consumer's positions.
 //
 //	idemkit migrate up|down VERSION|status   [-json] -database URL [-schema S]
-//	idemkit dlq list     -topic T.dlq [filters] [-json] [redaction]  -brokers B
+//	idemkit dlq list     -topic T.dlq [filters] [-json] [redaction]  -brokers B [-database URL]
 //	idemkit dlq inspect  -topic T.dlq -id ID | -at P/O [-json] [redaction] -brokers B [-database URL]
-//	idemkit dlq replay   -topic T.dlq [filters] [-dry-run] [-rate N] [-replay-limit N] [-max-outage D] -brokers B -database URL
+//	idemkit dlq replay   -topic T.dlq [filters] [-dry-run] [-rate N] [-replay-limit N] [-max-outage D] [-retention D [-apply-beyond-horizon]] [-json] -brokers B -database URL
 //	idemkit idemhttp stuck [-json] -database URL [-schema S] [-table T] [-limit N]
 //	idemkit outbox stats|parked [-json] | retry ID... -database URL [-schema S] [-table T]
 //	idemkit dedup purge -older-than D -database URL [-schema S] [-batch N]
@@ -110,11 +110,11 @@ func init() {
 		{name: "migrate up", synopsis: "[-database URL] [-schema S]", summary: "apply idemkit's migrations", run: migrateCmd},
 		{name: "migrate down", synopsis: "VERSION [-database URL] [-schema S]", summary: "revert migrations down to VERSION (0: all)", run: migrateCmd},
 		{name: "migrate status", synopsis: "[-json] [-database URL] [-schema S]", summary: "the versions applied and those this build knows", run: migrateCmd},
-		{name: "dlq list", synopsis: "-topic T.dlq [filters] [-json] [redaction] [-brokers B] [kafka]", summary: "list dead letters",
+		{name: "dlq list", synopsis: "-topic T.dlq [filters] [-json] [redaction] [-brokers B] [kafka] [-database URL] [-schema S]", summary: "list dead letters and their state",
 			doc: dlqListHelp, run: dlqCmd},
 		{name: "dlq inspect", synopsis: "-topic T.dlq (-id ID | -at PARTITION/OFFSET) [-json] [redaction] [-brokers B] [kafka] [-database URL] [-schema S]",
 			summary: "show a dead letter: origin, key, value, headers, history", doc: dlqInspectHelp, run: dlqCmd},
-		{name: "dlq replay", synopsis: "-topic T.dlq [filters] [-dry-run] [-rate N] [-replay-limit N] [-max-outage D] [-brokers B] [kafka] [-database URL] [-schema S]",
+		{name: "dlq replay", synopsis: "-topic T.dlq [filters] [-dry-run] [-rate N] [-replay-limit N] [-max-outage D] [-retention D [-apply-beyond-horizon]] [-json] [-brokers B] [kafka] [-database URL] [-schema S]",
 			summary: "write dead letters back to their origin topic", doc: dlqReplayHelp, run: dlqCmd},
 		{name: "idemhttp stuck", synopsis: "[-json] [-limit N] [-database URL] [-schema S] [-table T]",
 			summary: "list HTTP idempotency records still in flight after their lease", doc: stuckHelp, run: idemhttpCmd},

@@ -80,13 +80,13 @@ func TestCLIAsANewUserWould(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	out, errOut, code := cli(t, bin, env, "dlq", "list", "-topic", dead)
+	out, errOut, code := cli(t, bin, env, "dlq", "list", "-topic", dead, "-schema", db.Schema)
 	if code != 0 || !strings.Contains(out, "inv-1") || !strings.Contains(out, "inv-2") ||
-		!strings.Contains(out, "tax service timeout") || !strings.Contains(out, "2 dead letter(s) shown of 2") {
+		!strings.Contains(out, "tax service timeout") || !strings.Contains(out, "2 dead letter(s) of 2 origin message(s) shown of 2 record(s)") {
 		t.Fatalf("list: code %d\n%s%s", code, out, errOut)
 	}
-	out, _, code = cli(t, bin, env, "dlq", "list", "-topic", dead, "-message-id", "inv-2")
-	if code != 0 || strings.Contains(out, "inv-1") || !strings.Contains(out, "1 dead letter(s) shown of 2") {
+	out, _, code = cli(t, bin, env, "dlq", "list", "-topic", dead, "-message-id", "inv-2", "-schema", db.Schema)
+	if code != 0 || strings.Contains(out, "inv-1") || !strings.Contains(out, "1 dead letter(s) of 1 origin message(s) shown of 2 record(s)") {
 		t.Fatalf("list filtered: code %d\n%s", code, out)
 	}
 	out, _, code = cli(t, bin, env, "dlq", "inspect", "-topic", dead, "-id", "inv-1")

@@ -187,7 +187,7 @@ func TestSASLConsumeDeadLetterReplayList(t *testing.T) {
 	}
 
 	env := saslCLIEnv(t, kc, password)
-	out, errOut, code := cli(t, bin, env, "dlq", "list", "-topic", dead)
+	out, errOut, code := cli(t, bin, env, "dlq", "list", "-topic", dead, "-schema", db.Schema)
 	if code != 0 || !strings.Contains(out, "pay-bad") || !strings.Contains(out, "ledger rejected the account") {
 		t.Fatalf("dlq list over SASL_SSL: code %d\n%s%s", code, out, errOut)
 	}
@@ -213,7 +213,7 @@ func TestSASLConsumeDeadLetterReplayList(t *testing.T) {
 		t.Fatalf("after the replay: outcomes %v, handler ran for %v; want pay-bad applied once", seen, applied)
 	}
 
-	out3, errOut3, code := cli(t, bin, env, "dlq", "list", "-topic", dead, "-json")
+	out3, errOut3, code := cli(t, bin, env, "dlq", "list", "-topic", dead, "-json", "-schema", db.Schema)
 	if code != 0 || !strings.Contains(out3, `"pay-bad"`) {
 		t.Fatalf("dlq list -json after the replay: code %d\n%s%s", code, out3, errOut3)
 	}
@@ -285,7 +285,7 @@ func TestSASLWrongPassword(t *testing.T) {
 	checkErr("dlq.Scan", dlq.Scan(ctx, bad, dead, func(kafka.Message) error { return nil }))
 
 	// The CLI: exit 1, one line naming the broker, no password.
-	for _, args := range [][]string{{"dlq", "list", "-topic", dead}, {"dlq", "replay", "-topic", dead, "-schema", db.Schema}} {
+	for _, args := range [][]string{{"dlq", "list", "-topic", dead, "-schema", db.Schema}, {"dlq", "replay", "-topic", dead, "-schema", db.Schema}} {
 		out, errOut, code := cli(t, bin, saslCLIEnv(t, bad, bad.SASL.Password), args...)
 		line := strings.TrimRight(errOut, "\n")
 		if code != 1 || strings.Contains(line, "\n") || !strings.Contains(line, broker) ||

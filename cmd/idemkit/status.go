@@ -20,14 +20,17 @@ import (
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/idemhttp"
 	"github.com/idemkit/idemkit/internal/kafkaoffsets"
+	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
 )
 
 const statusHelp = `One screen on everything idemkit keeps: per consumer and topic, the
 partitions, the lag (stable log end minus the PostgreSQL position), the
-parked messages and the oldest; the depth of each dead-letter topic (from
-its offsets: nothing is read); the outbox backlog, its oldest message and
+parked messages and the oldest; per dead-letter topic, its records (from
+its offsets) and its origin messages per state (it reads the topic and
+the replay records: see idemkit dlq list -h), the unresolved ones checked
+against -max-dlq; the outbox backlog, its oldest message and
 the parked ones; the HTTP idempotency records stuck in flight; the age of
 the oldest processed-message record per consumer (against -retention).
 A table that does not exist is reported as such (not an error).
@@ -57,6 +60,7 @@ type statusFlags struct {
 	maxOutboxAge time.Duration
 	maxStuck     int
 	maxDLQ       int64
+	dlqTopics    string
 	retention    time.Duration
 	noPositions  bool // the positions table is missing
 }
@@ -91,8 +95,15 @@ type partitionStatus struct {
 }
 
 type deadLetterTopic struct {
-	Topic    string `json:"topic"`
-	Messages int64  `json:"messages"`
+	Topic string `json:"topic"`
+	// Messages counts the records (the depth, from the offsets).
+	Messages int64 `json:"messages"`
+	// Unresolved counts the origin messages no replay decided.
+	Unresolved int `json:"unresolved"`
+	// States counts the origin messages per state.
+	States map[dlq.State]int `json:"states"`
+	// Unreadable counts the records that are not idemkit dead letters.
+	Unreadable int `json:"unreadable"`
 }
 
 type outboxStatus struct {
@@ -113,13 +124,14 @@ func statusCmd(ctx context.Context, cmd *command, args []string, out io.Writer) 
 	f.register(fs)
 	fs.BoolVar(&f.json, "json", false, "print JSON")
 	fs.StringVar(&f.dlqSuffix, "dlq-suffix", dlq.TopicSuffixDefault, "dead-letter topics are the topics whose name ends with this")
+	fs.StringVar(&f.dlqTopics, "dlq-topics", "", "more dead-letter topics, comma-separated (the destinations of dlq.WriterConfig.Routes)")
 	fs.StringVar(&f.outboxTable, "outbox-table", migrate.OutboxDefault, "outbox table")
 	fs.StringVar(&f.recordsTable, "records-table", migrate.IdempotencyRecordsDefault, "HTTP idempotency records table")
 	fs.Int64Var(&f.maxLag, "max-lag", 10000, "threshold: most lag of a consumer on a topic")
 	fs.DurationVar(&f.maxParkedAge, "max-parked-age", time.Hour, "threshold: oldest parked consumer message")
 	fs.DurationVar(&f.maxOutboxAge, "max-outbox-age", 5*time.Minute, "threshold: oldest unpublished outbox message")
 	fs.IntVar(&f.maxStuck, "max-stuck", 0, "threshold: most idempotency records stuck in flight")
-	fs.Int64Var(&f.maxDLQ, "max-dlq", -1, "threshold: most messages in a dead-letter topic")
+	fs.Int64Var(&f.maxDLQ, "max-dlq", -1, "threshold: most unresolved origin messages in a dead-letter topic")
 	fs.DurationVar(&f.retention, "retention", 0, "the consumers' dedup retention: records older than 1.25× it cross a threshold (0: not checked)")
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -131,7 +143,7 @@ func statusCmd(ctx context.Context, cmd *command, args []string, out io.Writer) 
 	if f.retention < 0 {
 		return usagef("status: -retention must not be negative")
 	}
-	_, client, closeKafka, err := f.dialKafka(ctx)
+	kc, client, closeKafka, err := f.dialKafka(ctx)
 	if err != nil {
 		return err
 	}
@@ -147,7 +159,7 @@ func statusCmd(ctx context.Context, cmd *command, args []string, out io.Writer) 
 	if err := f.consumers(ctx, pool, client, rep); err != nil {
 		return err
 	}
-	if err := f.deadLetters(ctx, client, rep); err != nil {
+	if err := f.deadLetters(ctx, kc, pool, client, rep); err != nil {
 		return err
 	}
 	if err := f.outbox(ctx, pool, rep); err != nil {
@@ -312,18 +324,25 @@ func (f *statusFlags) consumers(ctx context.Context, pool *pgxpool.Pool, client 
 	return nil
 }
 
-// deadLetters sums the messages of each dead-letter topic from its log
-// range.
-func (f *statusFlags) deadLetters(ctx context.Context, client *kafka.Client, rep *statusReport) error {
-	if f.dlqSuffix == "" {
+// deadLetters sums the messages of each dead-letter topic (those named
+// with the suffix, and -dlq-topics) from its log range, and reads them all
+// to count their origin messages per state.
+func (f *statusFlags) deadLetters(ctx context.Context, kc kafkaconn.Config, pool *pgxpool.Pool, client *kafka.Client,
+	rep *statusReport) error {
+	if f.dlqSuffix == "" && f.dlqTopics == "" {
 		return nil
 	}
 	md, err := client.Metadata(ctx, &kafka.MetadataRequest{})
 	if err != nil {
 		return fmt.Errorf("list topics: %w", err)
 	}
+	named := []string{}
+	if f.dlqTopics != "" {
+		named = strings.Split(f.dlqTopics, ",")
+	}
+	var topics []string
 	for _, t := range md.Topics {
-		if !strings.HasSuffix(t.Name, f.dlqSuffix) || t.Error != nil {
+		if t.Error != nil || !(f.dlqSuffix != "" && strings.HasSuffix(t.Name, f.dlqSuffix) || slices.Contains(named, t.Name)) {
 			continue
 		}
 		parts := make([]int, len(t.Partitions))
@@ -339,8 +358,48 @@ func (f *statusFlags) deadLetters(ctx context.Context, client *kafka.Client, rep
 			n += r.End - r.Start
 		}
 		rep.DeadLetters = append(rep.DeadLetters, deadLetterTopic{Topic: t.Name, Messages: n})
+		topics = append(topics, t.Name)
+	}
+	for _, name := range named {
+		if !slices.Contains(topics, name) {
+			rep.Notes = append(rep.Notes, "dead-letter topic "+name+" (-dlq-topics) does not exist")
+		}
 	}
 	slices.SortFunc(rep.DeadLetters, func(a, b deadLetterTopic) int { return strings.Compare(a.Topic, b.Topic) })
+	if len(topics) == 0 {
+		return nil
+	}
+	// One listing of them all: a message whose rounds went to several
+	// topics (routes) counts once, in the topic of its latest round.
+	lcfg := &dlq.ListConfig{Kafka: kc, Topics: topics, Schema: f.schema, NoPayload: true}
+	l, err := dlq.List(ctx, pool, lcfg)
+	noReplays := errors.Is(err, dlq.ErrNotMigrated)
+	if noReplays {
+		// Without the table no replay ever ran in this schema: every
+		// message is unresolved.
+		rep.Notes = append(rep.Notes, noReplaysNote)
+		l, err = dlq.List(ctx, nil, lcfg)
+	}
+	if err != nil {
+		return fmt.Errorf("read dead-letter topics: %w", err)
+	}
+	counts := l.CountByTopic()
+	if noReplays {
+		for _, c := range counts {
+			c[dlq.StateUnresolved] += c[""]
+			delete(c, "")
+		}
+	}
+	for i := range rep.DeadLetters {
+		d := &rep.DeadLetters[i]
+		d.States = counts[d.Topic]
+		d.Unresolved = d.States[dlq.StateUnresolved]
+		for _, m := range l.Unreadable {
+			if m.Topic == d.Topic {
+				d.Unreadable++
+			}
+		}
+	}
 	return nil
 }
 
@@ -361,6 +420,9 @@ func (f *statusFlags) outbox(ctx context.Context, pool *pgxpool.Pool, rep *statu
 		Parked: int64(st.Parked)}
 	return nil
 }
+
+// noReplaysNote says why dead letters have no state.
+const noReplaysNote = "no dead-letter replay records table: every dead-lettered message counted as unresolved (run idemkit migrate up)"
 
 // oldestRecordTimeout bounds the search for a consumer's oldest record.
 const oldestRecordTimeout = 5 * time.Second
@@ -400,8 +462,8 @@ func (f *statusFlags) check(rep *statusReport) {
 		}
 	}
 	for _, d := range rep.DeadLetters {
-		if f.maxDLQ >= 0 && d.Messages > f.maxDLQ {
-			cross("dead-letter topic %s: %d messages > %d", d.Topic, d.Messages, f.maxDLQ)
+		if f.maxDLQ >= 0 && int64(d.Unresolved) > f.maxDLQ {
+			cross("dead-letter topic %s: %d unresolved origin messages > %d", d.Topic, d.Unresolved, f.maxDLQ)
 		}
 	}
 	if o := rep.Outbox; o != nil && f.maxOutboxAge >= 0 && o.Backlog > 0 && o.OldestAgeSeconds > f.maxOutboxAge.Seconds() {
@@ -437,9 +499,13 @@ func printStatus(out io.Writer, rep *statusReport) error {
 		fmt.Fprintln(w, "(no consumer has a position yet)")
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "DEAD-LETTER TOPIC\tMESSAGES")
+	fmt.Fprintln(w, "DEAD-LETTER TOPIC\tRECORDS\tUNRESOLVED\tORIGIN MESSAGES")
 	for _, d := range rep.DeadLetters {
-		fmt.Fprintf(w, "%s\t%d\n", d.Topic, d.Messages)
+		st := states(d.States)
+		if d.Unreadable > 0 {
+			st += fmt.Sprintf("; %d unreadable record(s)", d.Unreadable)
+		}
+		fmt.Fprintf(w, "%s\t%d\t%d\t%s\n", d.Topic, d.Messages, d.Unresolved, st)
 	}
 	if len(rep.DeadLetters) == 0 {
 		fmt.Fprintln(w, "(none)")

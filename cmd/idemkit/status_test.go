@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -10,7 +13,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
@@ -33,7 +38,21 @@ func TestStatus(t *testing.T) {
 		testenv.Produce(t, topic, 0, kafka.Record{Value: kafka.NewBytes([]byte("m"))})
 	}
 	testenv.Produce(t, topic, 1, kafka.Record{Value: kafka.NewBytes([]byte("m"))})
-	testenv.Produce(t, dead, 0, kafka.Record{Value: kafka.NewBytes([]byte("d1"))}, kafka.Record{Value: kafka.NewBytes([]byte("d2"))})
+	// Two dead letters nobody replayed, and a record that is none.
+	w, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: testenv.Kafka(t), Group: "billing", Topic: dead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, offset := range []int64{3, 4} {
+		m := &consumer.Message{ID: fmt.Sprint("m", offset), Message: kafka.Message{Topic: topic, Offset: offset, Value: []byte("m")}}
+		if err := w.OnFailure(ctx, m, errors.New("bug")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Produce(t, dead, 0, kafka.Record{Value: kafka.NewBytes([]byte("not a dead letter"))})
 
 	store, err := dedup.New(&dedup.Config{Schema: db.Schema})
 	if err != nil {
@@ -106,7 +125,8 @@ func TestStatus(t *testing.T) {
 	if p := c.Partitions[0]; p.Position != 2 || p.StableEnd == nil || *p.StableEnd != 5 || p.Lag == nil || *p.Lag != 3 {
 		t.Fatalf("partition 0: %s", mustJSON(p))
 	}
-	if len(rep.DeadLetters) != 1 || rep.DeadLetters[0].Topic != dead || rep.DeadLetters[0].Messages != 2 {
+	if d := rep.DeadLetters; len(d) != 1 || d[0].Topic != dead || d[0].Messages != 3 || d[0].Unresolved != 2 ||
+		d[0].Unreadable != 1 || !maps.Equal(d[0].States, map[dlq.State]int{dlq.StateUnresolved: 2}) {
 		t.Fatalf("dead letters: %s", mustJSON(rep.DeadLetters))
 	}
 	if rep.Outbox == nil || rep.Outbox.Backlog != 2 || rep.Outbox.OldestAgeSeconds <= 0 {
@@ -115,7 +135,7 @@ func TestStatus(t *testing.T) {
 	if rep.Idempotency == nil || rep.Idempotency.Stuck != 1 {
 		t.Fatalf("idempotency: %s", mustJSON(rep.Idempotency))
 	}
-	for _, want := range []string{"lag 3 > 2", "parked for 2h", "dead-letter topic " + dead + ": 2 messages > 1",
+	for _, want := range []string{"lag 3 > 2", "parked for 2h", "dead-letter topic " + dead + ": 2 unresolved origin messages > 1",
 		"outbox idemkit_outbox: oldest unpublished message", "1 stuck in flight > 0", "purge behind"} {
 		if !strings.Contains(strings.Join(rep.Crossed, "\n"), want) {
 			t.Errorf("thresholds crossed %q: missing %q", rep.Crossed, want)
@@ -161,12 +181,19 @@ func TestStatus(t *testing.T) {
 	if err := testenv.Migrate(ctx, bare.Pool, bare.Schema); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := bare.Pool.Exec(ctx, `DROP TABLE `+bare.Table(migrate.OutboxDefault)+`, `+bare.Table(migrate.IdempotencyRecordsDefault)); err != nil {
+	if _, err := bare.Pool.Exec(ctx, `DROP TABLE `+bare.Table(migrate.OutboxDefault)+`, `+bare.Table(migrate.IdempotencyRecordsDefault)+
+		`, `+bare.Table(migrate.DLQReplaysDefault)); err != nil {
 		t.Fatal(err)
 	}
 	out, errOut, code = cli(t, bin, env, "status", "-json", "-schema", bare.Schema, "-dlq-suffix", suffix)
-	if code != 0 || !strings.Contains(out, "no outbox table") || !strings.Contains(out, "no idempotency records table") {
+	if code != 0 || !strings.Contains(out, "no outbox table") || !strings.Contains(out, "no idempotency records table") ||
+		!strings.Contains(out, "no dead-letter replay records table") {
 		t.Fatalf("partly migrated schema: exit %d\n%s%s", code, out, errOut)
+	}
+	// Without replay records no replay ran: every message is unresolved.
+	rep = statusReport{}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || len(rep.DeadLetters) != 1 || rep.DeadLetters[0].Unresolved != 2 {
+		t.Fatalf("dead letters without replay records: %v\n%s", err, out)
 	}
 }
 

@@ -480,7 +480,7 @@ func run(t *testing.T, sc scenario) {
 
 	checkEffects(t, ctx, pools["test"], a, want)
 	checkPublished(t, brokers, outTopic, want)
-	if s := *h.replayed; s[dlq.Applied]+s[dlq.AlreadyReplayed] != sc.deadLetters || len(s) > 2 {
+	if s := h.replayed.Records; s[dlq.Applied]+s[dlq.AlreadyReplayed] != sc.deadLetters || len(s) > 2 {
 		t.Errorf("replay summary %v: want %d dead letters applied (or found replayed after a lost commit answer), nothing else",
 			s, sc.deadLetters)
 	}

@@ -156,7 +156,7 @@ func TestBrokerKilledMidReplay(t *testing.T) {
 	for _, wait := range waits {
 		wait()
 	}
-	if err != nil || sum[dlq.Republished] != n || len(waits) != 2 {
+	if err != nil || sum.Records[dlq.Republished] != n || len(waits) != 2 {
 		t.Fatalf("replay through two broker outages: %v, %v (%d outages)\n%s", sum, err, len(waits), logs.String())
 	}
 	ids := map[string]bool{}

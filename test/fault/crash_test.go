@@ -362,7 +362,7 @@ func TestCrashAfterDeadLetterWrite(t *testing.T) {
 			}
 			defer rp.Close()
 			sum, err := rp.Run(ctx)
-			if err != nil || sum[dlq.Applied] != 1 || sum[dlq.AlreadyReplayed] != len(copies)-1 {
+			if err != nil || sum.Records[dlq.Applied] != 1 || sum.Records[dlq.AlreadyReplayed] != len(copies)-1 {
 				t.Fatalf("replay: %v %v", sum, err)
 			}
 			if runs := effectRuns(t, db); runs["m-2"] != 1 {

@@ -240,7 +240,7 @@ func TestDeadLettersWrittenTransactionally(t *testing.T) {
 				Handler: consumer.HandlerFunc(db.apply)}
 		}
 		sum, seen := replay(db.db.Pool, cfg())
-		if !maps.Equal(sum, dlq.Summary{dlq.Applied: n}) {
+		if !maps.Equal(sum.Records, dlq.Counts{dlq.Applied: n}) {
 			t.Fatalf("redrive: %v, want %d applied", sum, n)
 		}
 		equalRecs(t, "letters redriven", seen, committed.sorted())
@@ -256,7 +256,7 @@ func TestDeadLettersWrittenTransactionally(t *testing.T) {
 				t.Fatalf("replay record of %s: outcome %q, want %q", id, outcome, dlq.Applied)
 			}
 		}
-		if sum, _ := replay(db.db.Pool, cfg()); !maps.Equal(sum, dlq.Summary{dlq.AlreadyReplayed: n}) {
+		if sum, _ := replay(db.db.Pool, cfg()); !maps.Equal(sum.Records, dlq.Counts{dlq.AlreadyReplayed: n}) {
 			t.Fatalf("second redrive: %v, want %d already-replayed", sum, n)
 		}
 	})
@@ -265,7 +265,7 @@ func TestDeadLettersWrittenTransactionally(t *testing.T) {
 		db := newConsumerDB(t)
 		sum, seen := replay(db.db.Pool, &dlq.ReprocessorConfig{Mode: dlq.Republish,
 			Schema: db.db.Schema})
-		if !maps.Equal(sum, dlq.Summary{dlq.Republished: n}) {
+		if !maps.Equal(sum.Records, dlq.Counts{dlq.Republished: n}) {
 			t.Fatalf("republish: %v, want %d republished", sum, n)
 		}
 		equalRecs(t, "letters republished", seen, committed.sorted())
@@ -287,7 +287,8 @@ func TestDeadLettersWrittenTransactionally(t *testing.T) {
 	t.Run("cli", func(t *testing.T) {
 		idemkit := idemkitCLI(t)
 		out, code := idemkit("dlq", "list", "-topic", dead)
-		if code != 0 || !strings.Contains(out, strconv.Itoa(n)+" dead letter(s) shown of "+strconv.Itoa(n)+" in "+dead) ||
+		if code != 0 || !strings.Contains(out, strconv.Itoa(n)+" dead letter(s) of "+strconv.Itoa(n)+
+			" origin message(s) shown of "+strconv.Itoa(n)+" record(s) in "+dead) ||
 			strings.Contains(out, "aborted-") || strings.Contains(out, "pending-") {
 			t.Fatalf("dlq list: exit %d\n%s", code, out)
 		}
@@ -316,7 +317,8 @@ func TestDeadLettersWrittenTransactionally(t *testing.T) {
 				lines++
 			}
 		}
-		if !strings.HasSuffix(out, "replayed: "+strconv.Itoa(n)+" republished\n") || lines != n {
+		if !strings.HasSuffix(out, "replayed: "+strconv.Itoa(n)+" republished\nper origin message ("+strconv.Itoa(n)+"): "+
+			strconv.Itoa(n)+" republished\n") || lines != n {
 			t.Fatalf("dlq replay:\n%s", out)
 		}
 		if after := len(testenv.ReadAll(t, brokers, origin)); after-before != n {
@@ -325,7 +327,7 @@ func TestDeadLettersWrittenTransactionally(t *testing.T) {
 		if got := sortedKeys(replayRecords(t, db)); !slices.Equal(got, committedIDs) {
 			t.Fatalf("replay records for %v, want %v", got, committedIDs)
 		}
-		if out := cliReplay(); !strings.HasSuffix(out, "replayed: "+strconv.Itoa(n)+" already-replayed\n") {
+		if out := cliReplay(); !strings.Contains(out, "replayed: "+strconv.Itoa(n)+" already-replayed\n") {
 			t.Fatalf("second dlq replay:\n%s", out)
 		}
 	})
@@ -341,7 +343,7 @@ func TestDeadLettersWrittenTransactionally(t *testing.T) {
 				Handler: consumer.HandlerFunc(db.apply)}
 		}
 		sum, seen := replay(db.db.Pool, cfg())
-		if !maps.Equal(sum, dlq.Summary{dlq.Applied: n + 1}) {
+		if !maps.Equal(sum.Records, dlq.Counts{dlq.Applied: n + 1}) {
 			t.Fatalf("redrive: %v, want %d applied", sum, n+1)
 		}
 		all := append(slices.Clone(committed), rec{Partition: 0, Offset: pending[0], ID: "pending-1"})

@@ -1,0 +1,320 @@
+package dlq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/idemkit/kafkaconn"
+	"github.com/idemkit/idemkit/migrate"
+)
+
+// State is where a dead letter stands, from the replay records.
+type State string
+
+// States of a dead letter and of an origin message.
+const (
+	// StateUnresolved: no replay decided it yet.
+	StateUnresolved State = "unresolved"
+	// StateReplayed: republished to its origin topic; its consumer decides.
+	StateReplayed State = "replayed"
+	// StateApplied: redriven, or found applied: its effect is committed.
+	StateApplied State = "applied"
+	// StateExhausted: its replay rounds were used up (the Exhausted
+	// action): recorded, never replayed again.
+	StateExhausted State = "exhausted"
+	// StateSuperseded: it failed again, and a dead letter of a later round
+	// stands for its message.
+	StateSuperseded State = "superseded"
+	// StateBeyondHorizon: recorded as beyond the dedup horizon (its daily
+	// dedup partition was dropped): never replayed again.
+	StateBeyondHorizon State = "beyond-horizon"
+)
+
+// stateOf is the state a replay record's outcome gives its dead letter.
+func stateOf(a Action) State {
+	switch a {
+	case Applied, AlreadyApplied:
+		return StateApplied
+	case Republished, RepublishedNoID:
+		return StateReplayed
+	case FailedAgain:
+		return StateSuperseded
+	case Exhausted:
+		return StateExhausted
+	case BeyondHorizon:
+		return StateBeyondHorizon
+	}
+	return StateUnresolved
+}
+
+// Replay is the replay record of a dead letter.
+type Replay struct {
+	Outcome         Action    `json:"outcome"`
+	Detail          string    `json:"detail,omitempty"`
+	DeadLetterTopic string    `json:"dead_letter_topic"`
+	ReplayedBy      string    `json:"replayed_by"`
+	ReplayedAt      time.Time `json:"replayed_at"`
+}
+
+// Letter is a dead letter and its state.
+type Letter struct {
+	*DeadLetter
+	State State
+	// Replay is its replay record, nil when it has none.
+	Replay *Replay
+}
+
+// OriginMessage is an origin message and its dead letters: their copies
+// (the same round written twice) and their rounds.
+type OriginMessage struct {
+	Origin    Origin
+	MessageID string
+	Consumer  string
+	// State is the state of its dead letters of the highest round read
+	// (see Latest).
+	State State
+	// Letters holds its dead letters in the order read.
+	Letters []Letter
+}
+
+// Listing is what List found in dead-letter topics.
+type Listing struct {
+	Topics []string
+	// Read counts the records read.
+	Read int
+	// Messages holds the origin messages with a dead letter the filter
+	// selected, in the order of their first dead letter read.
+	Messages []OriginMessage
+	// Unreadable holds the records that are not idemkit dead letters.
+	Unreadable []kafka.Message
+}
+
+// Count returns how many origin messages of l are in each state.
+func (l *Listing) Count() map[State]int {
+	n := map[State]int{}
+	for _, m := range l.Messages {
+		n[m.State]++
+	}
+	return n
+}
+
+// CountByTopic returns, per dead-letter topic, how many origin messages are
+// in each state, each message counted once: in the topic of its dead letter
+// of the highest round (its first copy), where a replay would take it. Every
+// topic listed has an entry.
+func (l *Listing) CountByTopic() map[string]map[State]int {
+	n := map[string]map[State]int{}
+	for _, t := range l.Topics {
+		n[t] = map[State]int{}
+	}
+	for _, m := range l.Messages {
+		t := m.Latest().Message.Topic
+		if n[t] == nil {
+			n[t] = map[State]int{}
+		}
+		n[t][m.State]++
+	}
+	return n
+}
+
+// Latest returns m's dead letter of the highest round: the first copy read.
+func (m *OriginMessage) Latest() *Letter {
+	top := &m.Letters[0]
+	for i := range m.Letters {
+		if m.Letters[i].Round > top.Round {
+			top = &m.Letters[i]
+		}
+	}
+	return top
+}
+
+// ListConfig configures List. Kafka.Brokers and Topics are required.
+type ListConfig struct {
+	// Kafka is how to reach the cluster (see package kafkaconn).
+	Kafka kafkaconn.Config
+	// Topics are the dead-letter topics to list, read one after the other:
+	// the destinations of a Writer with Routes (Writer.Topics), so that the
+	// rounds of a message dead-lettered to several of them group together.
+	Topics []string
+	// Schema holds the replay records table (see package migrate).
+	// Defaults to "public".
+	Schema string
+	// Tables names the tables inside Schema; each defaults as documented on
+	// migrate.Tables.
+	Tables migrate.Tables
+	// Filter selects dead letters; the state of each comes from every dead
+	// letter of its message, selected or not.
+	Filter Filter
+	// NoPayload drops each dead letter's key and value once read, so that
+	// a large topic can be counted in little memory.
+	NoPayload bool
+}
+
+// List reads dead-letter topics, each from its start to the end it has when
+// List reaches it (as Scan), and the replay records of its messages in pool (one
+// query per few thousand origin messages), and returns each dead letter
+// with its state, grouped per origin message. It only reads. A missing
+// topic is ErrNoTopic (naming it); a missing replay records table wraps ErrNotMigrated.
+// It holds what it read in memory (see ListConfig.NoPayload). With a nil
+// pool no replay record is read and every State is left empty: unknown.
+func List(ctx context.Context, pool *pgxpool.Pool, cfg *ListConfig) (*Listing, error) {
+	switch {
+	case cfg == nil:
+		return nil, fmt.Errorf("%w: nil config", ErrInvalidConfig)
+	case len(cfg.Topics) == 0 || slices.Contains(cfg.Topics, ""):
+		return nil, fmt.Errorf("%w: Topics is empty or holds an empty name", ErrInvalidConfig)
+	}
+	tables := migrate.Config{Schema: cfg.Schema, Tables: cfg.Tables}.WithDefaults()
+	if err := tables.Validate(); err != nil {
+		return nil, err
+	}
+	replays := pgx.Identifier{tables.Schema, tables.Tables.DLQReplays}.Sanitize()
+	l := &Listing{}
+	for _, t := range cfg.Topics {
+		if !slices.Contains(l.Topics, t) { // a topic named twice is read once
+			l.Topics = append(l.Topics, t)
+		}
+	}
+	index := map[originKey]int{}
+	read := func(m kafka.Message) error {
+		l.Read++
+		d, err := Parse(m)
+		if err != nil {
+			if cfg.NoPayload {
+				m.Key, m.Value = nil, nil
+			}
+			l.Unreadable = append(l.Unreadable, m)
+			return nil
+		}
+		if cfg.NoPayload {
+			d.Message.Key, d.Message.Value = nil, nil
+		}
+		k := keyOf(d).originKey
+		i, ok := index[k]
+		if !ok {
+			i = len(l.Messages)
+			index[k] = i
+			l.Messages = append(l.Messages, OriginMessage{Origin: d.Origin, MessageID: d.MessageID, Consumer: d.Consumer})
+		}
+		l.Messages[i].Letters = append(l.Messages[i].Letters, Letter{DeadLetter: d})
+		return nil
+	}
+	for _, topic := range l.Topics {
+		if err := Scan(ctx, cfg.Kafka, topic, read); err != nil {
+			return nil, err
+		}
+	}
+	var records map[originKey]map[int]*Replay
+	if pool != nil {
+		var err error
+		if records, err = readReplays(ctx, pool, replays, l.Messages); err != nil {
+			return nil, err
+		}
+	}
+	kept := l.Messages[:0]
+	for _, m := range l.Messages {
+		if pool != nil {
+			m.decide(records[keyOf(m.Letters[0].DeadLetter).originKey])
+		}
+		m.Letters = slices.DeleteFunc(m.Letters, func(x Letter) bool { return !cfg.Filter.Match(x.DeadLetter) })
+		if len(m.Letters) > 0 {
+			kept = append(kept, m)
+		}
+	}
+	l.Messages = slices.Clip(kept)
+	return l, nil
+}
+
+// decide sets the state of m's dead letters from the replay records of its
+// origin, by round.
+func (m *OriginMessage) decide(records map[int]*Replay) {
+	last := -1 // the highest round read or recorded
+	for _, x := range m.Letters {
+		last = max(last, x.Round)
+	}
+	for round := range records {
+		last = max(last, round)
+	}
+	top := -1 // the highest round read
+	for i := range m.Letters {
+		x := &m.Letters[i]
+		x.Replay = records[x.Round]
+		switch {
+		case x.Replay != nil && x.Replay.Outcome != Republished && x.Replay.Outcome != RepublishedNoID:
+			x.State = stateOf(x.Replay.Outcome)
+		case x.Round < last:
+			// Republished and failed again, or failed again without a
+			// record (its record was lost): a later round took over.
+			x.State = StateSuperseded
+		case x.Replay != nil:
+			x.State = StateReplayed
+		default:
+			x.State = StateUnresolved
+		}
+		if x.Round > top {
+			top, m.State = x.Round, x.State
+		}
+	}
+}
+
+// replaysChunk bounds the origins of one replay records query.
+const replaysChunk = 5000
+
+// readReplays reads the replay records of msgs' origins, per origin and
+// round.
+func readReplays(ctx context.Context, pool *pgxpool.Pool, table string, msgs []OriginMessage) (map[originKey]map[int]*Replay, error) {
+	out := map[originKey]map[int]*Replay{}
+	for chunk := range slices.Chunk(msgs, replaysChunk) {
+		topics := make([]string, len(chunk))
+		incarnations := make([]int64, len(chunk))
+		partitions := make([]int32, len(chunk))
+		offsets := make([]int64, len(chunk))
+		for i, m := range chunk {
+			o := m.Origin
+			topics[i], incarnations[i], partitions[i], offsets[i] = o.Topic, o.Incarnation, int32(o.Partition), o.Offset
+		}
+		rows, err := pool.Query(ctx, `SELECT r.origin_topic, r.origin_incarnation, r.origin_partition, r.origin_offset,
+			r.replay_round, r.outcome, coalesce(r.detail, ''), r.dead_letter_topic, r.replayed_by, r.replayed_at
+			FROM `+table+` r JOIN unnest($1::text[], $2::int8[], $3::int4[], $4::int8[]) AS o (topic, incarnation, part, off)
+			ON r.origin_topic = o.topic AND r.origin_incarnation = o.incarnation
+			AND r.origin_partition = o.part AND r.origin_offset = o.off`,
+			topics, incarnations, partitions, offsets)
+		if err != nil {
+			return nil, replaysError(err)
+		}
+		var k originKey
+		var round int
+		var outcome string
+		var r Replay
+		_, err = pgx.ForEachRow(rows, []any{&k.topic, &k.incarnation, &k.partition, &k.offset, &round, &outcome,
+			&r.Detail, &r.DeadLetterTopic, &r.ReplayedBy, &r.ReplayedAt}, func() error {
+			r.Outcome = Action(outcome)
+			if out[k] == nil {
+				out[k] = map[int]*Replay{}
+			}
+			rec := r
+			out[k][round] = &rec
+			return nil
+		})
+		if err != nil {
+			return nil, replaysError(err)
+		}
+	}
+	return out, nil
+}
+
+func replaysError(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+		return notMigratedError{fmt.Errorf("dlq: read replay records: %w", err)}
+	}
+	return fmt.Errorf("dlq: read replay records: %w", err)
+}

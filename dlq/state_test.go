@@ -1,0 +1,109 @@
+package dlq_test
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/dlq"
+	"github.com/idemkit/idemkit/internal/testenv"
+)
+
+// TestListStates: List joins the replay records: each dead letter gets its
+// state, dead letters group per origin message, and a message's state is
+// that of its latest round, so that only messages nobody decided count as
+// unresolved.
+func TestListStates(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, true)
+	w, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: testenv.Kafka(t), Group: e.group, Logger: e.logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	e.deadLetter(w, "applied", 0)
+	e.deadLetter(w, "twice", 1)
+	e.deadLetter(w, "twice", 1) // a copy: one message
+	e.deadLetter(w, "again", 2)
+	e.deadLetter(w, "spent", 3)
+	failing := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID == "again" || m.ID == "spent" {
+			return errors.New("still broken")
+		}
+		return e.effect(ctx, tx, m)
+	}
+	// spent fails in its last round; again fails and goes around once more.
+	if _, err := e.reprocessor(dlq.Redrive, failing, func(c *dlq.ReprocessorConfig) {
+		c.ReplayLimit, c.Filter = 1, dlq.Filter{MessageID: "spent"}
+	}).Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.reprocessor(dlq.Redrive, failing, nil).Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.deadLetter(w, "republished", 4)
+	if _, err := e.reprocessor(dlq.Republish, nil, func(c *dlq.ReprocessorConfig) {
+		c.Filter = dlq.Filter{MessageID: "republished"}
+	}).Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.deadLetter(w, "new", 5)
+
+	l, err := dlq.List(ctx, e.db.Pool, &dlq.ListConfig{Kafka: testenv.Kafka(t), Topics: []string{e.dlq}, Schema: e.db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type letter struct {
+		round int
+		state dlq.State
+	}
+	want := []struct {
+		id      string
+		state   dlq.State
+		letters []letter
+	}{
+		{"applied", dlq.StateApplied, []letter{{0, dlq.StateApplied}}},
+		{"twice", dlq.StateApplied, []letter{{0, dlq.StateApplied}, {0, dlq.StateApplied}}},
+		{"again", dlq.StateUnresolved, []letter{{0, dlq.StateSuperseded}, {1, dlq.StateUnresolved}}},
+		{"spent", dlq.StateExhausted, []letter{{0, dlq.StateExhausted}}},
+		{"republished", dlq.StateReplayed, []letter{{0, dlq.StateReplayed}}},
+		{"new", dlq.StateUnresolved, []letter{{0, dlq.StateUnresolved}}},
+	}
+	if l.Read != 8 || len(l.Messages) != len(want) {
+		t.Fatalf("read %d, %d messages; want 8 and %d", l.Read, len(l.Messages), len(want))
+	}
+	for i, w := range want {
+		m := l.Messages[i]
+		var got []letter
+		for _, x := range m.Letters {
+			got = append(got, letter{x.Round, x.State})
+		}
+		if m.MessageID != w.id || m.State != w.state || len(got) != len(w.letters) {
+			t.Fatalf("message %d: %s %s %v; want %s %s %v", i, m.MessageID, m.State, got, w.id, w.state, w.letters)
+		}
+		for j := range got {
+			if got[j] != w.letters[j] {
+				t.Fatalf("message %s: letters %v, want %v", m.MessageID, got, w.letters)
+			}
+		}
+	}
+	if r := l.Messages[3].Letters[0].Replay; r == nil || r.Outcome != dlq.Exhausted || r.ReplayedBy != "test" {
+		t.Fatalf("spent's replay record %+v", r)
+	}
+	if got := l.Count(); !maps.Equal(got, map[dlq.State]int{dlq.StateApplied: 2, dlq.StateUnresolved: 2,
+		dlq.StateExhausted: 1, dlq.StateReplayed: 1}) {
+		t.Fatalf("count %v", got)
+	}
+	// A filter selects dead letters; states still come from all of them.
+	l, err = dlq.List(ctx, e.db.Pool, &dlq.ListConfig{Kafka: testenv.Kafka(t), Topics: []string{e.dlq}, Schema: e.db.Schema,
+		Filter: dlq.Filter{MessageID: "again"}, NoPayload: true})
+	if err != nil || len(l.Messages) != 1 || l.Messages[0].State != dlq.StateUnresolved || len(l.Messages[0].Letters) != 2 ||
+		l.Messages[0].Letters[0].Message.Value != nil {
+		t.Fatalf("filtered: %+v, %v", l, err)
+	}
+}
