@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemkit/idemkit"
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/dedupq"
 	"github.com/idemkit/idemkit/internal/kafkaoffsets"
 	"github.com/idemkit/idemkit/internal/outage"
 	"github.com/idemkit/idemkit/kafkaconn"
@@ -45,6 +46,7 @@ type Runner struct {
 	cfg     Config
 	sem     chan struct{} // bounds the partitions processed at once
 	obs     observers
+	claims  dedupq.Queuer // Store's claims, queued after BEGIN
 	outages *outage.Tracker
 	states  partitionStates
 	// now is the runner's clock, for its own timers only: when parked
@@ -75,7 +77,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Runner{cfg: c, obs: obs, sem: make(chan struct{}, c.MaxPartitions), now: time.Now, maintain: make(chan struct{}, 1)}
+	r := &Runner{cfg: c, obs: obs, claims: dedupq.Of(c.Store), sem: make(chan struct{}, c.MaxPartitions), now: time.Now, maintain: make(chan struct{}, 1)}
 	r.outages = &outage.Tracker{Log: c.Logger.With("topic", c.Topic, "group", c.GroupID)}
 	if len(obs.outage) > 0 {
 		r.outages.OnStart, r.outages.OnEnd = obs.outageStarted, obs.outageEnded
@@ -110,7 +112,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		return err
 	}
 	if err := r.waiter("dedup layout").Do(ctx, func(ctx context.Context) error {
-		_, err := r.cfg.Store.Layout(ctx, r.cfg.pool)
+		_, err := r.claims.Layout(ctx, r.cfg.pool)
 		return err
 	}); err != nil {
 		if ctx.Err() != nil {

@@ -6,7 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/dedupq"
 )
 
 // txSteps is what runTx runs: the claims queued after the transaction's
@@ -82,8 +82,8 @@ type claimResults struct {
 }
 
 // claim is the dedup claim of m.
-func (w *worker) claim(m *Message) dedup.Claim {
-	return dedup.Claim{Consumer: w.r.cfg.Name, MessageID: m.ID, Topic: m.Topic, Partition: m.Partition,
+func (w *worker) claim(m *Message) dedupq.Claim {
+	return dedupq.Claim{Consumer: w.r.cfg.Name, MessageID: m.ID, Topic: m.Topic, Partition: m.Partition,
 		Offset: m.Offset, Time: m.Time, Epoch: w.epoch}
 }
 
@@ -92,19 +92,18 @@ func (w *worker) claim(m *Message) dedup.Claim {
 // message of their key) with the partition's position; their outcomes are
 // stored in res when b's results are read.
 func (w *worker) queueClaims(b *pgx.Batch, msgs []*Message, live []int, parking bool, res *claimResults) error {
-	store := w.r.cfg.Store
+	q := w.r.claims
 	switch {
 	case len(live) == 1 && !parking:
-		// Two plain statements cost PostgreSQL less than the one of
-		// QueueClaimWithPosition; the position row is inserted in the
-		// transaction when it does not exist yet (txRun.body).
-		return store.QueueClaimMovePosition(b, w.claim(msgs[0]), &res.one, &res.moved)
+		// The position row is inserted in the transaction when it does not
+		// exist yet (txRun.body).
+		return q.QueueClaimMove(b, w.claim(msgs[0]), &res.one, &res.moved)
 	case len(live) > 0:
-		claims := make([]dedup.Claim, len(live))
+		claims := make([]dedupq.Claim, len(live))
 		for j, i := range live {
 			claims[j] = w.claim(msgs[i])
 		}
-		return store.QueueClaimBatch(b, claims, &res.dup)
+		return q.QueueClaimBatch(b, claims, &res.dup)
 	}
 	return nil
 }

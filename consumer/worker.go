@@ -930,14 +930,14 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 	parking := len(live) < len(msgs)
 	// Claims of UUIDv7 IDs need the layout; read once, and again after
 	// a claim found it changed (dedup.ErrLayoutChanged).
-	layout, err := cfg.Store.Layout(ctx, cfg.pool)
+	keepDays, err := w.r.claims.Layout(ctx, cfg.pool)
 	if err != nil {
 		return -1, nil, nil, fmt.Errorf("consumer: %w", err)
 	}
 	// The claims travel with BEGIN: one round trip before the handler runs.
 	t := &txRun{w: w, ctx: ctx, msgs: msgs, live: live, parking: parking, outcomes: outcomes}
 	if err = w.runTx(ctx, t); err != nil {
-		failed, err = w.txFailed(msgs, layout, err)
+		failed, err = w.txFailed(msgs, keepDays, err)
 		return failed, nil, nil, err
 	}
 	for i, m := range msgs {
@@ -959,7 +959,7 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 // msgs: the index of the failing message and the handler's error, or -1. A
 // function of its own: the errors.As target would be allocated for every
 // transaction otherwise.
-func (w *worker) txFailed(msgs []*Message, layout dedup.Layout, err error) (int, error) {
+func (w *worker) txFailed(msgs []*Message, keepDays int, err error) (int, error) {
 	var herr *handlerError
 	if errors.As(err, &herr) {
 		return herr.index, herr.err
@@ -970,7 +970,7 @@ func (w *worker) txFailed(msgs []*Message, layout dedup.Layout, err error) (int,
 		switch {
 		case errors.Is(err, dedup.ErrPartitionDropped):
 			return 0, &HorizonError{Time: m.Time, Age: time.Since(m.Time),
-				Horizon: time.Duration(layout.KeepDays) * 24 * time.Hour, Cause: err}
+				Horizon: time.Duration(keepDays) * 24 * time.Hour, Cause: err}
 		case errors.Is(err, dedup.ErrNoPartition):
 			w.r.askMaintenance()
 			return 0, err

@@ -140,27 +140,22 @@ type layoutState struct {
 	stale bool
 }
 
-// Layout returns the schema's layout, reading it through db the first time
-// and after a claim found it out of date; otherwise what was read last. The
-// consumer's runner calls it before each transaction; call it yourself
-// once before queueing claims (QueueClaimWithPosition, QueueClaimBatch) of
-// UUIDv7 IDs, which need it and cannot read it.
-func (s *Store) Layout(ctx context.Context, db DBTX) (Layout, error) {
+// cachedLayout returns the schema's layout, reading it through db the
+// first time and after a claim found it out of date; otherwise what was
+// read last. Claims route by it: the consumer's runner makes it known
+// before each transaction (dedupq.Queuer.Layout), since queued claims of
+// UUIDv7 IDs need it and cannot read it.
+func (s *Store) cachedLayout(ctx context.Context, db DBTX) (Layout, error) {
 	if l := s.layout.Load(); l != nil && !l.stale {
 		return l.Layout, nil
 	}
-	l, err := s.readLayout(ctx, db)
-	if err != nil {
-		return Layout{}, err
-	}
-	s.layout.Store(&layoutState{Layout: l})
-	return l, nil
+	return s.Layout(ctx, db)
 }
 
-// ReadLayout reads the schema's layout through db now (Layout returns the
-// one read before), and remembers it: monitoring and tools that must see a
-// switch made by another process use it.
-func (s *Store) ReadLayout(ctx context.Context, db DBTX) (Layout, error) {
+// Layout reads the schema's dedup layout through db now, and remembers it
+// for the store's claims: monitoring and tools that must see a switch made
+// by another process use it.
+func (s *Store) Layout(ctx context.Context, db DBTX) (Layout, error) {
 	l, err := s.readLayout(ctx, db)
 	if err != nil {
 		return Layout{}, err
@@ -225,7 +220,7 @@ func (s *Store) route(ctx context.Context, db DBTX, id string) (storedID, error)
 	switch st := s.layout.Load(); {
 	case db != nil:
 		var err error
-		if l, err = s.Layout(ctx, db); err != nil {
+		if l, err = s.cachedLayout(ctx, db); err != nil {
 			return k, err
 		}
 	case st == nil:

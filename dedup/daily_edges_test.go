@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/dedupq"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/migrate"
 )
@@ -30,7 +31,7 @@ func TestQueuedClaimAfterConcurrentForget(t *testing.T) {
 	ctx := context.Background()
 	tomorrow := testenv.Today(t, db.Pool).AddDate(0, 0, 2) // DailyFrom
 	// Both workers' tx() read the (flat) layout.
-	if _, err := s.Layout(ctx, db.Pool); err != nil {
+	if _, err := dedupq.Of(s).Layout(ctx, db.Pool); err != nil {
 		t.Fatal(err)
 	}
 	other, err := dedup.New(&dedup.Config{Schema: db.Schema})
@@ -46,13 +47,13 @@ func TestQueuedClaimAfterConcurrentForget(t *testing.T) {
 	}
 	// Worker B, which read the layout before A's claim, queues its claims.
 	var b pgx.Batch
-	var dup bool
-	err = s.QueueClaimWithPosition(&b, dedup.Claim{Consumer: "c", MessageID: testenv.UUID7(t, noon(tomorrow)), Topic: "t", Partition: 1}, &dup)
+	var dup, moved bool
+	err = dedupq.Of(s).QueueClaimMove(&b, dedupq.Claim{Consumer: "c", MessageID: testenv.UUID7(t, noon(tomorrow)), Topic: "t", Partition: 1}, &dup, &moved)
 	if err != nil {
 		t.Errorf("worker B's queued claim: %v; the runner stops on this error (want it queued)", err)
 	}
 	var dups []bool
-	err = s.QueueClaimBatch(&b, []dedup.Claim{{Consumer: "c", MessageID: testenv.UUID7(t, noon(tomorrow)), Topic: "t", Partition: 2},
+	err = dedupq.Of(s).QueueClaimBatch(&b, []dedupq.Claim{{Consumer: "c", MessageID: testenv.UUID7(t, noon(tomorrow)), Topic: "t", Partition: 2},
 		{Consumer: "c", MessageID: "order-1", Topic: "t", Partition: 2, Offset: 1}}, &dups)
 	if err != nil {
 		t.Errorf("worker B's queued batch: %v; the runner stops on this error (want it queued, or ErrLayoutChanged)", err)

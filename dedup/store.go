@@ -235,57 +235,11 @@ func (s *Store) ClaimWithPositionTx(ctx context.Context, tx pgx.Tx, c Claim) (du
 	return duplicate, nil
 }
 
-// QueueClaimWithPosition queues on b the statement ClaimWithPositionTx
-// runs, so that it travels in one round trip with the rest of b: queued
-// after b.BeginTx, a transaction begins, claims and records the position
-// in one round trip (b.BeginTx must come first, as pgx requires). The
-// outcome is stored in *duplicate when b's results are read
-// (pgx.BatchResults.Close); an error of the statement is returned from
-// there, wrapped, and *duplicate then means nothing (pgx may also fail the
-// batch before running it, for example
-// preparing it on a schema that is not migrated: that error is pgx's).
-// Invalid input returns an error matching ErrInvalidInput and queues
-// nothing. A UUIDv7 ID needs the schema's layout, which a queued claim cannot
-// read: call Store.Layout once before (ErrLayoutUnknown otherwise).
-func (s *Store) QueueClaimWithPosition(b *pgx.Batch, c Claim, duplicate *bool) error {
-	if err := c.validate(); err != nil {
-		return fail("claim", err)
-	}
-	if b == nil || duplicate == nil {
-		return errors.New("dedup: claim: nil batch or result")
-	}
-	k, err := s.route(context.Background(), nil, c.MessageID)
-	if err != nil {
-		return fmt.Errorf("dedup: claim: %w", err)
-	}
-	b.Queue(k.pick(s.sql.claimWithPosition, s.sql.claimWithPositionDaily),
-		k.claimArgs(c, c.Offset+1, anchor(c.Time), c.Epoch)...).QueryRow(func(row pgx.Row) error {
-		if err := row.Scan(duplicate); err != nil {
-			return s.claimError("claim", err, k.day)
-		}
-		return nil
-	})
-	return nil
-}
-
-// QueueClaimMovePosition queues on b what QueueClaimWithPosition queues,
-// for a partition whose position row exists (the caller wrote or read it
-// before), as two plain statements that travel in the same round trip: the
-// claim ClaimTx runs, then an UPDATE of the position row, with the same
-// rules (never back, the anchor moves with a known time, the same epoch
-// only). *duplicate is the claim's outcome and *moved reports whether the
-// UPDATE moved the position; both are stored when b's results are read,
-// errors are returned as for QueueClaimWithPosition.
-//
-// When *moved is false, the row is ahead, has another epoch, or does not
-// exist: the caller then calls SavePositionTx in the same transaction,
-// with c.Offset+1, c.Time and c.Epoch, which inserts a missing row and
-// leaves the others as they are. The two statements plus that call record
-// what ClaimWithPositionTx records, for less PostgreSQL CPU per message:
+// queueClaimMove is dedupq.Queuer.QueueClaimMove. The claim and the
+// UPDATE of the position row are two plain statements, where
 // ClaimWithPositionTx's single statement plans and starts its INSERT of a
-// missing row at every execution. Invalid input returns an error matching
-// ErrInvalidInput and queues nothing.
-func (s *Store) QueueClaimMovePosition(b *pgx.Batch, c Claim, duplicate, moved *bool) error {
+// missing row at every execution: less PostgreSQL CPU per message.
+func (s *Store) queueClaimMove(b *pgx.Batch, c Claim, duplicate, moved *bool) error {
 	if err := c.validate(); err != nil {
 		return fail("claim", err)
 	}
@@ -348,12 +302,8 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, claims []Claim) (du
 	return q.result(s, rows)
 }
 
-// QueueClaimBatch queues on b the statement ClaimBatchTx runs (see
-// QueueClaimWithPosition for how a batch begins a transaction with it).
-// The outcome is stored in *duplicate when b's results are read. Invalid
-// input returns an error matching ErrInvalidInput and queues nothing; an
-// empty claims queues nothing and stores an empty slice.
-func (s *Store) QueueClaimBatch(b *pgx.Batch, claims []Claim, duplicate *[]bool) error {
+// queueClaimBatch is dedupq.Queuer.QueueClaimBatch.
+func (s *Store) queueClaimBatch(b *pgx.Batch, claims []Claim, duplicate *[]bool) error {
 	q, err := s.batchClaim(context.Background(), nil, claims)
 	if err != nil {
 		return err
@@ -587,7 +537,7 @@ func (s *Store) Processed(ctx context.Context, db DBTX, consumer, messageID stri
 	if _, ok := uuid7Day(compactID(messageID)); ok {
 		// A read, not a claim: no guard would tell it of a switch made by
 		// another process since this store read the layout.
-		if _, err := s.ReadLayout(ctx, db); err != nil {
+		if _, err := s.Layout(ctx, db); err != nil {
 			return false, fmt.Errorf("dedup: processed: %w", err)
 		}
 	}

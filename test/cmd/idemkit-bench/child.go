@@ -25,6 +25,7 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/dedupq"
 	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
 )
@@ -488,7 +489,7 @@ func runPGChild(ctx context.Context, spec *childSpec, sc *scenario) (*childResul
 	meter.begin()
 	var wg sync.WaitGroup
 	for p, msgs := range parts {
-		w := &pgWorker{pool: pool, store: store, table: table, minimalClaim: minimalClaim, mode: sc.pg, consumer: spec.Group,
+		w := &pgWorker{pool: pool, store: store, claims: dedupq.Of(store), table: table, minimalClaim: minimalClaim, mode: sc.pg, consumer: spec.Group,
 			topic: spec.Topic, partition: p, clock: clock}
 		wg.Go(func() {
 			if err := w.run(ctx, msgs, size); err != nil {
@@ -511,6 +512,7 @@ func runPGChild(ctx context.Context, spec *childSpec, sc *scenario) (*childResul
 type pgWorker struct {
 	pool         *pgxpool.Pool
 	store        *dedup.Store
+	claims       dedupq.Queuer // store's, as the runner queues them
 	table        string
 	minimalClaim string // the Watermill peer's claim: no position
 	mode         pgMode
@@ -542,15 +544,15 @@ func (w *pgWorker) queueClaims(b *pgx.Batch, msgs []pgMessage) (*pgClaims, error
 	res := &pgClaims{}
 	if w.mode == pgPerMessage {
 		m := msgs[0]
-		return res, w.store.QueueClaimMovePosition(b, dedup.Claim{Consumer: w.consumer, MessageID: m.id,
+		return res, w.claims.QueueClaimMove(b, dedupq.Claim{Consumer: w.consumer, MessageID: m.id,
 			Topic: w.topic, Partition: w.partition, Offset: m.offset}, &res.one, &res.moved)
 	}
-	claims := make([]dedup.Claim, len(msgs))
+	claims := make([]dedupq.Claim, len(msgs))
 	for i, m := range msgs {
-		claims[i] = dedup.Claim{Consumer: w.consumer, MessageID: m.id, Topic: w.topic,
+		claims[i] = dedupq.Claim{Consumer: w.consumer, MessageID: m.id, Topic: w.topic,
 			Partition: w.partition, Offset: m.offset}
 	}
-	return res, w.store.QueueClaimBatch(b, claims, &res.dups)
+	return res, w.claims.QueueClaimBatch(b, claims, &res.dups)
 }
 
 // tx runs one transaction the way the runner does for this mode: BEGIN and
