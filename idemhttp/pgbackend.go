@@ -16,6 +16,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idemkit/internal/pgsession"
 )
 
 // pgBackend is the PostgreSQL Backend: records in store's table, reached
@@ -31,6 +33,9 @@ type pgBackend struct {
 	pool  *pgxpool.Pool
 	store *Store
 	log   *slog.Logger
+	// checked: the pool's session settings were checked (pgsession.Check),
+	// once, at the first reservation (New does not touch the database).
+	checked sync.Once
 }
 
 // pollMax bounds the pause between two looks at a record held by a request
@@ -58,6 +63,7 @@ func (s *Store) Backend(pool *pgxpool.Pool) (Backend, error) {
 }
 
 func (b *pgBackend) Reserve(ctx context.Context, req *Request) (Reservation, error) {
+	b.checked.Do(func() { pgsession.Check(ctx, b.pool, b.log, "idemhttp") })
 	if req.NoTx || req.NoTakeover {
 		return b.reserveRecord(ctx, req)
 	}
