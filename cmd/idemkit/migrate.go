@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idemkit/internal/outage"
+	"github.com/idemkit/idemkit/internal/pgsession"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -45,6 +46,11 @@ func openDB(ctx context.Context, url string) (*pgxpool.Pool, *pgxpool.Config, er
 		return nil, nil, usagef("bad -database URL: %v", err)
 	}
 	cfg.ConnConfig.ConnectTimeout = dial
+	// The command's sessions: a transaction left by a command whose
+	// connection went silent is ended by the server, and both ends probe a
+	// silent peer with TCP keepalives.
+	cfg.ConnConfig.DialFunc = pgsession.Dialer(dial).DialContext
+	cfg.AfterConnect = pgsession.AfterConnect(dial)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to PostgreSQL: %w", err)
