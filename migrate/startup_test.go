@@ -140,6 +140,16 @@ func (h signalHandler) Handle(ctx context.Context, r slog.Record) error {
 	return h.Handler.Handle(ctx, r)
 }
 
+func (h signalHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	h.Handler = h.Handler.WithAttrs(attrs)
+	return h
+}
+
+func (h signalHandler) WithGroup(name string) slog.Handler {
+	h.Handler = h.Handler.WithGroup(name)
+	return h
+}
+
 // waitingLogger returns a logger that records to logs and a channel closed
 // when Up logs that it waits for the server.
 func waitingLogger(t *testing.T) (*testenv.Logs, *slog.Logger, <-chan struct{}) {

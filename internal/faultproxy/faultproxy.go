@@ -29,8 +29,9 @@ const (
 	// Pass relays every byte both ways.
 	Pass Mode = iota
 	// Blackhole drops every byte both ways and keeps the connections
-	// open. A connection accepted meanwhile never reaches the server (its
-	// bytes are dropped for good). Bytes dropped from a stream break it:
+	// open; an end (a side that closes or resets) still passes. A
+	// connection accepted meanwhile never reaches the server (its bytes
+	// are dropped for good). Bytes dropped from a stream break it:
 	// once Pass is back, a connection that sent or was sent bytes in the
 	// blackhole carries a broken protocol stream; idle ones work again.
 	Blackhole

@@ -10,6 +10,7 @@ package fault
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"sync"
@@ -333,4 +334,93 @@ func TestRelayKafkaStrandedAndBlackholed(t *testing.T) {
 	dups := f.check(t)
 	t.Logf("Kafka strand to publishing again: %v; blackhole held %v until a produce failed, then publishing again %v after it ended; %d messages, %d published twice (same IDs)",
 		strandResumed.Round(time.Millisecond), held.Round(time.Millisecond), blackholeResumed.Round(time.Millisecond), n, dups)
+}
+
+// TestRelayPostgresFaults: the relay's PostgreSQL connections are reset in
+// the middle of a round, blackholed until the relay says it waits for the
+// server, or slowed down by 100ms each way for a while; in each case it
+// publishes everything, and prints how long it took to publish again.
+func TestRelayPostgresFaults(t *testing.T) {
+	t.Parallel()
+	for _, fault := range []faultproxy.Mode{faultproxy.Reset, faultproxy.Blackhole, faultproxy.Latency} {
+		t.Run(fault.String(), func(t *testing.T) {
+			t.Parallel()
+			const n, keys = 1000, 20
+			f := newRelayFixture(t, n, keys)
+			u, err := url.Parse(testenv.DatabaseURL(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			proxy := newFaultProxy(t, u.Host)
+			proxy.SetLatency(100 * time.Millisecond)
+			u.Host = proxy.Addr()
+			ctx := context.Background()
+			pool := testenv.PartPool(t, ctx, u.String(), "relay-pg-"+fault.String(), 4)
+			prog := newProgress()
+			var hit atomic.Bool
+			faulted := make(chan struct{})
+			waiting := make(chan struct{})
+			var waitingOnce sync.Once
+			logs, log := testenv.NewLogs(t)
+			log = slog.New(onMessage{Handler: log.Handler(), msg: "server unreachable; waiting it out", once: &waitingOnce, ch: waiting})
+			relay, err := outbox.NewRelay(pool, f.store, &outbox.RelayConfig{
+				Kafka: testenv.Kafka(t), BatchSize: 50, PollInterval: 50 * time.Millisecond, PublishTimeout: 2 * time.Second,
+				Logger: log,
+				Hooks: outbox.Hooks{
+					AfterPublish: func(context.Context, []outbox.Record) {
+						prog.mu.Lock()
+						past := prog.published >= n/4
+						prog.mu.Unlock()
+						if past && !hit.Swap(true) {
+							proxy.Set(fault) // mid-round
+							prog.fault()
+							close(faulted)
+						}
+					},
+					Published: prog.hook,
+				},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			runCtx, stop := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- relay.Run(runCtx) }()
+			defer func() {
+				stop()
+				if err := <-done; err != nil {
+					t.Errorf("relay: %v", err)
+				}
+			}()
+			<-faulted
+			var held time.Duration
+			switch fault {
+			case faultproxy.Reset:
+				proxy.Set(faultproxy.Pass) // the open connections were reset; new ones pass
+			case faultproxy.Blackhole:
+				start := time.Now()
+				select {
+				case <-waiting:
+				case <-time.After(2 * time.Minute):
+					t.Fatal("the relay did not notice the blackhole within 2 minutes")
+				}
+				held = time.Since(start)
+				prog.mu.Lock()
+				prog.faultAt, prog.resumedIn = time.Now(), 0
+				prog.mu.Unlock()
+				proxy.Set(faultproxy.Pass)
+			case faultproxy.Latency:
+				prog.wait(t, 2*time.Minute, n/2, false, "publishing with latency")
+				proxy.Set(faultproxy.Pass)
+			}
+			prog.wait(t, 2*time.Minute, n/4, true, "publishing again after the fault")
+			prog.mu.Lock()
+			resumed := prog.resumedIn
+			prog.mu.Unlock()
+			prog.wait(t, 2*time.Minute, n, false, "publishing everything")
+			dups := f.check(t)
+			t.Logf("%s: noticed after %v; publishing again %v after the fault (or its end); %d messages, %d published twice (same IDs), %d outage warnings",
+				fault, held.Round(time.Millisecond), resumed.Round(time.Millisecond), n, dups, logs.Count("server unreachable; waiting it out", ""))
+		})
+	}
 }

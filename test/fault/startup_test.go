@@ -32,6 +32,16 @@ func (h onMessage) Handle(ctx context.Context, r slog.Record) error {
 	return h.Handler.Handle(ctx, r)
 }
 
+func (h onMessage) WithAttrs(attrs []slog.Attr) slog.Handler {
+	h.Handler = h.Handler.WithAttrs(attrs)
+	return h
+}
+
+func (h onMessage) WithGroup(name string) slog.Handler {
+	h.Handler = h.Handler.WithGroup(name)
+	return h
+}
+
 // TestMigrateUpWaitsForStoppedServer: a service that starts while its
 // PostgreSQL is down (a server of the test's own, stopped) waits in
 // migrate.Up, says so, and migrates once the server is started.
