@@ -46,6 +46,14 @@ func Timeout(budget time.Duration) time.Duration { return max(budget, 0) + Margi
 
 func ms(d time.Duration) string { return strconv.FormatInt(max(d.Milliseconds(), 1), 10) }
 
+// SetLocal returns the statement that bounds the current transaction:
+// SET LOCAL idle_in_transaction_session_timeout to Timeout(budget). Send it
+// right after BEGIN (in the same batch: it is one statement, for the
+// extended protocol too).
+func SetLocal(budget time.Duration) string {
+	return "SET LOCAL idle_in_transaction_session_timeout = " + ms(Timeout(budget))
+}
+
 // BeginQuery returns the statement that begins a transaction (with
 // isolation, e.g. "READ COMMITTED", or the session's when empty) and bounds
 // it: SET LOCAL idle_in_transaction_session_timeout to Timeout(budget). It is
@@ -56,7 +64,7 @@ func BeginQuery(isolation string, budget time.Duration) string {
 	if isolation != "" {
 		begin += " ISOLATION LEVEL " + isolation
 	}
-	return begin + "; SET LOCAL idle_in_transaction_session_timeout = " + ms(Timeout(budget))
+	return begin + "; " + SetLocal(budget)
 }
 
 // SessionSQL is what SetSession runs: idle_in_transaction_session_timeout
