@@ -56,3 +56,26 @@ func TestRedriveTransactionIsBounded(t *testing.T) {
 		t.Fatalf("%d warnings about the pool's sessions, want 1", n)
 	}
 }
+
+// TestRedriveHandlerOutOfTime: a handler whose statement outlasts
+// HandlerTimeout failed (pgx closes the connection under the statement at
+// the deadline): the replay counts it and goes on, rather than waiting for
+// an outage that is none.
+func TestRedriveHandlerOutOfTime(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, true)
+	e.produce("s0")
+	e.consume(1, func(*consumer.Message, int) error { return retry.Permanent(errors.New("bug")) })
+	slow := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		_, err := tx.Exec(ctx, "SELECT pg_catalog.pg_sleep(30)")
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sum, err := e.reprocessor(dlq.Redrive, slow, func(c *dlq.ReprocessorConfig) {
+		c.HandlerTimeout = 200 * time.Millisecond
+	}).Run(ctx)
+	if err != nil || sum[dlq.FailedAgain] != 1 {
+		t.Fatalf("Run = %v, %v; want the dead letter failed again", sum, err)
+	}
+}

@@ -90,8 +90,9 @@ type ReprocessorConfig struct {
 	Mode Mode
 	// Handler re-runs a message in Redrive mode: the consumer's handler.
 	Handler consumer.Handler
-	// HandlerTimeout bounds one run of Handler (its context's deadline),
-	// and so how long its transaction may sit idle: PostgreSQL ends the
+	// HandlerTimeout bounds one run of Handler (its context's deadline;
+	// a run that outlasts it failed, and is retried under Retry), and so
+	// how long its transaction may sit idle: PostgreSQL ends the
 	// transaction once it stays idle HandlerTimeout plus 10s (its client
 	// went away), and the transaction's statements give up after as long,
 	// on a connection gone silent, to try again on a new one. Defaults to
@@ -573,10 +574,12 @@ func (rn *run) redriveTx(ctx context.Context, d *DeadLetter, msg *consumer.Messa
 			string(AlreadyApplied)); err != nil {
 			return "", err
 		}
-	} else if err := rn.callHandler(ctx, tx, msg); err != nil {
-		if tx.Conn().IsClosed() {
+	} else if outOfTime, err := rn.callHandler(ctx, tx, msg); err != nil {
+		if tx.Conn().IsClosed() && !outOfTime {
 			return "", &connLostError{err}
 		}
+		// A handler that ran out of its time failed, also when pgx closed
+		// the connection under its statement at that deadline.
 		return "", &handlerFailure{err}
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -600,11 +603,13 @@ type handlerFailure struct{ err error }
 func (h *handlerFailure) Error() string { return h.err.Error() }
 func (h *handlerFailure) Unwrap() error { return h.err }
 
-// callHandler runs the handler within HandlerTimeout.
-func (rn *run) callHandler(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-	ctx, cancel := context.WithTimeout(ctx, rn.cfg.HandlerTimeout)
+// callHandler runs the handler within HandlerTimeout; outOfTime says that
+// its deadline passed.
+func (rn *run) callHandler(ctx context.Context, tx pgx.Tx, m *consumer.Message) (outOfTime bool, err error) {
+	hctx, cancel := context.WithTimeout(ctx, rn.cfg.HandlerTimeout)
 	defer cancel()
-	return callHandler(ctx, rn.cfg.Handler, tx, m)
+	err = callHandler(hctx, rn.cfg.Handler, tx, m)
+	return hctx.Err() != nil && ctx.Err() == nil, err
 }
 
 func callHandler(ctx context.Context, h consumer.Handler, tx pgx.Tx, m *consumer.Message) (err error) {
