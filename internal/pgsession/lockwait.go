@@ -3,7 +3,6 @@ package pgsession
 import (
 	"context"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
@@ -65,29 +64,19 @@ const LockWaitMsg = "a statement waits for another session's lock; an orphaned t
 // blocking_client), how many there are and how long the statement has
 // waited, with attrs. stop ends the watch and returns how long the
 // statement ran and whether it was found waiting for a lock; it returns
-// once the watch's goroutine has exited. Call stop when the statement
-// returns.
+// once the look-up, if one started, is over. Call stop when the statement
+// returns. Until threshold nothing runs but a timer (time.AfterFunc): cheap
+// enough for every claim.
 func WatchLockWait(ctx context.Context, db pgexec.DB, pid uint32, threshold time.Duration, log *slog.Logger,
 	attrs ...any) (stop func() (ran time.Duration, blocked bool)) {
 	start := time.Now()
-	ctx, cancel := context.WithCancel(ctx)
-	var (
-		wg      sync.WaitGroup
-		blocked bool
-	)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTimer(threshold)
-		defer t.Stop()
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		bs, err := Blockers(ctx, db, pid)
+	w := &lockWatch{done: make(chan struct{})}
+	lctx, cancel := context.WithCancel(ctx)
+	w.t = time.AfterFunc(threshold, func() {
+		defer close(w.done)
+		bs, err := Blockers(lctx, db, pid)
 		if err != nil {
-			if ctx.Err() == nil {
+			if lctx.Err() == nil {
 				log.Debug("could not read the sessions that block a statement", "pid", pid, "err", err)
 			}
 			return
@@ -95,15 +84,26 @@ func WatchLockWait(ctx context.Context, db pgexec.DB, pid uint32, threshold time
 		if len(bs) == 0 {
 			return
 		}
-		blocked = true
+		w.blocked = true
 		b := bs[0]
 		log.Warn(LockWaitMsg, append([]any{"pid", pid, "waited", time.Since(start).Round(time.Millisecond),
 			"blocking_pid", b.PID, "blocking_state", b.State, "blocking_idle", b.Idle.Round(time.Millisecond),
 			"blocking_application", b.Application, "blocking_client", b.Client, "blockers", len(bs)}, attrs...)...)
-	}()
+	})
 	return func() (time.Duration, bool) {
-		cancel()
-		wg.Wait()
-		return time.Since(start), blocked
+		ran := time.Since(start)
+		if w.t.Stop() {
+			cancel()
+			return ran, false // never fired
+		}
+		cancel() // a look-up under way gives up
+		<-w.done
+		return ran, w.blocked
 	}
+}
+
+type lockWatch struct {
+	t       *time.Timer
+	done    chan struct{}
+	blocked bool // written before done closes
 }
