@@ -302,6 +302,9 @@ func (s *Store) beginLocked(ctx context.Context, conn *pgxpool.Conn, lock int64,
 	// READ COMMITTED whatever the session's default: the record is read in
 	// a statement (and a snapshot) that starts after the lock was granted.
 	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	// The server ends the transaction if it sits idle past the lease and
+	// a margin: its client went away, and its lock must not outlive it.
+	b.Queue(pgsession.SetLocal(req.Lease))
 	if wait > 0 {
 		ms := max(1, (wait+time.Millisecond-1)/time.Millisecond) // lock_timeout 0 means none
 		// The lock_timeout in force is kept aside and restored after the
@@ -317,6 +320,9 @@ func (s *Store) beginLocked(ctx context.Context, conn *pgxpool.Conn, lock int64,
 	br := conn.SendBatch(ctx, b)
 	tx = br.Tx()
 	_, err = br.Exec() // BEGIN
+	if err == nil {
+		_, err = br.Exec() // SET LOCAL
+	}
 	timedOut := false
 	if wait > 0 {
 		for range 2 {
@@ -488,7 +494,7 @@ func (b *pgBackend) reserveRecord(ctx context.Context, req *Request) (Reservatio
 		return out, nil
 	}
 	h.conn = conn
-	tx, err := conn.Begin(ctx)
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: pgsession.BeginQuery("", req.Lease)})
 	if err == nil && req.Wait > 0 {
 		if err = b.store.hold(ctx, tx, res.token); err != nil {
 			fctx, cancel := finishContext(ctx)
