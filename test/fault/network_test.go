@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,6 +21,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/faultproxy"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/kafkaconn"
@@ -423,4 +426,105 @@ func TestRelayPostgresFaults(t *testing.T) {
 				fault, held.Round(time.Millisecond), resumed.Round(time.Millisecond), n, dups, logs.Count("server unreachable; waiting it out", ""))
 		})
 	}
+}
+
+// TestConsumerKafkaStranded: every broker connection of a consumer
+// (group coordinator, fetches) is stranded while it waits for messages.
+// Its requests on the silent connections are abandoned at their timeouts
+// and sent again on new ones: the messages produced after the strand are
+// applied, each once. It prints the time from the strand to the first of
+// them applied.
+func TestConsumerKafkaStranded(t *testing.T) {
+	t.Parallel()
+	const half, partitions = 500, 3
+	db := newDB(t)
+	topic := testenv.NewTopic(t, partitions)
+	store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := db.Table("effects")
+	proxy := newFaultProxy(t, testenv.Brokers(t)[0])
+	dial := func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, proxy.Addr())
+	}
+	_, logger := testenv.NewLogs(t)
+	var (
+		mu          sync.Mutex
+		strandAt    time.Time
+		firstAfter  time.Duration
+		afterStrand = make(chan struct{})
+	)
+	cfg := consumer.Config{
+		Kafka: kafkaconn.Config{Brokers: []string{proxy.Addr()}, Dial: dial, DialTimeout: 2 * time.Second},
+		Topic: topic, GroupID: testenv.Name(t, "g"), Store: store, SessionTimeout: 6 * time.Second, Logger: logger,
+		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			if strings.HasPrefix(m.ID, "late-") {
+				mu.Lock()
+				if firstAfter == 0 {
+					firstAfter = time.Since(strandAt)
+					close(afterStrand)
+				}
+				mu.Unlock()
+			}
+			return applyEffect(ctx, tx, table, m)
+		}),
+	}
+	r, err := consumer.New(db.Pool, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("consumer: %v", err)
+		}
+	}()
+	count := func() int {
+		var n int
+		if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+table).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	waitCount := func(n int, what string) {
+		deadline := time.Now().Add(3 * time.Minute)
+		for count() < n {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d of %d applied after 3 minutes", what, count(), n)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	produce(t, topic, "early-", 0, half, 50)
+	waitCount(half, "before the strand")
+	mu.Lock()
+	strandAt = time.Now()
+	mu.Unlock()
+	c := proxy.Strand()
+	produce(t, topic, "late-", 0, half, 50) // straight to the broker
+	select {
+	case <-afterStrand:
+	case <-time.After(3 * time.Minute):
+		t.Fatal("no message produced after the strand was applied within 3 minutes")
+	}
+	waitCount(2*half, "after the strand")
+	runs := effectRuns(t, db)
+	for id, n := range runs {
+		if n != 1 {
+			t.Fatalf("%s applied %d times", id, n)
+		}
+	}
+	if len(runs) != 2*half {
+		t.Fatalf("%d messages applied, want %d", len(runs), 2*half)
+	}
+	checkOrder(t, db)
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("stranded %d broker connections; the first message produced after the strand applied %v after it; %d messages, each applied once",
+		c, firstAfter.Round(time.Millisecond), 2*half)
 }
