@@ -23,6 +23,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/outage"
+	"github.com/idemkit/idemkit/internal/pgsession"
 	"github.com/idemkit/idemkit/internal/pgtext"
 	"github.com/idemkit/idemkit/internal/topicscan"
 	"github.com/idemkit/idemkit/kafkaconn"
@@ -74,6 +75,8 @@ var ErrReplayLimit = errors.New("dlq: replay limit reached")
 // Defaults of ReprocessorConfig.
 const (
 	ReplayLimitDefault = 3
+	// HandlerTimeoutDefault bounds one run of Handler.
+	HandlerTimeoutDefault = 30 * time.Second
 )
 
 // ReprocessorConfig configures a Reprocessor. Kafka.Brokers, Topic and Mode
@@ -97,6 +100,14 @@ type ReprocessorConfig struct {
 	Mode Mode
 	// Handler re-runs a message in Redrive mode: the consumer's handler.
 	Handler consumer.Handler
+	// HandlerTimeout bounds one run of Handler (its context's deadline;
+	// a run that outlasts it failed, and is retried under Retry), and so
+	// how long its transaction may sit idle: PostgreSQL ends the
+	// transaction once it stays idle HandlerTimeout plus 10s (its client
+	// went away), and the transaction's statements give up after as long,
+	// on a connection gone silent, to try again on a new one. Defaults to
+	// 30s.
+	HandlerTimeout time.Duration
 
 	// pool is where dedup records and replay records live:
 	// NewReprocessor's argument.
@@ -300,7 +311,10 @@ func NewReprocessor(pool *pgxpool.Pool, cfg *ReprocessorConfig) (*Reprocessor, e
 		return nil, invalid("Retention must not be negative")
 	case c.OnBeyondHorizon != consumer.HorizonFail && c.OnBeyondHorizon != consumer.HorizonApply:
 		return nil, invalid("OnBeyondHorizon must be consumer.HorizonFail or consumer.HorizonApply")
+	case c.HandlerTimeout < 0:
+		return nil, invalid("HandlerTimeout must not be negative")
 	}
+	c.HandlerTimeout = cmp.Or(c.HandlerTimeout, HandlerTimeoutDefault)
 	c.ReplayLimit = cmp.Or(c.ReplayLimit, ReplayLimitDefault)
 	c.ReplayedBy = cmp.Or(c.ReplayedBy, whoami())
 	if reflect.ValueOf(c.Retry).IsZero() {
@@ -377,6 +391,7 @@ func (r *Reprocessor) Run(ctx context.Context) (Summary, error) {
 		defer t.Stop()
 		pace = t.C
 	}
+	pgsession.Check(ctx, r.cfg.pool, r.cfg.Logger, "dlq reprocessor "+r.cfg.Topic)
 	rn := &run{Reprocessor: r,
 		pg:    &outage.Waiter{Op: "replay " + r.cfg.Topic + ": postgres", Log: r.cfg.Logger, Max: r.cfg.MaxOutage},
 		kafka: &outage.Waiter{Op: "replay " + r.cfg.Topic + ": kafka", Log: r.cfg.Logger, Max: r.cfg.MaxOutage}}
@@ -701,8 +716,14 @@ func (rn *run) destination(msg *consumer.Message, herr error, class retry.Class,
 // redriveTx is one attempt: a transaction that records the replay, claims
 // the message ID, runs the handler and commits. A handler error comes back
 // as a *handlerFailure; any other error is the database's.
+//
+// The transaction is bounded (see HandlerTimeout): the server ends it when
+// it sits idle longer than the handler may take, and its statements give
+// up on a silent connection after as long.
 func (rn *run) redriveTx(ctx context.Context, d *DeadLetter, msg *consumer.Message) (_ Action, err error) {
-	tx, err := rn.cfg.pool.Begin(ctx)
+	ctx, cancel := context.WithTimeout(ctx, pgsession.Timeout(rn.cfg.HandlerTimeout))
+	defer cancel()
+	tx, err := rn.cfg.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: pgsession.BeginQuery("", rn.cfg.HandlerTimeout)})
 	if err != nil {
 		return "", fmt.Errorf("begin: %w", err)
 	}
@@ -712,7 +733,10 @@ func (rn *run) redriveTx(ctx context.Context, d *DeadLetter, msg *consumer.Messa
 			// so: close it before the rollback gives it back to the pool.
 			_ = tx.Conn().Close(context.WithoutCancel(ctx))
 		}
-		_ = tx.Rollback(context.WithoutCancel(ctx))
+		// Bounded: the connection may have gone silent.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pgsession.Margin)
+		defer cancel()
+		_ = tx.Rollback(rctx)
 	}()
 	// The replay record first: a concurrent or repeated replay of the same
 	// dead letter waits here, then finds it and does nothing.
@@ -741,10 +765,12 @@ func (rn *run) redriveTx(ctx context.Context, d *DeadLetter, msg *consumer.Messa
 			string(AlreadyApplied)); err != nil {
 			return "", err
 		}
-	} else if err := callHandler(ctx, rn.cfg.Handler, tx, msg); err != nil {
-		if tx.Conn().IsClosed() {
+	} else if outOfTime, err := rn.callHandler(ctx, tx, msg); err != nil {
+		if tx.Conn().IsClosed() && !outOfTime {
 			return "", &connLostError{err}
 		}
+		// A handler that ran out of its time failed, also when pgx closed
+		// the connection under its statement at that deadline.
 		return "", &handlerFailure{err}
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -767,6 +793,15 @@ type handlerFailure struct{ err error }
 
 func (h *handlerFailure) Error() string { return h.err.Error() }
 func (h *handlerFailure) Unwrap() error { return h.err }
+
+// callHandler runs the handler within HandlerTimeout; outOfTime says that
+// its deadline passed.
+func (rn *run) callHandler(ctx context.Context, tx pgx.Tx, m *consumer.Message) (outOfTime bool, err error) {
+	hctx, cancel := context.WithTimeout(ctx, rn.cfg.HandlerTimeout)
+	defer cancel()
+	err = callHandler(hctx, rn.cfg.Handler, tx, m)
+	return hctx.Err() != nil && ctx.Err() == nil, err
+}
 
 func callHandler(ctx context.Context, h consumer.Handler, tx pgx.Tx, m *consumer.Message) (err error) {
 	defer func() {

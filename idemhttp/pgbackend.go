@@ -16,6 +16,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idemkit/internal/pgsession"
 )
 
 // pgBackend is the PostgreSQL Backend: records in store's table, reached
@@ -31,6 +33,9 @@ type pgBackend struct {
 	pool  *pgxpool.Pool
 	store *Store
 	log   *slog.Logger
+	// checked: the pool's session settings were checked (pgsession.Check),
+	// once, at the first reservation (New does not touch the database).
+	checked sync.Once
 }
 
 // pollMax bounds the pause between two looks at a record held by a request
@@ -58,6 +63,7 @@ func (s *Store) Backend(pool *pgxpool.Pool) (Backend, error) {
 }
 
 func (b *pgBackend) Reserve(ctx context.Context, req *Request) (Reservation, error) {
+	b.checked.Do(func() { pgsession.Check(ctx, b.pool, b.log, "idemhttp") })
 	if req.NoTx || req.NoTakeover {
 		return b.reserveRecord(ctx, req)
 	}
@@ -296,6 +302,9 @@ func (s *Store) beginLocked(ctx context.Context, conn *pgxpool.Conn, lock int64,
 	// READ COMMITTED whatever the session's default: the record is read in
 	// a statement (and a snapshot) that starts after the lock was granted.
 	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	// The server ends the transaction if it sits idle past the lease and
+	// a margin: its client went away, and its lock must not outlive it.
+	b.Queue(pgsession.SetLocal(req.Lease))
 	if wait > 0 {
 		ms := max(1, (wait+time.Millisecond-1)/time.Millisecond) // lock_timeout 0 means none
 		// The lock_timeout in force is kept aside and restored after the
@@ -311,6 +320,9 @@ func (s *Store) beginLocked(ctx context.Context, conn *pgxpool.Conn, lock int64,
 	br := conn.SendBatch(ctx, b)
 	tx = br.Tx()
 	_, err = br.Exec() // BEGIN
+	if err == nil {
+		_, err = br.Exec() // SET LOCAL
+	}
 	timedOut := false
 	if wait > 0 {
 		for range 2 {
@@ -482,7 +494,7 @@ func (b *pgBackend) reserveRecord(ctx context.Context, req *Request) (Reservatio
 		return out, nil
 	}
 	h.conn = conn
-	tx, err := conn.Begin(ctx)
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: pgsession.BeginQuery("", req.Lease)})
 	if err == nil && req.Wait > 0 {
 		if err = b.store.hold(ctx, tx, res.token); err != nil {
 			fctx, cancel := finishContext(ctx)

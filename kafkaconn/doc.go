@@ -24,6 +24,14 @@
 // (a *kafka.Dialer for consumer groups and readers, a *kafka.Transport for
 // writers and clients).
 //
+// Connections give up on silence: every connection probes a silent broker
+// with TCP keepalives (after 15s, every 5s, dropped after 3 unanswered:
+// 30s), and every request idemkit sends is bounded by a timeout of its own
+// (kafka-go sets it as the connection's read and write deadline and drops
+// the connection when it passes), so a request on a connection that went
+// silent is abandoned and sent again on a new one. Dial replaces the
+// dialer (a tunnel, a proxy).
+//
 // A broker that rejects the credentials, or whose certificate the client
 // does not trust, is not an outage: Wrap turns such errors into an *Error
 // naming the brokers that matches ErrAuthentication or ErrTLS: the

@@ -2,6 +2,7 @@ package kafkaconn
 
 import (
 	"cmp"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -72,6 +73,30 @@ type Config struct {
 	// DialTimeout bounds opening one connection, handshakes included.
 	// Defaults to 10s.
 	DialTimeout time.Duration
+	// Dial, when set, opens the TCP connection to a broker (at the address
+	// the cluster advertises): for a tunnel, a SOCKS proxy or a test's
+	// fault proxy. TLS and SASL run over the connection it returns.
+	// Defaults to a net.Dialer with TCP keepalives (first probe after 15s
+	// of silence, then every 5s, the connection dropped after 3 unanswered:
+	// a broker gone silent is noticed within 30s even between requests).
+	Dial func(ctx context.Context, network, address string) (net.Conn, error)
+}
+
+// The TCP keepalives of the default dialer.
+const (
+	keepaliveIdle     = 15 * time.Second
+	keepaliveInterval = 5 * time.Second
+	keepaliveCount    = 3
+)
+
+// dial returns Dial, or the default dialer.
+func (c *Config) dial() func(ctx context.Context, network, address string) (net.Conn, error) {
+	if c.Dial != nil {
+		return c.Dial
+	}
+	d := &net.Dialer{Timeout: cmp.Or(c.DialTimeout, DialTimeoutDefault), KeepAliveConfig: net.KeepAliveConfig{
+		Enable: true, Idle: keepaliveIdle, Interval: keepaliveInterval, Count: keepaliveCount}}
+	return d.DialContext
 }
 
 // ErrInvalidConfig is wrapped by every error of Validate.
@@ -182,7 +207,7 @@ func (c *Config) Dialer() (*kafka.Dialer, error) {
 		return nil, err
 	}
 	return &kafka.Dialer{ClientID: c.ClientID, Timeout: cmp.Or(c.DialTimeout, DialTimeoutDefault), DualStack: true,
-		TLS: c.TLS, SASLMechanism: mech}, nil
+		TLS: c.TLS, SASLMechanism: mech, DialFunc: c.dial()}, nil
 }
 
 // Transport returns a new kafka.Transport for writers and clients, or the
@@ -194,7 +219,7 @@ func (c *Config) Transport() (*kafka.Transport, error) {
 		return nil, err
 	}
 	return &kafka.Transport{ClientID: c.ClientID, DialTimeout: cmp.Or(c.DialTimeout, DialTimeoutDefault),
-		TLS: c.TLS, SASL: mech}, nil
+		TLS: c.TLS, SASL: mech, Dial: c.dial()}, nil
 }
 
 // TLSFiles names PEM files for LoadTLS.

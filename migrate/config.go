@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"unicode/utf8"
 
@@ -80,6 +81,10 @@ type Config struct {
 	// Tables names the tables inside Schema. Each name defaults as documented
 	// on Tables.
 	Tables Tables
+	// Logger receives a Warn when Up starts waiting for a server that cannot
+	// be reached or is starting, and an Info when the server answers again.
+	// Defaults to slog.Default().
+	Logger *slog.Logger
 }
 
 // WithDefaults returns a copy of c with every empty field set to its default.

@@ -1,12 +1,14 @@
 package migrate
 
 import (
+	"cmp"
 	"context"
 	"embed"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"io/fs"
+	"log/slog"
 	"regexp"
 	"slices"
 	"strconv"
@@ -16,6 +18,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idemkit/internal/outage"
 )
 
 //go:embed sql/*.sql
@@ -155,6 +159,7 @@ type Migrator struct {
 	qSchema    string // quoted
 	migrations string // qualified and quoted
 	steps      []step
+	log        *slog.Logger
 }
 
 // New returns a Migrator for the tables cfg names. cfg may be nil, meaning
@@ -194,6 +199,7 @@ func New(db *pgxpool.Pool, cfg *Config) (*Migrator, error) {
 		schema:     c.Schema,
 		qSchema:    data.Schema,
 		migrations: pgx.Identifier{c.Schema, c.Tables.Migrations}.Sanitize(),
+		log:        cmp.Or(c.Logger, slog.Default()),
 	}
 	for _, mig := range all {
 		up, err := render(mig.up, data)
@@ -291,30 +297,42 @@ func (m *Migrator) bookkeepingExists(ctx context.Context, q querier) (bool, erro
 // versions it applied (none when the schema was up to date). It creates the
 // schema and the migrations table first when they are missing. Concurrent
 // calls, from any number of processes, apply each version once.
+//
+// Up waits out a server that cannot be reached, refuses connections or is
+// starting up or shutting down (SQLSTATE class 08, 57P01-57P03, ...): it logs
+// a Warn when it starts waiting and an Info when the server answers, and
+// retries the step it was at (a step applied by a transaction whose commit
+// was lost is seen as applied and skipped). It waits until ctx ends; the
+// error then wraps ctx's error and the last connection error.
 func (m *Migrator) Up(ctx context.Context) (applied []int, err error) {
-	if err := m.ensureBookkeeping(ctx); err != nil {
+	w := &outage.Waiter{Op: "migrate up " + m.schema, Log: m.log}
+	defer w.Stop()
+	if err := waitOut(ctx, w, m.ensureBookkeeping); err != nil {
 		return nil, fmt.Errorf("migrate: up: %w", err)
 	}
 	for _, s := range m.steps {
 		done := false
-		err := m.inLockedTx(ctx, func(tx pgx.Tx) error {
-			var exists bool
-			if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+m.migrations+" WHERE version = $1)",
-				s.version).Scan(&exists); err != nil {
-				return err
-			}
-			if exists {
+		err := waitOut(ctx, w, func(ctx context.Context) error {
+			done = false
+			return m.inLockedTx(ctx, func(tx pgx.Tx) error {
+				var exists bool
+				if err := tx.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+m.migrations+" WHERE version = $1)",
+					s.version).Scan(&exists); err != nil {
+					return err
+				}
+				if exists {
+					return nil
+				}
+				if _, err := tx.Exec(ctx, s.up); err != nil {
+					return err
+				}
+				if _, err := tx.Exec(ctx, "INSERT INTO "+m.migrations+" (version, name) VALUES ($1, $2)",
+					s.version, s.name); err != nil {
+					return err
+				}
+				done = true
 				return nil
-			}
-			if _, err := tx.Exec(ctx, s.up); err != nil {
-				return err
-			}
-			if _, err := tx.Exec(ctx, "INSERT INTO "+m.migrations+" (version, name) VALUES ($1, $2)",
-				s.version, s.name); err != nil {
-				return err
-			}
-			done = true
-			return nil
+			})
 		})
 		if err != nil {
 			return applied, fmt.Errorf("migrate: up %03d_%s: %w", s.version, s.name, err)
@@ -324,6 +342,22 @@ func (m *Migrator) Up(ctx context.Context) (applied []int, err error) {
 		}
 	}
 	return applied, nil
+}
+
+// waitOut runs op until it succeeds or fails with an error that is not a
+// connection error, waiting between tries while the server cannot be
+// reached (w logs the outage). When ctx ends during an outage, the error
+// wraps both ctx's error and op's last error.
+func waitOut(ctx context.Context, w *outage.Waiter, op func(ctx context.Context) error) error {
+	var last error
+	err := w.Do(ctx, func(ctx context.Context) error {
+		last = op(ctx)
+		return last
+	})
+	if err != nil && w.InOutage() && last != nil && err != last {
+		return fmt.Errorf("waiting for the server: %w; last error: %w", err, last)
+	}
+	return err
 }
 
 // Down reverts every applied version greater than target, in descending

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idemkit"
+	"github.com/idemkit/idemkit/internal/pgsession"
 )
 
 // Handler performs one non-Kafka side effect: send an e-mail, call a payment
@@ -110,6 +111,9 @@ func NewDispatcher(pool *pgxpool.Pool, store *Store, cfg *DispatcherConfig) (*Di
 		return nil, err
 	}
 	l.name = "dispatcher"
+	// A round starts no handler after HandlerTimeout: its transaction sits
+	// idle for two HandlerTimeouts at most.
+	l.txBudget = 2 * d.timeout
 	d.loop = l
 	return d, nil
 }
@@ -122,6 +126,7 @@ func NewDispatcher(pool *pgxpool.Pool, store *Store, cfg *DispatcherConfig) (*Di
 func (d *Dispatcher) Run(ctx context.Context) error {
 	e := &engine{pool: d.pool, store: d.store, cfg: d.loop, d: d,
 		log: d.loop.logger.With("component", "outbox.dispatcher")}
+	pgsession.Check(ctx, d.pool, e.log, "outbox dispatcher")
 	return e.run(ctx)
 }
 
@@ -146,14 +151,23 @@ func (d *Dispatcher) scan(ctx context.Context, tx pgx.Tx, limit int) ([]scanned,
 func (d *Dispatcher) cut(rows []*row) int { return len(rows) }
 
 // deliver runs the handlers one message at a time, in enqueue order; a key
-// whose message failed is held until the next round.
+// whose message failed is held until the next round. Once HandlerTimeout
+// has passed since the round's first handler started, the rest is left for
+// the next round: the round's transaction stays idle for a bounded time.
 func (d *Dispatcher) deliver(ctx context.Context, rows []*row) []error {
 	errs := make([]error, len(rows))
 	held := map[int64]bool{}
+	start := time.Now()
 	for i, r := range rows {
 		if held[r.lockKey] {
 			errs[i] = errHeld
 			continue
+		}
+		if i > 0 && time.Since(start) >= d.timeout {
+			for j := i; j < len(rows); j++ {
+				errs[j] = errNotAttempted
+			}
+			break
 		}
 		if err := d.call(ctx, r); err != nil {
 			errs[i] = err

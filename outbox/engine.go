@@ -15,6 +15,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/internal/outage"
+	"github.com/idemkit/idemkit/internal/pgsession"
 	"github.com/idemkit/idemkit/internal/pgtext"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -58,6 +59,10 @@ type Hooks struct {
 	// count, oldest pending age, parked count.
 	Stats func(Stats)
 }
+
+// errNotAttempted is the error a deliverer reports for a record it left for
+// a later round, untouched (the round's time is up).
+var errNotAttempted = errors.New("outbox: left for a later round")
 
 // errHeld is the error a deliverer reports for a record it did not attempt
 // because an earlier record of the same key failed in the same round.
@@ -135,7 +140,17 @@ type loopConfig struct {
 	maxOutage       time.Duration
 	logger          *slog.Logger
 	hooks           Hooks
+	// txBudget is how long a round's transaction may legitimately sit
+	// idle (publishing, running handlers): its
+	// idle_in_transaction_session_timeout is that plus pgsession.Margin,
+	// and so is the deadline of the round's statements.
+	txBudget time.Duration
 }
+
+// dbTimeout bounds a round's statements on the client's side: a
+// connection gone silent is given up after it, closed, and the round tried
+// again on a new one.
+func (l loopConfig) dbTimeout() time.Duration { return pgsession.Timeout(l.txBudget) }
 
 // engine claims rows key by key and hands them to a deliverer.
 type engine struct {
@@ -337,7 +352,13 @@ func (e *engine) round(ctx context.Context) (res roundResult, err error) {
 	// must see, in a snapshot taken after the scan locked the keys, the marks
 	// of the keys' previous holders. Under REPEATABLE READ it would read the
 	// scan's snapshot and publish their rows again.
-	tx, err := e.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	//
+	// The transaction is bounded: the server ends it when it stays idle
+	// longer than the round may take (its client went away), and its
+	// statements give up after as long.
+	dctx, dcancel := context.WithTimeout(ctx, e.cfg.dbTimeout())
+	defer dcancel()
+	tx, err := e.pool.BeginTx(dctx, pgx.TxOptions{BeginQuery: pgsession.BeginQuery("READ COMMITTED", e.cfg.txBudget)})
 	if err != nil {
 		return res, err
 	}
@@ -353,14 +374,14 @@ func (e *engine) round(ctx context.Context) (res roundResult, err error) {
 		_ = tx.Rollback(rctx) // no-op after Commit
 	}()
 
-	found, err := e.d.scan(ctx, tx, e.cfg.batchSize)
+	found, err := e.d.scan(dctx, tx, e.cfg.batchSize)
 	if err != nil {
 		return res, translate(err)
 	}
 	if len(found) == 0 {
-		return res, tx.Commit(ctx)
+		return res, tx.Commit(dctx)
 	}
-	rows, err := e.keyRows(ctx, tx, found)
+	rows, err := e.keyRows(dctx, tx, found)
 	if err != nil {
 		return res, translate(err)
 	}
@@ -422,8 +443,8 @@ func (e *engine) round(ctx context.Context) (res roundResult, err error) {
 	allTransient := len(deliverable) > 0
 	for i, r := range deliverable {
 		if f, ok := failed[r.lockKey]; ok {
-			if cancelled && !f.blockedBy.Valid {
-				continue
+			if !f.blockedBy.Valid {
+				continue // behind a row left as it was: left as it is
 			}
 			// Behind a failure of its key: not delivered (or delivered
 			// out of turn, and then delivered again in turn later).
@@ -437,7 +458,7 @@ func (e *engine) round(ctx context.Context) (res roundResult, err error) {
 			continue
 		}
 		err := errs[i]
-		if err != nil && cancelled {
+		if err != nil && (cancelled || errors.Is(err, errNotAttempted)) {
 			failed[r.lockKey] = update{} // hold the rest of the key, record nothing
 			continue
 		}
@@ -470,7 +491,7 @@ func (e *engine) round(ctx context.Context) (res roundResult, err error) {
 	}
 
 	// Delivered: record it even if the run is being cancelled.
-	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.dbTimeout())
 	defer cancel()
 	if len(doneSeqs) > 0 {
 		if _, err := tx.Exec(mctx, e.store.sql.markDone, doneSeqs); err != nil {
@@ -623,18 +644,40 @@ func (e *engine) listenOnce(ctx context.Context, wake chan<- struct{}, bo *retry
 		defer cancel()
 		_ = conn.Close(cctx)
 	}()
+	if err := pgsession.SetSession(ctx, conn, e.cfg.txBudget, 0); err != nil {
+		return err
+	}
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{e.store.channel}.Sanitize()); err != nil {
 		return err
 	}
 	bo.Reset()
 	signal(wake) // anything enqueued while nobody listened
 	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
+		// A connection that went silent delivers no notification and no
+		// error: after listenCheck without a notification, a ping
+		// (bounded) tells whether the server still answers.
+		wctx, cancel := context.WithTimeout(ctx, listenCheck)
+		_, err := conn.WaitForNotification(wctx)
+		cancel()
+		switch {
+		case err == nil:
+			signal(wake)
+		case ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded):
+			pctx, cancel := context.WithTimeout(ctx, e.cfg.dbTimeout())
+			err = conn.Ping(pctx)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("ping: %w", err)
+			}
+		default:
 			return err
 		}
-		signal(wake)
 	}
 }
+
+// listenCheck is how long the LISTEN connection waits for a notification
+// before it checks that the server still answers.
+const listenCheck = 30 * time.Second
 
 func signal(c chan<- struct{}) {
 	select {

@@ -15,6 +15,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit"
+	"github.com/idemkit/idemkit/internal/pgsession"
 	"github.com/idemkit/idemkit/kafkaconn"
 )
 
@@ -199,6 +200,8 @@ func NewRelay(pool *pgxpool.Pool, store *Store, cfg *RelayConfig) (*Relay, error
 	if err != nil {
 		return nil, err
 	}
+	// A round's transaction sits idle while the round publishes.
+	l.txBudget = c.PublishTimeout
 	return &Relay{pool: pool, store: store, cfg: c, loop: l}, nil
 }
 
@@ -218,6 +221,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	transport.MetadataTTL = cmp.Or(r.cfg.MetadataTTL, MetadataTTLDefault)
 	defer transport.CloseIdleConnections()
 	log := r.loop.logger.With("component", "outbox.relay")
+	pgsession.Check(ctx, r.pool, log, "outbox relay")
 	e := &engine{pool: r.pool, store: r.store, cfg: r.loop, log: log}
 	e.rounds = &relayRounds{e: e, wakeDelay: r.cfg.WakeDelay, onRound: r.onRound,
 		promoteEvery: min(r.loop.pollInterval, r.loop.retryInitial),

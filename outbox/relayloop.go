@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemkit/idemkit/internal/pgsession"
 	"github.com/idemkit/idemkit/internal/pgtext"
 )
 
@@ -308,7 +309,7 @@ func (r *relayRounds) flush(ctx context.Context) error {
 		return nil
 	}
 	// Delivered: record it even if the run is being cancelled.
-	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.e.cfg.dbTimeout())
 	defer cancel()
 	if r.inTx {
 		_, err := r.conn.Exec(mctx, "COMMIT")
@@ -336,14 +337,17 @@ func (r *relayRounds) flush(ctx context.Context) error {
 
 func (r *relayRounds) round(ctx context.Context) (roundResult, error) {
 	var res roundResult
-	if err := r.lease(ctx); err != nil {
+	// The lease and the read give up on a connection gone silent.
+	dctx, dcancel := context.WithTimeout(ctx, r.e.cfg.dbTimeout())
+	defer dcancel()
+	if err := r.lease(dctx); err != nil {
 		return res, err
 	}
 	if r.held == 0 {
 		return res, r.flush(ctx) // a standby: every shard is taken by other relays
 	}
 	if !r.haveAhead {
-		rows, err := r.readNow(ctx)
+		rows, err := r.readNow(dctx)
 		if err != nil {
 			return res, err
 		}
@@ -403,7 +407,7 @@ func (r *relayRounds) round(ctx context.Context) (roundResult, error) {
 	}
 	// Not cancelled with the run: a shutdown during the publication still
 	// records what Kafka acknowledged (bounded like every write).
-	xctx, xcancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	xctx, xcancel := context.WithTimeout(context.WithoutCancel(ctx), r.e.cfg.dbTimeout())
 	defer xcancel()
 	next, dberr := r.exchange(xctx, &optimistic)
 	<-published
@@ -418,7 +422,7 @@ func (r *relayRounds) round(ctx context.Context) (roundResult, error) {
 		// and read behind them: roll it back, write the true outcome and
 		// commit it (the Failed and Parked hooks run after that), and read
 		// again in the next round.
-		mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.e.cfg.dbTimeout())
 		defer cancel()
 		if _, err := r.conn.Exec(mctx, "ROLLBACK"); err != nil {
 			return res, fmt.Errorf("rollback: %w", err)
@@ -660,6 +664,16 @@ func (r *relayRounds) lease(ctx context.Context) error {
 		// The block statement needs READ COMMITTED to see a row Retry
 		// released; every statement here is its own transaction.
 		if _, err := conn.Exec(ctx, `SET default_transaction_isolation = 'read committed'`); err != nil {
+			return err
+		}
+		// The session holds the shards' advisory locks: if its client
+		// goes silent, the server ends it (and frees them) once it sits
+		// idle in a transaction longer than a round may take, or outside
+		// one longer than the relay ever waits between rounds (a poll, a
+		// backoff, a round); server-side TCP keepalives end it when the
+		// peer's host is gone.
+		idle := max(r.e.cfg.pollInterval, r.e.cfg.retryMax, 5*time.Second) + r.e.cfg.txBudget
+		if err := pgsession.SetSession(ctx, conn, r.e.cfg.txBudget, pgsession.Timeout(idle)); err != nil {
 			return err
 		}
 		var migrated bool

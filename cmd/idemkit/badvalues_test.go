@@ -98,3 +98,20 @@ func TestUnmigratedSchemaHint(t *testing.T) {
 		}
 	}
 }
+
+// TestMigrateUpWaitsForTheServer: migrate up against a server that does not
+// answer waits for it, says so on stderr, and fails with one line once -wait
+// has passed.
+func TestMigrateUpWaitsForTheServer(t *testing.T) {
+	t.Parallel()
+	bin := binary(t)
+	out, errOut, code := cli(t, bin, nil, "migrate", "up", "-wait", "1s",
+		"-database", "postgres://nobody@127.0.0.1:1/x?connect_timeout=2")
+	lines := strings.Split(strings.TrimSpace(errOut), "\n")
+	if code != 1 || out != "" || !strings.Contains(errOut, "server unreachable; waiting it out") ||
+		!strings.Contains(lines[len(lines)-1], "did not answer within -wait 1s") {
+		t.Fatalf("migrate up -wait 1s on a closed port: exit %d, want 1, a line saying it waits and one saying it gave up\nstdout: %sstderr: %s",
+			code, out, errOut)
+	}
+	t.Logf("stderr:\n%s", errOut)
+}

@@ -6,7 +6,7 @@
 // partitions and keeps those; and shows and moves
 // (rewinds, skips) a consumer's positions.
 //
-//	idemkit migrate up|down VERSION|status   [-json] -database URL [-schema S]
+//	idemkit migrate up [-wait D] | down VERSION | status [-json]   -database URL [-schema S]
 //	idemkit dlq list     -topic T.dlq [filters] [-json] [redaction]  -brokers B [-database URL]
 //	idemkit dlq inspect  -topic T.dlq -id ID | -at P/O [-json] [redaction] -brokers B [-database URL]
 //	idemkit dlq replay   -topic T.dlq [filters] [-dry-run] [-rate N] [-replay-limit N] [-max-outage D] [-retention D [-apply-beyond-horizon]] [-json] -brokers B -database URL
@@ -107,7 +107,7 @@ var commands []*command // filled by init: the commands refer to it for their he
 
 func init() {
 	commands = []*command{
-		{name: "migrate up", synopsis: "[-database URL] [-schema S]", summary: "apply idemkit's migrations", run: migrateCmd},
+		{name: "migrate up", synopsis: "[-wait D] [-database URL] [-schema S]", summary: "apply idemkit's migrations", run: migrateCmd},
 		{name: "migrate down", synopsis: "VERSION [-database URL] [-schema S]", summary: "revert migrations down to VERSION (0: all)", run: migrateCmd},
 		{name: "migrate status", synopsis: "[-json] [-database URL] [-schema S]", summary: "the versions applied and those this build knows", run: migrateCmd},
 		{name: "dlq list", synopsis: "-topic T.dlq [filters] [-json] [redaction] [-brokers B] [kafka] [-database URL] [-schema S]", summary: "list dead letters and their state",

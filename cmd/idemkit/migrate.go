@@ -3,29 +3,29 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
+	"os"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idemkit/internal/outage"
+	"github.com/idemkit/idemkit/internal/pgsession"
 	"github.com/idemkit/idemkit/migrate"
+	"github.com/idemkit/idemkit/retry"
 )
 
+// connectDB opens a pool on url and checks that the server answers.
 func connectDB(ctx context.Context, url string) (*pgxpool.Pool, error) {
-	if url == "" {
-		return nil, usagef("no database: pass -database or set IDEMKIT_DATABASE_URL")
-	}
-	cfg, err := pgxpool.ParseConfig(url)
+	pool, cfg, err := openDB(ctx, url)
 	if err != nil {
-		return nil, usagef("bad -database URL: %v", err)
-	}
-	cfg.ConnConfig.ConnectTimeout = dial
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
+		return nil, err
 	}
 	pctx, cancel := context.WithTimeout(ctx, dial)
 	defer cancel()
@@ -36,6 +36,57 @@ func connectDB(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
+// openDB opens a pool on url without connecting: its first query does.
+func openDB(ctx context.Context, url string) (*pgxpool.Pool, *pgxpool.Config, error) {
+	if url == "" {
+		return nil, nil, usagef("no database: pass -database or set IDEMKIT_DATABASE_URL")
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, nil, usagef("bad -database URL: %v", err)
+	}
+	cfg.ConnConfig.ConnectTimeout = dial
+	// The command's sessions: a transaction left by a command whose
+	// connection went silent is ended by the server, and both ends probe a
+	// silent peer with TCP keepalives.
+	cfg.ConnConfig.DialFunc = pgsession.Dialer(dial).DialContext
+	cfg.AfterConnect = pgsession.AfterConnect(dial)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	return pool, cfg, nil
+}
+
+// waitDB opens a pool on url and waits, at most wait, for the server to
+// answer: a server that is starting or briefly unreachable is waited out,
+// and log says so.
+func waitDB(ctx context.Context, url string, wait time.Duration, log *slog.Logger) (*pgxpool.Pool, error) {
+	pool, cfg, err := openDB(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	w := &outage.Waiter{Op: "connect to PostgreSQL at " + cfg.ConnConfig.Host, Log: log, Max: wait}
+	defer w.Stop()
+	err = w.Do(ctx, func(ctx context.Context) error {
+		pctx, cancel := context.WithTimeout(ctx, dial)
+		defer cancel()
+		return pool.Ping(pctx)
+	})
+	if err != nil {
+		pool.Close()
+		if errors.Is(err, retry.ErrOutage) {
+			return nil, fmt.Errorf("PostgreSQL at %s did not answer within -wait %v: %w", cfg.ConnConfig.Host, wait, err)
+		}
+		return nil, fmt.Errorf("PostgreSQL at %s: %w", cfg.ConnConfig.Host, err)
+	}
+	return pool, nil
+}
+
+// migrateWaitDefault is how long migrate up waits for a server that is
+// starting or cannot be reached.
+const migrateWaitDefault = time.Minute
+
 func migrateCmd(ctx context.Context, cmd *command, args []string, out io.Writer) (err error) {
 	sub := cmd.sub()
 	fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
@@ -44,6 +95,11 @@ func migrateCmd(ctx context.Context, cmd *command, args []string, out io.Writer)
 	var asJSON bool
 	if sub == "status" {
 		fs.BoolVar(&asJSON, "json", false, "print JSON")
+	}
+	var wait time.Duration
+	if sub == "up" {
+		fs.DurationVar(&wait, "wait", migrateWaitDefault,
+			"how long to wait for a PostgreSQL that is starting or cannot be reached, saying so on stderr (0: fail at once)")
 	}
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -62,14 +118,23 @@ func migrateCmd(ctx context.Context, cmd *command, args []string, out io.Writer)
 		}
 	case len(pos) != 0:
 		return usagef("migrate %s takes no arguments", sub)
+	case wait < 0:
+		return usagef("-wait must not be negative, not %v", wait)
 	}
-	pool, err := connectDB(ctx, c.database)
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	var pool *pgxpool.Pool
+	if wait > 0 {
+		pool, err = waitDB(ctx, c.database, wait, log)
+	} else {
+		pool, err = connectDB(ctx, c.database)
+	}
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 	defer func() { err = c.dbErr(err) }()
-	m, err := migrate.New(pool, &migrate.Config{Schema: c.schema})
+	// Up waits out an outage during the migration too, until interrupted.
+	m, err := migrate.New(pool, &migrate.Config{Schema: c.schema, Logger: log})
 	if err != nil {
 		return err
 	}

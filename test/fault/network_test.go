@@ -1,0 +1,530 @@
+package fault
+
+// Network faults between the outbox relay and its servers, played by a
+// loopback fault proxy (internal/faultproxy): a stranded PostgreSQL
+// connection (silent for good, its FIN and RST lost: a NAT or firewall that
+// forgot the flow) in the middle of a round's transaction, and a stranded or
+// blackholed Kafka connection in the middle of a produce. Each test prints
+// the time from the fault to the relay publishing again.
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/faultproxy"
+	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/kafkaconn"
+	"github.com/idemkit/idemkit/outbox"
+)
+
+// newFaultProxy starts a fault proxy to target, closed at cleanup.
+func newFaultProxy(t *testing.T, target string) *faultproxy.Proxy {
+	t.Helper()
+	p, err := faultproxy.New(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+// relayFixture is an outbox table with n messages enqueued over keys, and a
+// topic to publish them to.
+type relayFixture struct {
+	db    *testenv.DB
+	store *outbox.Store
+	topic string
+	ids   []string
+}
+
+func newRelayFixture(t *testing.T, n, keys int) *relayFixture {
+	t.Helper()
+	f := &relayFixture{db: testenv.NewDB(t, testenv.Migrate), topic: testenv.NewTopic(t, 3)}
+	var err error
+	if f.store, err = outbox.New(&outbox.Config{Schema: f.db.Schema}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for i := 0; i < n; i += 100 {
+		var msgs []outbox.Message
+		for j := i; j < min(i+100, n); j++ {
+			key := fmt.Sprintf("k%02d", j%keys)
+			msgs = append(msgs, outbox.Message{Topic: f.topic, Key: []byte(key), Value: []byte(fmt.Sprint(j))})
+		}
+		err := pgx.BeginFunc(ctx, f.db.Pool, func(tx pgx.Tx) error {
+			ids, err := f.store.EnqueueTx(ctx, tx, msgs...)
+			f.ids = append(f.ids, ids...)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return f
+}
+
+// progress follows a relay's publications and the time it resumed after a
+// fault.
+type progress struct {
+	mu        sync.Mutex
+	published int
+	faultAt   time.Time
+	resumedIn time.Duration
+	changed   chan struct{}
+	// acked: the relay resumed when Kafka acknowledged records after the
+	// fault (AfterPublish), not when their marks committed (Published).
+	acked bool
+}
+
+func newProgress() *progress { return &progress{changed: make(chan struct{})} }
+
+func (p *progress) hook(recs []outbox.Record) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.published += len(recs)
+	if !p.acked && !p.faultAt.IsZero() && p.resumedIn == 0 {
+		p.resumedIn = time.Since(p.faultAt)
+	}
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// ackedAfterFault is AfterPublish's part when acked: records published
+// after the fault mark the resumption.
+func (p *progress) ackedAfterFault() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.acked && !p.faultAt.IsZero() && p.resumedIn == 0 {
+		p.resumedIn = time.Since(p.faultAt)
+	}
+}
+
+// fault notes that the fault happened now.
+func (p *progress) fault() {
+	p.mu.Lock()
+	p.faultAt = time.Now()
+	p.mu.Unlock()
+}
+
+// wait waits, at most d, until at least n were published and, when
+// resumed, the relay published after the fault.
+func (p *progress) wait(t *testing.T, d time.Duration, n int, resumed bool, what string) {
+	t.Helper()
+	timeout := time.After(d)
+	for {
+		p.mu.Lock()
+		ok := p.published >= n && (!resumed || p.resumedIn > 0)
+		c, got := p.changed, p.published
+		p.mu.Unlock()
+		if ok {
+			return
+		}
+		select {
+		case <-c:
+		case <-timeout:
+			t.Fatalf("%s: %d of %d published after %v", what, got, n, d)
+		}
+	}
+}
+
+// check reads the topic and fails unless every enqueued message is there;
+// it returns how many were published more than once (with the same ID).
+func (f *relayFixture) check(t *testing.T) (dups int) {
+	t.Helper()
+	seen := map[string]int{}
+	for _, m := range testenv.ReadAll(t, testenv.Brokers(t), f.topic) {
+		for _, h := range m.Headers {
+			if h.Key == outbox.HeaderID {
+				seen[string(h.Value)]++
+			}
+		}
+	}
+	for _, id := range f.ids {
+		switch n := seen[id]; {
+		case n == 0:
+			t.Fatalf("message %s never reached Kafka", id)
+		case n > 1:
+			dups += n - 1
+		}
+		delete(seen, id)
+	}
+	if len(seen) != 0 {
+		t.Fatalf("%d messages in Kafka that were never enqueued", len(seen))
+	}
+	st, err := f.store.Stats(context.Background(), f.db.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Backlog != 0 || st.Parked != 0 {
+		t.Fatalf("outbox after the run: backlog %d, parked %d", st.Backlog, st.Parked)
+	}
+	return dups
+}
+
+// TestRelayPostgresStranded: the relay's PostgreSQL connections are
+// stranded in the middle of a round's transaction (after a publish, before
+// its marks commit). The relay gives up on the silent connection, the
+// server ends the abandoned transaction (idle_in_transaction_session_timeout,
+// set by the relay) and so frees its shards, and the relay publishes again
+// on a new connection: nothing is lost, and the rows whose marks the
+// abandoned transaction held are published again with the same IDs.
+func TestRelayPostgresStranded(t *testing.T) {
+	t.Parallel()
+	const n, keys = 3000, 20
+	f := newRelayFixture(t, n, keys)
+	u, err := url.Parse(testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newFaultProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	ctx := context.Background()
+	pool := testenv.PartPool(t, ctx, u.String(), "relay-pg-strand", 4)
+
+	prog := newProgress()
+	var stranded atomic.Bool
+	logs, log := testenv.NewLogs(t)
+	relay, err := outbox.NewRelay(pool, f.store, &outbox.RelayConfig{
+		Kafka: testenv.Kafka(t), BatchSize: 50, PollInterval: 50 * time.Millisecond, PublishTimeout: 2 * time.Second,
+		Logger: log,
+		Hooks: outbox.Hooks{
+			AfterPublish: func(_ context.Context, recs []outbox.Record) {
+				prog.mu.Lock()
+				past := prog.published >= n/4
+				prog.mu.Unlock()
+				if past && !stranded.Swap(true) {
+					c := proxy.Strand()
+					prog.fault()
+					t.Logf("stranded %d PostgreSQL connections after %d published, mid-round", c, n/4)
+				}
+			},
+			Published: prog.hook,
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(runCtx) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("relay: %v", err)
+		}
+	}()
+	prog.wait(t, 3*time.Minute, n/4, true, "publishing again after the strand")
+	prog.mu.Lock()
+	resumed := prog.resumedIn
+	prog.mu.Unlock()
+	prog.wait(t, 3*time.Minute, n, false, "publishing everything")
+	stop()
+	if err := <-done; err != nil {
+		t.Errorf("relay: %v", err)
+	}
+	done <- nil
+	dups := f.check(t)
+	var orphans int
+	if err := f.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_stat_activity
+		WHERE application_name = 'relay-pg-strand' AND state LIKE 'idle in transaction%'`).Scan(&orphans); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("strand to publishing again: %v; %d messages, %d published twice (same IDs), %d sessions still idle in transaction, %d outage warnings",
+		resumed.Round(time.Millisecond), n, dups, orphans, logs.Count("server unreachable; waiting it out", ""))
+}
+
+// TestRelayKafkaStrandedAndBlackholed: the relay's broker connections are
+// stranded in the middle of a produce, and later blackholed for a while.
+// Each produce on a silent connection is abandoned at PublishTimeout and
+// done again on a new connection: nothing is lost.
+func TestRelayKafkaStrandedAndBlackholed(t *testing.T) {
+	t.Parallel()
+	const n, keys = 2000, 20
+	f := newRelayFixture(t, n, keys)
+	brokers := testenv.Brokers(t)
+	proxy := newFaultProxy(t, brokers[0])
+	// Every broker connection, to whatever address the cluster
+	// advertises, goes through the proxy (one broker).
+	dial := func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, proxy.Addr())
+	}
+	prog := newProgress()
+	prog.acked = true
+	failed := make(chan struct{}, 1)
+	var stranded, failedAfterStrand atomic.Bool
+	_, log := testenv.NewLogs(t)
+	relay, err := outbox.NewRelay(f.db.Pool, f.store, &outbox.RelayConfig{
+		Kafka:     kafkaconn.Config{Brokers: []string{proxy.Addr()}, Dial: dial, DialTimeout: 2 * time.Second},
+		BatchSize: 50, PollInterval: 50 * time.Millisecond, PublishTimeout: 2 * time.Second, RetryMax: time.Second,
+		Logger: log,
+		Hooks: outbox.Hooks{
+			AfterPublish: func(_ context.Context, recs []outbox.Record) {
+				prog.ackedAfterFault()
+				prog.mu.Lock()
+				past := prog.published >= n/4
+				prog.mu.Unlock()
+				if past && !stranded.Swap(true) {
+					c := proxy.Strand()
+					prog.fault()
+					t.Logf("stranded %d broker connections after %d published", c, n/4)
+				}
+			},
+			Published: prog.hook,
+			Failed: func(_ outbox.Record, err error) {
+				if stranded.Load() && !failedAfterStrand.Swap(true) {
+					t.Logf("a produce on a stranded connection failed: %v", err)
+				}
+				select {
+				case failed <- struct{}{}:
+				default:
+				}
+			},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(runCtx) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("relay: %v", err)
+		}
+		done <- nil
+	}()
+	prog.wait(t, 2*time.Minute, n/4, true, "publishing again after the strand")
+	prog.mu.Lock()
+	strandResumed := prog.resumedIn
+	prog.mu.Unlock()
+	if !failedAfterStrand.Load() {
+		t.Fatal("no produce failed after the strand: the stranded connections were not used")
+	}
+
+	// A blackhole: every byte lost both ways until a produce failed.
+	prog.wait(t, 2*time.Minute, n/2, false, "publishing before the blackhole")
+	select {
+	case <-failed:
+	default:
+	}
+	proxy.Set(faultproxy.Blackhole)
+	start := time.Now()
+	<-failed
+	proxy.Set(faultproxy.Pass)
+	held := time.Since(start)
+	prog.mu.Lock()
+	prog.faultAt, prog.resumedIn = time.Now(), 0
+	prog.mu.Unlock()
+	prog.wait(t, 2*time.Minute, n/2, true, "publishing again after the blackhole")
+	prog.mu.Lock()
+	blackholeResumed := prog.resumedIn
+	prog.mu.Unlock()
+	prog.wait(t, 2*time.Minute, n, false, "publishing everything")
+	dups := f.check(t)
+	t.Logf("Kafka strand to publishing again: %v; blackhole held %v until a produce failed, then publishing again %v after it ended; %d messages, %d published twice (same IDs)",
+		strandResumed.Round(time.Millisecond), held.Round(time.Millisecond), blackholeResumed.Round(time.Millisecond), n, dups)
+}
+
+// TestRelayPostgresFaults: the relay's PostgreSQL connections are reset in
+// the middle of a round, blackholed until the relay says it waits for the
+// server, or slowed down by 100ms each way for a while; in each case it
+// publishes everything, and prints how long it took to publish again.
+func TestRelayPostgresFaults(t *testing.T) {
+	t.Parallel()
+	for _, fault := range []faultproxy.Mode{faultproxy.Reset, faultproxy.Blackhole, faultproxy.Latency} {
+		t.Run(fault.String(), func(t *testing.T) {
+			t.Parallel()
+			const n, keys = 1000, 20
+			f := newRelayFixture(t, n, keys)
+			u, err := url.Parse(testenv.DatabaseURL(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			proxy := newFaultProxy(t, u.Host)
+			proxy.SetLatency(100 * time.Millisecond)
+			u.Host = proxy.Addr()
+			ctx := context.Background()
+			pool := testenv.PartPool(t, ctx, u.String(), "relay-pg-"+fault.String(), 4)
+			prog := newProgress()
+			var hit atomic.Bool
+			faulted := make(chan struct{})
+			waiting := make(chan struct{})
+			var waitingOnce sync.Once
+			logs, log := testenv.NewLogs(t)
+			log = slog.New(onMessage{Handler: log.Handler(), msg: "server unreachable; waiting it out", once: &waitingOnce, ch: waiting})
+			relay, err := outbox.NewRelay(pool, f.store, &outbox.RelayConfig{
+				Kafka: testenv.Kafka(t), BatchSize: 50, PollInterval: 50 * time.Millisecond, PublishTimeout: 2 * time.Second,
+				Logger: log,
+				Hooks: outbox.Hooks{
+					AfterPublish: func(context.Context, []outbox.Record) {
+						prog.mu.Lock()
+						past := prog.published >= n/4
+						prog.mu.Unlock()
+						if past && !hit.Swap(true) {
+							proxy.Set(fault) // mid-round
+							prog.fault()
+							close(faulted)
+						}
+					},
+					Published: prog.hook,
+				},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			runCtx, stop := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- relay.Run(runCtx) }()
+			defer func() {
+				stop()
+				if err := <-done; err != nil {
+					t.Errorf("relay: %v", err)
+				}
+			}()
+			<-faulted
+			var held time.Duration
+			switch fault {
+			case faultproxy.Reset:
+				proxy.Set(faultproxy.Pass) // the open connections were reset; new ones pass
+			case faultproxy.Blackhole:
+				start := time.Now()
+				select {
+				case <-waiting:
+				case <-time.After(2 * time.Minute):
+					t.Fatal("the relay did not notice the blackhole within 2 minutes")
+				}
+				held = time.Since(start)
+				prog.mu.Lock()
+				prog.faultAt, prog.resumedIn = time.Now(), 0
+				prog.mu.Unlock()
+				proxy.Set(faultproxy.Pass)
+			case faultproxy.Latency:
+				prog.wait(t, 2*time.Minute, n/2, false, "publishing with latency")
+				proxy.Set(faultproxy.Pass)
+			}
+			prog.wait(t, 2*time.Minute, n/4, true, "publishing again after the fault")
+			prog.mu.Lock()
+			resumed := prog.resumedIn
+			prog.mu.Unlock()
+			prog.wait(t, 2*time.Minute, n, false, "publishing everything")
+			dups := f.check(t)
+			t.Logf("%s: noticed after %v; publishing again %v after the fault (or its end); %d messages, %d published twice (same IDs), %d outage warnings",
+				fault, held.Round(time.Millisecond), resumed.Round(time.Millisecond), n, dups, logs.Count("server unreachable; waiting it out", ""))
+		})
+	}
+}
+
+// TestConsumerKafkaStranded: every broker connection of a consumer
+// (group coordinator, fetches) is stranded while it waits for messages.
+// Its requests on the silent connections are abandoned at their timeouts
+// and sent again on new ones: the messages produced after the strand are
+// applied, each once. It prints the time from the strand to the first of
+// them applied.
+func TestConsumerKafkaStranded(t *testing.T) {
+	t.Parallel()
+	const half, partitions = 500, 3
+	db := newDB(t)
+	topic := testenv.NewTopic(t, partitions)
+	store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := db.Table("effects")
+	proxy := newFaultProxy(t, testenv.Brokers(t)[0])
+	dial := func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, proxy.Addr())
+	}
+	_, logger := testenv.NewLogs(t)
+	var (
+		mu          sync.Mutex
+		strandAt    time.Time
+		firstAfter  time.Duration
+		afterStrand = make(chan struct{})
+	)
+	cfg := consumer.Config{
+		Kafka: kafkaconn.Config{Brokers: []string{proxy.Addr()}, Dial: dial, DialTimeout: 2 * time.Second},
+		Topic: topic, GroupID: testenv.Name(t, "g"), Store: store, SessionTimeout: 6 * time.Second, Logger: logger,
+		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			if strings.HasPrefix(m.ID, "late-") {
+				mu.Lock()
+				if firstAfter == 0 {
+					firstAfter = time.Since(strandAt)
+					close(afterStrand)
+				}
+				mu.Unlock()
+			}
+			return applyEffect(ctx, tx, table, m)
+		}),
+	}
+	r, err := consumer.New(db.Pool, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("consumer: %v", err)
+		}
+	}()
+	count := func() int {
+		var n int
+		if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+table).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	waitCount := func(n int, what string) {
+		deadline := time.Now().Add(3 * time.Minute)
+		for count() < n {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d of %d applied after 3 minutes", what, count(), n)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	produce(t, topic, "early-", 0, half, 50)
+	waitCount(half, "before the strand")
+	mu.Lock()
+	strandAt = time.Now()
+	mu.Unlock()
+	c := proxy.Strand()
+	produce(t, topic, "late-", 0, half, 50) // straight to the broker
+	select {
+	case <-afterStrand:
+	case <-time.After(3 * time.Minute):
+		t.Fatal("no message produced after the strand was applied within 3 minutes")
+	}
+	waitCount(2*half, "after the strand")
+	runs := effectRuns(t, db)
+	for id, n := range runs {
+		if n != 1 {
+			t.Fatalf("%s applied %d times", id, n)
+		}
+	}
+	if len(runs) != 2*half {
+		t.Fatalf("%d messages applied, want %d", len(runs), 2*half)
+	}
+	checkOrder(t, db)
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("stranded %d broker connections; the first message produced after the strand applied %v after it; %d messages, each applied once",
+		c, firstAfter.Round(time.Millisecond), 2*half)
+}
