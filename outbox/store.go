@@ -44,7 +44,7 @@ const CleanupBatchDefault = 1000
 var ErrInvalidMessage = errors.New("outbox: invalid message")
 
 // ErrNotMigrated means the outbox table does not exist: run package migrate
-// (version 2 or later) with the same Schema and table name.
+// with the same Schema and table name.
 var ErrNotMigrated = fmt.Errorf("outbox: table missing: %w", idemkit.ErrNotMigrated)
 
 // ErrNotFound is returned by Retry when none of the given IDs names a parked
@@ -190,7 +190,7 @@ func (s *Store) Name() string { return s.name }
 
 func buildSQL(t string) storeSQL {
 	// The scans choose which keys a round locks. Each walks an index range
-	// (migrate version 5) that holds the pending rows of its kind ordered by
+	// that holds the pending rows of its kind ordered by
 	// available_at and ends at now(), so rows that are not due yet are never
 	// read, and takes, without waiting, the advisory lock of each row's key;
 	// a row whose key another relay holds is passed over, like SKIP LOCKED at
