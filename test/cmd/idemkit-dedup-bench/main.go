@@ -1,4 +1,4 @@
-// Command idemkit-dedup-bench measures the dedup store at scale (issue 13):
+// Command idemkit-dedup-bench measures the dedup store at scale:
 // the processed-message table grown to each of -sizes records (spread over
 // -consumers consumer names and 30 days of processed_at), then, at each
 // size and for each table layout in turn (one interleaved run, medians of
@@ -93,9 +93,9 @@ func run() error {
 	flag.IntVar(&o.rounds, "rounds", 3, "rounds per size; each round runs every layout in turn")
 	flag.Float64Var(&o.purge, "purge", 1.0/30, "fraction of the records the retention purge deletes")
 	flag.StringVar(&layouts, "layouts", "v13,v14", "table layouts to compare, of "+strings.Join(layoutNames(), ", ")+
-		" (v13: text key, the store of migration 13; v14: UUIDs as uuid; v14-text: migration 14 with IDs that are no UUID;"+
-		" v14-av: v14 with the autovacuum settings of migration 15 reverted to PostgreSQL's defaults;"+
-		" daily: UUIDv7 IDs in the daily-partitioned table of migration 15, retention by dropping a day)")
+		" (v13: every ID as text, package v13's store; v14: the current store, UUIDs as uuid; v14-text: the current store"+
+		" with IDs that are no UUID; v14-av: v14 with the table's autovacuum settings reset to PostgreSQL's defaults;"+
+		" daily: UUIDv7 IDs in the daily-partitioned table, retention by dropping a day)")
 	flag.IntVar(&o.churn, "churn", 0, "then, at the last size, this many days of churn: a day of new records, "+
 		"the retention of the oldest day, and what autovacuum does meanwhile (table size, dead rows); 0: none")
 	flag.Parse()
@@ -406,7 +406,7 @@ const topic = "bench.orders"
 // layoutNames lists the layouts -layouts accepts, the default first.
 func layoutNames() []string { return []string{"v13", "v14", "v14-text", "v14-av", "daily"} }
 
-// v13Store runs the store of migration 13 (package v13) on dedup.Claims.
+// v13Store runs package v13's store (every ID as text) on dedup.Claims.
 type v13Store struct{ s *v13.Store }
 
 func (v v13Store) QueueClaimWithPosition(b *pgx.Batch, c dedup.Claim, duplicate *bool) error {
@@ -451,7 +451,7 @@ func newVariant(ctx context.Context, pool *pgxpool.Pool, name string) (*variant,
 	ids := `md5('bench' || g)::uuid`
 	v.newID = newUUID
 	switch name {
-	case "v13": // text key, the store of migration 13
+	case "v13": // every ID as text, package v13's store
 		if _, err := m.Down(ctx, 13); err != nil {
 			return nil, err
 		}

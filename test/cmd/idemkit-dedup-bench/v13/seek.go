@@ -24,7 +24,7 @@ type Position struct {
 	// data record the consumer passed (Next-1, or before it when the
 	// position moved on over transaction markers); the zero time, with
 	// AnchorOffset -1, when it is not known (after a seek, or for a position
-	// written before migration 6).
+	// written without an anchor).
 	AnchorTime   time.Time
 	AnchorOffset int64
 	// Epoch counts the seeks of the position (SeekTx): position writes made
@@ -60,7 +60,7 @@ func scanPositions(rows pgx.Rows) ([]Position, error) {
 }
 
 // ListPositions returns consumer's recorded positions in topic, one per
-// partition that has one, in partition order. It needs migration 6.
+// partition that has one, in partition order.
 func (s *Store) ListPositions(ctx context.Context, db DBTX, consumer, topic string) ([]Position, error) {
 	if err := ValidateID("Consumer", consumer); err != nil {
 		return nil, fmt.Errorf("dedup: list positions: %w", &inputError{err: err})
