@@ -52,7 +52,7 @@ func TestBudgetWithMutatingMiddleware(t *testing.T) {
 			select {
 			case <-oc.done:
 			case <-time.After(20 * time.Second):
-				t.Fatalf("FAILS: %d of 60 messages applied after 20s: the budget leaked what the middleware dropped and the prefetcher waits for ever",
+				t.Fatalf("%d of 60 messages applied after 20s: the budget leaked what the middleware dropped and the prefetcher waits for ever",
 					oc.count(consumer.Applied))
 			}
 			if err := stop(); err != nil {

@@ -288,10 +288,9 @@ type Config struct {
 	// removed, which costs another rebalance, never correctness. It is also
 	// how long the group waits for a member that was killed: a replacement
 	// that joins starts a rebalance at once, and the group resumes after
-	// min(SessionTimeout, RebalanceTimeout) (measured with
-	// test/cmd/idemkit-churn: 5.2 s with 5s, 16 s with 30s or with the
-	// former 10s). It must exceed HeartbeatInterval plus the time your
-	// handler takes to stop. Defaults to 5s.
+	// min(SessionTimeout, RebalanceTimeout) (test/cmd/idemkit-churn
+	// measures that pause). It must exceed HeartbeatInterval plus the time
+	// your handler takes to stop. Defaults to 5s.
 	RebalanceTimeout time.Duration
 	// Logger receives structured logs. Defaults to slog.Default().
 	Logger *slog.Logger

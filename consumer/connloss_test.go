@@ -19,11 +19,9 @@ import (
 // restart does). That is an outage, not the handler's verdict: the runner
 // waits it out and runs the transaction again without charging the message
 // an attempt (worker.connectionLost's contract). With MaxAttempts 1 and no
-// OnFailure, charging it an attempt stops Run with a *MessageError.
-//
-// Found while running TestPostgresConnectionLossIsWaitedOut in the default
-// mode: its kills landed in handlers, were logged as "handler failed;
-// retrying" and no outage was reported.
+// OnFailure, charging it an attempt stops Run with a *MessageError. A kill
+// that lands in a handler must be reported as an outage, not logged as
+// "handler failed; retrying".
 func TestHandlerConnectionLossIsNotAnAttempt(t *testing.T) {
 	t.Parallel()
 	for _, md := range baseModes {

@@ -482,11 +482,10 @@ func TestEmptyIDHeader(t *testing.T) {
 func TestPostgresConnectionLossIsWaitedOut(t *testing.T) {
 	t.Parallel()
 	// In the default mode most of a batch's time is spent in handlers, so
-	// most kills land there; until a connection lost under a handler counts
-	// as an outage (TestHandlerConnectionLossIsNotAnAttempt, failing) the
-	// outage check below can fail there. A fix must keep batches moving:
-	// rerunning a whole batch after each kill never commits one that takes
-	// longer than the kill interval.
+	// most kills land there and must count as an outage (see
+	// TestHandlerConnectionLossIsNotAnAttempt) for the outage check below.
+	// Batches must keep moving: rerunning a whole batch after each kill
+	// would never commit one that takes longer than the kill interval.
 	for _, md := range []mode{modes[0], modes[1], modes[3]} {
 		t.Run(md.name, func(t *testing.T) {
 			t.Parallel()

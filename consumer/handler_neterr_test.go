@@ -19,9 +19,8 @@ import (
 // on a healthy PostgreSQL connection is the handler's verdict: retried
 // under Retry, then OnFailure. It must not be taken for a PostgreSQL
 // outage (waited out for ever, never charged) just because
-// retry.IsConnection recognises a network error. Passes on b8e2805; the
-// connectionLost rework seen uncommitted in /work/main (IsConnection
-// checked before the connection's state) fails it.
+// retry.IsConnection recognises a network error: connectionLost must look at
+// the state of the transaction's connection before it asks IsConnection.
 func TestHandlerOwnNetworkErrorIsAnAttempt(t *testing.T) {
 	t.Parallel()
 	for _, md := range baseModes {
@@ -52,7 +51,7 @@ func TestHandlerOwnNetworkErrorIsAnAttempt(t *testing.T) {
 			select {
 			case <-oc.done:
 			case <-time.After(20 * time.Second):
-				t.Fatalf("FAILS: after 20s: %d handler calls, %d to OnFailure, %d outages reported; Run: %v",
+				t.Fatalf("after 20s: %d handler calls, %d to OnFailure, %d outages reported; Run: %v",
 					calls.Load(), failed.Load(), outages.Load(), stop())
 			}
 			if err := stop(); err != nil {

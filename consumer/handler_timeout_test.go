@@ -19,12 +19,11 @@ import (
 // TestHandlerTimeoutIsAnAttempt: a handler bounds its own statement
 // with a context deadline (a common pattern: "this lookup may take 100ms at
 // most") and returns the timeout. pgx closes a connection whose statement's
-// context expired, so since c387227 connectionLost takes the handler's own
-// timeout for a lost connection: an outage, waited out for ever (MaxOutage
-// defaults to 0), never charged to the message, never handed to OnFailure.
-// The partition is stuck behind one slow message and the runner reports a
-// PostgreSQL outage that is not one. Before c387227 the handler's verdict
-// was kept and the message went through the retry policy to OnFailure.
+// context expired, yet the timeout is the handler's verdict: the message goes
+// through the retry policy to OnFailure. Taken for a lost connection, it
+// would be an outage waited out for ever (MaxOutage defaults to 0), never
+// charged to the message: the partition stuck behind one slow message and a
+// PostgreSQL outage reported that is not one.
 func TestHandlerTimeoutIsAnAttempt(t *testing.T) {
 	t.Parallel()
 	for _, md := range baseModes {
@@ -55,7 +54,7 @@ func TestHandlerTimeoutIsAnAttempt(t *testing.T) {
 			select {
 			case <-oc.done:
 			case <-time.After(20 * time.Second):
-				t.Fatalf("FAILS: after 20s the slow message is not given up: %d handler calls, %d to OnFailure, %d outages reported (its own timeout is waited out as a PostgreSQL outage)",
+				t.Fatalf("after 20s the slow message is not given up: %d handler calls, %d to OnFailure, %d outages reported (its own timeout is waited out as a PostgreSQL outage)",
 					calls.Load(), failed.Load(), outages.Load())
 			}
 			if err := stop(); err != nil {
@@ -68,12 +67,12 @@ func TestHandlerTimeoutIsAnAttempt(t *testing.T) {
 	}
 }
 
-// TestLagWhileStuck: Lag is LastStable - Next with LastStable stored
-// only after a fetch's records all went into the prefetch buffer. When the
-// handler is stuck and the buffer is full, prefetch blocks inside a fetch
-// and LastStable freezes: Lag stops growing however many messages arrive.
-// (idemkit_consumer_lag then under-reports exactly when a partition is
-// stuck; IdemkitConsumerLagGrowing's delta > 0 never holds for it.)
+// TestLagWhileStuck: Lag keeps growing while the handler is stuck and the
+// prefetch buffer is full, counting every message that arrives behind it
+// (LastStable is also read from the log end, not only from fetches that
+// fit in the buffer). Otherwise idemkit_consumer_lag would under-report
+// exactly when a partition is stuck, and IdemkitConsumerLagGrowing would
+// never fire for it.
 func TestLagWhileStuck(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
@@ -115,20 +114,18 @@ func TestLagWhileStuck(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatalf("FAILS: 51 messages wait behind a stuck handler; Partitions reports %+v (Lag frozen at the last fetch that fit in the buffer)", ps)
+	t.Fatalf("51 messages wait behind a stuck handler; Partitions reports %+v (Lag frozen at the last fetch that fit in the buffer)", ps)
 }
 
 // TestIdleInTransactionTimeoutIsAnAttempt: a handler that waits on
 // something slow with the transaction open (an HTTP call) past the server's
 // idle_in_transaction_session_timeout (a common production setting) has
 // its session terminated by the server (FATAL 25P03). That is the
-// message's doing. Since c387227 connectionLost drops the handler mark and
-// returns an error that wraps both the 25P03 PgError and errConnClosed;
-// retry.IsConnection looks at the PgError first, says "not a connection
-// error", so it is neither an attempt nor an outage: Run returns it and the
-// whole runner stops (OnFailure set or not). Restarted, it stops again on
-// the same message. Before c387227 the message went through the retry
-// policy to OnFailure (this test passes with the 3-line hunk reverted).
+// message's doing: it goes through the retry policy to OnFailure. The error
+// wraps the 25P03 PgError, which retry.IsConnection does not call a
+// connection error; were the handler's verdict dropped, it would be neither
+// an attempt nor an outage, Run would return it and the runner would stop
+// on the same message at every restart.
 func TestIdleInTransactionTimeoutIsAnAttempt(t *testing.T) {
 	t.Parallel()
 	for _, md := range baseModes {
@@ -161,7 +158,7 @@ func TestIdleInTransactionTimeoutIsAnAttempt(t *testing.T) {
 			select {
 			case <-oc.done:
 			case <-time.After(20 * time.Second):
-				t.Fatalf("FAILS: after 20s the slow message is not given up: %d handler calls, %d to OnFailure, %d outages reported; Run: %v",
+				t.Fatalf("after 20s the slow message is not given up: %d handler calls, %d to OnFailure, %d outages reported; Run: %v",
 					calls.Load(), failed.Load(), outages.Load(), stop())
 			}
 			if err := stop(); err != nil {

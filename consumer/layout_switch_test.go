@@ -1,8 +1,5 @@
 package consumer_test
 
-// Review of the daily layout (issue 13): a test that failed before its
-// fix.
-
 import (
 	"context"
 	"errors"
@@ -20,15 +17,15 @@ import (
 	"github.com/idemkit/idemkit/migrate"
 )
 
-// TestSwitchPendingStopsRunner: while a switch to the daily layout is
+// TestSwitchPendingIsWaitedOut: while a switch to the daily layout is
 // in progress — here left after EnableDaily's first step, as a crash
 // leaves it, and held back by a lock its VALIDATE waits for — a claim of a
 // UUIDv7 dated DailyFrom or later is refused with ErrLayoutChanged at every
-// try. The runner must wait that out (before the fix it ran the
-// transaction ten times and stopped Run), and its own partition
+// try. The runner waits that out instead of giving up on the transaction
+// after a number of tries and stopping Run, and its own partition
 // maintenance finishes the switch once the lock is gone: the message is
 // then applied once.
-func TestSwitchPendingStopsRunner(t *testing.T) {
+func TestSwitchPendingIsWaitedOut(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newEnv(t, 1)

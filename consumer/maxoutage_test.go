@@ -65,8 +65,8 @@ func (p *proxy) close() {
 
 // TestMaxOutageBoundsPostgresOutage: PostgreSQL goes away for good while a
 // message is to be processed; with MaxOutage 2s, Run returns a
-// *retry.OutageError within a few seconds (found in review: the outage error
-// itself was taken for a new outage, and Run never returned).
+// *retry.OutageError within a few seconds: the outage error itself is not
+// taken for a new outage to wait out.
 func TestMaxOutageBoundsPostgresOutage(t *testing.T) {
 	t.Parallel()
 	for _, md := range baseModes {

@@ -58,8 +58,8 @@ type parker struct {
 
 // header is a parked message's header as stored (jsonb). Kafka header keys
 // are bytes, not always valid UTF-8 and possibly with NUL, which a JSON
-// string in jsonb cannot hold: the key is stored as bytes (base64). Rows
-// written before kept it as a string in "k".
+// string in jsonb cannot hold: the key is written as bytes (base64, "kb").
+// A header with a string key in "k" is read as well.
 type header struct {
 	Key      string `json:"k,omitempty"`
 	KeyBytes []byte `json:"kb,omitempty"`

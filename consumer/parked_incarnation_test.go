@@ -16,9 +16,9 @@ import (
 
 // TestParkedAcrossRecreation: a message parked from the old topic shares
 // its (consumer, topic, partition, offset) with a message of the new
-// incarnation parked behind the same key; both stay parked (found in review:
-// the new one was dropped by ON CONFLICT DO NOTHING while the position moved
-// past it).
+// incarnation parked behind the same key; both stay parked (a parked row
+// keyed without the incarnation would let ON CONFLICT DO NOTHING drop the
+// new one while the position moves past it).
 func TestParkedAcrossRecreation(t *testing.T) {
 	t.Parallel()
 	for _, md := range baseModes {

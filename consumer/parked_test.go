@@ -202,9 +202,8 @@ func TestParkedNotMigrated(t *testing.T) {
 // the runner's host (now() shadowed by a function of the test's schema,
 // first on the pool's search_path). A parked head made due by RetryParked
 // (due at the database's now()) is released at once: the runner decides
-// what is due on the database's clock, as RetryParked does. Before, the
-// release compared the due time with the host's clock and waited the skew
-// out (found by review).
+// what is due on the database's clock, as RetryParked does. A release that
+// compared the due time with the host's clock would wait the skew out.
 func TestParkedDueOnDatabaseClock(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

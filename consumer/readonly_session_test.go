@@ -18,8 +18,8 @@ import (
 // read-only (SET SESSION CHARACTERISTICS outlives its transaction), so the
 // next claim on that connection is refused with 25006 although the server
 // takes writes. The runner drops that connection and carries on with a new
-// one: the next message is applied, Run does not return. Before, the
-// runner waited on the same read-only session for ever (found by review).
+// one: the next message is applied, Run does not return. A runner that
+// kept the connection would wait on the same read-only session for ever.
 func TestReadOnlySessionIsReplaced(t *testing.T) {
 	t.Parallel()
 	for _, md := range baseModes {
@@ -83,9 +83,8 @@ func TestReadOnlySessionIsReplaced(t *testing.T) {
 // fails by its own doing: the release's own writes (removing the parked
 // row) go before the handler, so no statement of idemkit meets the 25006,
 // the failure is charged as an attempt, and the message ends at OnFailure
-// after ParkedRetry's attempts. Before, the removal came after the handler,
-// got 25006, was taken for an outage and ran the handler again for ever
-// (found by review).
+// after ParkedRetry's attempts. A removal after the handler would get
+// 25006, be taken for an outage and run the handler again for ever.
 func TestReadOnlyHandlerInParkedRelease(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)

@@ -25,9 +25,6 @@ import (
 // does not stop; once the server takes writes, every message is applied
 // once. The test's pool makes each session read-only while the "server" is
 // (SET default_transaction_read_only at every acquire).
-//
-// Found by the failover tests (issue 13): before, a claim refused with 25006
-// stopped Run with the error.
 func TestReadOnlyServerIsAnOutage(t *testing.T) {
 	t.Parallel()
 	for _, md := range baseModes {

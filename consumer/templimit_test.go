@@ -16,11 +16,11 @@ import (
 // TestTempFileLimitIsAnAttempt: a message whose handler's query
 // exceeds temp_file_limit gets ERROR 53400 (configuration_limit_exceeded)
 // on a connection that stays open. It fails the same way on every run: the
-// message's verdict. But SQLSTATE class 53 is a "connection" class for
-// retry.IsConnection, so since c387227 connectionLost turns it into an
-// outage (the handler mark dropped): the message is run again for ever,
-// never charged an attempt, never given to OnFailure, the partition stuck
-// and a PostgreSQL outage reported that is not one.
+// message's verdict, charged as an attempt and given to OnFailure. SQLSTATE
+// class 53 is a "connection" class for retry.IsConnection, yet the
+// connection is alive: a runner that took it for an outage would run the
+// message again for ever, never charge an attempt, leave the partition
+// stuck and report a PostgreSQL outage that is not one.
 func TestTempFileLimitIsAnAttempt(t *testing.T) {
 	t.Parallel()
 	for _, md := range baseModes {
@@ -54,7 +54,7 @@ func TestTempFileLimitIsAnAttempt(t *testing.T) {
 			select {
 			case <-oc.done:
 			case <-time.After(20 * time.Second):
-				t.Fatalf("FAILS: after 20s: %d handler calls, %d to OnFailure, %d outages reported; Run: %v",
+				t.Fatalf("after 20s: %d handler calls, %d to OnFailure, %d outages reported; Run: %v",
 					calls.Load(), failed.Load(), outages.Load(), stop())
 			}
 			if err := stop(); err != nil {

@@ -15,8 +15,8 @@ import (
 // TestPermanentErrorWrappingEOFStops: a handler marks a truncated payload
 // permanent (retry.Permanent(io.ErrUnexpectedEOF)); without OnFailure Run
 // returns the *MessageError at once: an error that wraps io.EOF is the
-// handler's verdict, not an outage (found in review: the runner retried it
-// for ever as a "server unreachable").
+// handler's verdict, not an outage to retry for ever as a "server
+// unreachable".
 func TestPermanentErrorWrappingEOFStops(t *testing.T) {
 	t.Parallel()
 	for _, md := range baseModes {

@@ -22,10 +22,10 @@ import (
 // the layout (Store.Layout, in tx()) and then queues its claims, which
 // cannot read it. The store is shared by every partition's worker: when
 // another worker's claim meets the flat table's CHECK in between, the store
-// forgets the layout and the queued claim fails with ErrLayoutUnknown,
+// forgets the layout. The queued claim must then still be queued (or fail
+// with the retryable ErrLayoutChanged), not fail with ErrLayoutUnknown,
 // which the runner does not retry (not retryableTx, not a connection
-// error): Run stops. The queued claim should succeed, or at least fail
-// with a retryable ErrLayoutChanged.
+// error) and which would stop Run.
 func TestQueuedClaimAfterConcurrentForget(t *testing.T) {
 	db, s := newStore(t)
 	ctx := context.Background()
@@ -60,14 +60,13 @@ func TestQueuedClaimAfterConcurrentForget(t *testing.T) {
 	}
 }
 
-// TestDroppedDayComesBackEmpty: MaintainPartitions creates every
-// missing day from max(DailyFrom, today-KeepDays): a day it dropped before
-// comes back empty whenever a maintainer's window reaches it again (here
-// KeepDays raised; the same happens at midnight when a maintainer that
+// TestDroppedDayStaysDropped: a day MaintainPartitions dropped is not
+// created again, empty, when a maintainer's window reaches it again (here
+// KeepDays raised; the same can happen at midnight when a maintainer that
 // read now() before midnight lists the partitions after another dropped
-// that day). The IDs of that day, claimed before, are then claimed as new:
-// applied twice, where the contract says ErrPartitionDropped.
-func TestDroppedDayComesBackEmpty(t *testing.T) {
+// that day). An ID of that day, claimed before the drop, must not be
+// claimed as new (applied twice): the contract says ErrPartitionDropped.
+func TestDroppedDayStaysDropped(t *testing.T) {
 	db, s := newStore(t)
 	ctx := context.Background()
 	today := testenv.Today(t, db.Pool)
@@ -100,12 +99,13 @@ func TestDroppedDayComesBackEmpty(t *testing.T) {
 	}
 }
 
-// TestDetachedPartitionLeaks: dropPartition detaches, then drops in
+// TestDetachedPartitionIsDropped: dropPartition detaches, then drops in
 // a second statement. When the drop does not happen (the runner's context
 // ends between the two, or DROP's lock_timeout), the detached table is no
-// longer a partition: Partitions does not list it, so no later
-// MaintainPartitions drops it. It stays, with its day's rows, for good.
-func TestDetachedPartitionLeaks(t *testing.T) {
+// longer a partition and Partitions does not list it; the next
+// MaintainPartitions must still drop it, or it would stay, with its day's
+// rows, for good.
+func TestDetachedPartitionIsDropped(t *testing.T) {
 	db, s := newStore(t)
 	ctx := context.Background()
 	if _, err := s.EnableDaily(ctx, db.Pool, dedup.DailyConfig{AheadDays: 2}); err != nil {

@@ -141,7 +141,7 @@ func TestDailyLayout(t *testing.T) {
 		t.Fatalf("layout before EnableDaily: %+v, %v; want flat", l, err)
 	}
 
-	// Before: a UUIDv7 of today is claimed in the flat table.
+	// Before EnableDaily: a UUIDv7 of today is claimed in the flat table.
 	before := testenv.UUID7(t, noon(today))
 	if dup, err := claimOne(t, db, s, dedup.Claim{Consumer: "c", MessageID: before, Topic: "t"}); err != nil || dup {
 		t.Fatalf("claim before: %v %v", dup, err)

@@ -8,10 +8,9 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 )
 
-// TestSeekRacesFirstWrite (passes, with and without the review fix):
-// a seek that creates a partition's row (epoch 1) while a writer that read
-// no row (epoch 0) is claiming: the writer's position does not overwrite
-// the seek's, whichever runs first.
+// TestSeekRacesFirstWrite: a seek that creates a partition's row (epoch 1)
+// while a writer that read no row (epoch 0) is claiming: the writer's
+// position does not overwrite the seek's, whichever runs first.
 func TestSeekRacesFirstWrite(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -1,8 +1,5 @@
 package dlq_test
 
-// Review of the daily layout (issue 13): a test that failed before its
-// fix.
-
 import (
 	"context"
 	"errors"
@@ -16,14 +13,14 @@ import (
 	"github.com/idemkit/idemkit/retry"
 )
 
-// TestRedriveOldDeadLetterDailyLayout: dead letters are replayed
-// days after they failed. With the daily layout, a dead letter whose ID's
-// day was dropped meanwhile (DailyConfig.KeepDays) cannot be claimed
-// (dedup.ErrPartitionDropped); Redrive does not know that error: the whole
-// run stops at that dead letter, every time, so the dead letters behind it
-// (here a text ID that the daily layout does not even concern) are never
-// replayed.
-func TestRedriveOldDeadLetterDailyLayout(t *testing.T) {
+// TestRedriveDeadLetterOfDroppedDay: dead letters are replayed days after
+// they failed. With the daily layout, a dead letter whose ID's day was
+// dropped meanwhile (DailyConfig.KeepDays) cannot be claimed
+// (dedup.ErrPartitionDropped): Redrive reports it as BeyondHorizon, does not
+// run it, and goes on, so the dead letters behind it (here a text ID that
+// the daily layout does not concern) are replayed. A run that stopped at
+// that error would stop there every time and never replay them.
+func TestRedriveDeadLetterOfDroppedDay(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newEnv(t, true)

@@ -248,8 +248,8 @@ func (f *consumerFlags) load(ctx context.Context, client *kafka.Client, pool *pg
 	return &st, nil
 }
 
-// pgErr says what to do when the positions table is missing or older than
-// migration 6.
+// pgErr says what to do when the positions table is missing or lacks a
+// column of the current schema.
 func (f *consumerFlags) pgErr(err error) error {
 	var pg *pgconn.PgError
 	switch {
@@ -258,7 +258,7 @@ func (f *consumerFlags) pgErr(err error) error {
 	case pg.Code == "42P01": // undefined_table
 		return &notMigratedError{schema: f.schema, what: "no table " + f.table + "; or pass -table", err: err}
 	case pg.Code == "42703": // undefined_column
-		return &notMigratedError{schema: f.schema, what: "table " + f.table + " predates migration 6", err: err}
+		return &notMigratedError{schema: f.schema, what: "table " + f.table + " lacks columns of the current schema", err: err}
 	}
 	return err
 }

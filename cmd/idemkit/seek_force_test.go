@@ -18,11 +18,10 @@ import (
 
 // TestSeekForceWhileRunning: `consumer seek -to-earliest -force` while
 // a consumer works through a backlog exits 0 and says the partitions moved;
-// the consumer's next assignment must then start at the log start. Found:
-// the removed member's worker keeps committing until its generation ends
-// (and its transaction blocked on the seek's row lock commits right after
-// it), and the position only ever moves forward (upsertPosition: WHERE
-// p.next_offset < EXCLUDED.next_offset), so the rewind is undone in silence.
+// the consumer's next assignment must then start at the log start. The
+// removed member's worker keeps committing until its generation ends (and
+// its transaction blocked on the seek's row lock commits right after it);
+// those position writes must not undo the rewind in silence.
 func TestSeekForceWhileRunning(t *testing.T) {
 	t.Parallel()
 	bin := binary(t)

@@ -120,11 +120,11 @@ func startChild(t *testing.T, env ...string) (lines []string, killed bool) {
 	return lines, false
 }
 
-// Test 2: consumer → outbox → relay → consumer. The upstream consumer's
-// handler enqueues an event in its transaction; the relay is killed with
-// SIGKILL after Kafka acknowledged a batch and before it was marked; a new
-// relay publishes that batch again with the same IDs; the downstream
-// consumer applies each event's effect exactly once.
+// TestCrashAfterPublishChain: consumer → outbox → relay → consumer. The
+// upstream consumer's handler enqueues an event in its transaction; the
+// relay is killed with SIGKILL after Kafka acknowledged a batch and before it
+// was marked; a new relay publishes that batch again with the same IDs; the
+// downstream consumer applies each event's effect exactly once.
 func TestCrashAfterPublishChain(t *testing.T) {
 	t.Parallel()
 	const n = 10

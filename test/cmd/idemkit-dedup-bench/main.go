@@ -1,4 +1,4 @@
-// Command idemkit-dedup-bench measures the dedup store at scale (issue 13):
+// Command idemkit-dedup-bench measures the dedup store at scale:
 // the processed-message table grown to each of -sizes records (spread over
 // -consumers consumer names and 30 days of processed_at), then, at each
 // size and for each table layout in turn (one interleaved run, medians of
@@ -95,7 +95,7 @@ func run() error {
 	flag.StringVar(&layouts, "layouts", "uuid,daily", "table layouts to compare, of "+strings.Join(layoutNames(), ", ")+
 		" (uuid: UUIDs stored as uuid; text: IDs that are no UUID, stored as text;"+
 		" uuid-av: uuid with PostgreSQL's default autovacuum settings instead of the table's;"+
-		" daily: UUIDv7 IDs in the daily-partitioned table of migration 15, retention by dropping a day)")
+		" daily: UUIDv7 IDs in the daily-partitioned table, retention by dropping a day)")
 	flag.IntVar(&o.churn, "churn", 0, "then, at the last size, this many days of churn: a day of new records, "+
 		"the retention of the oldest day, and what autovacuum does meanwhile (table size, dead rows); 0: none")
 	flag.Parse()
