@@ -45,6 +45,9 @@ const (
 	// transaction before the runner reports it.
 	HeldWarnAfterDefault = 30 * time.Second
 	PurgeIntervalDefault = 10 * time.Minute
+	// HandlerTimeoutDefault is the time a transaction's handler calls get
+	// (see Config.HandlerTimeout).
+	HandlerTimeoutDefault = 30 * time.Second
 )
 
 // offsetCommitInterval is the least time between two Kafka offset commits
@@ -205,6 +208,17 @@ type Config struct {
 	// Defaults to 16.
 	MaxPartitions int
 
+	// HandlerTimeout bounds the handler calls of one transaction: their
+	// context ends after it, and a handler still running then fails (its
+	// error is retried as a transient one). It also bounds the transaction
+	// on both ends, so that a connection that goes silent never holds a
+	// partition for long: the runner gives the transaction up (and runs it
+	// again on another connection) after HandlerTimeout plus 10s, and
+	// PostgreSQL ends it after as long idle (SET LOCAL
+	// idle_in_transaction_session_timeout, sent with BEGIN), releasing its
+	// locks, should the runner vanish. Defaults to 30s.
+	HandlerTimeout time.Duration
+
 	// Retry decides whether and when a failed message is tried again, and
 	// which errors are permanent. Defaults to the zero retry.Policy: 5
 	// attempts, exponential from 100ms with jitter, retry.Classify.
@@ -360,6 +374,7 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	c.ParkedPoll = cmp.Or(c.ParkedPoll, ParkedPollDefault)
 	c.PurgeInterval = cmp.Or(c.PurgeInterval, PurgeIntervalDefault)
+	c.HandlerTimeout = cmp.Or(c.HandlerTimeout, HandlerTimeoutDefault)
 	if c.Retention > 0 {
 		c.HorizonMargin = cmp.Or(c.HorizonMargin, min(c.Retention/10, HorizonMarginMax))
 	}
@@ -422,6 +437,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, invalid("MaxBufferedBytes %d < 0", c.MaxBufferedBytes)
 	case c.HeldWarnAfter < 0:
 		return c, invalid("HeldWarnAfter %s < 0", c.HeldWarnAfter)
+	case c.HandlerTimeout < 0:
+		return c, invalid("HandlerTimeout %v is negative", c.HandlerTimeout)
 	case c.MaxOutage < 0:
 		return c, invalid("MaxOutage %s < 0", c.MaxOutage)
 	case c.OnRecreated != RecreatedStop && c.OnRecreated != RecreatedRestart:

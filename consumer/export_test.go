@@ -5,3 +5,12 @@ import "time"
 // SetClock replaces r's clock, for tests of a runner whose host clock
 // differs from the database's. Call it before Run.
 func SetClock(r *Runner, now func() time.Time) { r.now = now }
+
+// SetLockWaitWarn sets how long claims wait for another session's lock
+// before the runner logs who holds it, and returns a function that puts it
+// back. Tests that change it must not run in parallel with others.
+func SetLockWaitWarn(d time.Duration) (restore func()) {
+	saved := lockWaitWarn
+	lockWaitWarn = d
+	return func() { lockWaitWarn = saved }
+}

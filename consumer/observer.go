@@ -60,6 +60,12 @@ type TxEndEvent struct {
 	Err error
 	// Duration is from TxStart to the end of the commit or rollback.
 	Duration time.Duration
+	// LockWait is how long the transaction's claims waited for a lock
+	// another session held (a concurrent claim of the same ID, or an
+	// orphaned transaction holding the partition's position row), when
+	// they waited long enough for the runner to log who held it (5s); 0
+	// otherwise.
+	LockWait time.Duration
 }
 
 // OutcomeObserver observes the fate of each message, once it is known.

@@ -159,7 +159,7 @@ func (p *parker) park(ctx context.Context, msg *Message, f failure) error {
 	cfg := &p.w.r.cfg
 	delay, _ := p.delay(1)
 	err := p.w.outage.Do(ctx, func(ctx context.Context) error {
-		return inTx(ctx, cfg.pool, func(tx pgx.Tx) error {
+		return inTx(ctx, cfg.pool, 0, func(ctx context.Context, tx pgx.Tx) error {
 			if err := p.insert(ctx, tx, []*Message{msg}, &f, delay); err != nil {
 				return err
 			}
@@ -287,8 +287,7 @@ func (p *parker) releaseKey(ctx context.Context, key []byte) error {
 		}
 		var dup bool
 		tctx, obs := p.w.observe(ctx, []*Message{pm.msg}, pm.attempts+1)
-		err = inTx(tctx, cfg.pool, func(tx pgx.Tx) error {
-			ctx := tctx
+		err = inTx(tctx, cfg.pool, cfg.HandlerTimeout, func(ctx context.Context, tx pgx.Tx) error {
 			var err error
 			dup, err = cfg.Store.ClaimTx(ctx, tx, dedup.Claim{Consumer: cfg.Name, MessageID: pm.msg.ID,
 				Topic: pm.msg.Topic, Partition: pm.msg.Partition, Offset: pm.msg.Offset})
@@ -302,7 +301,9 @@ func (p *parker) releaseKey(ctx context.Context, key []byte) error {
 				return err
 			}
 			if !dup {
-				if err := p.w.handleOne(ctx, tx, pm.msg); err != nil {
+				hctx, cancel := context.WithTimeout(ctx, cfg.HandlerTimeout)
+				defer cancel()
+				if err := p.w.handleOne(hctx, tx, pm.msg); err != nil {
 					if lost := connectionLost(tx, err); lost != nil {
 						return lost // an outage, not the handler's verdict
 					}
@@ -315,7 +316,7 @@ func (p *parker) releaseKey(ctx context.Context, key []byte) error {
 		if dup {
 			outcome = Duplicate
 		}
-		obs.end([]Outcome{outcome}, err)
+		obs.end([]Outcome{outcome}, 0, err)
 		var herr *handlerError
 		switch {
 		case err == nil:

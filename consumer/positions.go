@@ -201,7 +201,7 @@ func (r *Runner) checkStart(ctx context.Context, client *kafka.Client, partition
 
 // resetPosition moves partition's position to next as a new incarnation.
 func (r *Runner) resetPosition(ctx context.Context, partition int, next int64) (incarnation, epoch int64, err error) {
-	err = inTx(ctx, r.cfg.pool, func(tx pgx.Tx) error {
+	err = inTx(ctx, r.cfg.pool, 0, func(ctx context.Context, tx pgx.Tx) error {
 		_, after, err := r.cfg.Store.SeekTx(ctx, tx, r.cfg.Name, r.cfg.Topic, map[int]int64{partition: next}, true)
 		if err == nil {
 			incarnation, epoch = after[0].Incarnation, after[0].Epoch

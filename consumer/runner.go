@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idemkit/internal/dedupq"
 	"github.com/idemkit/idemkit/internal/kafkaoffsets"
 	"github.com/idemkit/idemkit/internal/outage"
+	"github.com/idemkit/idemkit/internal/pgsession"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
@@ -111,6 +112,9 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 		return err
 	}
+	// The runner bounds its own transactions; what else uses the pool
+	// (the handler's own sessions, other code) depends on its settings.
+	pgsession.Check(ctx, r.cfg.pool, log, "consumer "+r.cfg.GroupID+"/"+r.cfg.Topic)
 	if err := r.waiter("dedup layout").Do(ctx, func(ctx context.Context) error {
 		_, err := r.claims.Layout(ctx, r.cfg.pool)
 		return err
@@ -356,6 +360,11 @@ func (r *Runner) requireSchema(ctx context.Context) error {
 // never creates topics: create it (with the partition count you need) first.
 var ErrTopicNotFound = errors.New("consumer: topic does not exist")
 
+// kafkaRequestTimeout bounds one request of the runner's Kafka clients
+// (metadata, offsets, a fetch, which waits 250ms at most for records): a
+// request on a connection gone silent is given up after it.
+const kafkaRequestTimeout = 10 * time.Second
+
 // client returns a Kafka client that talks to the brokers as Config.Kafka
 // says, and a function that closes its connections.
 func (r *Runner) client() (*kafka.Client, func(), error) {
@@ -363,7 +372,7 @@ func (r *Runner) client() (*kafka.Client, func(), error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("consumer: %w", err)
 	}
-	return &kafka.Client{Addr: r.cfg.Kafka.Addr(), Timeout: 30 * time.Second, Transport: t}, t.CloseIdleConnections, nil
+	return &kafka.Client{Addr: r.cfg.Kafka.Addr(), Timeout: kafkaRequestTimeout, Transport: t}, t.CloseIdleConnections, nil
 }
 
 // requireTopic checks that the topic exists before joining the group, so

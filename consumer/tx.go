@@ -3,50 +3,71 @@ package consumer
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idemkit/internal/dedupq"
+	"github.com/idemkit/idemkit/internal/pgsession"
 )
 
 // txSteps is what runTx runs: the claims queued after the transaction's
 // BEGIN, and its body once they answered.
 type txSteps interface {
 	claims(b *pgx.Batch) error
-	body(tx pgx.Tx) error
+	// body gets the transaction's bounded context (ctx, with the
+	// transaction's deadline) besides tx.
+	body(tx pgx.Tx, ctx context.Context) error
 }
 
-// runTx runs one transaction of a partition: BEGIN and t's claims go to
-// PostgreSQL in one round trip, then t's body runs (idemkit's own writes
-// and the handler), then COMMIT. Once the body returned, the commit (or
-// rollback) is finished even if ctx is cancelled meanwhile, within
-// commitTimeout: a shutdown does not leave the outcome of work in flight
-// unknown. The connection goes back to the pool however it ends.
+// runTx runs one transaction of a partition: BEGIN, the transaction's
+// bound and t's claims go to PostgreSQL in one round trip, then t's body
+// runs (idemkit's own writes and the handler), then COMMIT. The transaction
+// is bounded on both ends (see Config.HandlerTimeout): PostgreSQL ends it
+// once idle longer than txBound (SET LOCAL, with BEGIN), and the runner
+// gives it up after txBound (ctx's deadline for BEGIN, the claims and the
+// body), so that a connection gone silent never holds the partition for
+// long. Once the body returned, the commit (or rollback) is finished even
+// if ctx is cancelled meanwhile, within commitTimeout: a shutdown does not
+// leave the outcome of work in flight unknown. The connection goes back to
+// the pool however it ends.
 func (w *worker) runTx(ctx context.Context, t txSteps) error {
-	conn, err := w.r.cfg.pool.Acquire(ctx)
+	cfg := &w.r.cfg
+	conn, err := cfg.pool.Acquire(ctx)
 	if err != nil {
 		return err
 	}
 	defer conn.Release()
+	bounded, cancel := context.WithTimeout(ctx, txBound(cfg.HandlerTimeout))
+	defer cancel()
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
+	b.Queue(pgsession.SetLocal(cfg.HandlerTimeout))
 	if err := t.claims(b); err != nil {
 		return err
 	}
-	br := conn.SendBatch(ctx, b)
+	// A claim waits for the lock of a concurrent claim of the same ID, or
+	// of the partition's position row: say so when another session holds
+	// it for long (an orphaned transaction, most often).
+	stop := pgsession.WatchLockWait(bounded, cfg.pool, conn.Conn().PgConn().PID(), lockWaitWarn, w.log)
+	br := conn.SendBatch(bounded, b)
 	tx := br.Tx()
-	if err := br.Close(); err != nil {
+	err = br.Close()
+	if waited, blocked := stop(); blocked {
+		w.lockWait = waited
+	}
+	if err != nil {
 		detached, cancel := detach(ctx)
 		defer cancel()
 		dropReadOnly(detached, tx, err)
 		_ = tx.Rollback(detached)
 		return err
 	}
-	err = t.body(tx)
+	err = t.body(tx, bounded)
 	// Made once the body returned: the handler's own time does not count
 	// against the commit's.
-	detached, cancel := detach(ctx)
-	defer cancel()
+	detached, cancelDetached := detach(ctx)
+	defer cancelDetached()
 	if err != nil {
 		dropReadOnly(detached, tx, err)
 		_ = tx.Rollback(detached)
@@ -67,6 +88,15 @@ func (w *worker) runTx(ctx context.Context, t txSteps) error {
 	}
 	return nil
 }
+
+// txBound is how long a transaction whose handler calls have handlerTimeout
+// may last, and stay idle on the server: handlerTimeout plus a margin.
+func txBound(handlerTimeout time.Duration) time.Duration { return pgsession.Timeout(handlerTimeout) }
+
+// lockWaitWarn is how long a transaction's claims wait for another
+// session's lock before the runner logs who holds it (a variable for
+// tests).
+var lockWaitWarn = 5 * time.Second
 
 // detach returns a context with ctx's values (the transaction's trace)
 // that ctx's cancellation does not reach and that ends after

@@ -86,8 +86,8 @@ type testSteps struct {
 	f     func(tx pgx.Tx) error
 }
 
-func (s testSteps) claims(b *pgx.Batch) error { return s.first(b) }
-func (s testSteps) body(tx pgx.Tx) error      { return s.f(tx) }
+func (s testSteps) claims(b *pgx.Batch) error               { return s.first(b) }
+func (s testSteps) body(tx pgx.Tx, _ context.Context) error { return s.f(tx) }
 
 // TestCommitAfterLongHandler: a handler that runs longer than commitTimeout
 // does not leave its commit an expired context (which pgx would not even
@@ -113,7 +113,7 @@ func TestCommitAfterLongHandler(t *testing.T) {
 	if err != nil {
 		t.Fatalf("runTx with a handler of %v (commitTimeout %v): %v", 2*commitTimeout, commitTimeout, err)
 	}
-	if err := inTx(context.Background(), pool, slow); err != nil {
+	if err := inTx(context.Background(), pool, 0, func(_ context.Context, tx pgx.Tx) error { return slow(tx) }); err != nil {
 		t.Fatalf("inTx with a handler of %v (commitTimeout %v): %v", 2*commitTimeout, commitTimeout, err)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/kread"
 	"github.com/idemkit/idemkit/internal/outage"
+	"github.com/idemkit/idemkit/internal/pgsession"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -42,6 +43,9 @@ type worker struct {
 	held       *Message        // an item taken from prefetched for the next batch
 	bytes      *byteBudget
 	state      *partitionState // what Runner.Partitions reports
+	// lockWait is how long the claims of the last transaction waited for
+	// another session's lock, when they were found waiting (see runTx).
+	lockWait time.Duration
 }
 
 func (w *worker) run(runCtx, genCtx context.Context) {
@@ -390,7 +394,7 @@ func (w *worker) item(ctx context.Context, block bool, timeout <-chan time.Time)
 func (w *worker) advance(ctx context.Context, next int64) error {
 	cfg := &w.r.cfg
 	err := w.outage.Do(ctx, func(ctx context.Context) error {
-		return inTx(ctx, cfg.pool, func(tx pgx.Tx) error {
+		return inTx(ctx, cfg.pool, 0, func(ctx context.Context, tx pgx.Tx) error {
 			return cfg.Store.SavePositionTx(ctx, tx, cfg.Name, cfg.Topic, w.partition, next, time.Time{}, w.epoch)
 		})
 	})
@@ -757,7 +761,7 @@ func (w *worker) giveUp(ctx context.Context, msg *Message, f failure, savePositi
 		// OnFailure took the message: wait out an outage here rather than
 		// hand the message to OnFailure a second time.
 		err := w.outage.Do(ctx, func(ctx context.Context) error {
-			return inTx(ctx, cfg.pool, func(tx pgx.Tx) error {
+			return inTx(ctx, cfg.pool, 0, func(ctx context.Context, tx pgx.Tx) error {
 				return cfg.Store.SavePositionTx(ctx, tx, cfg.Name, msg.Topic, msg.Partition, msg.Offset+1, msg.Time, w.epoch)
 			})
 		})
@@ -839,8 +843,9 @@ func (w *worker) commit(ctx context.Context, msgs []*Message, attempt int) (fail
 func (w *worker) observedTx(ctx context.Context, msgs []*Message, attempt int) (failed int, outcomes []Outcome, tctx context.Context, err error) {
 	tctx, obs := w.observe(ctx, msgs, attempt)
 	var beyond []horizonNote
+	w.lockWait = 0
 	failed, outcomes, beyond, err = w.tx(tctx, msgs)
-	obs.end(outcomes, err)
+	obs.end(outcomes, w.lockWait, err)
 	if err == nil && len(w.r.obs.outcome) > 0 {
 		e := &OutcomeEvent{}
 		for i, m := range msgs {
@@ -884,14 +889,15 @@ type observation struct {
 
 // end reports the transaction's end to the TxObservers, last first
 // (outcomes are dropped when err is not nil).
-func (o observation) end(outcomes []Outcome, err error) {
+func (o observation) end(outcomes []Outcome, lockWait time.Duration, err error) {
 	if len(o.list) == 0 {
 		return
 	}
 	if err != nil {
 		outcomes = nil
 	}
-	e := &TxEndEvent{Messages: o.msgs, Attempt: o.attempt, Outcomes: outcomes, Err: err, Duration: time.Since(o.start)}
+	e := &TxEndEvent{Messages: o.msgs, Attempt: o.attempt, Outcomes: outcomes, Err: err, Duration: time.Since(o.start),
+		LockWait: lockWait}
 	for i := len(o.list) - 1; i >= 0; i-- {
 		o.list[i].TxEnd(o.ctx, e)
 	}
@@ -935,7 +941,7 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 		return -1, nil, nil, fmt.Errorf("consumer: %w", err)
 	}
 	// The claims travel with BEGIN: one round trip before the handler runs.
-	t := &txRun{w: w, ctx: ctx, msgs: msgs, live: live, parking: parking, outcomes: outcomes}
+	t := &txRun{w: w, msgs: msgs, live: live, parking: parking, outcomes: outcomes}
 	if err = w.runTx(ctx, t); err != nil {
 		failed, err = w.txFailed(msgs, keepDays, err)
 		return failed, nil, nil, err
@@ -982,7 +988,6 @@ func (w *worker) txFailed(msgs []*Message, keepDays int, err error) (int, error)
 // txRun is a transaction of a worker's: what its claims and its body need.
 type txRun struct {
 	w        *worker
-	ctx      context.Context
 	msgs     []*Message
 	live     []int // the messages handled now; the others wait behind a parked message of their key
 	parking  bool
@@ -998,8 +1003,8 @@ func (t *txRun) claims(b *pgx.Batch) error {
 
 // body runs in the transaction once its claims are done: idemkit's own
 // writes, then the handler.
-func (t *txRun) body(tx pgx.Tx) error {
-	w, ctx, msgs, live, parking, res, outcomes := t.w, t.ctx, t.msgs, t.live, t.parking, &t.res, t.outcomes
+func (t *txRun) body(tx pgx.Tx, ctx context.Context) error {
+	w, msgs, live, parking, res, outcomes := t.w, t.msgs, t.live, t.parking, &t.res, t.outcomes
 	cfg := &w.r.cfg
 	dup := res.dup
 	if len(live) == 1 && !parking {
@@ -1047,7 +1052,9 @@ func (t *txRun) body(tx pgx.Tx) error {
 			return err
 		}
 	}
-	if err := w.handle(ctx, tx, msgs, outcomes); err != nil {
+	hctx, cancel := context.WithTimeout(ctx, cfg.HandlerTimeout)
+	defer cancel()
+	if err := w.handle(hctx, tx, msgs, outcomes); err != nil {
 		if lost := connectionLost(tx, err); lost != nil {
 			return lost // an outage, not the handler's verdict
 		}
@@ -1155,16 +1162,21 @@ func (w *worker) handleOne(ctx context.Context, tx pgx.Tx, m *Message) error {
 	return call(ctx, w.r.cfg.Handler, tx, m)
 }
 
-// inTx runs f in a transaction and commits it. Once f succeeded, the commit
-// is finished even if ctx is cancelled meanwhile (a shutdown does not leave
-// the outcome of work in flight unknown); on any error it rolls back, also
-// with a context that survives the caller's cancellation.
-func inTx(ctx context.Context, pool *pgxpool.Pool, f func(pgx.Tx) error) error {
-	tx, err := pool.Begin(ctx)
+// inTx runs f in a transaction and commits it. The transaction is bounded
+// as runTx bounds its own, for a body that may be idle for budget: f gets
+// a context that ends after txBound(budget), and PostgreSQL ends the
+// transaction once idle that long. Once f succeeded, the commit is finished
+// even if ctx is cancelled meanwhile (a shutdown does not leave the outcome
+// of work in flight unknown); on any error it rolls back, also with a
+// context that survives the caller's cancellation.
+func inTx(ctx context.Context, pool *pgxpool.Pool, budget time.Duration, f func(ctx context.Context, tx pgx.Tx) error) error {
+	bounded, cancel := context.WithTimeout(ctx, txBound(budget))
+	defer cancel()
+	tx, err := pool.BeginTx(bounded, pgx.TxOptions{BeginQuery: pgsession.BeginQuery("", budget)})
 	if err != nil {
 		return err
 	}
-	err = f(tx)
+	err = f(bounded, tx)
 	// Made once f returned: f's own time does not count against the
 	// commit's.
 	detached, cancel := detach(ctx)

@@ -247,6 +247,9 @@ func (o observer) TxStart(ctx context.Context, e *consumer.TxStartEvent) context
 }
 
 func (o observer) TxEnd(ctx context.Context, e *consumer.TxEndEvent) {
+	if e.LockWait > 0 {
+		o.c.t.consumer.lockWait.Record(ctx, e.LockWait.Seconds(), o.c.base.rec...)
+	}
 	o.c.txEnd(ctx, e.Messages, e.Outcomes, e.Err, e.Duration)
 }
 

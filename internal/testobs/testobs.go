@@ -16,6 +16,7 @@ type Hooks struct {
 	OnTxStart            func(ctx context.Context, msgs []*consumer.Message, attempt int) context.Context
 	OnTxEnd              func(ctx context.Context, msgs []*consumer.Message, outcomes []consumer.Outcome, err error, d time.Duration)
 	OnAfterCommit        func(ctx context.Context, msgs []*consumer.Message) // at TxEnd of a committed transaction
+	OnLockWait           func(d time.Duration)                               // at TxEnd, when its claims waited for a lock
 	OnOutcome            func(ctx context.Context, msg *consumer.Message, outcome consumer.Outcome)
 	OnBeyondHorizon      func(ctx context.Context, msg *consumer.Message, err *consumer.HorizonError, applied bool)
 	OnRetry              func(ctx context.Context, msg *consumer.Message, attempt int, err error, class retry.Class, delay time.Duration)
@@ -56,6 +57,9 @@ func (h *Hooks) TxEnd(ctx context.Context, e *consumer.TxEndEvent) {
 	}
 	if h.OnAfterCommit != nil && e.Err == nil {
 		h.OnAfterCommit(ctx, e.Messages)
+	}
+	if h.OnLockWait != nil && e.LockWait > 0 {
+		h.OnLockWait(e.LockWait)
 	}
 }
 

@@ -26,6 +26,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/dedupq"
+	"github.com/idemkit/idemkit/internal/pgsession"
 	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
 )
@@ -592,6 +593,7 @@ func (w *pgWorker) tx(ctx context.Context, msgs []pgMessage) (err error) {
 		}
 		b := &pgx.Batch{}
 		b.BeginTx(pgx.TxOptions{})
+		b.Queue(pgsession.SetLocal(consumer.HandlerTimeoutDefault)) // the runner's bound of its transactions
 		res, err := w.queueClaims(b, msgs)
 		if err != nil {
 			return err
