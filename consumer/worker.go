@@ -1209,8 +1209,10 @@ func dropReadOnly(ctx context.Context, tx pgx.Tx, err error) {
 }
 
 // commitTimeout bounds a commit or rollback, from when it starts: it
-// outlives the runner's cancellation. (A variable for tests.)
-var commitTimeout = 30 * time.Second
+// outlives the runner's cancellation, and gives up a connection gone
+// silent (a commit whose answer never came is settled by the claims when
+// the transaction runs again). A variable for tests.
+var commitTimeout = pgsession.Margin
 
 // callIDFunc runs the user's IDFunc; a panic becomes its error (the
 // message then has no usable ID).
