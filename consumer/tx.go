@@ -33,13 +33,15 @@ type txSteps interface {
 // the pool however it ends.
 func (w *worker) runTx(ctx context.Context, t txSteps) error {
 	cfg := &w.r.cfg
-	conn, err := cfg.pool.Acquire(ctx)
+	// The bound covers taking a connection too: a new one dialled to a
+	// server that went silent never answers its startup.
+	bounded, cancel := context.WithTimeout(ctx, txBound(cfg.HandlerTimeout))
+	defer cancel()
+	conn, err := cfg.pool.Acquire(bounded)
 	if err != nil {
 		return err
 	}
 	defer conn.Release()
-	bounded, cancel := context.WithTimeout(ctx, txBound(cfg.HandlerTimeout))
-	defer cancel()
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
 	b.Queue(pgsession.SetLocal(cfg.HandlerTimeout))
