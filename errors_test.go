@@ -39,7 +39,7 @@ func TestPanicError(t *testing.T) {
 }
 
 // Every package's ErrNotMigrated matches idemkit.ErrNotMigrated: one check
-// for "run migrate up" whichever store said it (issue 12).
+// for "run migrate up" whichever store said it.
 func TestErrNotMigratedEverywhere(t *testing.T) {
 	for name, err := range map[string]error{
 		"consumer": consumer.ErrNotMigrated, "dedup": dedup.ErrNotMigrated, "outbox": outbox.ErrNotMigrated,
@@ -54,7 +54,7 @@ func TestErrNotMigratedEverywhere(t *testing.T) {
 // Every constructor refuses a nil pool (or backend) with its package's
 // ErrInvalidConfig, and every package's ErrInvalidConfig matches
 // idemkit.ErrInvalidConfig: one shape for "where it runs" (the pool is the
-// first argument) and one check for a refused configuration (issue 12).
+// first argument) and one check for a refused configuration.
 func TestErrInvalidConfigEverywhere(t *testing.T) {
 	kc := kafkaconn.Config{Brokers: []string{"127.0.0.1:1"}}
 	h := consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })

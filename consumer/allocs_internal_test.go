@@ -5,8 +5,6 @@ import (
 	"testing"
 
 	"github.com/segmentio/kafka-go"
-
-	"github.com/idemkit/idemkit/dedup"
 )
 
 // TestMessageAllocs: wrapping a fetched record costs the Message and its ID
@@ -50,12 +48,12 @@ func TestTxFailed(t *testing.T) {
 	w := &worker{r: &Runner{}}
 	msgs := []*Message{{}, {}}
 	herr := &handlerError{index: 1, err: errors.New("boom")}
-	i, err := w.txFailed(msgs, dedup.Layout{}, herr)
+	i, err := w.txFailed(msgs, 0, herr)
 	if i != 1 || err != herr.err {
 		t.Fatalf("txFailed(handler error) = %d, %v; want 1, %v", i, err, herr.err)
 	}
 	netErr := errors.New("network")
-	if i, err := w.txFailed(msgs, dedup.Layout{}, netErr); i != -1 || !errors.Is(err, netErr) {
+	if i, err := w.txFailed(msgs, 0, netErr); i != -1 || !errors.Is(err, netErr) {
 		t.Fatalf("txFailed(other error) = %d, %v; want -1 and the error", i, err)
 	}
 }

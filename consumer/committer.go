@@ -23,7 +23,7 @@ type committer struct {
 	gen   *kafka.Generation
 	topic string
 	log   *slog.Logger
-	hooks *Hooks
+	obs   *observers
 
 	interval time.Duration
 
@@ -55,8 +55,8 @@ func coordinatorBusy(err error) bool {
 	return false
 }
 
-func newCommitter(gen *kafka.Generation, topic string, interval time.Duration, log *slog.Logger, hooks *Hooks) *committer {
-	return &committer{gen: gen, topic: topic, interval: interval, log: log, hooks: hooks,
+func newCommitter(gen *kafka.Generation, topic string, interval time.Duration, log *slog.Logger, obs *observers) *committer {
+	return &committer{gen: gen, topic: topic, interval: interval, log: log, obs: obs,
 		pending: map[int]int64{}, wake: make(chan struct{}, 1)}
 }
 
@@ -114,9 +114,7 @@ func (c *committer) flush(genCtx context.Context) bool {
 		return true
 	}
 	if err := c.gen.CommitOffsets(map[string]map[int]int64{c.topic: batch}); err != nil {
-		if h := c.hooks.OffsetCommitFailed; h != nil {
-			h(c.topic, batch, err)
-		}
+		c.obs.offsetCommit(genCtx, &OffsetCommitEvent{Topic: c.topic, Offsets: batch, Err: err})
 		if genCtx.Err() == nil && coordinatorBusy(err) {
 			// The generation goes on (its heartbeats end it if it is
 			// really over): the offsets go again with the next commit, after
@@ -157,10 +155,6 @@ func (c *committer) flush(genCtx context.Context) bool {
 		c.log.Info("kafka offset commit succeeded again", "failed_before", c.failing)
 		c.failing = 0
 	}
-	if h := c.hooks.OffsetCommitted; h != nil {
-		for p, next := range batch {
-			h(c.topic, p, next)
-		}
-	}
+	c.obs.offsetCommit(genCtx, &OffsetCommitEvent{Topic: c.topic, Offsets: batch})
 	return true
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -40,15 +41,26 @@ const (
 	// PartitionWatchIntervalDefault is how often the runner looks for
 	// partitions added to its topic.
 	PartitionWatchIntervalDefault = 5 * time.Second
-	// OffsetCommitIntervalDefault is the least time between two Kafka
-	// offset commits of a runner.
-	OffsetCommitIntervalDefault = 200 * time.Millisecond
 	// HeldWarnAfterDefault is how long a partition waits behind an open
 	// transaction before the runner reports it.
 	HeldWarnAfterDefault = 30 * time.Second
-	TxRetriesDefault     = 10
 	PurgeIntervalDefault = 10 * time.Minute
+	// HandlerTimeoutDefault is the time a transaction's handler calls get
+	// (see Config.HandlerTimeout).
+	HandlerTimeoutDefault = 30 * time.Second
 )
+
+// offsetCommitInterval is the least time between two Kafka offset commits
+// of a runner: positions committed meanwhile go in the next request, so
+// Kafka's offsets (and lag tooling) trail PostgreSQL's by about that much,
+// while the broker writes a few commits a second instead of one per
+// transaction. The PostgreSQL position, written with the effects, is what
+// the runner resumes from.
+const offsetCommitInterval = 200 * time.Millisecond
+
+// txRetries bounds how often a transaction that failed with a
+// serialization failure or a deadlock is run again.
+const txRetries = 10
 
 // Handler applies one message's business effect inside tx. The runner owns tx:
 // a handler must neither commit nor roll it back. Returning an error rolls
@@ -82,7 +94,7 @@ func (f BatchHandlerFunc) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []*Me
 
 // Middleware wraps a Handler: tracing, metrics or logging around each call,
 // with the call's context (which carries the transaction's span when a
-// Hooks.TxStart set one). It runs inside the transaction, after the claim.
+// TxObserver started one). It runs inside the transaction, after the claim.
 type Middleware func(Handler) Handler
 
 // BatchMiddleware wraps a BatchHandler, like Middleware.
@@ -115,8 +127,8 @@ const (
 	// This is the default: what dedup can no longer vouch for is never
 	// applied silently.
 	HorizonFail HorizonPolicy = iota
-	// HorizonApply applies the message as new, as the runner did before the
-	// guard existed; Hooks.BeyondHorizon still counts it.
+	// HorizonApply applies the message as new; its OutcomeEvent carries
+	// the *HorizonError.
 	HorizonApply
 )
 
@@ -196,10 +208,21 @@ type Config struct {
 	// Defaults to 16.
 	MaxPartitions int
 
+	// HandlerTimeout bounds the handler calls of one transaction: their
+	// context ends after it, and a handler still running then fails (its
+	// error is retried as a transient one). It also bounds the transaction
+	// on both ends, so that a connection that goes silent never holds a
+	// partition for long: the runner gives the transaction up (and runs it
+	// again on another connection) after HandlerTimeout plus 10s, and
+	// PostgreSQL ends it after as long idle (SET LOCAL
+	// idle_in_transaction_session_timeout, sent with BEGIN), releasing its
+	// locks, should the runner vanish. Defaults to 30s.
+	HandlerTimeout time.Duration
+
 	// Retry decides whether and when a failed message is tried again, and
 	// which errors are permanent. Defaults to the zero retry.Policy: 5
 	// attempts, exponential from 100ms with jitter, retry.Classify.
-	Retry *retry.Policy
+	Retry retry.Policy
 	// OnFailure receives messages that failed for good. Defaults to nil: the
 	// runner stops and Run returns a *MessageError; nothing is skipped.
 	OnFailure FailureFunc
@@ -209,13 +232,10 @@ type Config struct {
 	FailureMode FailureMode
 	// ParkedRetry paces retries of parked messages (NonBlocking only).
 	// Defaults to 10 attempts, 1s to 1m apart, with jitter.
-	ParkedRetry *retry.Policy
+	ParkedRetry retry.Policy
 	// ParkedPoll is how often a partition with parked messages looks for
 	// due ones (NonBlocking only). Defaults to 500ms.
 	ParkedPoll time.Duration
-	// TxRetries bounds how often a transaction that failed with a
-	// serialization failure or a deadlock is run again. Defaults to 10.
-	TxRetries int
 
 	// Retention, when positive, makes Run purge dedup records older than it
 	// every PurgeInterval (dedup.Store.PurgeConsumer, in bounded batches).
@@ -258,17 +278,9 @@ type Config struct {
 	// Defaults to 8 MiB: thousands of small messages per partition, several
 	// batches of BatchSize ahead, and as fast as 16 MiB in scripts/bench.
 	MaxBufferedBytes int64
-	// OffsetCommitInterval is the least time between two Kafka offset
-	// commits: positions committed meanwhile go in the next request, so
-	// Kafka's offsets (and lag tooling) trail PostgreSQL's by about that
-	// much, while the broker writes a few commits a second instead of one per
-	// transaction. The PostgreSQL position, written with the effects, is
-	// what the runner resumes from. Defaults to 200ms; a negative value
-	// commits as soon as the previous commit answered.
-	OffsetCommitInterval time.Duration
 	// HeldWarnAfter is how long a partition may wait behind an open
 	// transaction of a transactional producer before the runner logs it
-	// (WARN) and calls Hooks.HeldByTransaction. Defaults to 30s.
+	// (WARN) and tells HeldObservers. Defaults to 30s.
 	HeldWarnAfter time.Duration
 	// MaxOutage bounds how long the runner waits out a PostgreSQL or Kafka
 	// server it cannot reach (connection-class errors; see
@@ -290,103 +302,15 @@ type Config struct {
 	// removed, which costs another rebalance, never correctness. It is also
 	// how long the group waits for a member that was killed: a replacement
 	// that joins starts a rebalance at once, and the group resumes after
-	// min(SessionTimeout, RebalanceTimeout) (measured with
-	// test/cmd/idemkit-churn: 5.2 s with 5s, 16 s with 30s or with the
-	// former 10s). It must exceed HeartbeatInterval plus the time your
-	// handler takes to stop. Defaults to 5s.
+	// min(SessionTimeout, RebalanceTimeout) (test/cmd/idemkit-churn
+	// measures that pause). It must exceed HeartbeatInterval plus the time
+	// your handler takes to stop. Defaults to 5s.
 	RebalanceTimeout time.Duration
 	// Logger receives structured logs. Defaults to slog.Default().
 	Logger *slog.Logger
-	// Hooks observe the runner; every field is optional.
-	Hooks Hooks
-}
-
-// Hooks are optional callbacks for metrics, tracing and tests. They run
-// synchronously on the partition's goroutine (the committer's, for offset
-// commits): keep them fast (the partition's next transaction may be open
-// meanwhile, holding its locks: see "Transactions in a row" in the package
-// documentation), and do not panic in them (unlike a handler's or
-// a middleware's, a hook's panic is not recovered). The context they get is
-// the transaction's (see TxStart) where there is one; a context TxStart
-// returns must derive from the one it got, or cancellation (a rebalance, a
-// shutdown) no longer reaches the transaction.
-type Hooks struct {
-	// TxStart runs before a transaction for msgs begins: one message, or a
-	// batch of one partition in offset order. attempt counts the handler
-	// attempts of these messages, from 1 (a message retried in place starts
-	// transactions with attempt 2, 3, …). The context it returns is the one
-	// the claim, the handlers, the other hooks of this transaction and
-	// TxEnd get: a tracer starts a span here. Returning nil keeps ctx. A
-	// transaction begun with the commit of the one before (see
-	// "Transactions in a row") has begun and claimed already when TxStart
-	// runs, under the context of that one.
-	TxStart func(ctx context.Context, msgs []*Message, attempt int) context.Context
-	// TxEnd runs once per TxStart, when that transaction committed (err nil;
-	// outcomes[i] is msgs[i]'s: Applied, Duplicate or Parked) or was rolled
-	// back (err says why; outcomes is nil). d is from TxStart to the end of
-	// the commit or rollback. A rolled-back transaction may run again:
-	// another TxStart follows.
-	TxEnd func(ctx context.Context, msgs []*Message, outcomes []Outcome, err error, d time.Duration)
-	// BeforeCommit runs after the handlers succeeded and before the
-	// transaction commits.
-	BeforeCommit func(ctx context.Context, msgs []*Message)
-	// AfterCommit runs after the transaction committed and before the Kafka
-	// offset commit.
-	AfterCommit func(ctx context.Context, msgs []*Message)
-	// Outcome runs once per message when its fate is known.
-	Outcome func(ctx context.Context, msg *Message, outcome Outcome)
-	// Retry runs when a handler failure is retried in place: ctx is the
-	// failed transaction's (TxStart's, ended), attempt the attempt that
-	// failed (from 1), class the failure's class, delay the wait before the
-	// next attempt. The runner's logs about a message's failure are written
-	// with that context too (slog's *Context methods), so that a handler
-	// that reads it, such as a tracing one, can add the trace ID.
-	Retry func(ctx context.Context, msg *Message, attempt int, err error, class retry.Class, delay time.Duration)
-	// OffsetCommitted runs after a Kafka offset commit succeeded; next is the
-	// offset of the next message to read.
-	OffsetCommitted func(topic string, partition int, next int64)
-	// OffsetCommitFailed runs when a Kafka offset commit failed. When the
-	// group coordinator could not write it for now (coordinator not
-	// available, load in progress, a timeout, not enough replicas: on a
-	// cluster, while __consumer_offsets waits for a replica that died), the
-	// offsets go again with the next commit and the generation goes on;
-	// after any other failure the runner leaves the generation and the group
-	// forms again. Either way the PostgreSQL positions are what the runner
-	// resumes from, so nothing is lost or re-applied.
-	OffsetCommitFailed func(topic string, offsets map[int]int64, err error)
-	// Purged runs after each retention purge with the records it deleted.
-	Purged func(deleted int64)
-	// BeyondHorizon runs once per message found beyond the dedup horizon
-	// (see ErrBeyondHorizon): err is its *HorizonError; applied tells
-	// whether it was applied anyway (HorizonApply, after its transaction
-	// committed) or failed (HorizonFail, before it goes to OnFailure).
-	BeyondHorizon func(ctx context.Context, msg *Message, err *HorizonError, applied bool)
-	// Rebalanced runs when the group assigned this runner its partitions of
-	// a new generation (partitions may be empty), before Assigned runs for
-	// each.
-	Rebalanced func(generation int32, partitions []int)
-	// Assigned runs when a partition is assigned, with the offset it starts
-	// at: the later of Kafka's committed offset and the PostgreSQL position,
-	// or kafka.FirstOffset / kafka.LastOffset (Config.StartOffset) when
-	// neither has one.
-	Assigned func(topic string, partition int, start int64)
-	// PositionMoved runs when a partition does not start at its stored
-	// position: err matches ErrMessagesLost (Kafka deleted messages before
-	// they were processed; the partition continues at the log start) or
-	// ErrTopicRecreated (with RecreatedRestart: the partition starts over at
-	// the log start of the new topic).
-	PositionMoved func(err *PositionError)
-	// HeldByTransaction runs when a partition has been held for
-	// Config.HeldWarnAfter at the last stable offset by a transaction left
-	// open on the topic (records after it wait until it commits or aborts).
-	HeldByTransaction func(topic string, partition int, lastStable, highWatermark int64, held time.Duration)
-	// OutageStarted and OutageEnded observe outages the runner waits out:
-	// op names what could not reach its server. Each OutageStarted is
-	// followed by one OutageEnded: when the server answers again, or when no
-	// loop of the runner waits for it any more (Run ended, or a rebalance
-	// ended the partition workers that waited).
-	OutageStarted func(op string, err error)
-	OutageEnded   func(op string, d time.Duration)
+	// Observers watch the runner (metrics, tracing, tests): each takes
+	// the events of the observer interfaces it implements (see Observer).
+	Observers []Observer
 }
 
 // Outcome is what became of a message.
@@ -421,28 +345,36 @@ func (o Outcome) String() string {
 // ErrInvalidConfig is wrapped by every configuration error New returns.
 var ErrInvalidConfig = fmt.Errorf("consumer: %w", idemkit.ErrInvalidConfig)
 
+// Validate reports what New would refuse in c: a missing or contradictory
+// field, a value out of range. New calls it; call it yourself to check a
+// configuration read from a file before anything connects. The error wraps
+// ErrInvalidConfig.
+func (c *Config) Validate() error {
+	if c == nil {
+		return fmt.Errorf("%w: nil config", ErrInvalidConfig)
+	}
+	_, err := c.withDefaults()
+	return err
+}
+
 func (c Config) withDefaults() (Config, error) {
 	c.Name = cmp.Or(c.Name, c.GroupID)
 	c.IDHeader = cmp.Or(c.IDHeader, IDHeaderDefault)
 	c.BatchSize = cmp.Or(c.BatchSize, BatchSizeDefault)
 	c.BatchLinger = cmp.Or(c.BatchLinger, BatchLingerDefault)
 	c.MaxPartitions = cmp.Or(c.MaxPartitions, MaxPartitionsDefault)
-	c.TxRetries = cmp.Or(c.TxRetries, TxRetriesDefault)
 	c.StartOffset = cmp.Or(c.StartOffset, kafka.FirstOffset)
 	c.SessionTimeout = cmp.Or(c.SessionTimeout, SessionTimeoutDefault)
 	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, min(HeartbeatIntervalDefault, c.SessionTimeout/3))
 	c.RebalanceTimeout = cmp.Or(c.RebalanceTimeout, RebalanceTimeoutDefault)
 	c.MaxBufferedBytes = cmp.Or(c.MaxBufferedBytes, MaxBufferedBytesDefault)
 	c.HeldWarnAfter = cmp.Or(c.HeldWarnAfter, HeldWarnAfterDefault)
-	c.OffsetCommitInterval = cmp.Or(c.OffsetCommitInterval, OffsetCommitIntervalDefault)
-	if c.Retry == nil {
-		c.Retry = &retry.Policy{}
-	}
-	if c.ParkedRetry == nil {
-		c.ParkedRetry = parkedRetryDefault()
+	if reflect.ValueOf(c.ParkedRetry).IsZero() {
+		c.ParkedRetry = parkedRetryDefault
 	}
 	c.ParkedPoll = cmp.Or(c.ParkedPoll, ParkedPollDefault)
 	c.PurgeInterval = cmp.Or(c.PurgeInterval, PurgeIntervalDefault)
+	c.HandlerTimeout = cmp.Or(c.HandlerTimeout, HandlerTimeoutDefault)
 	if c.Retention > 0 {
 		c.HorizonMargin = cmp.Or(c.HorizonMargin, min(c.Retention/10, HorizonMarginMax))
 	}
@@ -459,6 +391,9 @@ func (c Config) withDefaults() (Config, error) {
 	invalid := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
 	}
+	if _, err := newObservers(c.Observers); err != nil {
+		return c, err
+	}
 	switch {
 	case c.Kafka.Validate() != nil:
 		return c, fmt.Errorf("%w: Kafka: %w", ErrInvalidConfig, c.Kafka.Validate())
@@ -466,8 +401,6 @@ func (c Config) withDefaults() (Config, error) {
 		return c, invalid("Topic is empty")
 	case c.GroupID == "":
 		return c, invalid("GroupID is empty")
-	case c.pool == nil:
-		return c, invalid("nil pool")
 	case c.Handler == nil && c.BatchHandler == nil:
 		return c, invalid("set Handler or BatchHandler")
 	case c.Handler != nil && c.BatchHandler != nil:
@@ -478,8 +411,6 @@ func (c Config) withDefaults() (Config, error) {
 		return c, invalid("BatchLinger %s < 0", c.BatchLinger)
 	case c.MaxPartitions < 1:
 		return c, invalid("MaxPartitions %d < 1", c.MaxPartitions)
-	case c.TxRetries < 1:
-		return c, invalid("TxRetries %d < 1", c.TxRetries)
 	case c.StartOffset != kafka.FirstOffset && c.StartOffset != kafka.LastOffset:
 		return c, invalid("StartOffset must be kafka.FirstOffset or kafka.LastOffset")
 	case c.Retry.Validate() != nil:
@@ -506,6 +437,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, invalid("MaxBufferedBytes %d < 0", c.MaxBufferedBytes)
 	case c.HeldWarnAfter < 0:
 		return c, invalid("HeldWarnAfter %s < 0", c.HeldWarnAfter)
+	case c.HandlerTimeout < 0:
+		return c, invalid("HandlerTimeout %v is negative", c.HandlerTimeout)
 	case c.MaxOutage < 0:
 		return c, invalid("MaxOutage %s < 0", c.MaxOutage)
 	case c.OnRecreated != RecreatedStop && c.OnRecreated != RecreatedRestart:

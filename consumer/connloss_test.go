@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -18,11 +19,9 @@ import (
 // restart does). That is an outage, not the handler's verdict: the runner
 // waits it out and runs the transaction again without charging the message
 // an attempt (worker.connectionLost's contract). With MaxAttempts 1 and no
-// OnFailure, charging it an attempt stops Run with a *MessageError.
-//
-// Found while running TestPostgresConnectionLossIsWaitedOut in the default
-// mode: its kills landed in handlers, were logged as "handler failed;
-// retrying" and no outage was reported.
+// OnFailure, charging it an attempt stops Run with a *MessageError. A kill
+// that lands in a handler must be reported as an outage, not logged as
+// "handler failed; retrying".
 func TestHandlerConnectionLossIsNotAnAttempt(t *testing.T) {
 	t.Parallel()
 	for _, md := range baseModes {
@@ -32,7 +31,7 @@ func TestHandlerConnectionLossIsNotAnAttempt(t *testing.T) {
 			e.produce(msg("m1", "k", 1), msg("m2", "k", 1))
 			var calls atomic.Int32
 			cfg := e.config(md, nil)
-			cfg.Retry = &retry.Policy{MaxAttempts: 1} // an attempt charged is the message's last
+			cfg.Retry = retry.Policy{MaxAttempts: 1} // an attempt charged is the message's last
 			cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 				if m.ID == "m1" && calls.Add(1) == 1 {
 					_, err := tx.Exec(ctx, `SELECT pg_terminate_backend(pg_backend_pid())`)
@@ -44,9 +43,9 @@ func TestHandlerConnectionLossIsNotAnAttempt(t *testing.T) {
 				return e.effect(ctx, tx, m)
 			})
 			var outages atomic.Int32
-			cfg.Hooks.OutageStarted = func(string, error) { outages.Add(1) }
+			testobs.Of(cfg).OnOutageStarted = func(string, error) { outages.Add(1) }
 			oc := newOutcomes(2)
-			cfg.Hooks.Outcome = oc.hook
+			testobs.Of(cfg).OnOutcome = oc.hook
 			r, err := consumer.New(e.db.Pool, cfg)
 			if err != nil {
 				t.Fatal(err)

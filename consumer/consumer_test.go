@@ -21,6 +21,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
@@ -190,7 +191,7 @@ func (e *env) config(md mode, check func(ctx context.Context, m *consumer.Messag
 	cfg := &consumer.Config{
 		Kafka: testenv.Kafka(e.t), Topic: e.topic, GroupID: e.group,
 		Store: e.store, BatchSize: md.batch,
-		Retry:  &retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
+		Retry:  retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
 		Logger: slog.New(slog.NewTextHandler(e.t.Output(), nil)),
 	}
 	if check == nil {
@@ -268,7 +269,7 @@ func TestDuplicateIDOneEffect(t *testing.T) {
 
 			oc := newOutcomes(len(msgs))
 			cfg := e.config(md, nil)
-			cfg.Hooks.Outcome = oc.hook
+			testobs.Of(cfg).OnOutcome = oc.hook
 			stop := run(t, e.db.Pool, cfg)
 			wait(t, oc.done, "all messages")
 			if err := stop(); err != nil {
@@ -319,7 +320,7 @@ func TestHandlerErrorRollsBack(t *testing.T) {
 				}
 				return nil
 			})
-			cfg.Hooks.Outcome = oc.hook
+			testobs.Of(cfg).OnOutcome = oc.hook
 			stop := run(t, e.db.Pool, cfg)
 			wait(t, oc.done, "all messages")
 			if err := stop(); err != nil {
@@ -356,7 +357,7 @@ func TestMissingID(t *testing.T) {
 			oc := newOutcomes(3)
 			var failed []error
 			cfg := e.config(md, nil)
-			cfg.Hooks.Outcome = oc.hook
+			testobs.Of(cfg).OnOutcome = oc.hook
 			cfg.OnFailure = func(ctx context.Context, m *consumer.Message, err error) error {
 				failed = append(failed, err)
 				return nil
@@ -418,7 +419,7 @@ func TestMissingID(t *testing.T) {
 				oc := newOutcomes(2)
 				cfg := e.config(md, nil)
 				cfg.MissingID = consumer.MissingIDUseCoordinates
-				cfg.Hooks.Outcome = oc.hook
+				testobs.Of(cfg).OnOutcome = oc.hook
 				stop := run(t, e.db.Pool, cfg)
 				wait(t, oc.done, "both messages")
 				if err := stop(); err != nil {
@@ -455,7 +456,7 @@ func TestPanicIsAnError(t *testing.T) {
 				}
 				return nil
 			})
-			cfg.Hooks.Outcome = oc.hook
+			testobs.Of(cfg).OnOutcome = oc.hook
 			cfg.OnFailure = func(ctx context.Context, m *consumer.Message, err error) error {
 				failed = append(failed, err)
 				return nil
@@ -493,7 +494,7 @@ func TestPositionLivesWithEffects(t *testing.T) {
 			}
 			oc := newOutcomes(3)
 			cfg := e.config(md, nil)
-			cfg.Hooks.Outcome = oc.hook
+			testobs.Of(cfg).OnOutcome = oc.hook
 			stop := run(t, e.db.Pool, cfg)
 			wait(t, oc.done, "m-0..m-2")
 			if err := stop(); err != nil {
@@ -508,13 +509,13 @@ func TestPositionLivesWithEffects(t *testing.T) {
 			cfg.Name = cfg.GroupID
 			cfg.GroupID = testenv.Name(t, "other")
 			starts := make(chan int64, 1)
-			cfg.Hooks.Assigned = func(_ string, _ int, start int64) {
+			testobs.Of(cfg).OnAssigned = func(_ string, _ int, start int64) {
 				select { // the first assignment is the one that counts; never block the runner
 				case starts <- start:
 				default:
 				}
 			}
-			cfg.Hooks.Outcome = oc.hook
+			testobs.Of(cfg).OnOutcome = oc.hook
 			stop = run(t, e.db.Pool, cfg)
 			wait(t, oc.done, "m-3..m-5")
 			if err := stop(); err != nil {
@@ -621,11 +622,11 @@ func TestNonBlockingKeepsPerKeyOrder(t *testing.T) {
 				return nil
 			})
 			cfg.FailureMode = consumer.NonBlocking
-			cfg.Retry = &retry.Policy{MaxAttempts: 1} // park at the first failure
+			cfg.Retry = retry.Policy{MaxAttempts: 1} // park at the first failure
 			// Parked retries wait at least 0.5 s (1 s ± 50%): far longer than A and C need.
-			cfg.ParkedRetry = &retry.Policy{InitialInterval: time.Second, MaxInterval: time.Second, MaxAttempts: 10}
+			cfg.ParkedRetry = retry.Policy{InitialInterval: time.Second, MaxInterval: time.Second, MaxAttempts: 10}
 			cfg.ParkedPoll = 20 * time.Millisecond
-			cfg.Hooks.Outcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
+			testobs.Of(cfg).OnOutcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
 				if m.ID == "B0" && o == consumer.Parked {
 					parkedB0.Store(true)
 				}
@@ -701,10 +702,10 @@ func TestOtherPartitionsFlow(t *testing.T) {
 				}
 				return nil
 			})
-			cfg.Retry = &retry.Policy{InitialInterval: 50 * time.Millisecond, MaxInterval: 50 * time.Millisecond, MaxAttempts: -1}
+			cfg.Retry = retry.Policy{InitialInterval: 50 * time.Millisecond, MaxInterval: 50 * time.Millisecond, MaxAttempts: -1}
 			var mu sync.Mutex
 			parts := map[string]int{}
-			cfg.Hooks.Outcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
+			testobs.Of(cfg).OnOutcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
 				mu.Lock()
 				parts[string(m.Key)] = m.Partition
 				mu.Unlock()
@@ -756,7 +757,7 @@ func TestDeadlockRerunsTheTransaction(t *testing.T) {
 			oc := newOutcomes(2)
 			cfg := e.config(md, nil)
 			// No handler retries: only the transaction rerun may save the deadlock victim.
-			cfg.Retry = &retry.Policy{MaxAttempts: 1}
+			cfg.Retry = retry.Policy{MaxAttempts: 1}
 			cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 				n, _ := attempts.LoadOrStore(m.ID, new(atomic.Int32))
 				attempt := n.(*atomic.Int32).Add(1)
@@ -783,7 +784,7 @@ func TestDeadlockRerunsTheTransaction(t *testing.T) {
 				return e.effect(ctx, tx, m)
 			})
 			parts := sync.Map{}
-			cfg.Hooks.Outcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
+			testobs.Of(cfg).OnOutcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
 				parts.Store(m.ID, m.Partition)
 				oc.hook(ctx, m, o)
 			}
@@ -873,18 +874,18 @@ func TestRetentionPurge(t *testing.T) {
 			cfg := e.config(md, nil)
 			cfg.Retention = time.Hour
 			cfg.PurgeInterval = 20 * time.Millisecond
-			cfg.Hooks.Purged = func(n int64) {
+			testobs.Of(cfg).OnPurged = func(n int64) {
 				select { // hooks run on the runner's goroutines: never block them
 				case purged <- n:
 				default:
 				}
 			}
 			first := make(chan struct{})
-			cfg.Hooks.Assigned = func(string, int, int64) {
+			testobs.Of(cfg).OnAssigned = func(string, int, int64) {
 				// Let the first purge finish before any message is handled.
 				<-first
 			}
-			cfg.Hooks.Outcome = oc.hook
+			testobs.Of(cfg).OnOutcome = oc.hook
 			stop := run(t, e.db.Pool, cfg)
 			var once sync.Once
 			release := func() { once.Do(func() { close(first) }) }
@@ -911,5 +912,34 @@ func TestRetentionPurge(t *testing.T) {
 				t.Fatalf("recent: %v, want duplicate (its record is kept)", got)
 			}
 		})
+	}
+}
+
+// TestConfigValidate: Validate refuses what New refuses, without a pool,
+// and accepts a complete configuration.
+func TestConfigValidate(t *testing.T) {
+	t.Parallel()
+	ok := consumer.Config{Kafka: kafkaconn.Config{Brokers: []string{"127.0.0.1:9092"}}, Topic: "orders", GroupID: "billing",
+		Handler: consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })}
+	if err := ok.Validate(); err != nil {
+		t.Fatalf("Validate of a complete config: %v", err)
+	}
+	for name, mutate := range map[string]func(*consumer.Config){
+		"no topic":      func(c *consumer.Config) { c.Topic = "" },
+		"no handler":    func(c *consumer.Config) { c.Handler = nil },
+		"no brokers":    func(c *consumer.Config) { c.Kafka.Brokers = nil },
+		"batch size":    func(c *consumer.Config) { c.BatchSize = -1 },
+		"bad retry":     func(c *consumer.Config) { c.Retry.Multiplier = 0.5 },
+		"bad observers": func(c *consumer.Config) { c.Observers = []consumer.Observer{42} },
+	} {
+		c := ok
+		mutate(&c)
+		if err := c.Validate(); !errors.Is(err, consumer.ErrInvalidConfig) {
+			t.Errorf("%s: Validate = %v, want ErrInvalidConfig", name, err)
+		}
+	}
+	var nilCfg *consumer.Config
+	if err := nilCfg.Validate(); !errors.Is(err, consumer.ErrInvalidConfig) {
+		t.Errorf("nil config: Validate = %v, want ErrInvalidConfig", err)
 	}
 }

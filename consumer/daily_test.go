@@ -13,6 +13,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/migrate"
 )
 
@@ -53,8 +54,8 @@ func TestDailyLayoutWhileRunning(t *testing.T) {
 			cur.Store(oc)
 			cfg := e.config(md, nil)
 			cfg.OnFailure = notes.onFailure
-			cfg.Hooks.Outcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) { cur.Load().hook(ctx, m, o) }
-			cfg.Hooks.BeyondHorizon = notes.hook
+			testobs.Of(cfg).OnOutcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) { cur.Load().hook(ctx, m, o) }
+			testobs.Of(cfg).OnBeyondHorizon = notes.hook
 			stop := run(t, e.db.Pool, cfg)
 			flatNew := testenv.UUID7(t, day(-20))
 			e.produce(msg(flatNew, "a", 1), msg(flatDup, "b", 1))

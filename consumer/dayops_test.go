@@ -20,6 +20,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -61,7 +62,7 @@ func (e *env) recreateTopic(partitions int) {
 func runUntil(t *testing.T, pool *pgxpool.Pool, cfg *consumer.Config, want int) *outcomes {
 	t.Helper()
 	oc := newOutcomes(want)
-	cfg.Hooks.Outcome = oc.hook
+	testobs.Of(cfg).OnOutcome = oc.hook
 	stop := run(t, pool, cfg)
 	wait(t, oc.done, fmt.Sprintf("%d outcomes", want))
 	if err := stop(); err != nil {
@@ -125,7 +126,7 @@ func TestRecreatedTopicStops(t *testing.T) {
 			cfg := e.config(md, nil)
 			cfg.OnRecreated = consumer.RecreatedRestart
 			var moved atomic.Pointer[consumer.PositionError]
-			cfg.Hooks.PositionMoved = func(err *consumer.PositionError) { moved.Store(err) }
+			testobs.Of(cfg).OnPositionMoved = func(err *consumer.PositionError) { moved.Store(err) }
 			oc := runUntil(t, e.db.Pool, cfg, 3)
 			if oc.count(consumer.Applied) != 3 {
 				t.Fatalf("outcomes %v, want the 3 new messages applied", oc.byKind)
@@ -222,9 +223,9 @@ func TestPartitionsAddedAreConsumed(t *testing.T) {
 			e := newEnv(t, 1)
 			oc := newOutcomes(2)
 			cfg := e.config(md, nil)
-			cfg.Hooks.Outcome = oc.hook
+			testobs.Of(cfg).OnOutcome = oc.hook
 			assigned := make(chan int, 10)
-			cfg.Hooks.Assigned = func(_ string, p int, _ int64) {
+			testobs.Of(cfg).OnAssigned = func(_ string, p int, _ int64) {
 				select {
 				case assigned <- p:
 				default:
@@ -286,13 +287,13 @@ func TestParkedReleasedAfterSwitchToBlocking(t *testing.T) {
 				return nil
 			})
 			cfg.FailureMode = consumer.NonBlocking
-			cfg.Retry = &retry.Policy{MaxAttempts: 1}
-			cfg.ParkedRetry = &retry.Policy{InitialInterval: 100 * time.Millisecond, MaxInterval: 100 * time.Millisecond, MaxAttempts: 1000}
+			cfg.Retry = retry.Policy{MaxAttempts: 1}
+			cfg.ParkedRetry = retry.Policy{InitialInterval: 100 * time.Millisecond, MaxInterval: 100 * time.Millisecond, MaxAttempts: 1000}
 			cfg.ParkedPoll = 20 * time.Millisecond
 			oc := newOutcomes(-1)
 			parked := make(chan struct{})
 			var nParked atomic.Int32
-			cfg.Hooks.Outcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
+			testobs.Of(cfg).OnOutcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
 				oc.hook(ctx, m, o)
 				if o == consumer.Parked && nParked.Add(1) == 2 {
 					close(parked)
@@ -310,7 +311,7 @@ func TestParkedReleasedAfterSwitchToBlocking(t *testing.T) {
 			cfg.ParkedPoll = 20 * time.Millisecond
 			done := make(chan struct{})
 			var once sync.Once
-			cfg.Hooks.Outcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
+			testobs.Of(cfg).OnOutcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
 				if m.ID == "b3" && o == consumer.Applied {
 					once.Do(func() { close(done) })
 				}
@@ -362,7 +363,7 @@ func TestStartCommitsPositionToKafka(t *testing.T) {
 
 			committed := make(chan int64, 10)
 			cfg := e.config(md, nil)
-			cfg.Hooks.OffsetCommitted = func(_ string, _ int, next int64) {
+			testobs.Of(cfg).OnOffsetCommitted = func(_ string, _ int, next int64) {
 				select {
 				case committed <- next:
 				default:
@@ -420,7 +421,7 @@ func TestRetentionPurgesOnlyItsConsumer(t *testing.T) {
 			cfg := e.config(md, nil)
 			cfg.Retention = time.Hour
 			cfg.PurgeInterval = time.Hour
-			cfg.Hooks.Purged = func(n int64) {
+			testobs.Of(cfg).OnPurged = func(n int64) {
 				select {
 				case purged <- n:
 				default:
@@ -481,11 +482,10 @@ func TestEmptyIDHeader(t *testing.T) {
 func TestPostgresConnectionLossIsWaitedOut(t *testing.T) {
 	t.Parallel()
 	// In the default mode most of a batch's time is spent in handlers, so
-	// most kills land there; until a connection lost under a handler counts
-	// as an outage (TestHandlerConnectionLossIsNotAnAttempt, failing) the
-	// outage check below can fail there. A fix must keep batches moving:
-	// rerunning a whole batch after each kill never commits one that takes
-	// longer than the kill interval.
+	// most kills land there and must count as an outage (see
+	// TestHandlerConnectionLossIsNotAnAttempt) for the outage check below.
+	// Batches must keep moving: rerunning a whole batch after each kill
+	// would never commit one that takes longer than the kill interval.
 	for _, md := range []mode{modes[0], modes[1], modes[3]} {
 		t.Run(md.name, func(t *testing.T) {
 			t.Parallel()
@@ -515,9 +515,9 @@ func TestPostgresConnectionLossIsWaitedOut(t *testing.T) {
 				time.Sleep(2 * time.Millisecond) // widen the window of a kill inside a transaction
 				return nil
 			})
-			cfg.Hooks.Outcome = oc.hook
+			testobs.Of(cfg).OnOutcome = oc.hook
 			var outages atomic.Int32
-			cfg.Hooks.OutageStarted = func(string, error) { outages.Add(1) }
+			testobs.Of(cfg).OnOutageStarted = func(string, error) { outages.Add(1) }
 
 			r, err := consumer.New(pool, cfg)
 			if err != nil {
@@ -702,7 +702,7 @@ func TestDefaultBatchesDoNotWait(t *testing.T) {
 		t.Fatalf("the test needs the defaults, got BatchSize %d, BatchLinger %s", cfg.BatchSize, cfg.BatchLinger)
 	}
 	sizes := make(chan int, 100)
-	cfg.Hooks.AfterCommit = func(_ context.Context, msgs []*consumer.Message) {
+	testobs.Of(cfg).OnAfterCommit = func(_ context.Context, msgs []*consumer.Message) {
 		select {
 		case sizes <- len(msgs):
 		default:
@@ -730,8 +730,8 @@ func TestDefaultBatchesDoNotWait(t *testing.T) {
 	e.produce(backlog...)
 	sizes = make(chan int, 400)
 	oc := newOutcomes(300)
-	cfg.Hooks.Outcome = oc.hook
-	cfg.Hooks.AfterCommit = func(_ context.Context, msgs []*consumer.Message) { sizes <- len(msgs) }
+	testobs.Of(cfg).OnOutcome = oc.hook
+	testobs.Of(cfg).OnAfterCommit = func(_ context.Context, msgs []*consumer.Message) { sizes <- len(msgs) }
 	stop = run(t, e.db.Pool, cfg)
 	wait(t, oc.done, "the backlog")
 	if err := stop(); err != nil {

@@ -20,9 +20,9 @@ var ErrDeliverInput = errors.New("consumer: deliver: invalid messages")
 // is taken as Run takes it (Config.IDHeader, IDFunc, MissingID), the IDs are
 // claimed and the partition's position recorded in the statement that
 // begins the transaction, the handler (Handler or BatchHandler, wrapped in
-// its Middleware) runs for the newly claimed messages only, then
-// Hooks.BeforeCommit, COMMIT, Hooks.AfterCommit and Hooks.Outcome;
-// Hooks.TxStart and Hooks.TxEnd frame the transaction. outcomes[i] is
+// its Middleware) runs for the newly claimed messages only, then COMMIT;
+// the observers see it as they see Run's (TxStart and TxEnd frame the
+// transaction, then each message's Outcome). outcomes[i] is
 // msgs[i]'s: Applied or Duplicate (a copy of an ID earlier in the same call
 // is a Duplicate). The position is read first, as a partition's assignment
 // reads it, so that it moves as under Run.

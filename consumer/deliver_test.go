@@ -5,11 +5,13 @@ import (
 	"errors"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
 )
 
@@ -26,15 +28,18 @@ func TestDeliver(t *testing.T) {
 			e := newEnv(t, 1)
 			ctx := context.Background()
 			fail := false
-			var before, after int
+			var rolledBack, after int
 			var seen []consumer.Outcome
 			cfg := &consumer.Config{Kafka: kafkaconn.Config{Brokers: []string{"unused.invalid:9092"}}, Topic: e.topic, GroupID: e.group,
-				Store: e.store,
-				Hooks: consumer.Hooks{
-					BeforeCommit: func(context.Context, []*consumer.Message) { before++ },
-					AfterCommit:  func(context.Context, []*consumer.Message) { after++ },
-					Outcome:      func(_ context.Context, _ *consumer.Message, o consumer.Outcome) { seen = append(seen, o) },
-				}}
+				Store: e.store}
+			testobs.Of(cfg).OnTxEnd = func(_ context.Context, _ []*consumer.Message, _ []consumer.Outcome, err error, _ time.Duration) {
+				if err == nil {
+					after++
+				} else {
+					rolledBack++
+				}
+			}
+			testobs.Of(cfg).OnOutcome = func(_ context.Context, _ *consumer.Message, o consumer.Outcome) { seen = append(seen, o) }
 			errBoom := errors.New("boom")
 			if batch {
 				cfg.BatchHandler = consumer.BatchHandlerFunc(func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
@@ -76,8 +81,8 @@ func TestDeliver(t *testing.T) {
 			if err != nil || pos[0] != 10 {
 				t.Fatalf("positions %v, %v; want partition 0 at 10", pos, err)
 			}
-			if before != 3 || after != 3 || len(seen) != 4 {
-				t.Fatalf("BeforeCommit %d, AfterCommit %d, outcomes %v; want 3, 3 and 4 outcomes", before, after, seen)
+			if rolledBack != 0 || after != 3 || len(seen) != 4 {
+				t.Fatalf("TxEnd %d committed, %d rolled back, outcomes %v; want 3, 0 and 4 outcomes", after, rolledBack, seen)
 			}
 
 			fail = true
@@ -86,8 +91,8 @@ func TestDeliver(t *testing.T) {
 			if _, err := r.Deliver(ctx, c); !errors.Is(err, errBoom) {
 				t.Fatalf("Deliver with a failing handler: %v, want boom", err)
 			}
-			if got := e.runs(); got["c"] != 0 {
-				t.Fatalf("the failed transaction left its effect: %v", got)
+			if got := e.runs(); got["c"] != 0 || rolledBack != 1 {
+				t.Fatalf("the failed transaction left its effect (%v) or its TxEnd said %d rollbacks", got, rolledBack)
 			}
 			fail = false
 			deliver([]consumer.Outcome{consumer.Applied}, c) // the claim went with the rollback

@@ -5,11 +5,9 @@
 //
 // For each message the runner begins a pgx transaction, claims the message
 // ID in the dedup store and records the partition's next offset (in the
-// same round trip as BEGIN; once per run of one-message transactions in a
-// row, see "Positions and offsets"), runs the handler in that same
-// transaction only when the claim is new, commits, and only then lets the
-// Kafka offset be committed. A
-// redelivered message finds its ID claimed and is acknowledged (Outcome
+// same round trip as BEGIN), runs the handler in that same transaction only
+// when the claim is new, commits, and only then lets the Kafka offset be
+// committed. A redelivered message finds its ID claimed and is acknowledged (Outcome
 // Duplicate) without running the handler again. The guarantee holds at the
 // PostgreSQL boundary: effects outside the transaction (e-mails, calls to
 // other services, events) need the outbox or the receiver's own idempotency.
@@ -26,22 +24,9 @@
 // at the later of Kafka's committed offset and that position, so a crash
 // between the database commit and the Kafka offset commit costs no
 // redelivery; dedup by message ID stays the second line (producer
-// duplicates, replays, positions lost). One-message transactions committed
-// in a row (see "Transactions in a row") are the exception that keeps the
-// promise: those after the first claim their message without writing the
-// position, which the next transaction claiming with it moves past them
-// all (the first after the row), or, when no message follows, a short
-// transaction of its own (committed asynchronously) before the worker
-// waits for more, retries a message or ends. So the position may trail the
-// committed messages by up to 16 meanwhile. The position row then says so
-// (dedup.Position.ClaimsAhead, migration 16), and a runner that starts at
-// such a position first asks, message by message, whether each was
-// claimed at its very coordinates since the position was last written
-// (dedup.Store.ClaimedAt): those are done, and pass silently (no handler,
-// no outcome), up to the first one that was not. A duplicate in the row
-// moves the position itself, so that it is not reported twice. What a
-// seek rewinds over was claimed before the seek wrote the position: it
-// comes back as duplicates. Kafka offsets are still committed,
+// duplicates, replays, positions lost). What a seek rewinds over was
+// claimed before the seek wrote the position: it comes back as duplicates.
+// Kafka offsets are still committed,
 // synchronously, by one committer per generation that sends the newest
 // committed position of every partition in one request — never an offset
 // whose transaction did not commit — so lag tooling keeps working. An
@@ -63,12 +48,12 @@
 // moves the consumer on; nothing is consumed from a topic the position does
 // not describe. With RecreatedRestart the partition starts over at its log
 // start as a new incarnation of the topic (Message.Incarnation), logged at
-// ERROR and reported to Hooks.PositionMoved; IDs derived from coordinates
+// ERROR and reported to PositionObservers; IDs derived from coordinates
 // (CoordinateID) and dead-letter replay records include the incarnation, so
 // the new topic's offsets never collide with the old one's. A start below
 // the log start (retention deleted messages before they were processed)
 // is reported as ErrMessagesLost with the lost range (ERROR log and
-// Hooks.PositionMoved), then the partition continues at the log start.
+// PositionObservers), then the partition continues at the log start.
 //
 // To rewind or skip, move both the PostgreSQL position and Kafka's committed
 // offset with `idemkit consumer seek` (or dedup.Store.SeekTx and an
@@ -84,7 +69,7 @@
 // transaction of its own, so that lag reaches zero; the anchor stays on the
 // last data record. A transaction left open holds its partition at its
 // first offset until it commits or aborts; after Config.HeldWarnAfter the
-// runner logs it and calls Hooks.HeldByTransaction.
+// runner logs it and tells HeldObservers.
 //
 // # Outages
 //
@@ -96,7 +81,7 @@
 // topic check at start, joining the group, reading positions, a transaction
 // (also when the connection dies under the handler), releasing parked
 // messages — and logs each outage once when it starts and once when it ends,
-// with its duration (Hooks.OutageStarted, Hooks.OutageEnded). A transaction
+// with its duration (OutageObserver). A transaction
 // cut by an outage runs again without spending the message's retries; a
 // commit whose outcome is unknown is settled by the claims (what committed
 // comes back as duplicates). Config.MaxOutage bounds the wait: past it Run
@@ -134,58 +119,14 @@
 // if it was already committing, and no offset of an uncommitted transaction
 // is ever committed.
 //
-// # Transactions in a row
+// # Transactions
 //
-// When the next batch of a partition (one message, with BatchSize 1) is
-// already fetched as a transaction commits, its BEGIN and claims go to
-// PostgreSQL with that COMMIT, on the same connection: a transaction then
-// costs two round trips (that one, and the handler's statements) where it
-// costs three alone. What is guaranteed does not change: the next
-// transaction is begun only once the handler before it succeeded, its
-// handler runs only once
-// that COMMIT answered (a COMMIT that failed, or that PostgreSQL answered
-// with ROLLBACK because a handler swallowed a statement's error, is never
-// taken for committed, and the transaction begun after it is rolled
-// back), and each message still commits in its own transaction with
-// BatchSize 1. A partition chains at most 16 transactions in a row, and
-// not while another partition waits for a slot of MaxPartitions. Across
-// the runners on a pool, at most MaxConns-1 transactions begun this way
-// stay open while their workers are away from them (reporting the
-// transaction before: hooks), so that a hook or other code waiting for a
-// connection of the pool gets one once the transactions holding the others
-// end (one whose claim waits for a row lock held by such an open
-// transaction waits with it, at most 30 s). A chain the budget has no room
-// for is not begun; one whose room was taken during its round trip is
-// rolled back at once and its messages claimed again in a transaction of
-// their own. A pool of one connection never chains. A handler must not
-// end its transaction itself: one that does (tx.Rollback, a ROLLBACK
-// statement) and returns nil fails with an error wrapping pgx.ErrTxClosed,
-// chained or not.
-//
-// What differs from transactions begun alone:
-//   - Hooks.TxStart of a chained transaction runs after its claims were
-//     sent (with the commit before, under that transaction's context).
-//   - A chained transaction is open, idle in transaction, while the hooks
-//     of the transaction before it (AfterCommit, TxEnd, Outcome,
-//     BeyondHorizon) and its own TxStart run: meanwhile it holds the
-//     locks of its claims (and of the partition's position row, when it
-//     moved the position), and a
-//     server's idle_in_transaction_session_timeout shorter than those
-//     hooks ends its session. Such a transaction, whose session ended
-//     before it ran, runs again at once on a connection of its own,
-//     spending no attempt. When a chained transaction waited for its
-//     worker more than 20 ms, the partition chains none for a second:
-//     slow hooks do not keep locks that a layout switch, a seek or VACUUM
-//     wait for.
-//   - The connection is not given back to the pool between the chained
-//     transactions: the pool's PrepareConn, BeforeAcquire and
-//     AfterRelease do not run between them, and session state a handler
-//     sets (SET rather than SET LOCAL) is there in the next one.
-//   - PostgreSQL answers that COMMIT only with the claims after it, so a
-//     claim waiting for a lock (a concurrent, uncommitted claim of the
-//     same ID) holds up the answer, and a shutdown or a rebalance (the
-//     generation ends only once its workers have), until that lock is
-//     released (at most 30 s, as for any commit in flight).
+// Each transaction of a partition sends BEGIN and its claims (with the
+// position) in one round trip, then runs the handler's statements, then
+// COMMIT: three round trips per transaction, one transaction per batch
+// (per message with BatchSize 1). A handler must not end its transaction
+// itself: one that does (tx.Rollback, a ROLLBACK statement) and returns nil
+// fails with an error wrapping pgx.ErrTxClosed.
 //
 // # Failures
 //
@@ -228,8 +169,8 @@
 // default (HorizonFail) it is not applied: its claim is rolled back, and it
 // goes without retries to Config.OnFailure (or stops the runner) with a
 // *HorizonError matching ErrBeyondHorizon and retry.IsPermanent; with
-// HorizonApply it is applied as new. Either way Hooks.BeyondHorizon counts it
-// (the otel module exports idemkit_consumer_beyond_horizon_total). An old
+// HorizonApply it is applied as new. Either way its OutcomeEvent carries
+// the *HorizonError (the otel module exports idemkit_consumer_beyond_horizon_total). An old
 // message whose claim finds its record is a duplicate as always; messages
 // without a timestamp, messages released from parking (NonBlocking; they
 // were checked when first handled), and every message of a runner without
@@ -254,15 +195,16 @@
 // The package depends on no metrics or tracing library; it offers seams that
 // adapters (the module github.com/idemkit/idemkit/otel) and your own code
 // use. Config.Middleware and Config.BatchMiddleware wrap the handler inside
-// the transaction. Hooks.TxStart runs before each transaction (one message,
-// or a batch) with the handler attempt, and the context it returns is the one
-// the claim, the handlers and every later hook of that transaction get: a
-// span started there covers claim, handler and commit (a chained
-// transaction's claims went earlier, see "Transactions in a row"). Hooks.TxEnd reports
-// the transaction's end with its outcomes or error and its duration;
-// Hooks.Outcome each message's fate; Hooks.Retry each retry in place with
-// the error's class and the delay; Hooks.Rebalanced, OffsetCommitted,
-// OffsetCommitFailed and the outage hooks the runner's life.
+// the transaction. Config.Observers take the runner's events, each through
+// the interfaces it implements (several observers coexist): a TxObserver's
+// TxStart runs before each transaction (one message, or a batch) with the
+// handler attempt, and the context it returns is the one the claim, the
+// handlers and every later event of that transaction get, so a span started
+// there covers claim, handler and commit; its TxEnd reports the
+// transaction's end with its outcomes or error and its duration. An
+// OutcomeObserver sees each message's fate, a RetryObserver each retry in
+// place with the error's class and the delay, and the other interfaces the
+// runner's life (rebalances, assignments, offset commits, outages, purges).
 // Runner.Partitions tells, from any goroutine, each held partition's
 // position, lag behind the last stable offset and parked messages: gauges
 // read it.

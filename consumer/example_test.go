@@ -124,12 +124,12 @@ func ExampleRunner_Run() {
 				ON CONFLICT (id) DO UPDATE SET charges = `+payments+`.charges + 1`, msg.ID)
 			return err
 		}),
-		Hooks: consumer.Hooks{Outcome: func(_ context.Context, msg *consumer.Message, o consumer.Outcome) {
+		Observers: []consumer.Observer{outcomePrinter(func(msg *consumer.Message, o consumer.Outcome) {
 			fmt.Println(o, msg.ID)
 			if seen++; seen == len(msgs) {
 				stop()
 			}
-		}},
+		})},
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -148,3 +148,8 @@ func ExampleRunner_Run() {
 	// duplicate pay-1
 	// pay-1 charged 1 time
 }
+
+// outcomePrinter is an OutcomeObserver made of a function.
+type outcomePrinter func(msg *consumer.Message, o consumer.Outcome)
+
+func (f outcomePrinter) Outcome(_ context.Context, e *consumer.OutcomeEvent) { f(e.Message, e.Outcome) }

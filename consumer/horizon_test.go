@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -21,7 +22,7 @@ func at(m kafka.Message, t time.Time) kafka.Message {
 	return m
 }
 
-// horizonNotes records Hooks.BeyondHorizon and OnFailure.
+// horizonNotes records the outcomes beyond the horizon and OnFailure.
 type horizonNotes struct {
 	mu      sync.Mutex
 	hooked  map[string][]bool // applied, per call
@@ -93,8 +94,8 @@ func TestBeyondHorizon(t *testing.T) {
 				cfg := e.config(md, nil)
 				cfg.Retention, cfg.OnBeyondHorizon = p.retention, p.on
 				cfg.OnFailure = notes.onFailure
-				cfg.Hooks.Outcome = oc.hook
-				cfg.Hooks.BeyondHorizon = notes.hook
+				testobs.Of(cfg).OnOutcome = oc.hook
+				testobs.Of(cfg).OnBeyondHorizon = notes.hook
 				stop := run(t, e.db.Pool, cfg)
 				wait(t, oc.done, "six outcomes")
 				if err := stop(); err != nil {

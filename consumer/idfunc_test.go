@@ -18,9 +18,10 @@ import (
 // TestIDFuncPanic: an IDFunc that panics on a malformed message (here:
 // it reads a fixed-width prefix of the value) is user code like a handler:
 // its panic becomes the message's error (ErrMissingID, to OnFailure), as a
-// handler's does. Found: IDFunc runs unrecovered in the prefetch goroutine,
-// and the panic kills the process. The runner runs in a child process so
-// the crash can be observed; IDEMKIT_TEST_IDFUNC_CHILD names its mode.
+// handler's does. IDFunc runs in the prefetch goroutine, where an
+// unrecovered panic would kill the process, so the runner runs in a child
+// process where such a crash can be observed; IDEMKIT_TEST_IDFUNC_CHILD
+// names its mode.
 func TestIDFuncPanic(t *testing.T) {
 	if name := os.Getenv("IDEMKIT_TEST_IDFUNC_CHILD"); name != "" {
 		for _, md := range baseModes {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 )
 
 // TestLoneMessageOnIdlePartitionCommitsAtOnce: with nothing configured about
@@ -46,7 +47,7 @@ func TestLoneMessageOnIdlePartitionCommitsAtOnce(t *testing.T) {
 		offsets []int64
 	}
 	commits := make(chan commit, 64)
-	cfg.Hooks.AfterCommit = func(_ context.Context, msgs []*consumer.Message) {
+	testobs.Of(cfg).OnAfterCommit = func(_ context.Context, msgs []*consumer.Message) {
 		c := commit{at: time.Now()}
 		for _, m := range msgs {
 			c.ids = append(c.ids, m.ID)
@@ -59,7 +60,7 @@ func TestLoneMessageOnIdlePartitionCommitsAtOnce(t *testing.T) {
 		}
 	}
 	kafkaNext := make(chan int64, 64)
-	cfg.Hooks.OffsetCommitted = func(_ string, _ int, next int64) {
+	testobs.Of(cfg).OnOffsetCommitted = func(_ string, _ int, next int64) {
 		select {
 		case kafkaNext <- next:
 		default:
@@ -67,7 +68,7 @@ func TestLoneMessageOnIdlePartitionCommitsAtOnce(t *testing.T) {
 	}
 	assigned := make(chan struct{})
 	var once sync.Once
-	cfg.Hooks.Assigned = func(string, int, int64) { once.Do(func() { close(assigned) }) }
+	testobs.Of(cfg).OnAssigned = func(string, int, int64) { once.Do(func() { close(assigned) }) }
 	stop := run(t, e.db.Pool, cfg)
 	wait(t, assigned, "the partition's assignment")
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -64,8 +65,8 @@ func (p *proxy) close() {
 
 // TestMaxOutageBoundsPostgresOutage: PostgreSQL goes away for good while a
 // message is to be processed; with MaxOutage 2s, Run returns a
-// *retry.OutageError within a few seconds (found in review: the outage error
-// itself was taken for a new outage, and Run never returned).
+// *retry.OutageError within a few seconds: the outage error itself is not
+// taken for a new outage to wait out.
 func TestMaxOutageBoundsPostgresOutage(t *testing.T) {
 	t.Parallel()
 	for _, md := range baseModes {
@@ -96,7 +97,7 @@ func TestMaxOutageBoundsPostgresOutage(t *testing.T) {
 			cfg := e.config(md, nil)
 			cfg.MaxOutage = 2 * time.Second
 			cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}))
-			cfg.Hooks.AfterCommit = func(context.Context, []*consumer.Message) { once.Do(func() { close(applied) }) }
+			testobs.Of(cfg).OnAfterCommit = func(context.Context, []*consumer.Message) { once.Do(func() { close(applied) }) }
 			r, err := consumer.New(pool, cfg)
 			if err != nil {
 				t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -44,12 +45,41 @@ func tag(ctx context.Context) string {
 	return "-"
 }
 
-// TestMiddlewareAndTransactionHooks: middleware wraps the handler in
-// order, inside the transaction TxStart opened; the context TxStart returns
-// reaches the middleware, the handler, BeforeCommit, AfterCommit, Outcome
-// and TxEnd; a failing attempt is retried with Retry reporting it, TxEnd
-// reporting the rollback, and TxStart the next attempt's number.
-func TestMiddlewareAndTransactionHooks(t *testing.T) {
+// recorder is an observer that writes what it sees to a trace, under its
+// name; its TxStart puts the attempt in the context.
+type recorder struct {
+	name string
+	tr   *trace
+	done chan struct{} // closed at the first Applied outcome (the first recorder's)
+}
+
+func (r *recorder) TxStart(ctx context.Context, e *consumer.TxStartEvent) context.Context {
+	r.tr.add("%s start %d msgs attempt %d ctx=%s", r.name, len(e.Messages), e.Attempt, tag(ctx))
+	return context.WithValue(ctx, ctxKey{}, fmt.Sprintf("%s%d", r.name, e.Attempt))
+}
+
+func (r *recorder) TxEnd(ctx context.Context, e *consumer.TxEndEvent) {
+	r.tr.add("%s end ctx=%s outcomes=%v err=%v positive=%v", r.name, tag(ctx), e.Outcomes, e.Err != nil, e.Duration > 0)
+}
+
+func (r *recorder) Outcome(ctx context.Context, e *consumer.OutcomeEvent) {
+	r.tr.add("%s outcome %s %s ctx=%s", r.name, e.Message.ID, e.Outcome, tag(ctx))
+	if e.Outcome == consumer.Applied && r.done != nil {
+		close(r.done)
+	}
+}
+
+func (r *recorder) Retry(ctx context.Context, e *consumer.RetryEvent) {
+	r.tr.add("%s retry %s attempt %d class %s err=%v ctx=%s", r.name, e.Message.ID, e.Attempt, e.Class, e.Err, tag(ctx))
+}
+
+// TestObserversCompose: two observers both see every event: TxStart in
+// the order of Config.Observers, each getting the context the one before
+// returned, TxEnd in the reverse order; the last TxStart's context reaches
+// the middleware (which wraps the handler in order), the handler, TxEnd,
+// Retry and Outcome. A failing attempt is retried with Retry reporting it,
+// TxEnd reporting the rollback, and TxStart the next attempt's number.
+func TestObserversCompose(t *testing.T) {
 	t.Parallel()
 	for _, md := range []mode{modes[0], modes[3]} {
 		t.Run(md.name, func(t *testing.T) {
@@ -67,7 +97,7 @@ func TestMiddlewareAndTransactionHooks(t *testing.T) {
 				}
 				return nil
 			})
-			cfg.Retry = &retry.Policy{InitialInterval: time.Millisecond, MaxInterval: time.Millisecond, MaxAttempts: 5}
+			cfg.Retry = retry.Policy{InitialInterval: time.Millisecond, MaxInterval: time.Millisecond, MaxAttempts: 5}
 			wrap := func(name string) consumer.Middleware {
 				return func(next consumer.Handler) consumer.Handler {
 					return consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
@@ -80,48 +110,31 @@ func TestMiddlewareAndTransactionHooks(t *testing.T) {
 			}
 			cfg.Middleware = []consumer.Middleware{wrap("outer"), wrap("inner")}
 			done := make(chan struct{})
-			cfg.Hooks = consumer.Hooks{
-				TxStart: func(ctx context.Context, msgs []*consumer.Message, attempt int) context.Context {
-					tr.add("start %d msgs attempt %d", len(msgs), attempt)
-					return context.WithValue(ctx, ctxKey{}, fmt.Sprintf("a%d", attempt))
-				},
-				TxEnd: func(ctx context.Context, msgs []*consumer.Message, outcomes []consumer.Outcome, err error, d time.Duration) {
-					tr.add("end ctx=%s outcomes=%v err=%v positive=%v", tag(ctx), outcomes, err != nil, d > 0)
-				},
-				BeforeCommit: func(ctx context.Context, msgs []*consumer.Message) { tr.add("before-commit ctx=%s", tag(ctx)) },
-				AfterCommit:  func(ctx context.Context, msgs []*consumer.Message) { tr.add("after-commit ctx=%s", tag(ctx)) },
-				Outcome: func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
-					tr.add("outcome %s %s ctx=%s", m.ID, o, tag(ctx))
-					if o == consumer.Applied {
-						close(done)
-					}
-				},
-				Retry: func(ctx context.Context, m *consumer.Message, attempt int, err error, class retry.Class, delay time.Duration) {
-					tr.add("retry %s attempt %d class %s err=%v", m.ID, attempt, class, err)
-				},
-			}
+			cfg.Observers = []consumer.Observer{&recorder{name: "a", tr: tr, done: done}, &recorder{name: "b", tr: tr}}
 			stop := run(t, e.db.Pool, cfg)
 			wait(t, done, "the message applied")
 			if err := stop(); err != nil {
 				t.Fatalf("Run: %v", err)
 			}
-			want := []string{
-				"start 1 msgs attempt 1",
-				"outer before ctx=a1", "inner before ctx=a1", "handler m1 ctx=a1",
-				"inner after err=flaky", "outer after err=flaky",
-				"end ctx=a1 outcomes=[] err=true positive=true",
-				"retry m1 attempt 1 class transient err=flaky",
-				"start 1 msgs attempt 2",
-				"outer before ctx=a2", "inner before ctx=a2", "handler m1 ctx=a2",
-				"inner after err=flaky", "outer after err=flaky",
-				"end ctx=a2 outcomes=[] err=true positive=true",
-				"retry m1 attempt 2 class transient err=flaky",
-				"start 1 msgs attempt 3",
-				"outer before ctx=a3", "inner before ctx=a3", "handler m1 ctx=a3",
-				"inner after err=<nil>", "outer after err=<nil>",
-				"before-commit ctx=a3", "after-commit ctx=a3",
-				"end ctx=a3 outcomes=[applied] err=false positive=true",
-				"outcome m1 applied ctx=a3",
+			var want []string
+			for attempt := 1; attempt <= 3; attempt++ {
+				b := fmt.Sprintf("b%d", attempt)
+				want = append(want,
+					fmt.Sprintf("a start 1 msgs attempt %d ctx=-", attempt),
+					fmt.Sprintf("b start 1 msgs attempt %d ctx=a%d", attempt, attempt),
+					"outer before ctx="+b, "inner before ctx="+b, "handler m1 ctx="+b)
+				if attempt < 3 {
+					want = append(want, "inner after err=flaky", "outer after err=flaky",
+						"b end ctx="+b+" outcomes=[] err=true positive=true",
+						"a end ctx="+b+" outcomes=[] err=true positive=true",
+						fmt.Sprintf("a retry m1 attempt %d class transient err=flaky ctx=%s", attempt, b),
+						fmt.Sprintf("b retry m1 attempt %d class transient err=flaky ctx=%s", attempt, b))
+					continue
+				}
+				want = append(want, "inner after err=<nil>", "outer after err=<nil>",
+					"b end ctx="+b+" outcomes=[applied] err=false positive=true",
+					"a end ctx="+b+" outcomes=[applied] err=false positive=true",
+					"a outcome m1 applied ctx="+b, "b outcome m1 applied ctx="+b)
 			}
 			if got := tr.list(); !slices.Equal(got, want) {
 				t.Fatalf("events:\n  %s\nwant:\n  %s", strings.Join(got, "\n  "), strings.Join(want, "\n  "))
@@ -130,6 +143,19 @@ func TestMiddlewareAndTransactionHooks(t *testing.T) {
 				t.Fatalf("effects %v, want m1 once", runs)
 			}
 		})
+	}
+}
+
+// TestObserverImplementsNothing: New refuses an observer that takes no
+// event, naming it.
+func TestObserverImplementsNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	cfg := e.config(modes[0], nil)
+	cfg.Observers = []consumer.Observer{&recorder{}, struct{ X int }{}}
+	_, err := consumer.New(e.db.Pool, cfg)
+	if !errors.Is(err, consumer.ErrInvalidConfig) || !strings.Contains(err.Error(), "Observers[1] (struct { X int })") {
+		t.Fatalf("New: %v; want ErrInvalidConfig naming Observers[1]", err)
 	}
 }
 
@@ -154,7 +180,7 @@ func TestBatchMiddlewareAndDuplicates(t *testing.T) {
 			return next.HandleBatch(ctx, tx, msgs)
 		})
 	}}
-	cfg.Hooks.TxEnd = func(ctx context.Context, msgs []*consumer.Message, outcomes []consumer.Outcome, err error, d time.Duration) {
+	testobs.Of(cfg).OnTxEnd = func(ctx context.Context, msgs []*consumer.Message, outcomes []consumer.Outcome, err error, d time.Duration) {
 		if err != nil || len(outcomes) != len(msgs) {
 			t.Errorf("TxEnd: %d msgs, outcomes %v, err %v", len(msgs), outcomes, err)
 			return
@@ -163,7 +189,7 @@ func TestBatchMiddlewareAndDuplicates(t *testing.T) {
 		seen = append(seen, outcomes...)
 		mu.Unlock()
 	}
-	cfg.Hooks.Outcome = oc.hook
+	testobs.Of(cfg).OnOutcome = oc.hook
 	stop := run(t, e.db.Pool, cfg)
 	wait(t, oc.done, "three outcomes")
 	if err := stop(); err != nil {
@@ -180,13 +206,13 @@ func TestBatchMiddlewareAndDuplicates(t *testing.T) {
 	}
 }
 
-// TestRebalancedHook: a runner's first generation reports its partitions.
-func TestRebalancedHook(t *testing.T) {
+// TestRebalancedObserver: a runner's first generation reports its partitions.
+func TestRebalancedObserver(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 3)
 	got := make(chan []int, 4)
 	cfg := e.config(modes[3], nil)
-	cfg.Hooks.Rebalanced = func(generation int32, partitions []int) { got <- partitions }
+	testobs.Of(cfg).OnRebalanced = func(generation int32, partitions []int) { got <- partitions }
 	stop := run(t, e.db.Pool, cfg)
 	select {
 	case p := <-got:
@@ -253,8 +279,8 @@ func TestPartitionsStatus(t *testing.T) {
 		return nil
 	})
 	cfg.FailureMode = consumer.NonBlocking
-	cfg.Retry = &retry.Policy{MaxAttempts: 1}
-	cfg.ParkedRetry = &retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxAttempts: 10}
+	cfg.Retry = retry.Policy{MaxAttempts: 1}
+	cfg.ParkedRetry = retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxAttempts: 10}
 	r, err := consumer.New(e.db.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)

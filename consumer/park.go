@@ -45,9 +45,7 @@ const (
 )
 
 // parkedRetryDefault paces retries of parked messages.
-func parkedRetryDefault() *retry.Policy {
-	return &retry.Policy{InitialInterval: time.Second, MaxInterval: time.Minute, MaxAttempts: 10, MaxElapsedTime: -1}
-}
+var parkedRetryDefault = retry.Policy{InitialInterval: time.Second, MaxInterval: time.Minute, MaxAttempts: 10, MaxElapsedTime: -1}
 
 // parker keeps a partition's parked messages in the non-blocking mode. It is
 // used only by its worker's goroutine.
@@ -60,8 +58,8 @@ type parker struct {
 
 // header is a parked message's header as stored (jsonb). Kafka header keys
 // are bytes, not always valid UTF-8 and possibly with NUL, which a JSON
-// string in jsonb cannot hold: the key is stored as bytes (base64). Rows
-// written before kept it as a string in "k".
+// string in jsonb cannot hold: the key is written as bytes (base64, "kb").
+// A header with a string key in "k" is read as well.
 type header struct {
 	Key      string `json:"k,omitempty"`
 	KeyBytes []byte `json:"kb,omitempty"`
@@ -161,7 +159,7 @@ func (p *parker) park(ctx context.Context, msg *Message, f failure) error {
 	cfg := &p.w.r.cfg
 	delay, _ := p.delay(1)
 	err := p.w.outage.Do(ctx, func(ctx context.Context) error {
-		return inTx(ctx, cfg.pool, func(tx pgx.Tx) error {
+		return inTx(ctx, cfg.pool, 0, func(ctx context.Context, tx pgx.Tx) error {
 			if err := p.insert(ctx, tx, []*Message{msg}, &f, delay); err != nil {
 				return err
 			}
@@ -175,9 +173,7 @@ func (p *parker) park(ctx context.Context, msg *Message, f failure) error {
 	p.counted()
 	p.w.log.WarnContext(f.logCtx(ctx), "message parked; its key waits, other keys flow", "offset", msg.Offset, "message_id", msg.ID,
 		"attempts", f.attempts, "retry_in", delay, "err", f.err)
-	if h := cfg.Hooks.Outcome; h != nil {
-		h(f.logCtx(ctx), msg, Parked)
-	}
+	p.w.r.obs.outcomeOf(f.logCtx(ctx), &OutcomeEvent{Message: msg, Outcome: Parked})
 	return nil
 }
 
@@ -291,8 +287,7 @@ func (p *parker) releaseKey(ctx context.Context, key []byte) error {
 		}
 		var dup bool
 		tctx, obs := p.w.observe(ctx, []*Message{pm.msg}, pm.attempts+1)
-		err = inTx(tctx, cfg.pool, func(tx pgx.Tx) error {
-			ctx := tctx
+		err = inTx(tctx, cfg.pool, cfg.HandlerTimeout, func(ctx context.Context, tx pgx.Tx) error {
 			var err error
 			dup, err = cfg.Store.ClaimTx(ctx, tx, dedup.Claim{Consumer: cfg.Name, MessageID: pm.msg.ID,
 				Topic: pm.msg.Topic, Partition: pm.msg.Partition, Offset: pm.msg.Offset})
@@ -306,7 +301,9 @@ func (p *parker) releaseKey(ctx context.Context, key []byte) error {
 				return err
 			}
 			if !dup {
-				if err := p.w.handleOne(ctx, tx, pm.msg); err != nil {
+				hctx, cancel := context.WithTimeout(ctx, cfg.HandlerTimeout)
+				defer cancel()
+				if err := p.w.handleOne(hctx, tx, pm.msg); err != nil {
 					if lost := connectionLost(tx, err); lost != nil {
 						return lost // an outage, not the handler's verdict
 					}
@@ -319,14 +316,12 @@ func (p *parker) releaseKey(ctx context.Context, key []byte) error {
 		if dup {
 			outcome = Duplicate
 		}
-		obs.end([]Outcome{outcome}, err)
+		obs.end([]Outcome{outcome}, 0, err)
 		var herr *handlerError
 		switch {
 		case err == nil:
 			p.keys[string(key)]--
-			if h := cfg.Hooks.Outcome; h != nil {
-				h(tctx, pm.msg, outcome)
-			}
+			p.w.r.obs.outcomeOf(tctx, &OutcomeEvent{Message: pm.msg, Outcome: outcome})
 			continue // the next parked message of the key is due at once
 		case errors.As(err, &herr):
 			if done, err := p.failed(ctx, tctx, pm, herr.err); err != nil || !done {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -50,8 +51,8 @@ func TestParkedReleaseOutageIsNotAVerdict(t *testing.T) {
 				return e.effect(ctx, tx, m)
 			})
 			cfg.FailureMode = consumer.NonBlocking
-			cfg.Retry = &retry.Policy{MaxAttempts: 1}
-			cfg.ParkedRetry = &retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 2}
+			cfg.Retry = retry.Policy{MaxAttempts: 1}
+			cfg.ParkedRetry = retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 2}
 			cfg.ParkedPoll = 50 * time.Millisecond
 			dead := make(chan string, 4)
 			cfg.OnFailure = func(_ context.Context, m *consumer.Message, err error) error {
@@ -61,7 +62,7 @@ func TestParkedReleaseOutageIsNotAVerdict(t *testing.T) {
 			}
 			applied := make(chan struct{})
 			var once sync.Once
-			cfg.Hooks.Outcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
+			testobs.Of(cfg).OnOutcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
 				if m.ID == "p1" && (o == consumer.Applied || o == consumer.Failed) {
 					once.Do(func() { close(applied) })
 				}
@@ -102,11 +103,11 @@ func TestParkNULInErrorKeepsRunning(t *testing.T) {
 				return nil
 			})
 			cfg.FailureMode = consumer.NonBlocking
-			cfg.Retry = &retry.Policy{MaxAttempts: 1}
-			cfg.ParkedRetry = &retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxAttempts: 5}
+			cfg.Retry = retry.Policy{MaxAttempts: 1}
+			cfg.ParkedRetry = retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxAttempts: 5}
 			applied := make(chan struct{})
 			var once sync.Once
-			cfg.Hooks.Outcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
+			testobs.Of(cfg).OnOutcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
 				if m.ID == "ok" {
 					once.Do(func() { close(applied) })
 				}
@@ -168,12 +169,12 @@ func TestParkedHeadersRoundTrip(t *testing.T) {
 					return nil
 				})
 				cfg.FailureMode = consumer.NonBlocking
-				cfg.Retry = &retry.Policy{MaxAttempts: 1}
-				cfg.ParkedRetry = &retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 5}
+				cfg.Retry = retry.Policy{MaxAttempts: 1}
+				cfg.ParkedRetry = retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 5}
 				cfg.ParkedPoll = 50 * time.Millisecond
 				done := make(chan struct{})
 				var once sync.Once
-				cfg.Hooks.Outcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
+				testobs.Of(cfg).OnOutcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
 					if m.ID == "a2" && o == consumer.Applied {
 						once.Do(func() { close(done) })
 					}
@@ -231,11 +232,11 @@ func TestParkKeylessMessage(t *testing.T) {
 				return nil
 			})
 			cfg.FailureMode = consumer.NonBlocking
-			cfg.Retry = &retry.Policy{MaxAttempts: 1}
-			cfg.ParkedRetry = &retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 5}
+			cfg.Retry = retry.Policy{MaxAttempts: 1}
+			cfg.ParkedRetry = retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 5}
 			cfg.ParkedPoll = 50 * time.Millisecond
 			oc := newOutcomes(2)
-			cfg.Hooks.Outcome = oc.hook
+			testobs.Of(cfg).OnOutcome = oc.hook
 			r, err := consumer.New(e.db.Pool, cfg)
 			if err != nil {
 				t.Fatal(err)
@@ -301,8 +302,8 @@ func TestParkedGiveUpOutageOnFailureOnce(t *testing.T) {
 				return retry.Permanent(errors.New("bad for good"))
 			})
 			cfg.FailureMode = consumer.NonBlocking
-			cfg.Retry = &retry.Policy{MaxAttempts: 1}
-			cfg.ParkedRetry = &retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 5}
+			cfg.Retry = retry.Policy{MaxAttempts: 1}
+			cfg.ParkedRetry = retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 5}
 			cfg.ParkedPoll = 50 * time.Millisecond
 			var dead []string
 			cfg.OnFailure = func(_ context.Context, m *consumer.Message, _ error) error {

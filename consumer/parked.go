@@ -131,7 +131,7 @@ func parkedTable(store *dedup.Store) string {
 // NonBlocking mode), in partition, incarnation and offset order, at most
 // q.Limit of them; each key's head is marked. It only reads. store names the
 // tables (the consumer's Config.Store). A schema without the parked table
-// (migration 9) returns an error matching ErrNotMigrated.
+// (not migrated) returns an error matching ErrNotMigrated.
 func ListParked(ctx context.Context, db dedup.DBTX, store *dedup.Store, q ParkedQuery) ([]ParkedMessage, error) {
 	if err := q.validate("list parked"); err != nil {
 		return nil, err
@@ -176,7 +176,7 @@ func ListParked(ctx context.Context, db dedup.DBTX, store *dedup.Store, q Parked
 // at that moment keeps the runner's verdict. It returns the selected heads
 // in partition and key order; none, when nothing is parked there. Run it in
 // a transaction and roll back to see what it would do. A schema without the
-// parked table (migration 9) returns an error matching ErrNotMigrated.
+// parked table (not migrated) returns an error matching ErrNotMigrated.
 func RetryParked(ctx context.Context, db dedup.DBTX, store *dedup.Store, q ParkedQuery) ([]RetriedParked, error) {
 	if err := q.validate("retry parked"); err != nil {
 		return nil, err

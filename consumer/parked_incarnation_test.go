@@ -9,15 +9,16 @@ import (
 	"time"
 
 	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
 
 // TestParkedAcrossRecreation: a message parked from the old topic shares
 // its (consumer, topic, partition, offset) with a message of the new
-// incarnation parked behind the same key; both stay parked (found in review:
-// the new one was dropped by ON CONFLICT DO NOTHING while the position moved
-// past it).
+// incarnation parked behind the same key; both stay parked (a parked row
+// keyed without the incarnation would let ON CONFLICT DO NOTHING drop the
+// new one while the position moves past it).
 func TestParkedAcrossRecreation(t *testing.T) {
 	t.Parallel()
 	for _, md := range baseModes {
@@ -34,12 +35,12 @@ func TestParkedAcrossRecreation(t *testing.T) {
 			cfg := e.config(md, fail)
 			cfg.FailureMode = consumer.NonBlocking
 			cfg.OnRecreated = consumer.RecreatedRestart
-			cfg.Retry = &retry.Policy{MaxAttempts: 1}
-			cfg.ParkedRetry = &retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxAttempts: 100}
+			cfg.Retry = retry.Policy{MaxAttempts: 1}
+			cfg.ParkedRetry = retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxAttempts: 100}
 			oc := newOutcomes(-1)
 			done := make(chan struct{})
 			var once sync.Once
-			cfg.Hooks.Outcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
+			testobs.Of(cfg).OnOutcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
 				oc.hook(ctx, m, o)
 				if m.ID == "b1" {
 					once.Do(func() { close(done) })
@@ -62,7 +63,7 @@ func TestParkedAcrossRecreation(t *testing.T) {
 			var once2 sync.Once
 			outs := map[string]consumer.Outcome{}
 			var mu sync.Mutex
-			cfg2.Hooks.Outcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
+			testobs.Of(cfg2).OnOutcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
 				mu.Lock()
 				outs[m.ID] = o
 				mu.Unlock()

@@ -15,6 +15,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -56,14 +57,14 @@ func testListAndRetryParked(t *testing.T, skew time.Duration) {
 		return nil
 	})
 	cfg.FailureMode = consumer.NonBlocking
-	cfg.Retry = &retry.Policy{MaxAttempts: 1}
-	cfg.ParkedRetry = &retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxAttempts: 5}
+	cfg.Retry = retry.Policy{MaxAttempts: 1}
+	cfg.ParkedRetry = retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxAttempts: 5}
 	cfg.ParkedPoll = 20 * time.Millisecond
 	var mu sync.Mutex
 	applied := map[string]int{}
 	flowed, released := make(chan struct{}), make(chan struct{})
 	var flowOnce, releaseOnce sync.Once
-	cfg.Hooks.Outcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
+	testobs.Of(cfg).OnOutcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
 		if o != consumer.Applied {
 			return
 		}
@@ -201,9 +202,8 @@ func TestParkedNotMigrated(t *testing.T) {
 // the runner's host (now() shadowed by a function of the test's schema,
 // first on the pool's search_path). A parked head made due by RetryParked
 // (due at the database's now()) is released at once: the runner decides
-// what is due on the database's clock, as RetryParked does. Before, the
-// release compared the due time with the host's clock and waited the skew
-// out (found by review).
+// what is due on the database's clock, as RetryParked does. A release that
+// compared the due time with the host's clock would wait the skew out.
 func TestParkedDueOnDatabaseClock(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -233,12 +233,12 @@ func TestParkedDueOnDatabaseClock(t *testing.T) {
 		return nil
 	})
 	cfg.FailureMode = consumer.NonBlocking
-	cfg.Retry = &retry.Policy{MaxAttempts: 1}
-	cfg.ParkedRetry = &retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxAttempts: 5}
+	cfg.Retry = retry.Policy{MaxAttempts: 1}
+	cfg.ParkedRetry = retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxAttempts: 5}
 	cfg.ParkedPoll = 20 * time.Millisecond
 	applied := make(chan struct{})
 	var once sync.Once
-	cfg.Hooks.Outcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
+	testobs.Of(cfg).OnOutcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
 		if m.ID == "b1" && o == consumer.Applied {
 			once.Do(func() { close(applied) })
 		}

@@ -12,10 +12,9 @@ import (
 
 // The errors kafkaconn says "retrying does not help" for must stop the
 // group loop too, not spin in it (kafka-go's ConsumerGroup hands dial
-// errors of the coordinator to Next).
-// Refused TLS or credentials end the group loop instead of being retried for
-// ever: a coordinator can present another certificate than the bootstrap
-// broker (hostile review of issue 12).
+// errors of the coordinator to Next): refused TLS or credentials end the
+// group loop instead of being retried for ever, and a coordinator can
+// present another certificate than the bootstrap broker.
 func TestPermanentGroupErrorCoversKafkaconn(t *testing.T) {
 	for _, err := range []error{
 		fmt.Errorf("dial: %w", x509.UnknownAuthorityError{}),

@@ -12,12 +12,10 @@ import (
 	"github.com/idemkit/idemkit/kafkaconn"
 )
 
-// A consumer configured without TLS against a TLS listener (a setting, not
-// an outage) should stop with an error, as a refused certificate does. It
-// waits for ever instead (kafka-go's own error even says "broker appears to
-// be expecting TLS").
-// A plaintext client on the TLS listener is a setting to fix, not an outage
-// to wait out: Run stops with kafkaconn.ErrTLS (hostile review of issue 12).
+// A consumer configured without TLS against a TLS listener has a setting to
+// fix, not an outage to wait out: Run stops with kafkaconn.ErrTLS, as it does
+// for a refused certificate (kafka-go's own error says "broker appears to be
+// expecting TLS").
 func TestPlaintextToTLSListenerIsNotAnOutage(t *testing.T) {
 	t.Parallel()
 	sasl := os.Getenv(testenv.EnvKafkaSASLBrokers)

@@ -24,7 +24,7 @@ var ErrTopicRecreated = errors.New("consumer: stored position does not match the
 // ErrMessagesLost means messages of a partition were deleted from Kafka
 // (retention, or a deleted-records request) before this consumer processed
 // them: its position is below the partition's log start. The runner reports
-// the lost range (ERROR log, Hooks.PositionMoved) and continues at the log
+// the lost range (ERROR log, PositionObserver) and continues at the log
 // start; nothing can bring those messages back.
 var ErrMessagesLost = errors.New("consumer: messages deleted before they were processed")
 
@@ -75,7 +75,7 @@ const (
 	// RecreatedRestart starts the partition over at its log start, as a new
 	// incarnation of the topic (Message.Incarnation increases, so IDs made
 	// from coordinates and dead-letter replay records do not collide with
-	// the old topic's), with an ERROR log and Hooks.PositionMoved. Messages
+	// the old topic's), with an ERROR log and PositionObserver. Messages
 	// whose IDs were processed before are still deduplicated.
 	RecreatedRestart
 )
@@ -88,9 +88,6 @@ type partitionStart struct {
 	// commit is set when the start should be committed to Kafka at once:
 	// the PostgreSQL position is ahead of Kafka's committed offset.
 	commit bool
-	// claimsAhead is the position's ClaimsAhead: messages from the start
-	// on may have been claimed, and committed, without moving it.
-	claimsAhead bool
 }
 
 // recordTime reads the timestamp of the record at offset. ok is false when
@@ -149,8 +146,7 @@ func (r *Runner) checkStart(ctx context.Context, client *kafka.Client, partition
 		return &PositionError{Topic: cfg.Topic, Partition: partition, Position: pos.Next, LogStart: lr.Start, LogEnd: lr.End,
 			Reason: reason, Group: cfg.GroupID, Name: cfg.Name, kind: kind}
 	}
-	start := partitionStart{offset: cfg.StartOffset, incarnation: pos.Incarnation, epoch: pos.Epoch,
-		claimsAhead: havePos && pos.ClaimsAhead}
+	start := partitionStart{offset: cfg.StartOffset, incarnation: pos.Incarnation, epoch: pos.Epoch}
 	source := "the configured start offset"
 	if kafkaNext >= 0 {
 		start.offset, source = kafkaNext, "Kafka's committed offset"
@@ -189,9 +185,7 @@ func (r *Runner) checkStart(ctx context.Context, client *kafka.Client, partition
 		}
 		log.Error("stored position does not match the topic; starting over at the log start as a new incarnation",
 			"position", mismatch.Position, "log_start", lr.Start, "log_end", lr.End, "incarnation", inc, "reason", mismatch.Reason)
-		if h := cfg.Hooks.PositionMoved; h != nil {
-			h(mismatch)
-		}
+		r.obs.positionMoved(ctx, mismatch)
 		return partitionStart{offset: lr.Start, incarnation: inc, epoch: epoch, commit: true}, nil
 	}
 	if start.offset < lr.Start {
@@ -199,9 +193,7 @@ func (r *Runner) checkStart(ctx context.Context, client *kafka.Client, partition
 		lost.Position = start.offset
 		log.Error("messages were deleted by Kafka before this consumer processed them; continuing at the log start",
 			"from", start.offset, "to", lr.Start, "lost", lr.Start-start.offset, "source", source)
-		if h := cfg.Hooks.PositionMoved; h != nil {
-			h(lost)
-		}
+		r.obs.positionMoved(ctx, lost)
 		start.offset, start.commit = lr.Start, true
 	}
 	return start, nil
@@ -209,7 +201,7 @@ func (r *Runner) checkStart(ctx context.Context, client *kafka.Client, partition
 
 // resetPosition moves partition's position to next as a new incarnation.
 func (r *Runner) resetPosition(ctx context.Context, partition int, next int64) (incarnation, epoch int64, err error) {
-	err = inTx(ctx, r.cfg.pool, func(tx pgx.Tx) error {
+	err = inTx(ctx, r.cfg.pool, 0, func(ctx context.Context, tx pgx.Tx) error {
 		_, after, err := r.cfg.Store.SeekTx(ctx, tx, r.cfg.Name, r.cfg.Topic, map[int]int64{partition: next}, true)
 		if err == nil {
 			incarnation, epoch = after[0].Incarnation, after[0].Epoch

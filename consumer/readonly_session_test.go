@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -17,8 +18,8 @@ import (
 // read-only (SET SESSION CHARACTERISTICS outlives its transaction), so the
 // next claim on that connection is refused with 25006 although the server
 // takes writes. The runner drops that connection and carries on with a new
-// one: the next message is applied, Run does not return. Before, the
-// runner waited on the same read-only session for ever (found by review).
+// one: the next message is applied, Run does not return. A runner that
+// kept the connection would wait on the same read-only session for ever.
 func TestReadOnlySessionIsReplaced(t *testing.T) {
 	t.Parallel()
 	for _, md := range baseModes {
@@ -36,9 +37,9 @@ func TestReadOnlySessionIsReplaced(t *testing.T) {
 				return e.effect(ctx, tx, m)
 			})
 			var outages atomic.Int32
-			cfg.Hooks.OutageStarted = func(string, error) { outages.Add(1) }
+			testobs.Of(cfg).OnOutageStarted = func(string, error) { outages.Add(1) }
 			first, second := newOutcomes(1), newOutcomes(2)
-			cfg.Hooks.Outcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
+			testobs.Of(cfg).OnOutcome = func(ctx context.Context, m *consumer.Message, o consumer.Outcome) {
 				first.hook(ctx, m, o)
 				second.hook(ctx, m, o)
 			}
@@ -82,9 +83,8 @@ func TestReadOnlySessionIsReplaced(t *testing.T) {
 // fails by its own doing: the release's own writes (removing the parked
 // row) go before the handler, so no statement of idemkit meets the 25006,
 // the failure is charged as an attempt, and the message ends at OnFailure
-// after ParkedRetry's attempts. Before, the removal came after the handler,
-// got 25006, was taken for an outage and ran the handler again for ever
-// (found by review).
+// after ParkedRetry's attempts. A removal after the handler would get
+// 25006, be taken for an outage and run the handler again for ever.
 func TestReadOnlyHandlerInParkedRelease(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
@@ -101,11 +101,11 @@ func TestReadOnlyHandlerInParkedRelease(t *testing.T) {
 		return e.effect(ctx, tx, m) // 25006: the handler's own doing
 	})
 	cfg.FailureMode = consumer.NonBlocking
-	cfg.Retry = &retry.Policy{MaxAttempts: 1}
+	cfg.Retry = retry.Policy{MaxAttempts: 1}
 	cfg.ParkedPoll = 20 * time.Millisecond
-	cfg.ParkedRetry = &retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 3}
+	cfg.ParkedRetry = retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 3}
 	var outages atomic.Int32
-	cfg.Hooks.OutageStarted = func(string, error) { outages.Add(1) }
+	testobs.Of(cfg).OnOutageStarted = func(string, error) { outages.Add(1) }
 	gave := make(chan struct{})
 	cfg.OnFailure = func(context.Context, *consumer.Message, error) error {
 		close(gave)

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -24,9 +25,6 @@ import (
 // does not stop; once the server takes writes, every message is applied
 // once. The test's pool makes each session read-only while the "server" is
 // (SET default_transaction_read_only at every acquire).
-//
-// Found by the failover tests (issue 13): before, a claim refused with 25006
-// stopped Run with the error.
 func TestReadOnlyServerIsAnOutage(t *testing.T) {
 	t.Parallel()
 	for _, md := range baseModes {
@@ -54,12 +52,12 @@ func TestReadOnlyServerIsAnOutage(t *testing.T) {
 			defer pool.Close()
 
 			cfg := e.config(md, nil)
-			cfg.Retry = &retry.Policy{MaxAttempts: 1} // an attempt charged is the message's last
+			cfg.Retry = retry.Policy{MaxAttempts: 1} // an attempt charged is the message's last
 			var retries atomic.Int32
-			cfg.Hooks.Retry = func(context.Context, *consumer.Message, int, error, retry.Class, time.Duration) { retries.Add(1) }
+			testobs.Of(cfg).OnRetry = func(context.Context, *consumer.Message, int, error, retry.Class, time.Duration) { retries.Add(1) }
 			// Transactions refused for the read-only server; outages seen.
 			refused := make(chan struct{}, 1)
-			cfg.Hooks.TxEnd = func(_ context.Context, _ []*consumer.Message, _ []consumer.Outcome, err error, _ time.Duration) {
+			testobs.Of(cfg).OnTxEnd = func(_ context.Context, _ []*consumer.Message, _ []consumer.Outcome, err error, _ time.Duration) {
 				var pgErr *pgconn.PgError
 				if errors.As(err, &pgErr) && pgErr.Code == "25006" {
 					select {
@@ -69,10 +67,10 @@ func TestReadOnlyServerIsAnOutage(t *testing.T) {
 				}
 			}
 			var starts, ends atomic.Int32
-			cfg.Hooks.OutageStarted = func(string, error) { starts.Add(1) }
-			cfg.Hooks.OutageEnded = func(string, time.Duration) { ends.Add(1) }
+			testobs.Of(cfg).OnOutageStarted = func(string, error) { starts.Add(1) }
+			testobs.Of(cfg).OnOutageEnded = func(string, time.Duration) { ends.Add(1) }
 			oc := newOutcomes(2)
-			cfg.Hooks.Outcome = oc.hook
+			testobs.Of(cfg).OnOutcome = oc.hook
 			r, err := consumer.New(pool, cfg)
 			if err != nil {
 				t.Fatal(err)

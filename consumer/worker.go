@@ -19,6 +19,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/kread"
 	"github.com/idemkit/idemkit/internal/outage"
+	"github.com/idemkit/idemkit/internal/pgsession"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -37,25 +38,14 @@ type worker struct {
 	log         *slog.Logger
 	outage      *outage.Waiter
 
-	prefetched  chan []*Message // chunks of items, filled by prefetch, bounded by budget
-	queue       []*Message      // the rest of the chunk last received from prefetched
-	held        *Message        // an item taken from prefetched for the next batch
-	pending     []*Message      // the next batch, taken from prefetched by lookahead
-	next        *chained        // pending's transaction, begun by the last commit (chain.go)
-	chain       int             // transactions chained in a row
-	tail        *Message        // the last message of the batch being processed
-	slot        bool            // the worker holds a slot of Runner.sem
-	chainPaused time.Time       // no chain before then (chainAwayMax)
-	marked      bool            // the position row says ClaimsAhead: chained claims may leave it behind
-	owe         *Message        // committed by a chained claim that left the position behind it
-	checkAhead  bool            // the start position says ClaimsAhead: pass what was claimed from it on
-	passed      int             // messages checkAhead passed
-	bytes       *byteBudget
-	state       *partitionState // what Runner.Partitions reports
-	bound       commitBound     // the deadline of commits that outlive a cancellation (runTx)
-	seq         []int           // 0, 1, 2, …: the live indexes of a batch without parked keys
-	txr         txRun           // the transaction tx runs, reused
-	batch       pgx.Batch       // the batch runTx and commitChained send, reused
+	prefetched chan []*Message // chunks of items, filled by prefetch, bounded by budget
+	queue      []*Message      // the rest of the chunk last received from prefetched
+	held       *Message        // an item taken from prefetched for the next batch
+	bytes      *byteBudget
+	state      *partitionState // what Runner.Partitions reports
+	// lockWait is how long the claims of the last transaction waited for
+	// another session's lock, when they were found waiting (see runTx).
+	lockWait time.Duration
 }
 
 func (w *worker) run(runCtx, genCtx context.Context) {
@@ -100,14 +90,6 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	prefetchDone.Go(func() { w.prefetch(ctx, reader) })
 	defer prefetchDone.Wait()
 	defer stop() // prefetch ends before the client closes
-	defer func() {
-		w.discardNext()
-		if w.slot {
-			<-w.r.sem
-		}
-		w.flushOwed(ctx)
-		w.bound.stop()
-	}()
 
 	for {
 		if w.parked != nil {
@@ -117,9 +99,6 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 				}
 				return
 			}
-		}
-		if w.owe != nil && !w.ready() {
-			w.flushOwed(ctx) // nothing fetched would move the position on now
 		}
 		batch, err := w.fetch(ctx)
 		if errors.Is(err, errIdle) {
@@ -139,36 +118,11 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 			}
 			continue
 		}
-		if w.checkAhead {
-			n, err := w.passClaimed(ctx, batch)
-			if err != nil {
-				if ctx.Err() == nil {
-					w.fail(err)
-				}
-				return
-			}
-			if n > 0 {
-				w.bytes.release(batchBytes(batch[:n]))
-				w.owe = batch[n-1] // the next transaction moves the position past them
-				w.moved(batch[n-1].Offset + 1)
-				batch = batch[n:]
-			}
-			if len(batch) == 0 {
-				continue
-			}
+		if err := w.acquire(ctx); err != nil {
+			return
 		}
-		if !w.slot {
-			if err := w.acquire(ctx); err != nil {
-				return
-			}
-			w.slot = true
-		}
-		w.tail = batch[len(batch)-1]
 		err = w.untilReachable(ctx, func(ctx context.Context) error { return w.process(ctx, batch) })
-		if w.next == nil { // a transaction begun for the next batch keeps the slot
-			<-w.r.sem
-			w.slot = false
-		}
+		<-w.r.sem
 		w.bytes.release(batchBytes(batch))
 		if err != nil {
 			if ctx.Err() == nil {
@@ -179,43 +133,6 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 		// The transaction committed: the offset may now go to Kafka.
 		w.moved(batch[len(batch)-1].Offset + 1)
 	}
-}
-
-// passClaimed returns how many of batch's first messages were claimed at
-// their very coordinates, by a transaction that did not move the position
-// (chained claims, then a crash or a stop before the position moved): they
-// are done, and pass silently, as if the position were past them. The
-// first message that was not ends the check for the worker.
-func (w *worker) passClaimed(ctx context.Context, batch []*Message) (int, error) {
-	cfg := &w.r.cfg
-	for i, m := range batch {
-		var claimed bool
-		if m.ID == "" { // processed as usual, which handles it
-			w.checkAhead = false
-			return i, nil
-		}
-		err := w.outage.Do(ctx, func(ctx context.Context) error {
-			var err error
-			claimed, err = cfg.Store.ClaimedAt(ctx, cfg.pool, w.claim(m))
-			return err
-		})
-		if errors.Is(err, dedup.ErrInvalidInput) {
-			claimed, err = false, nil // processed as usual, which handles it
-		}
-		if err != nil {
-			return 0, fmt.Errorf("consumer: partition %d: look for claims past the position: %w", w.partition, err)
-		}
-		if !claimed {
-			w.checkAhead = false
-			if w.passed > 0 {
-				w.log.InfoContext(ctx, "passed the messages claimed past the stored position before the last stop",
-					"messages", w.passed, "next_offset", m.Offset)
-			}
-			return i, nil
-		}
-		w.passed++
-	}
-	return len(batch), nil
 }
 
 // moved records that every message before next is committed in
@@ -409,9 +326,8 @@ func (w *worker) prefetch(ctx context.Context, reader *kread.Reader) {
 			heldReported = true
 			w.log.Warn("partition held at the last stable offset by an open transaction; records after it wait until it commits or aborts",
 				"last_stable", f.LastStable, "high_watermark", f.HighWatermark, "held", time.Since(heldSince).Round(time.Second))
-			if h := cfg.Hooks.HeldByTransaction; h != nil {
-				h(cfg.Topic, w.partition, f.LastStable, f.HighWatermark, time.Since(heldSince))
-			}
+			w.r.obs.heldBack(ctx, &HeldEvent{Topic: cfg.Topic, Partition: w.partition, LastStable: f.LastStable,
+				HighWatermark: f.HighWatermark, Held: time.Since(heldSince)})
 		case !held && !heldSince.IsZero():
 			if heldReported {
 				w.log.Info("partition released by the open transaction", "held", time.Since(heldSince).Round(time.Second))
@@ -478,7 +394,7 @@ func (w *worker) item(ctx context.Context, block bool, timeout <-chan time.Time)
 func (w *worker) advance(ctx context.Context, next int64) error {
 	cfg := &w.r.cfg
 	err := w.outage.Do(ctx, func(ctx context.Context) error {
-		return inTx(ctx, cfg.pool, func(tx pgx.Tx) error {
+		return inTx(ctx, cfg.pool, 0, func(ctx context.Context, tx pgx.Tx) error {
 			return cfg.Store.SavePositionTx(ctx, tx, cfg.Name, cfg.Topic, w.partition, next, time.Time{}, w.epoch)
 		})
 	})
@@ -565,10 +481,6 @@ func (w *worker) acquire(ctx context.Context) error {
 		return nil
 	default:
 	}
-	// Counted while waiting: no worker keeps its slot for a chained
-	// transaction meanwhile.
-	w.r.semWaiting.Add(1)
-	defer w.r.semWaiting.Add(-1)
 	select {
 	case w.r.sem <- struct{}{}:
 		return nil
@@ -590,13 +502,6 @@ func (w *worker) fetch(ctx context.Context) ([]*Message, error) {
 		t := time.NewTimer(cfg.ParkedPoll)
 		defer t.Stop()
 		poll = t.C
-	}
-	if batch := w.pending; batch != nil {
-		w.pending = nil
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		return batch, nil
 	}
 	var first *Message
 	if w.held != nil {
@@ -758,10 +663,9 @@ func indexMissingID(msgs []*Message) int {
 
 // retry runs one failing message again under the retry policy until it
 // succeeds, its error proves permanent, or the schedule is used up. tctx is
-// the context of the transaction that failed (Hooks.TxStart's): logs and
-// hooks about the failure get it, so that they carry its trace.
+// the context of the transaction that failed (its TxStart's): logs and
+// observers of the failure get it, so that they carry its trace.
 func (w *worker) retry(ctx, tctx context.Context, msg *Message, err error) error {
-	w.flushOwed(ctx) // the messages before msg are done: the position need not wait for it
 	cfg := &w.r.cfg
 	schedule := cfg.Retry.Schedule()
 	f := failure{first: time.Now(), ctx: tctx}
@@ -774,9 +678,6 @@ func (w *worker) retry(ctx, tctx context.Context, msg *Message, err error) error
 			f.class = retry.ClassPermanent
 			w.log.WarnContext(f.logCtx(ctx), "message beyond the dedup horizon; not applied", "offset", msg.Offset,
 				"message_id", msg.ID, "age", herr.Age, "horizon", herr.Horizon)
-			if h := cfg.Hooks.BeyondHorizon; h != nil {
-				h(f.logCtx(ctx), msg, herr, false)
-			}
 			return w.giveUp(ctx, msg, f, true)
 		}
 		f.class = cfg.Retry.Classify(err)
@@ -798,9 +699,7 @@ func (w *worker) retry(ctx, tctx context.Context, msg *Message, err error) error
 		}
 		w.log.WarnContext(f.ctx, "handler failed; retrying", "offset", msg.Offset, "message_id", msg.ID,
 			"attempt", f.attempts, "delay", delay, "err", err)
-		if h := cfg.Hooks.Retry; h != nil {
-			h(f.ctx, msg, f.attempts, err, f.class, delay)
-		}
+		w.r.obs.retried(f.ctx, &RetryEvent{Message: msg, Attempt: f.attempts, Err: err, Class: f.class, Delay: delay})
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
@@ -824,7 +723,7 @@ type failure struct {
 	class       retry.Class
 	first, last time.Time
 	err         error
-	// ctx is the context of the last failed transaction (Hooks.TxStart's,
+	// ctx is the context of the last failed transaction (its TxStart's,
 	// with its trace) for logs; nil when the failure had none.
 	ctx context.Context
 }
@@ -862,7 +761,7 @@ func (w *worker) giveUp(ctx context.Context, msg *Message, f failure, savePositi
 		// OnFailure took the message: wait out an outage here rather than
 		// hand the message to OnFailure a second time.
 		err := w.outage.Do(ctx, func(ctx context.Context) error {
-			return inTx(ctx, cfg.pool, func(tx pgx.Tx) error {
+			return inTx(ctx, cfg.pool, 0, func(ctx context.Context, tx pgx.Tx) error {
 				return cfg.Store.SavePositionTx(ctx, tx, cfg.Name, msg.Topic, msg.Partition, msg.Offset+1, msg.Time, w.epoch)
 			})
 		})
@@ -870,33 +769,27 @@ func (w *worker) giveUp(ctx context.Context, msg *Message, f failure, savePositi
 			return fmt.Errorf("consumer: save position past failed message: %w", err)
 		}
 	}
-	if h := cfg.Hooks.Outcome; h != nil {
-		h(lctx, msg, Failed)
+	if len(w.r.obs.outcome) > 0 {
+		e := &OutcomeEvent{Message: msg, Outcome: Failed, Err: merr}
+		_ = errors.As(f.err, &e.Horizon)
+		w.r.obs.outcomeOf(lctx, e)
 	}
 	return nil
 }
 
 // commit runs msgs in one transaction: claim every ID and record the
 // position in one statement, run the handler for the new ones, commit.
-// attempt is the handler attempt (from 1) for Hooks.TxStart.
+// attempt is the handler attempt (from 1) for TxStartEvent.
 // On a handler error it returns the index of the failing message (0 for a
 // batch handler); on any other error, -1. Serialization failures and
 // deadlocks run the transaction again.
 func (w *worker) commit(ctx context.Context, msgs []*Message, attempt int) (failed int, tctx context.Context, err error) {
-	cfg := &w.r.cfg
 	layoutWaits := 0
 	for try := 1; ; try++ {
 		failed, _, tctx, err = w.observedTx(ctx, msgs, attempt)
 		if err == nil {
 			w.outage.Ok()
 			return -1, tctx, nil
-		}
-		if lost := (*chainLostError)(nil); failed < 0 && errors.As(err, &lost) && ctx.Err() == nil {
-			// Not an outage nor the messages' fault: run the transaction
-			// again, on a connection of its own.
-			w.log.DebugContext(tctx, "session of a chained transaction ended; running it again", "err", err)
-			try = 0
-			continue
 		}
 		if failed < 0 && len(msgs) > 1 && (errors.Is(err, dedup.ErrNoPartition) || errors.Is(err, dedup.ErrPartitionDropped)) {
 			// One of the claims has no daily partition: find it alone.
@@ -938,63 +831,76 @@ func (w *worker) commit(ctx context.Context, msgs []*Message, attempt int) (fail
 			try = 0
 			continue
 		}
-		if !retryableTx(err) || try >= cfg.TxRetries || ctx.Err() != nil {
+		if !retryableTx(err) || try >= txRetries || ctx.Err() != nil {
 			return failed, tctx, err
 		}
 		w.log.DebugContext(tctx, "transaction conflict; running it again", "try", try, "err", err)
 	}
 }
 
-// observedTx runs tx between Hooks.TxStart and Hooks.TxEnd, and reports
-// the outcomes of a committed transaction to Hooks.Outcome.
+// observedTx runs tx between the TxObservers' TxStart and TxEnd, and
+// reports the outcomes of a committed transaction to the OutcomeObservers.
 func (w *worker) observedTx(ctx context.Context, msgs []*Message, attempt int) (failed int, outcomes []Outcome, tctx context.Context, err error) {
 	tctx, obs := w.observe(ctx, msgs, attempt)
-	failed, outcomes, err = w.tx(tctx, msgs)
-	obs.end(outcomes, err)
-	if h := w.r.cfg.Hooks.Outcome; err == nil && h != nil {
+	var beyond []horizonNote
+	w.lockWait = 0
+	failed, outcomes, beyond, err = w.tx(tctx, msgs)
+	obs.end(outcomes, w.lockWait, err)
+	if err == nil && len(w.r.obs.outcome) > 0 {
+		e := &OutcomeEvent{}
 		for i, m := range msgs {
-			h(tctx, m, outcomes[i])
+			*e = OutcomeEvent{Message: m, Outcome: outcomes[i]}
+			for _, b := range beyond {
+				if b.index == i {
+					e.Horizon = b.err
+				}
+			}
+			w.r.obs.outcomeOf(tctx, e)
 		}
 	}
 	return failed, outcomes, tctx, err
 }
 
-// observe calls Hooks.TxStart for a transaction of msgs and returns the
-// context the transaction runs with and what reports its end to
-// Hooks.TxEnd.
+// observe calls the TxObservers' TxStart for a transaction of msgs and
+// returns the context the transaction runs with and what reports its end.
 func (w *worker) observe(ctx context.Context, msgs []*Message, attempt int) (context.Context, observation) {
-	hooks := &w.r.cfg.Hooks
-	if hooks.TxStart == nil && hooks.TxEnd == nil {
+	list := w.r.obs.tx
+	if len(list) == 0 {
 		return ctx, observation{}
 	}
 	start := time.Now()
-	if hooks.TxStart != nil {
-		if c := hooks.TxStart(ctx, msgs, attempt); c != nil {
+	e := &TxStartEvent{Messages: msgs, Attempt: attempt}
+	for _, o := range list {
+		if c := o.TxStart(ctx, e); c != nil {
 			ctx = c
 		}
 	}
-	return ctx, observation{hook: hooks.TxEnd, ctx: ctx, msgs: msgs, start: start}
+	return ctx, observation{list: list, ctx: ctx, msgs: msgs, attempt: attempt, start: start}
 }
 
-// observation is a transaction between Hooks.TxStart and Hooks.TxEnd (a
-// value, not a closure: one allocation less per transaction).
+// observation is a transaction between its TxStart and its TxEnd.
 type observation struct {
-	hook  func(ctx context.Context, msgs []*Message, outcomes []Outcome, err error, took time.Duration)
-	ctx   context.Context
-	msgs  []*Message
-	start time.Time
+	list    []TxObserver
+	ctx     context.Context
+	msgs    []*Message
+	attempt int
+	start   time.Time
 }
 
-// end reports the transaction's end to Hooks.TxEnd (outcomes are dropped
-// when err is not nil).
-func (o observation) end(outcomes []Outcome, err error) {
-	if o.hook == nil {
+// end reports the transaction's end to the TxObservers, last first
+// (outcomes are dropped when err is not nil).
+func (o observation) end(outcomes []Outcome, lockWait time.Duration, err error) {
+	if len(o.list) == 0 {
 		return
 	}
 	if err != nil {
 		outcomes = nil
 	}
-	o.hook(o.ctx, o.msgs, outcomes, err, time.Since(o.start))
+	e := &TxEndEvent{Messages: o.msgs, Attempt: o.attempt, Outcomes: outcomes, Err: err, Duration: time.Since(o.start),
+		LockWait: lockWait}
+	for i := len(o.list) - 1; i >= 0; i-- {
+		o.list[i].TxEnd(o.ctx, e)
+	}
 }
 
 // errSplit asks process to run a batch again in halves: its transaction
@@ -1010,12 +916,15 @@ type handlerError struct {
 func (e *handlerError) Error() string { return e.err.Error() }
 func (e *handlerError) Unwrap() error { return e.err }
 
-func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes []Outcome, err error) {
+func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes []Outcome, beyond []horizonNote, err error) {
 	cfg := &w.r.cfg
 	outcomes = make([]Outcome, len(msgs))
-	live := w.indexes(len(msgs)) // messages handled now; the others wait behind a parked message of their key
-	if w.parked != nil && len(w.parked.keys) > 0 {
-		live = nil
+	live := make([]int, 0, len(msgs)) // messages handled now; the others wait behind a parked message of their key
+	if w.parked == nil || len(w.parked.keys) == 0 {
+		for i := range msgs {
+			live = append(live, i)
+		}
+	} else {
 		for i, m := range msgs {
 			if w.parked.parkedKey(m) {
 				outcomes[i] = Parked
@@ -1025,38 +934,17 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 		}
 	}
 	parking := len(live) < len(msgs)
-	pre := w.takeNext(msgs, parking) // begun by the commit before, claims done
 	// Claims of UUIDv7 IDs need the layout; read once, and again after
-	// a claim found it changed (dedup.ErrLayoutChanged). With a chained
-	// transaction, through it: a worker holding a connection never waits
-	// for another.
-	var db dedup.DBTX = cfg.pool
-	if pre != nil {
-		db = pre.tx
-	}
-	layout, err := cfg.Store.Layout(ctx, db)
+	// a claim found it changed (dedup.ErrLayoutChanged).
+	keepDays, err := w.r.claims.Layout(ctx, cfg.pool)
 	if err != nil {
-		if pre != nil {
-			pre.discard()
-		}
-		return -1, nil, fmt.Errorf("consumer: %w", err)
+		return -1, nil, nil, fmt.Errorf("consumer: %w", err)
 	}
 	// The claims travel with BEGIN: one round trip before the handler runs.
-	// Or they went already, with the COMMIT of the transaction before.
-	t := &w.txr
-	*t = txRun{w: w, ctx: ctx, msgs: msgs, live: live, parking: parking, res: &t.own, outcomes: outcomes,
-		beyond: t.beyond[:0]}
-	defer t.reset()
-	if pre != nil {
-		t.res = &pre.res
-	}
-	res := t.res
-	if err = w.runTx(ctx, pre, t); err != nil {
-		failed, err = w.txFailed(msgs, layout, err)
-		return failed, nil, err
-	}
-	if res.moved {
-		w.marked = true // the move marked the row ClaimsAhead, and committed
+	t := &txRun{w: w, msgs: msgs, live: live, parking: parking, outcomes: outcomes}
+	if err = w.runTx(ctx, t); err != nil {
+		failed, err = w.txFailed(msgs, keepDays, err)
+		return failed, nil, nil, err
 	}
 	for i, m := range msgs {
 		if outcomes[i] == Parked {
@@ -1066,24 +954,18 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 	if parking {
 		w.parked.counted()
 	}
-	if h := cfg.Hooks.AfterCommit; h != nil {
-		h(ctx, msgs)
-	}
 	for _, b := range t.beyond {
 		w.log.WarnContext(ctx, "message beyond the dedup horizon applied (HorizonApply)", "offset", msgs[b.index].Offset,
 			"message_id", msgs[b.index].ID, "age", b.err.Age, "horizon", b.err.Horizon)
-		if h := cfg.Hooks.BeyondHorizon; h != nil {
-			h(ctx, msgs[b.index], b.err, true)
-		}
 	}
-	return -1, outcomes, nil
+	return -1, outcomes, t.beyond, nil
 }
 
 // txFailed returns what tx returns for err, the error of a transaction of
 // msgs: the index of the failing message and the handler's error, or -1. A
 // function of its own: the errors.As target would be allocated for every
 // transaction otherwise.
-func (w *worker) txFailed(msgs []*Message, layout dedup.Layout, err error) (int, error) {
+func (w *worker) txFailed(msgs []*Message, keepDays int, err error) (int, error) {
 	var herr *handlerError
 	if errors.As(err, &herr) {
 		return herr.index, herr.err
@@ -1094,7 +976,7 @@ func (w *worker) txFailed(msgs []*Message, layout dedup.Layout, err error) (int,
 		switch {
 		case errors.Is(err, dedup.ErrPartitionDropped):
 			return 0, &HorizonError{Time: m.Time, Age: time.Since(m.Time),
-				Horizon: time.Duration(layout.KeepDays) * 24 * time.Hour, Cause: err}
+				Horizon: time.Duration(keepDays) * 24 * time.Hour, Cause: err}
 		case errors.Is(err, dedup.ErrNoPartition):
 			w.r.askMaintenance()
 			return 0, err
@@ -1104,50 +986,30 @@ func (w *worker) txFailed(msgs []*Message, layout dedup.Layout, err error) (int,
 }
 
 // txRun is a transaction of a worker's: what its claims and its body need.
-// The worker keeps one and reuses it (tx is never running twice at once on
-// a worker): methods rather than closures, which cost allocations per
-// transaction.
 type txRun struct {
 	w        *worker
-	ctx      context.Context
 	msgs     []*Message
 	live     []int // the messages handled now; the others wait behind a parked message of their key
 	parking  bool
-	res      *claimResults
-	own      claimResults // res, when the transaction is not chained
+	res      claimResults
 	outcomes []Outcome
 	beyond   []horizonNote // messages applied beyond the horizon (HorizonApply)
 }
 
-func (t *txRun) messages() []*Message { return t.msgs }
-
-// reset drops what the transaction refers to (messages, its context,
-// outcomes), keeping beyond's array, so that an idle worker keeps nothing
-// of its last transaction.
-func (t *txRun) reset() {
-	clear(t.beyond)
-	*t = txRun{beyond: t.beyond[:0]}
-}
-
 // claims queues the transaction's claims on b (after its BEGIN).
 func (t *txRun) claims(b *pgx.Batch) error {
-	return t.w.queueClaims(b, t.msgs, t.live, t.parking, false, t.res)
+	return t.w.queueClaims(b, t.msgs, t.live, t.parking, &t.res)
 }
 
 // body runs in the transaction once its claims are done: idemkit's own
 // writes, then the handler.
-func (t *txRun) body(tx pgx.Tx) error {
-	w, ctx, msgs, live, parking, res, outcomes := t.w, t.ctx, t.msgs, t.live, t.parking, t.res, t.outcomes
+func (t *txRun) body(tx pgx.Tx, ctx context.Context) error {
+	w, msgs, live, parking, res, outcomes := t.w, t.msgs, t.live, t.parking, &t.res, t.outcomes
 	cfg := &w.r.cfg
 	dup := res.dup
 	if len(live) == 1 && !parking {
 		dup = []bool{res.one}
-		// A message claimed without the position has it moved
-		// later (runTx: the next transaction, or flushOwed), unless
-		// a duplicate: its position is moved now, before the
-		// handler, so that it is not reported again after a restart
-		// (ClaimedAt finds no claim at its coordinates).
-		if !res.moved && (!res.lazy || res.one) { // no row yet (or ahead, or another epoch: left as it is)
+		if !res.moved { // no row yet (or ahead, or another epoch: left as it is)
 			m := msgs[0]
 			if err := cfg.Store.SavePositionTx(ctx, tx, cfg.Name, m.Topic, m.Partition, m.Offset+1, m.Time, w.epoch); err != nil {
 				return err
@@ -1190,14 +1052,13 @@ func (t *txRun) body(tx pgx.Tx) error {
 			return err
 		}
 	}
-	if err := w.handle(ctx, tx, msgs, outcomes); err != nil {
+	hctx, cancel := context.WithTimeout(ctx, cfg.HandlerTimeout)
+	defer cancel()
+	if err := w.handle(hctx, tx, msgs, outcomes); err != nil {
 		if lost := connectionLost(tx, err); lost != nil {
 			return lost // an outage, not the handler's verdict
 		}
 		return err
-	}
-	if h := cfg.Hooks.BeforeCommit; h != nil {
-		h(ctx, msgs)
 	}
 	return nil
 }
@@ -1301,19 +1162,24 @@ func (w *worker) handleOne(ctx context.Context, tx pgx.Tx, m *Message) error {
 	return call(ctx, w.r.cfg.Handler, tx, m)
 }
 
-// inTx runs f in a transaction and commits it. Once f succeeded, the commit
-// is finished even if ctx is cancelled meanwhile (a shutdown does not leave
-// the outcome of work in flight unknown); on any error it rolls back, also
-// with a context that survives the caller's cancellation.
-func inTx(ctx context.Context, pool *pgxpool.Pool, f func(pgx.Tx) error) error {
-	tx, err := pool.Begin(ctx)
+// inTx runs f in a transaction and commits it. The transaction is bounded
+// as runTx bounds its own, for a body that may be idle for budget: f gets
+// a context that ends after txBound(budget), and PostgreSQL ends the
+// transaction once idle that long. Once f succeeded, the commit is finished
+// even if ctx is cancelled meanwhile (a shutdown does not leave the outcome
+// of work in flight unknown); on any error it rolls back, also with a
+// context that survives the caller's cancellation.
+func inTx(ctx context.Context, pool *pgxpool.Pool, budget time.Duration, f func(ctx context.Context, tx pgx.Tx) error) error {
+	bounded, cancel := context.WithTimeout(ctx, txBound(budget))
+	defer cancel()
+	tx, err := pool.BeginTx(bounded, pgx.TxOptions{BeginQuery: pgsession.BeginQuery("", budget)})
 	if err != nil {
 		return err
 	}
-	err = f(tx)
+	err = f(bounded, tx)
 	// Made once f returned: f's own time does not count against the
 	// commit's.
-	detached, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
+	detached, cancel := detach(ctx)
 	defer cancel()
 	if err != nil {
 		dropReadOnly(detached, tx, err)
@@ -1343,8 +1209,10 @@ func dropReadOnly(ctx context.Context, tx pgx.Tx, err error) {
 }
 
 // commitTimeout bounds a commit or rollback, from when it starts: it
-// outlives the runner's cancellation. (A variable for tests.)
-var commitTimeout = 30 * time.Second
+// outlives the runner's cancellation, and gives up a connection gone
+// silent (a commit whose answer never came is settled by the claims when
+// the transaction runs again). A variable for tests.
+var commitTimeout = pgsession.Margin
 
 // callIDFunc runs the user's IDFunc; a panic becomes its error (the
 // message then has no usable ID).

@@ -140,16 +140,22 @@ type layoutState struct {
 	stale bool
 }
 
-// Layout returns the schema's layout, reading it through db the first time
-// and after a claim found it out of date; otherwise what was read last. A
-// schema without the layout table (before migration 15) is flat. The
-// consumer's runner calls it before each transaction; call it yourself
-// once before queueing claims (QueueClaimWithPosition, QueueClaimBatch) of
-// UUIDv7 IDs, which need it and cannot read it.
-func (s *Store) Layout(ctx context.Context, db DBTX) (Layout, error) {
+// cachedLayout returns the schema's layout, reading it through db the
+// first time and after a claim found it out of date; otherwise what was
+// read last. Claims route by it: the consumer's runner makes it known
+// before each transaction (dedupq.Queuer.Layout), since queued claims of
+// UUIDv7 IDs need it and cannot read it.
+func (s *Store) cachedLayout(ctx context.Context, db DBTX) (Layout, error) {
 	if l := s.layout.Load(); l != nil && !l.stale {
 		return l.Layout, nil
 	}
+	return s.Layout(ctx, db)
+}
+
+// Layout reads the schema's dedup layout through db now, and remembers it
+// for the store's claims: monitoring and tools that must see a switch made
+// by another process use it.
+func (s *Store) Layout(ctx context.Context, db DBTX) (Layout, error) {
 	l, err := s.readLayout(ctx, db)
 	if err != nil {
 		return Layout{}, err
@@ -158,31 +164,10 @@ func (s *Store) Layout(ctx context.Context, db DBTX) (Layout, error) {
 	return l, nil
 }
 
-// ReadLayout reads the schema's layout through db now (Layout returns the
-// one read before), and remembers it: monitoring and tools that must see a
-// switch made by another process use it.
-func (s *Store) ReadLayout(ctx context.Context, db DBTX) (Layout, error) {
-	l, err := s.readLayout(ctx, db)
-	if err != nil {
-		return Layout{}, err
-	}
-	s.layout.Store(&layoutState{Layout: l})
-	return l, nil
-}
-
-// readLayout reads the layout row; a missing table means flat.
+// readLayout reads the layout row.
 func (s *Store) readLayout(ctx context.Context, db DBTX) (Layout, error) {
 	if db == nil {
 		return Layout{}, errors.New("dedup: layout: nil db")
-	}
-	// Looked up first: a missing table must not fail (and so abort) the
-	// caller's transaction.
-	var exists bool
-	if err := db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s.daily.layout).Scan(&exists); err != nil {
-		return Layout{}, fail("layout", err)
-	}
-	if !exists {
-		return Layout{}, nil // before migration 15: flat
 	}
 	var (
 		from, dropped pgtype.Date
@@ -190,8 +175,7 @@ func (s *Store) readLayout(ctx context.Context, db DBTX) (Layout, error) {
 		keep          *int32
 		ahead         int32
 	)
-	err := db.QueryRow(ctx, `SELECT daily_from, daily_ready, keep_days, ahead_days, dropped_before FROM `+s.daily.layout).
-		Scan(&from, &l.Ready, &keep, &ahead, &dropped)
+	err := db.QueryRow(ctx, s.sql.readLayout).Scan(&from, &l.Ready, &keep, &ahead, &dropped)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return Layout{}, nil
@@ -219,34 +203,35 @@ func (s *Store) markStale() {
 	}
 }
 
-// route returns where c's ID is stored: keyText, keyUUID or keyDaily, its
-// uuid and (keyDaily) its day. A UUIDv7 needs the layout: read through db
-// when not known yet or found out of date; queued claims (db nil) route by
-// the last layout read, and fail with ErrLayoutUnknown before any was.
-func (s *Store) route(ctx context.Context, db DBTX, id string) (kind int, u pgtype.UUID, day time.Time, err error) {
-	u = compactID(id)
-	if !u.Valid {
-		return keyText, u, day, nil
+// route returns where id is stored. A UUIDv7 needs the layout: read
+// through db when not known yet or found out of date; queued claims (db
+// nil) route by the last layout read, and fail with ErrLayoutUnknown before
+// any was.
+func (s *Store) route(ctx context.Context, db DBTX, id string) (storedID, error) {
+	k := storedID{text: id, uuid: compactID(id)}
+	if !k.uuid.Valid {
+		return k, nil
 	}
-	d, ok := uuid7Day(u)
+	d, ok := uuid7Day(k.uuid)
 	if !ok {
-		return keyUUID, u, day, nil
+		return k, nil
 	}
 	var l Layout
 	switch st := s.layout.Load(); {
 	case db != nil:
-		if l, err = s.Layout(ctx, db); err != nil {
-			return 0, u, day, err
+		var err error
+		if l, err = s.cachedLayout(ctx, db); err != nil {
+			return k, err
 		}
 	case st == nil:
-		return 0, u, day, ErrLayoutUnknown
+		return k, ErrLayoutUnknown
 	default:
 		l = st.Layout
 	}
 	if l.Daily() && !d.Before(l.DailyFrom) {
-		return keyDaily, u, d, nil
+		k.daily, k.day = true, d
 	}
-	return keyUUID, u, day, nil
+	return k, nil
 }
 
 // claimError wraps a claim's error, recognising what the daily layout
@@ -600,8 +585,7 @@ var ErrDailyRefused = errors.New("dedup: the daily layout cannot be enabled yet"
 // after its first step is finished by the next MaintainPartitions (every
 // runner's, each PurgeInterval); meanwhile, claims dated DailyFrom or later
 // are refused, which is why DailyFrom is two days ahead. There is no way
-// back but migrating down to 14 with the consumers stopped (migration 15's
-// down copies the daily rows into the flat table).
+// back to the flat layout once the switch is done.
 func (s *Store) EnableDaily(ctx context.Context, db *pgxpool.Pool, cfg DailyConfig) (Layout, error) {
 	if db == nil {
 		return Layout{}, errors.New("dedup: enable daily: nil pool")
@@ -718,28 +702,19 @@ func (s *Store) retryLock(ctx context.Context, f func() error) error {
 // force after it.
 func (s *Store) finishSwitch(ctx context.Context, conn *pgxpool.Conn, l Layout) (Layout, error) {
 	flat := pgx.Identifier{s.daily.schema, s.daily.processed}.Sanitize()
-	refused := func(what string) (Layout, error) {
+	refused := func() (Layout, error) {
 		if err := s.undoFromCheck(ctx, conn); err != nil {
 			return Layout{}, err
 		}
-		return Layout{}, fmt.Errorf("%w: the flat table holds UUIDv7 IDs%s dated %s or later (a producer's clock ahead?); the switch was undone",
-			ErrDailyRefused, what, l.DailyFrom.Format(time.DateOnly))
+		return Layout{}, fmt.Errorf("%w: the flat table holds UUIDv7 IDs dated %s or later (a producer's clock ahead?); the switch was undone",
+			ErrDailyRefused, l.DailyFrom.Format(time.DateOnly))
 	}
 	if _, err := conn.Exec(ctx, `ALTER TABLE `+flat+` VALIDATE CONSTRAINT `+pgx.Identifier{s.daily.fromCheck}.Sanitize()); err != nil {
 		var pg *pgconn.PgError
 		if !errors.As(err, &pg) || pg.Code != "23514" {
 			return Layout{}, fail("enable daily: validate", err)
 		}
-		return refused("")
-	}
-	var textRows bool // UUIDs stored as text before migration 14
-	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+flat+`
-		WHERE CASE WHEN message_id ~ '^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$'
-			THEN message_id::uuid >= $1::uuid ELSE false END)`, uuid7Bound(l.DailyFrom)).Scan(&textRows); err != nil {
-		return Layout{}, fail("enable daily", err)
-	}
-	if textRows {
-		return refused(" (stored as text before migration 14)")
+		return refused()
 	}
 	l.Ready = true
 	if _, err := s.maintain(ctx, conn, l); err != nil {

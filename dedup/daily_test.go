@@ -141,7 +141,7 @@ func TestDailyLayout(t *testing.T) {
 		t.Fatalf("layout before EnableDaily: %+v, %v; want flat", l, err)
 	}
 
-	// Before: a UUIDv7 of today is claimed in the flat table.
+	// Before EnableDaily: a UUIDv7 of today is claimed in the flat table.
 	before := testenv.UUID7(t, noon(today))
 	if dup, err := claimOne(t, db, s, dedup.Claim{Consumer: "c", MessageID: before, Topic: "t"}); err != nil || dup {
 		t.Fatalf("claim before: %v %v", dup, err)
@@ -436,40 +436,6 @@ func TestEnableDailyRefused(t *testing.T) {
 	}
 	if got := whereStored(t, db, "c", other); got != "flat" {
 		t.Fatalf("stored in %q, want flat", got)
-	}
-}
-
-// TestDailyMigrateDown: migration 15's down copies the daily claims into
-// the flat table, so none is forgotten.
-func TestDailyMigrateDown(t *testing.T) {
-	db, s := newStore(t)
-	ctx := context.Background()
-	if _, err := s.EnableDaily(ctx, db.Pool, dedup.DailyConfig{}); err != nil {
-		t.Fatal(err)
-	}
-	id := testenv.UUID7(t, noon(testenv.Today(t, db.Pool).AddDate(0, 0, 2)))
-	if _, err := claimOne(t, db, s, dedup.Claim{Consumer: "c", MessageID: id, Topic: "t"}); err != nil {
-		t.Fatal(err)
-	}
-	if got := whereStored(t, db, "c", id); got != "daily" {
-		t.Fatalf("stored in %q, want daily", got)
-	}
-	m, err := migrate.New(db.Pool, &migrate.Config{Schema: db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Down(ctx, 14); err != nil {
-		t.Fatalf("Down(14): %v", err)
-	}
-	flat, err := dedup.New(&dedup.Config{Schema: db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if dup, err := claimOne(t, db, flat, dedup.Claim{Consumer: "c", MessageID: id, Topic: "t"}); err != nil || !dup {
-		t.Fatalf("claim after Down(14): %v %v; want a duplicate", dup, err)
-	}
-	if got := storedAs(t, db, "c", id); got != "uuid" {
-		t.Fatalf("stored as %q after Down(14), want uuid", got)
 	}
 }
 

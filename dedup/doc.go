@@ -48,23 +48,10 @@
 // (a redelivery at a lower offset leaves it alone) and it is recorded for
 // duplicates too, since a duplicate is done. Positions are never purged.
 //
-// A consumer may also claim several messages of a partition in a row
-// without moving the position (QueueClaim), and move it past them once
-// (with a later claim, or QueueMovePosition in a transaction of its own):
-// PostgreSQL then updates the position row once per run instead of once per
-// message. The move marks the row ClaimsAhead (migration 16): claims of the
-// partition may lie past it. A consumer that starts at such a position asks
-// ClaimedAt, message by message, whether each was claimed at exactly its
-// coordinates since the position was last written, and passes those
-// silently as if the position were past them, so a crash in the middle of
-// the run still costs no redelivery. Purge keeps those claims; a seek
-// clears the mark, and what it rewinds over (claimed before the seek) comes
-// back as duplicates.
-//
 // Store.SeekTx is the one way a position moves back (or jumps ahead): it
 // locks the consumer's positions in a topic, returns what it replaced, and
 // writes the new ones with their anchor time cleared; with newIncarnation it
-// also moves them onto the topic's next incarnation (migration 6), for a topic
+// also moves them onto the topic's next incarnation, for a topic
 // that was deleted and created again. A consumer starts at the later of its
 // position and its group's Kafka offset, so a rewind must move both:
 // `idemkit consumer seek` does. Store.ListPositions reads positions with their
@@ -98,19 +85,10 @@
 // NOTHING, whose arbiters are both indexes, so it stays atomic and
 // concurrent claims of an ID still settle on one winner.
 //
-// UUIDs claimed before migration 14 stay stored as text (the migration
-// rewrites no row). A UUID claim also looks for such a row (one index probe
-// in the same statement) and is a duplicate when it finds one. That probe
-// races with nothing: no row storing a UUID as text is written any more
-// (the store writes uuid, and binaries of earlier versions cannot claim at
-// all after migration 14, their conflict target matching no index). Those
-// rows leave as retention purges them. scripts/bench-dedup measures the
-// layouts (README: "The dedup store at scale").
-//
 // # Daily partitions
 //
 // A schema may store UUIDv7 IDs in a table partitioned by day instead
-// (Store.EnableDaily, `idemkit dedup daily enable`; migration 15): its
+// (Store.EnableDaily, `idemkit dedup daily enable`): its
 // retention then drops whole days, an O(1) catalog change that leaves no
 // dead rows behind and takes no row locks from the claims, where Purge
 // deletes and vacuums row by row. PostgreSQL requires a unique index on a

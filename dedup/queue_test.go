@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/dedupq"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/migrate"
 )
@@ -29,57 +30,8 @@ func beginWith(t *testing.T, pool *pgxpool.Pool, b *pgx.Batch) pgx.Tx {
 	return tx
 }
 
-// TestQueueClaimWithPosition: a claim queued after BEGIN claims and records
-// the position in the transaction the batch begins; a rollback undoes both,
-// a commit keeps both, and the ID is then a duplicate.
-func TestQueueClaimWithPosition(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	db, s := newStore(t)
-	c := dedup.Claim{Consumer: "billing", MessageID: "order-1", Topic: "orders", Partition: 1, Offset: 9, Time: time.Now()}
-
-	queue := func() (*pgx.Batch, *bool) {
-		b := &pgx.Batch{}
-		b.BeginTx(pgx.TxOptions{})
-		dup := new(bool)
-		*dup = true // must be overwritten
-		if err := s.QueueClaimWithPosition(b, c, dup); err != nil {
-			t.Fatalf("QueueClaimWithPosition: %v", err)
-		}
-		return b, dup
-	}
-
-	b, dup := queue()
-	tx := beginWith(t, db.Pool, b)
-	if *dup {
-		t.Fatal("first claim reported a duplicate")
-	}
-	wantPositions(t, positions(t, s, tx, "billing", "orders"), map[int]int64{1: 10})
-	if err := tx.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
-	wantPositions(t, positions(t, s, db.Pool, "billing", "orders"), map[int]int64{})
-	if ok, err := s.Processed(ctx, db.Pool, "billing", "order-1"); err != nil || ok {
-		t.Fatalf("Processed after rollback = %v, %v; want false", ok, err)
-	}
-
-	b, dup = queue()
-	tx = beginWith(t, db.Pool, b)
-	if *dup {
-		t.Fatal("claim after the rollback reported a duplicate")
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	b, dup = queue()
-	tx = beginWith(t, db.Pool, b)
-	if !*dup {
-		t.Fatal("claim of a committed ID was not a duplicate")
-	}
-	_ = tx.Rollback(ctx)
-	wantPositions(t, positions(t, s, db.Pool, "billing", "orders"), map[int]int64{1: 10})
-}
-
+// TestQueueClaimBatch: a batch of claims queued after BEGIN claims in the
+// transaction it begins and moves each partition's position.
 func TestQueueClaimBatch(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -106,7 +58,7 @@ func TestQueueClaimBatch(t *testing.T) {
 		b := &pgx.Batch{}
 		b.BeginTx(pgx.TxOptions{})
 		var dup []bool
-		if err := s.QueueClaimBatch(b, tc.claims, &dup); err != nil {
+		if err := dedupq.Of(s).QueueClaimBatch(b, qclaims(tc.claims...), &dup); err != nil {
 			t.Fatalf("%s: QueueClaimBatch: %v", tc.name, err)
 		}
 		tx := beginWith(t, db.Pool, b)
@@ -122,7 +74,7 @@ func TestQueueClaimBatch(t *testing.T) {
 	// An empty batch queues nothing and answers at once.
 	b := &pgx.Batch{}
 	dup := []bool{true}
-	if err := s.QueueClaimBatch(b, nil, &dup); err != nil || len(dup) != 0 || b.Len() != 0 {
+	if err := dedupq.Of(s).QueueClaimBatch(b, nil, &dup); err != nil || len(dup) != 0 || b.Len() != 0 {
 		t.Fatalf("empty: err %v, duplicate %v, %d queued; want nil, [], 0", err, dup, b.Len())
 	}
 }
@@ -142,30 +94,30 @@ func TestQueueInvalidInput(t *testing.T) {
 	} {
 		b := &pgx.Batch{}
 		b.BeginTx(pgx.TxOptions{})
-		var dup bool
-		if err := s.QueueClaimWithPosition(b, c, &dup); !errors.Is(err, dedup.ErrInvalidInput) {
-			t.Errorf("%s: QueueClaimWithPosition = %v, want ErrInvalidInput", name, err)
+		var dup, moved bool
+		if err := dedupq.Of(s).QueueClaimMove(b, dedupq.Claim(c), &dup, &moved); !errors.Is(err, dedup.ErrInvalidInput) {
+			t.Errorf("%s: QueueClaimMove = %v, want ErrInvalidInput", name, err)
 		}
 		var dups []bool
 		// The bad claim comes second, after a claim of the same consumer and
 		// topic: it is checked all the same.
-		if err := s.QueueClaimBatch(b, []dedup.Claim{good, c}, &dups); !errors.Is(err, dedup.ErrInvalidInput) {
+		if err := dedupq.Of(s).QueueClaimBatch(b, qclaims(good, c), &dups); !errors.Is(err, dedup.ErrInvalidInput) {
 			t.Errorf("%s: QueueClaimBatch = %v, want ErrInvalidInput", name, err)
 		}
 		if b.Len() != 1 {
 			t.Errorf("%s: %d statements queued, want only the BEGIN", name, b.Len())
 		}
 	}
-	if err := s.QueueClaimWithPosition(nil, good, new(bool)); err == nil {
+	if err := dedupq.Of(s).QueueClaimMove(nil, dedupq.Claim(good), new(bool), new(bool)); err == nil {
 		t.Error("nil batch accepted")
 	}
 	b := &pgx.Batch{}
 	var dup, moved bool
-	if err := s.QueueClaimMovePosition(b, dedup.Claim{Consumer: "billing", Topic: "orders"}, &dup, &moved); !errors.Is(err, dedup.ErrInvalidInput) || b.Len() != 0 {
-		t.Errorf("QueueClaimMovePosition of an empty ID = %v with %d queued, want ErrInvalidInput and none", err, b.Len())
+	if err := dedupq.Of(s).QueueClaimMove(b, dedupq.Claim{Consumer: "billing", Topic: "orders"}, &dup, &moved); !errors.Is(err, dedup.ErrInvalidInput) || b.Len() != 0 {
+		t.Errorf("QueueClaimMove of an empty ID = %v with %d queued, want ErrInvalidInput and none", err, b.Len())
 	}
-	if err := s.QueueClaimMovePosition(b, good, &dup, nil); err == nil || b.Len() != 0 {
-		t.Errorf("QueueClaimMovePosition with a nil result = %v with %d queued, want an error and none", err, b.Len())
+	if err := dedupq.Of(s).QueueClaimMove(b, dedupq.Claim(good), &dup, nil); err == nil || b.Len() != 0 {
+		t.Errorf("QueueClaimMove with a nil result = %v with %d queued, want an error and none", err, b.Len())
 	}
 }
 
@@ -268,15 +220,15 @@ func TestNotMigrated(t *testing.T) {
 }
 
 // queueMove begins a transaction with c claimed and its position moved by
-// QueueClaimMovePosition and, when the UPDATE did not move it, finishes with
+// QueueClaimMove and, when the UPDATE did not move it, finishes with
 // SavePositionTx, as the consumer does.
 func queueMove(t *testing.T, s *dedup.Store, pool *pgxpool.Pool, c dedup.Claim) (tx pgx.Tx, duplicate, moved bool) {
 	t.Helper()
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
 	duplicate, moved = true, true // must be overwritten
-	if err := s.QueueClaimMovePosition(b, c, &duplicate, &moved); err != nil {
-		t.Fatalf("QueueClaimMovePosition: %v", err)
+	if err := dedupq.Of(s).QueueClaimMove(b, dedupq.Claim(c), &duplicate, &moved); err != nil {
+		t.Fatalf("QueueClaimMove: %v", err)
 	}
 	if b.Len() != 3 {
 		t.Fatalf("%d statements queued, want BEGIN, the claim and the UPDATE", b.Len())
@@ -290,12 +242,12 @@ func queueMove(t *testing.T, s *dedup.Store, pool *pgxpool.Pool, c dedup.Claim) 
 	return tx, duplicate, moved
 }
 
-// TestQueueClaimMovePosition: the claim and the UPDATE of the position row
+// TestQueueClaimMove: the claim and the UPDATE of the position row
 // travel with BEGIN; the UPDATE moves an existing row on with
 // ClaimWithPositionTx's rules (never back, the anchor with a known time, the
 // same epoch only) and reports whether it did; a missing row is left to
 // SavePositionTx. A rollback undoes both statements.
-func TestQueueClaimMovePosition(t *testing.T) {
+func TestQueueClaimMove(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db, s := newStore(t)
@@ -367,13 +319,13 @@ func TestQueueClaimMovePosition(t *testing.T) {
 	}
 }
 
-// TestQueueClaimMovePositionRaces: two owners of a partition during a
+// TestQueueClaimMoveRaces: two owners of a partition during a
 // rebalance. Their first writes (no row yet) both end in SavePositionTx,
 // whose ON CONFLICT rechecks the row the other committed: the higher
 // position wins whichever commits first. Later, an UPDATE that waited on
 // the other owner's uncommitted move rechecks the committed row: a lower
 // position does not overwrite a higher one.
-func TestQueueClaimMovePositionRaces(t *testing.T) {
+func TestQueueClaimMoveRaces(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db, s := newStore(t)
@@ -389,7 +341,7 @@ func TestQueueClaimMovePositionRaces(t *testing.T) {
 			b := &pgx.Batch{}
 			b.BeginTx(pgx.TxOptions{})
 			var dup, moved bool
-			if err := s.QueueClaimMovePosition(b, second, &dup, &moved); err != nil {
+			if err := dedupq.Of(s).QueueClaimMove(b, dedupq.Claim(second), &dup, &moved); err != nil {
 				done <- err
 				return
 			}
@@ -423,4 +375,13 @@ func TestQueueClaimMovePositionRaces(t *testing.T) {
 	race(claim("m4", 4), claim("m9", 9), 10)     // two first writers
 	race(claim("m20", 20), claim("m15", 15), 21) // the row exists: never back
 	race(claim("m24", 24), claim("m30", 30), 31) // and on
+}
+
+// qclaims converts claims for the consumer's protocol.
+func qclaims(claims ...dedup.Claim) []dedupq.Claim {
+	out := make([]dedupq.Claim, len(claims))
+	for i, c := range claims {
+		out[i] = dedupq.Claim(c)
+	}
+	return out
 }

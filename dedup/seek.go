@@ -23,8 +23,7 @@ type Position struct {
 	// AnchorTime is the timestamp of the record at AnchorOffset, the last
 	// data record the consumer passed (Next-1, or before it when the
 	// position moved on over transaction markers); the zero time, with
-	// AnchorOffset -1, when it is not known (after a seek, or for a position
-	// written before migration 6).
+	// AnchorOffset -1, when it is not known (after a seek).
 	AnchorTime   time.Time
 	AnchorOffset int64
 	// Epoch counts the seeks of the position (SeekTx): position writes made
@@ -32,19 +31,7 @@ type Position struct {
 	Epoch int64
 	// UpdatedAt is when the position was last written.
 	UpdatedAt time.Time
-	// ClaimsAhead reports that claims of the partition may lie past Next:
-	// its writer claimed messages without moving the position
-	// (QueueClaim), meaning to move it after them (QueueMovePosition sets
-	// it). A consumer starting at Next first asks ClaimedAt about the
-	// messages it reads there. SeekTx clears it. It needs migration 16.
-	ClaimsAhead bool
 }
-
-func (s *Store) positionsTable() string {
-	return pgx.Identifier{s.tables.Schema, s.tables.Tables.ConsumerPositions}.Sanitize()
-}
-
-const positionColumns = `kafka_partition, next_offset, incarnation, anchor_time, coalesce(anchor_offset, next_offset - 1), epoch, updated_at, claims_ahead`
 
 func scanPositions(rows pgx.Rows) ([]Position, error) {
 	var (
@@ -52,7 +39,7 @@ func scanPositions(rows pgx.Rows) ([]Position, error) {
 		p      Position
 		anchor *time.Time
 	)
-	_, err := pgx.ForEachRow(rows, []any{&p.Partition, &p.Next, &p.Incarnation, &anchor, &p.AnchorOffset, &p.Epoch, &p.UpdatedAt, &p.ClaimsAhead}, func() error {
+	_, err := pgx.ForEachRow(rows, []any{&p.Partition, &p.Next, &p.Incarnation, &anchor, &p.AnchorOffset, &p.Epoch, &p.UpdatedAt}, func() error {
 		p.AnchorTime = time.Time{}
 		if anchor != nil {
 			p.AnchorTime = *anchor
@@ -66,7 +53,7 @@ func scanPositions(rows pgx.Rows) ([]Position, error) {
 }
 
 // ListPositions returns consumer's recorded positions in topic, one per
-// partition that has one, in partition order. It needs migration 16.
+// partition that has one, in partition order.
 func (s *Store) ListPositions(ctx context.Context, db DBTX, consumer, topic string) ([]Position, error) {
 	if err := ValidateID("Consumer", consumer); err != nil {
 		return nil, fmt.Errorf("dedup: list positions: %w", &inputError{err: err})
@@ -74,8 +61,7 @@ func (s *Store) ListPositions(ctx context.Context, db DBTX, consumer, topic stri
 	if err := validateTopic(topic); err != nil {
 		return nil, fail("list positions", err)
 	}
-	rows, err := db.Query(ctx, `SELECT `+positionColumns+` FROM `+s.positionsTable()+`
-	WHERE consumer = $1 AND topic = $2 ORDER BY kafka_partition`, consumer, topic)
+	rows, err := db.Query(ctx, s.sql.listPositions, consumer, topic)
 	if err != nil {
 		return nil, fail("list positions", err)
 	}
@@ -91,8 +77,7 @@ func (s *Store) ListPositions(ctx context.Context, db DBTX, consumer, topic stri
 // position moves back (the writes of the consumer only move positions on).
 // Partitions without a position get one. Every position written has its
 // AnchorTime cleared: the consumer trusts it and anchors it again at its next
-// commit, and ClaimsAhead cleared: what was claimed past it comes back, as
-// duplicates. Every position written gets a new Epoch: a consumer that read the
+// commit. Every position written gets a new Epoch: a consumer that read the
 // position before the seek (a member removed by a forced seek, whose
 // transaction was in flight) can no longer move it on; its claims still
 // commit, so what it applied comes back as duplicates after the seek.
@@ -100,7 +85,6 @@ func (s *Store) ListPositions(ctx context.Context, db DBTX, consumer, topic stri
 // SeekTx first locks every position of consumer in topic (FOR UPDATE), so
 // that before is what the seek replaced: the positions of the partitions in
 // to that had one. after holds the positions written, in partition order.
-// It needs migration 16.
 //
 // The incarnation of a position already recorded stays as it is; a new
 // position gets the highest incarnation recorded for the topic (0 when none).
@@ -136,8 +120,7 @@ func (s *Store) SeekTx(ctx context.Context, tx pgx.Tx, consumer, topic string, t
 		return nil, nil, errors.New("dedup: seek: nil tx")
 	}
 
-	rows, err := tx.Query(ctx, `SELECT `+positionColumns+` FROM `+s.positionsTable()+`
-	WHERE consumer = $1 AND topic = $2 ORDER BY kafka_partition FOR UPDATE`, consumer, topic)
+	rows, err := tx.Query(ctx, s.sql.lockPositions, consumer, topic)
 	if err != nil {
 		return nil, nil, fail("seek", err)
 	}
@@ -167,15 +150,7 @@ func (s *Store) SeekTx(ctx context.Context, tx pgx.Tx, consumer, topic string, t
 			incarnations[i] = cur.Incarnation
 		}
 	}
-	rows, err = tx.Query(ctx, `INSERT INTO `+s.positionsTable()+` AS p
-	(consumer, topic, kafka_partition, next_offset, incarnation, anchor_time, epoch, updated_at)
-SELECT $1, $2, t.kafka_partition, t.next_offset, t.incarnation, NULL, 1, now()
-FROM unnest($3::int[], $4::bigint[], $5::bigint[]) AS t (kafka_partition, next_offset, incarnation)
-ORDER BY t.kafka_partition
-ON CONFLICT (consumer, topic, kafka_partition) DO UPDATE
-SET next_offset = EXCLUDED.next_offset, incarnation = EXCLUDED.incarnation, anchor_time = NULL, anchor_offset = NULL,
-	epoch = p.epoch + 1, updated_at = now(), claims_ahead = false
-RETURNING `+positionColumns, consumer, topic, ids, next, incarnations)
+	rows, err = tx.Query(ctx, s.sql.seekPositions, consumer, topic, ids, next, incarnations)
 	if err != nil {
 		return nil, nil, fail("seek", err)
 	}

@@ -123,25 +123,13 @@ func validatePartition(partition int) error {
 }
 
 // Store claims message IDs and records consumer positions in the tables
-// created by package migrate. It holds no connection and no state besides
-// its SQL: it is safe for concurrent use.
+// created by package migrate. It holds no connection; its state is its SQL
+// and the dedup layout it read last: it is safe for concurrent use.
 type Store struct {
-	tables                migrate.Config
-	claimSQL              [3]string // by key: keyText, keyUUID, keyDaily
-	claimWithPositionSQL  [3]string
-	claimBatchDailySQL    string // claimBatchSQL with claims for the daily table
-	claimBatchOneDailySQL string
-	processedDailySQL     string
-	daily                 dailyNames
-	layout                atomic.Pointer[layoutState] // nil: not read yet
-	claimBatchSQL         string
-	claimBatchOneSQL      string // all claims of one consumer, topic and partition
-	savePositionSQL       string
-	movePositionSQL       string    // QueueClaimMovePosition's UPDATE
-	claimedAtSQL          [3]string // by key, as claimSQL
-	processedSQL          string
-	purgeSQL              string
-	purgeConsumerSQL      string
+	tables migrate.Config
+	sql    statements
+	daily  dailyNames
+	layout atomic.Pointer[layoutState] // nil: not read yet
 }
 
 // New returns a Store for the tables cfg names. cfg may be nil, meaning
@@ -156,253 +144,12 @@ func New(cfg *Config) (*Store, error) {
 	if err := mc.Validate(); err != nil {
 		return nil, fmt.Errorf("dedup: %w", err)
 	}
-	processed := pgx.Identifier{mc.Schema, mc.Tables.ProcessedMessages}.Sanitize()
-	positions := pgx.Identifier{mc.Schema, mc.Tables.ConsumerPositions}.Sanitize()
 	daily := newDailyNames(mc)
-
-	// The position statements never move a position back: a redelivered or
-	// replayed message at a lower offset leaves it as it is.
-	// The anchor (the record at next_offset - 1 and its timestamp) moves
-	// with the position when the time is known; a position that moves on
-	// without one (over transaction markers) keeps the last anchor.
-	// A position written under another epoch (a seek happened since its
-	// writer read it) is left as it is.
-	//
-	// A position row exists from a partition's first write on, so it is
-	// moved by a plain UPDATE: INSERT … ON CONFLICT DO UPDATE would also
-	// lock the row first, one more WAL record per message. Only a row that
-	// does not exist yet is inserted (ON CONFLICT DO NOTHING: a row a
-	// concurrent owner inserted meanwhile keeps its position, which can
-	// only make the next start read again what is then a duplicate).
-	// positionCTEs reads its input rows (c, t, k, n, a, e) from the
-	// statement it is given and leaves positionInsert to finish.
-	positionCTEs := func(input string) string {
-		return `position_input AS (
-	SELECT * FROM (` + input + `) AS v (c, t, k, n, a, e)
-), position_moved AS (
-	UPDATE ` + positions + ` AS p SET next_offset = v.n,
-		anchor_offset = CASE WHEN v.a IS NULL THEN p.anchor_offset ELSE v.n - 1 END,
-		anchor_time = coalesce(v.a, p.anchor_time), updated_at = now()
-	FROM position_input AS v
-	WHERE p.consumer = v.c AND p.topic = v.t AND p.kafka_partition = v.k
-		AND p.next_offset < v.n AND p.epoch = v.e
-	RETURNING p.consumer, p.topic, p.kafka_partition
-)`
+	st, err := newStatements(mc, daily)
+	if err != nil {
+		return nil, err
 	}
-	//
-	// A row the UPDATE did not move either does not exist, is ahead, has
-	// another epoch, or was inserted by a transaction that committed after
-	// the statement's snapshot (two first writers during a rebalance): ON
-	// CONFLICT DO UPDATE rechecks the committed row, so the last case still
-	// moves it (DO NOTHING dropped that write).
-	positionInsert := `INSERT INTO ` + positions + ` AS p (consumer, topic, kafka_partition, next_offset, anchor_time, anchor_offset, epoch)
-	SELECT c, t, k, n, a, CASE WHEN a IS NULL THEN NULL ELSE n - 1 END, e FROM position_input AS v
-	WHERE NOT EXISTS (SELECT 1 FROM position_moved AS m
-		WHERE m.consumer = v.c AND m.topic = v.t AND m.kafka_partition = v.k)
-	ON CONFLICT (consumer, topic, kafka_partition) DO UPDATE
-	SET next_offset = EXCLUDED.next_offset,
-		anchor_offset = CASE WHEN EXCLUDED.anchor_time IS NULL THEN p.anchor_offset ELSE EXCLUDED.anchor_offset END,
-		anchor_time = coalesce(EXCLUDED.anchor_time, p.anchor_time), updated_at = now()
-	WHERE p.next_offset < EXCLUDED.next_offset AND p.epoch = EXCLUDED.epoch`
-	// A claim m past its position, made since the position was last
-	// written: one that may have left the position behind it (a seek, or a
-	// recreated topic's new incarnation, writes the position after the
-	// claims it rewinds over).
-	sinceWritten := `NOT EXISTS (SELECT 1 FROM ` + positions + ` AS p
-		WHERE p.consumer = m.consumer AND p.topic = m.topic AND p.kafka_partition = m.kafka_partition
-			AND p.updated_at > m.processed_at)`
-	keepAhead := `NOT EXISTS (SELECT 1 FROM ` + positions + ` AS p
-		WHERE p.consumer = m.consumer AND p.topic = m.topic AND p.kafka_partition = m.kafka_partition
-			AND p.claims_ahead AND m.kafka_offset >= p.next_offset AND m.processed_at >= p.updated_at)`
-	withPosition := func(input string) string {
-		return positionCTEs(input) + `, position_new AS (
-	` + positionInsert + `
-)`
-	}
-
-	return &Store{
-		tables: mc,
-		// A canonical UUID travels twice: as text (to find a row written
-		// before migration 14 stored it as text) and as uuid (the key it is
-		// stored under now); any other ID travels once, as text. A UUID claim
-		// inserts nothing when such an old row exists: no new row ever
-		// stores a UUID as text, so that check races with nothing, and the
-		// unique index on the uuid settles concurrent claims as before.
-		//
-		// Each kind of key has a statement of its own, so that no plan
-		// depends on a parameter's value: PostgreSQL's plan cache then
-		// settles on one generic plan per statement instead of planning a
-		// claim again at every execution (which cost the one-message claims
-		// of UUIDs a quarter of their rate; scripts/bench-dedup).
-		claimSQL: [3]string{
-			keyText: `INSERT INTO ` + processed + ` (consumer, message_id, topic, kafka_partition, kafka_offset)
-	VALUES ($1, $2, $3, $4, $5)
-	ON CONFLICT DO NOTHING`,
-			keyUUID: `INSERT INTO ` + processed + ` (consumer, message_uuid, topic, kafka_partition, kafka_offset)
-	SELECT $1::text, $6::uuid, $3::text, $4::int, $5::bigint
-	WHERE NOT EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1::text AND message_id = $2::text)
-	ON CONFLICT DO NOTHING`,
-			// The daily table holds no UUID claimed before migration 14
-			// (EnableDaily checks): no probe for one stored as text.
-			keyDaily: `INSERT INTO ` + daily.table + ` (consumer, message_uuid, day, topic, kafka_partition, kafka_offset)
-	VALUES ($1, $2, $3, $4, $5, $6)
-	ON CONFLICT DO NOTHING`,
-		},
-
-		claimWithPositionSQL: [3]string{
-			keyText: `WITH claimed AS (
-	INSERT INTO ` + processed + ` (consumer, message_id, topic, kafka_partition, kafka_offset)
-	VALUES ($1, $2, $3, $4, $5)
-	ON CONFLICT DO NOTHING
-	RETURNING 1
-), ` + withPosition(`VALUES ($1::text, $3::text, $4::int, $6::bigint, $7::timestamptz, $8::bigint)`) + `
-SELECT NOT EXISTS (SELECT 1 FROM claimed)`,
-			keyUUID: `WITH claimed AS (
-	INSERT INTO ` + processed + ` (consumer, message_uuid, topic, kafka_partition, kafka_offset)
-	SELECT $1::text, $9::uuid, $3::text, $4::int, $5::bigint
-	WHERE NOT EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1::text AND message_id = $2::text)
-	ON CONFLICT DO NOTHING
-	RETURNING 1
-), ` + withPosition(`VALUES ($1::text, $3::text, $4::int, $6::bigint, $7::timestamptz, $8::bigint)`) + `
-SELECT NOT EXISTS (SELECT 1 FROM claimed)`,
-			keyDaily: `WITH claimed AS (
-	INSERT INTO ` + daily.table + ` (consumer, message_uuid, day, topic, kafka_partition, kafka_offset)
-	VALUES ($1, $2, $3, $4, $5, $6)
-	ON CONFLICT DO NOTHING
-	RETURNING 1
-), ` + withPosition(`VALUES ($1::text, $4::text, $5::int, $7::bigint, $8::timestamptz, $9::bigint)`) + `
-SELECT NOT EXISTS (SELECT 1 FROM claimed)`,
-		},
-
-		claimBatchSQL: `WITH input AS (
-	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::bigint[], $12::uuid[]) WITH ORDINALITY
-		AS i (consumer, message_id, topic, kafka_partition, kafka_offset, message_uuid, ord)
-), claimed AS (
-	INSERT INTO ` + processed + ` (consumer, message_id, message_uuid, topic, kafka_partition, kafka_offset)
-	SELECT i.consumer, CASE WHEN i.message_uuid IS NULL THEN i.message_id END, i.message_uuid, i.topic, i.kafka_partition, i.kafka_offset
-	FROM input AS i
-	WHERE i.message_uuid IS NULL OR NOT EXISTS (SELECT 1 FROM ` + processed + ` AS o
-		WHERE o.consumer = i.consumer AND o.message_id = i.message_id)
-	ORDER BY i.ord
-	ON CONFLICT DO NOTHING
-	RETURNING consumer, coalesce(message_id, message_uuid::text) AS message_id
-), ` + withPosition(`SELECT * FROM unnest($6::text[], $7::text[], $8::int[], $9::bigint[], $10::timestamptz[], $11::bigint[])`) + `
-SELECT input.ord FROM input JOIN claimed USING (consumer, message_id)`,
-
-		// The consumer's batches: one consumer, topic and partition, so those
-		// travel once, as scalars, instead of once per message.
-		claimBatchOneSQL: `WITH input AS (
-	SELECT * FROM unnest($2::text[], $4::bigint[], $9::uuid[]) WITH ORDINALITY AS i (message_id, kafka_offset, message_uuid, ord)
-), claimed AS (
-	INSERT INTO ` + processed + ` (consumer, message_id, message_uuid, topic, kafka_partition, kafka_offset)
-	SELECT $1::text, CASE WHEN i.message_uuid IS NULL THEN i.message_id END, i.message_uuid, $3::text, $5::int, i.kafka_offset
-	FROM input AS i
-	WHERE i.message_uuid IS NULL OR NOT EXISTS (SELECT 1 FROM ` + processed + ` AS o
-		WHERE o.consumer = $1::text AND o.message_id = i.message_id)
-	ORDER BY i.ord
-	ON CONFLICT DO NOTHING
-	RETURNING coalesce(message_id, message_uuid::text) AS message_id
-), ` + withPosition(`VALUES ($1::text, $3::text, $5::int, $6::bigint, $7::timestamptz, $8::bigint)`) + `
-SELECT input.ord FROM input JOIN claimed USING (message_id)`,
-
-		// The same two with claims routed to the daily table (day not NULL):
-		// separate statements, so that a flat layout's plans stay as they
-		// were and need no migration 15.
-		claimBatchDailySQL: `WITH input AS (
-	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::bigint[], $12::uuid[], $13::date[]) WITH ORDINALITY
-		AS i (consumer, message_id, topic, kafka_partition, kafka_offset, message_uuid, day, ord)
-), claimed AS (
-	INSERT INTO ` + processed + ` (consumer, message_id, message_uuid, topic, kafka_partition, kafka_offset)
-	SELECT i.consumer, CASE WHEN i.message_uuid IS NULL THEN i.message_id END, i.message_uuid, i.topic, i.kafka_partition, i.kafka_offset
-	FROM input AS i
-	WHERE i.day IS NULL AND (i.message_uuid IS NULL OR NOT EXISTS (SELECT 1 FROM ` + processed + ` AS o
-		WHERE o.consumer = i.consumer AND o.message_id = i.message_id))
-	ORDER BY i.ord
-	ON CONFLICT DO NOTHING
-	RETURNING consumer, coalesce(message_id, message_uuid::text) AS message_id
-), claimed_daily AS (
-	INSERT INTO ` + daily.table + ` (consumer, message_uuid, day, topic, kafka_partition, kafka_offset)
-	SELECT i.consumer, i.message_uuid, i.day, i.topic, i.kafka_partition, i.kafka_offset
-	FROM input AS i
-	WHERE i.day IS NOT NULL
-	ORDER BY i.ord
-	ON CONFLICT DO NOTHING
-	RETURNING consumer, message_uuid::text AS message_id
-), ` + withPosition(`SELECT * FROM unnest($6::text[], $7::text[], $8::int[], $9::bigint[], $10::timestamptz[], $11::bigint[])`) + `
-SELECT input.ord FROM input JOIN (SELECT * FROM claimed UNION ALL SELECT * FROM claimed_daily) AS c USING (consumer, message_id)`,
-
-		claimBatchOneDailySQL: `WITH input AS (
-	SELECT * FROM unnest($2::text[], $4::bigint[], $9::uuid[], $10::date[]) WITH ORDINALITY AS i (message_id, kafka_offset, message_uuid, day, ord)
-), claimed AS (
-	INSERT INTO ` + processed + ` (consumer, message_id, message_uuid, topic, kafka_partition, kafka_offset)
-	SELECT $1::text, CASE WHEN i.message_uuid IS NULL THEN i.message_id END, i.message_uuid, $3::text, $5::int, i.kafka_offset
-	FROM input AS i
-	WHERE i.day IS NULL AND (i.message_uuid IS NULL OR NOT EXISTS (SELECT 1 FROM ` + processed + ` AS o
-		WHERE o.consumer = $1::text AND o.message_id = i.message_id))
-	ORDER BY i.ord
-	ON CONFLICT DO NOTHING
-	RETURNING coalesce(message_id, message_uuid::text) AS message_id
-), claimed_daily AS (
-	INSERT INTO ` + daily.table + ` (consumer, message_uuid, day, topic, kafka_partition, kafka_offset)
-	SELECT $1::text, i.message_uuid, i.day, $3::text, $5::int, i.kafka_offset
-	FROM input AS i
-	WHERE i.day IS NOT NULL
-	ORDER BY i.ord
-	ON CONFLICT DO NOTHING
-	RETURNING message_uuid::text AS message_id
-), ` + withPosition(`VALUES ($1::text, $3::text, $5::int, $6::bigint, $7::timestamptz, $8::bigint)`) + `
-SELECT input.ord FROM input JOIN (SELECT * FROM claimed UNION ALL SELECT * FROM claimed_daily) AS c USING (message_id)`,
-
-		processedDailySQL: `SELECT EXISTS (SELECT 1 FROM ` + daily.table + ` WHERE consumer = $1 AND message_uuid = $2 AND day = $3)`,
-		daily:             daily,
-
-		savePositionSQL: `WITH ` + positionCTEs(`VALUES ($1::text, $2::text, $3::int, $4::bigint, $5::timestamptz, $6::bigint)`) + `
-` + positionInsert,
-
-		// position_moved alone, for a row that exists (QueueClaimMovePosition,
-		// QueueMovePosition); it marks the row: claims may lie past it.
-		movePositionSQL: `UPDATE ` + positions + ` AS p SET next_offset = $4::bigint,
-	anchor_offset = CASE WHEN $5::timestamptz IS NULL THEN p.anchor_offset ELSE $4::bigint - 1 END,
-	anchor_time = coalesce($5::timestamptz, p.anchor_time), updated_at = now(), claims_ahead = true
-	WHERE p.consumer = $1::text AND p.topic = $2::text AND p.kafka_partition = $3::int
-		AND p.next_offset < $4::bigint AND p.epoch = $6::bigint`,
-
-		// A claim at exactly these coordinates, made since the partition's
-		// position was last written, with claimArgs' parameters.
-		claimedAtSQL: [3]string{
-			keyText: `SELECT EXISTS (SELECT 1 FROM ` + processed + ` AS m WHERE consumer = $1 AND message_id = $2
-	AND topic = $3 AND kafka_partition = $4 AND kafka_offset = $5 AND ` + sinceWritten + `)`,
-			keyUUID: `SELECT EXISTS (SELECT 1 FROM ` + processed + ` AS m WHERE consumer = $1::text AND message_uuid = $6::uuid
-	AND topic = $3::text AND kafka_partition = $4::int AND kafka_offset = $5::bigint AND ` + sinceWritten + `)
-	OR EXISTS (SELECT 1 FROM ` + processed + ` AS m WHERE consumer = $1::text AND message_id = $2::text
-	AND topic = $3::text AND kafka_partition = $4::int AND kafka_offset = $5::bigint AND ` + sinceWritten + `)`,
-			keyDaily: `SELECT EXISTS (SELECT 1 FROM ` + daily.table + ` AS m WHERE consumer = $1 AND message_uuid = $2 AND day = $3
-	AND topic = $4 AND kafka_partition = $5 AND kafka_offset = $6 AND ` + sinceWritten + `)`,
-		},
-
-		processedSQL: `SELECT EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1 AND message_id = $2)
-	OR ($3::uuid IS NOT NULL AND EXISTS (SELECT 1 FROM ` + processed + ` WHERE consumer = $1 AND message_uuid = $3::uuid))`,
-
-		// Rows are found by their ctid: a row has one of two keys. A claim
-		// past a position that says ClaimsAhead, made since its last write,
-		// is kept, however old: it is what tells the consumer starting
-		// there that the message is done (ClaimedAt).
-		purgeSQL: `DELETE FROM ` + processed + ` WHERE ctid = ANY (ARRAY (
-	SELECT ctid FROM ` + processed + ` AS m
-	WHERE processed_at < $1 AND ` + keepAhead + `
-	ORDER BY processed_at
-	LIMIT $2
-	FOR UPDATE SKIP LOCKED
-))`,
-
-		purgeConsumerSQL: `DELETE FROM ` + processed + ` WHERE ctid = ANY (ARRAY (
-	SELECT ctid FROM ` + processed + ` AS m
-	WHERE consumer = $1 AND processed_at < $2 AND ` + keepAhead + `
-	ORDER BY processed_at
-	LIMIT $3
-	FOR UPDATE SKIP LOCKED
-))`,
-	}, nil
+	return &Store{tables: mc, sql: st, daily: daily}, nil
 }
 
 // Tables returns where the store's tables live, with defaults applied:
@@ -422,26 +169,47 @@ func (s *Store) ClaimTx(ctx context.Context, tx pgx.Tx, c Claim) (duplicate bool
 	if tx == nil {
 		return false, errors.New("dedup: claim: nil tx")
 	}
-	kind, u, day, err := s.route(ctx, tx, c.MessageID)
+	k, err := s.route(ctx, tx, c.MessageID)
 	if err != nil {
 		return false, fmt.Errorf("dedup: claim: %w", err)
 	}
-	tag, err := tx.Exec(ctx, s.claimSQL[kind], claimArgs(c, kind, u, day)...)
+	tag, err := tx.Exec(ctx, k.pick(s.sql.claim, s.sql.claimDaily), k.claimArgs(c)...)
 	if err != nil {
-		return false, s.claimError("claim", err, day)
+		return false, s.claimError("claim", err, k.day)
 	}
 	return tag.RowsAffected() == 0, nil
 }
 
-// claimArgs returns the arguments of claimSQL[kind] for c.
-func claimArgs(c Claim, kind int, u pgtype.UUID, day time.Time) []any {
-	switch kind {
-	case keyUUID:
-		return []any{c.Consumer, c.MessageID, c.Topic, c.Partition, c.Offset, u}
-	case keyDaily:
-		return []any{c.Consumer, u, day, c.Topic, c.Partition, c.Offset}
+// storedID is where a message ID is stored: in the flat table as text
+// (uuid not valid) or as a uuid, or in the daily table's partition of day.
+type storedID struct {
+	text  string
+	uuid  pgtype.UUID
+	daily bool
+	day   time.Time
+}
+
+// pick returns flat or daily, for the table k is stored in.
+func (k storedID) pick(flat, daily string) string {
+	if k.daily {
+		return daily
 	}
-	return []any{c.Consumer, c.MessageID, c.Topic, c.Partition, c.Offset}
+	return flat
+}
+
+// claimArgs returns the six parameters of claim and claim_daily for c.
+func (k storedID) claimArgs(c Claim, extra ...any) []any {
+	args := make([]any, 0, 6+len(extra))
+	switch {
+	case k.daily:
+		args = append(args, c.Consumer, k.uuid, k.day)
+	case k.uuid.Valid:
+		args = append(args, c.Consumer, nil, k.uuid)
+	default:
+		args = append(args, c.Consumer, k.text, nil)
+	}
+	args = append(args, c.Topic, c.Partition, c.Offset)
+	return append(args, extra...)
 }
 
 // ClaimWithPositionTx does what ClaimTx does and, in the same statement,
@@ -455,131 +223,42 @@ func (s *Store) ClaimWithPositionTx(ctx context.Context, tx pgx.Tx, c Claim) (du
 	if tx == nil {
 		return false, errors.New("dedup: claim: nil tx")
 	}
-	q, args, day, err := s.claimWithPosition(ctx, tx, c)
+	k, err := s.route(ctx, tx, c.MessageID)
 	if err != nil {
 		return false, fmt.Errorf("dedup: claim: %w", err)
 	}
-	err = tx.QueryRow(ctx, q, args...).Scan(&duplicate)
+	err = tx.QueryRow(ctx, k.pick(s.sql.claimWithPosition, s.sql.claimWithPositionDaily),
+		k.claimArgs(c, c.Offset+1, anchor(c.Time), c.Epoch)...).Scan(&duplicate)
 	if err != nil {
-		return false, s.claimError("claim", err, day)
+		return false, s.claimError("claim", err, k.day)
 	}
 	return duplicate, nil
 }
 
-// claimWithPosition returns ClaimWithPositionTx's statement for c's kind of
-// key, its arguments and, for the daily table, the claim's day. db reads
-// the layout if needed (nil: queued, see route).
-func (s *Store) claimWithPosition(ctx context.Context, db DBTX, c Claim) (string, []any, time.Time, error) {
-	kind, u, day, err := s.route(ctx, db, c.MessageID)
-	if err != nil {
-		return "", nil, day, err
-	}
-	var args []any
-	switch kind {
-	case keyText:
-		args = []any{c.Consumer, c.MessageID, c.Topic, c.Partition, c.Offset, c.Offset + 1, anchor(c.Time), c.Epoch}
-	case keyUUID:
-		args = []any{c.Consumer, c.MessageID, c.Topic, c.Partition, c.Offset, c.Offset + 1, anchor(c.Time), c.Epoch, u}
-	case keyDaily:
-		args = []any{c.Consumer, u, day, c.Topic, c.Partition, c.Offset, c.Offset + 1, anchor(c.Time), c.Epoch}
-	}
-	return s.claimWithPositionSQL[kind], args, day, nil
-}
-
-// The kinds of key a message ID is stored under.
-const (
-	keyText  = iota // message_id, text
-	keyUUID         // message_uuid, a canonical UUID
-	keyDaily        // the daily table: a UUIDv7 from the layout's DailyFrom on
-)
-
-// QueueClaimWithPosition queues on b the statement ClaimWithPositionTx
-// runs, so that it travels in one round trip with the rest of b: queued
-// after b.BeginTx, a transaction begins, claims and records the position
-// in one round trip (b.BeginTx must come first, as pgx requires). The
-// outcome is stored in *duplicate when b's results are read
-// (pgx.BatchResults.Close); an error of the statement is returned from
-// there, wrapped, and *duplicate then means nothing (pgx may also fail the
-// batch before running it, for example
-// preparing it on a schema that is not migrated: that error is pgx's).
-// Invalid input returns an error matching ErrInvalidInput and queues
-// nothing. A UUIDv7 ID needs the schema's layout, which a queued claim cannot
-// read: call Store.Layout once before (ErrLayoutUnknown otherwise).
-func (s *Store) QueueClaimWithPosition(b *pgx.Batch, c Claim, duplicate *bool) error {
-	if err := c.validate(); err != nil {
-		return fail("claim", err)
-	}
-	if b == nil || duplicate == nil {
-		return errors.New("dedup: claim: nil batch or result")
-	}
-	q, args, day, err := s.claimWithPosition(context.Background(), nil, c)
-	if err != nil {
-		return fmt.Errorf("dedup: claim: %w", err)
-	}
-	b.Queue(q, args...).QueryRow(func(row pgx.Row) error {
-		if err := row.Scan(duplicate); err != nil {
-			return s.claimError("claim", err, day)
-		}
-		return nil
-	})
-	return nil
-}
-
-// QueueClaimMovePosition queues on b what QueueClaimWithPosition queues,
-// for a partition whose position row exists (the caller wrote or read it
-// before), as two plain statements that travel in the same round trip: the
-// claim ClaimTx runs, then an UPDATE of the position row, with the same
-// rules (never back, the anchor moves with a known time, the same epoch
-// only), which also marks the row ClaimsAhead (see QueueClaim; it needs
-// migration 16). *duplicate is the claim's outcome and *moved reports whether the
-// UPDATE moved the position; both are stored when b's results are read,
-// errors are returned as for QueueClaimWithPosition.
-//
-// When *moved is false, the row is ahead, has another epoch, or does not
-// exist: the caller then calls SavePositionTx in the same transaction,
-// with c.Offset+1, c.Time and c.Epoch, which inserts a missing row and
-// leaves the others as they are. The two statements plus that call record
-// what ClaimWithPositionTx records.
-//
-// This is the cheaper form for one message per transaction: PostgreSQL
-// spends less CPU on two plain statements than on ClaimWithPositionTx's
-// single statement, whose INSERT of a missing row is planned and started at
-// every execution (docs/bench/2026-12-02-issue11-onetx.md). Invalid input
-// returns an error matching ErrInvalidInput and queues nothing.
-func (s *Store) QueueClaimMovePosition(b *pgx.Batch, c Claim, duplicate, moved *bool) error {
+// queueClaimMove is dedupq.Queuer.QueueClaimMove. The claim and the
+// UPDATE of the position row are two plain statements, where
+// ClaimWithPositionTx's single statement plans and starts its INSERT of a
+// missing row at every execution: less PostgreSQL CPU per message.
+func (s *Store) queueClaimMove(b *pgx.Batch, c Claim, duplicate, moved *bool) error {
 	if err := c.validate(); err != nil {
 		return fail("claim", err)
 	}
 	if b == nil || duplicate == nil || moved == nil {
 		return errors.New("dedup: claim: nil batch or result")
 	}
-	if err := s.queueClaim(b, c, duplicate); err != nil {
-		return err
-	}
-	s.queueMove(b, c.Consumer, c.Topic, c.Partition, c.Offset+1, c.Time, c.Epoch, moved)
-	return nil
-}
-
-// queueClaim queues the claim of c, checked, on b.
-func (s *Store) queueClaim(b *pgx.Batch, c Claim, duplicate *bool) error {
-	kind, u, day, err := s.route(context.Background(), nil, c.MessageID)
+	k, err := s.route(context.Background(), nil, c.MessageID)
 	if err != nil {
 		return fmt.Errorf("dedup: claim: %w", err)
 	}
-	b.Queue(s.claimSQL[kind], claimArgs(c, kind, u, day)...).Fn = func(br pgx.BatchResults) error {
+	b.Queue(k.pick(s.sql.claim, s.sql.claimDaily), k.claimArgs(c)...).Fn = func(br pgx.BatchResults) error {
 		tag, err := br.Exec()
 		if err != nil {
-			return s.claimError("claim", err, day)
+			return s.claimError("claim", err, k.day)
 		}
 		*duplicate = tag.RowsAffected() == 0
 		return nil
 	}
-	return nil
-}
-
-// queueMove queues movePositionSQL, its arguments checked, on b.
-func (s *Store) queueMove(b *pgx.Batch, consumer, topic string, partition int, next int64, anchorTime time.Time, epoch int64, moved *bool) {
-	b.Queue(s.movePositionSQL, consumer, topic, partition, next, anchor(anchorTime), epoch).Fn =
+	b.Queue(s.sql.movePosition, c.Consumer, c.Topic, c.Partition, c.Offset+1, anchor(c.Time), c.Epoch).Fn =
 		func(br pgx.BatchResults) error {
 			tag, err := br.Exec()
 			if err != nil {
@@ -588,82 +267,7 @@ func (s *Store) queueMove(b *pgx.Batch, consumer, topic string, partition int, n
 			*moved = tag.RowsAffected() == 1
 			return nil
 		}
-}
-
-// QueueClaim queues on b the claim ClaimTx makes, without a position:
-// queued after b.BeginTx, the transaction begins and claims in one round
-// trip. *duplicate is stored when b's results are read; errors are returned
-// as for QueueClaimWithPosition, and a UUIDv7 ID needs Store.Layout called
-// once before.
-//
-// A consumer claims so only once the partition's position row says
-// ClaimsAhead (QueueClaimMovePosition or QueueMovePosition moved it in a
-// committed transaction), and moves the position past such claims later:
-// with the claim of a later message, or on its own (QueueMovePosition).
-// When it starts at a position that says ClaimsAhead, it asks ClaimedAt
-// about each message it reads there before handling it.
-func (s *Store) QueueClaim(b *pgx.Batch, c Claim, duplicate *bool) error {
-	if err := c.validate(); err != nil {
-		return fail("claim", err)
-	}
-	if b == nil || duplicate == nil {
-		return errors.New("dedup: claim: nil batch or result")
-	}
-	return s.queueClaim(b, c, duplicate)
-}
-
-// QueueMovePosition queues on b the UPDATE that moves consumer's position
-// in topic's partition on to next, as QueueClaimMovePosition's second
-// statement does: never back, the anchor moved when anchorTime is known,
-// under the same epoch only, and the row marked ClaimsAhead. *moved
-// reports, when b's results are read, whether the row moved; a row that
-// does not exist is not inserted (SavePositionTx does that). It moves the
-// position past claims QueueClaim made, in a transaction of its own: as
-// the row says ClaimsAhead, that transaction may commit asynchronously
-// (synchronous_commit off), since losing it loses nothing ClaimedAt does
-// not find. It needs migration 16.
-func (s *Store) QueueMovePosition(b *pgx.Batch, consumer, topic string, partition int, next int64, anchorTime time.Time, epoch int64, moved *bool) error {
-	if err := validatePosition("move position", consumer, topic, partition, next); err != nil {
-		return err
-	}
-	if b == nil || moved == nil {
-		return errors.New("dedup: move position: nil batch or result")
-	}
-	s.queueMove(b, consumer, topic, partition, next, anchorTime, epoch, moved)
 	return nil
-}
-
-// ClaimedAt reports whether c.MessageID was claimed by c.Consumer at exactly
-// c's topic, partition and offset since the position of that partition was
-// last written, if it has one (the claim's processed_at is not before the
-// position's UpdatedAt), as db sees it: the message read there was claimed, and its
-// transaction committed, by a consumer of that name that did not move the
-// position past it. (c.Time and c.Epoch are not used.) A consumer starting
-// at a position that says ClaimsAhead passes such messages silently, as if
-// the position were past them; a message claimed elsewhere (a true
-// duplicate), before the position's last write (what a seek rewound over,
-// a recreated topic's earlier incarnation) or not at all ends what it
-// passes, and comes back as usual. Invalid input returns an error matching
-// ErrInvalidInput. It needs migration 16.
-func (s *Store) ClaimedAt(ctx context.Context, db DBTX, c Claim) (bool, error) {
-	if err := c.validate(); err != nil {
-		return false, fail("claimed at", err)
-	}
-	if _, ok := uuid7Day(compactID(c.MessageID)); ok {
-		// A read, not a claim: as Processed, read the layout afresh.
-		if _, err := s.ReadLayout(ctx, db); err != nil {
-			return false, fmt.Errorf("dedup: claimed at: %w", err)
-		}
-	}
-	kind, u, day, err := s.route(ctx, db, c.MessageID)
-	if err != nil {
-		return false, fmt.Errorf("dedup: claimed at: %w", err)
-	}
-	var ok bool
-	if err := db.QueryRow(ctx, s.claimedAtSQL[kind], claimArgs(c, kind, u, day)...).Scan(&ok); err != nil {
-		return false, fail("claimed at", err)
-	}
-	return ok, nil
 }
 
 type idKey struct{ consumer, messageID string }
@@ -698,12 +302,8 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, claims []Claim) (du
 	return q.result(s, rows)
 }
 
-// QueueClaimBatch queues on b the statement ClaimBatchTx runs (see
-// QueueClaimWithPosition for how a batch begins a transaction with it).
-// The outcome is stored in *duplicate when b's results are read. Invalid
-// input returns an error matching ErrInvalidInput and queues nothing; an
-// empty claims queues nothing and stores an empty slice.
-func (s *Store) QueueClaimBatch(b *pgx.Batch, claims []Claim, duplicate *[]bool) error {
+// queueClaimBatch is dedupq.Queuer.QueueClaimBatch.
+func (s *Store) queueClaimBatch(b *pgx.Batch, claims []Claim, duplicate *[]bool) error {
 	q, err := s.batchClaim(context.Background(), nil, claims)
 	if err != nil {
 		return err
@@ -778,33 +378,29 @@ func (s *Store) batchClaim(ctx context.Context, db DBTX, claims []Claim) (*claim
 		return cmp.Or(strings.Compare(claims[a].Consumer, claims[b].Consumer),
 			strings.Compare(claims[a].MessageID, claims[b].MessageID))
 	})
-	ids := make([]string, len(first))
+	ids := make([]*string, len(first)) // text IDs; nil where the ID is a uuid
 	uuids := make([]pgtype.UUID, len(first))
+	days := make([]pgtype.Date, len(first)) // for the daily table; NULL elsewhere
 	offsets := make([]int64, len(first))
-	var days []pgtype.Date // for the daily table; nil when no claim goes there
 	for j, i := range first {
-		kind, u, day, err := s.route(ctx, db, claims[i].MessageID)
+		k, err := s.route(ctx, db, claims[i].MessageID)
 		if err != nil {
 			return nil, fmt.Errorf("dedup: claim batch: %w", err)
 		}
-		if kind == keyDaily {
-			if days == nil {
-				days = make([]pgtype.Date, len(first))
-			}
-			days[j] = pgtype.Date{Time: day, Valid: true}
+		switch {
+		case k.daily:
+			days[j] = pgtype.Date{Time: k.day, Valid: true}
+		case !k.uuid.Valid:
+			ids[j] = &claims[i].MessageID
 		}
-		ids[j], uuids[j], offsets[j] = claims[i].MessageID, u, claims[i].Offset
+		uuids[j], offsets[j] = k.uuid, claims[i].Offset
 	}
 	q := &claimBatch{n: len(claims), first: first}
 	if len(next) == 1 { // one consumer, topic and partition: the consumer's batches
 		c := claims[0]
 		pk := positionKey{c.Consumer, c.Topic, c.Partition}
-		q.sql = s.claimBatchOneSQL
-		q.args = []any{c.Consumer, ids, c.Topic, offsets, int32(c.Partition), next[pk], anchors[pk], epochs[pk], uuids}
-		if days != nil {
-			q.sql = s.claimBatchOneDailySQL
-			q.args = append(q.args, days)
-		}
+		q.sql = s.sql.claimBatchPartition
+		q.args = []any{c.Consumer, ids, c.Topic, offsets, int32(c.Partition), next[pk], anchors[pk], epochs[pk], uuids, days}
 		return q, nil
 	}
 	consumers := make([]string, len(first))
@@ -832,12 +428,8 @@ func (s *Store) batchClaim(ctx context.Context, db DBTX, claims []Claim) (*claim
 		pConsumers[j], pTopics[j], pPartitions[j], pNext[j] = k.consumer, k.topic, int32(k.partition), next[k]
 		pAnchors[j], pEpochs[j] = anchors[k], epochs[k]
 	}
-	q.sql = s.claimBatchSQL
-	q.args = []any{consumers, ids, topics, partitions, offsets, pConsumers, pTopics, pPartitions, pNext, pAnchors, pEpochs, uuids}
-	if days != nil {
-		q.sql = s.claimBatchDailySQL
-		q.args = append(q.args, days)
-	}
+	q.sql = s.sql.claimBatch
+	q.args = []any{consumers, ids, topics, partitions, offsets, uuids, days, pConsumers, pTopics, pPartitions, pNext, pAnchors, pEpochs}
 	return q, nil
 }
 
@@ -905,7 +497,7 @@ func (s *Store) SavePositionTx(ctx context.Context, tx pgx.Tx, consumer, topic s
 	if tx == nil {
 		return errors.New("dedup: save position: nil tx")
 	}
-	if _, err := tx.Exec(ctx, s.savePositionSQL, consumer, topic, partition, next, anchor(anchorTime), epoch); err != nil {
+	if _, err := tx.Exec(ctx, s.sql.savePosition, consumer, topic, partition, next, anchor(anchorTime), epoch); err != nil {
 		return fail("save position", err)
 	}
 	return nil
@@ -945,19 +537,22 @@ func (s *Store) Processed(ctx context.Context, db DBTX, consumer, messageID stri
 	if _, ok := uuid7Day(compactID(messageID)); ok {
 		// A read, not a claim: no guard would tell it of a switch made by
 		// another process since this store read the layout.
-		if _, err := s.ReadLayout(ctx, db); err != nil {
+		if _, err := s.Layout(ctx, db); err != nil {
 			return false, fmt.Errorf("dedup: processed: %w", err)
 		}
 	}
-	kind, u, day, err := s.route(ctx, db, messageID)
+	k, err := s.route(ctx, db, messageID)
 	if err != nil {
 		return false, fmt.Errorf("dedup: processed: %w", err)
 	}
 	var ok bool
-	if kind == keyDaily {
-		err = db.QueryRow(ctx, s.processedDailySQL, consumer, u, day).Scan(&ok)
-	} else {
-		err = db.QueryRow(ctx, s.processedSQL, consumer, messageID, u).Scan(&ok)
+	switch {
+	case k.daily:
+		err = db.QueryRow(ctx, s.sql.processedDaily, consumer, k.uuid, k.day).Scan(&ok)
+	case k.uuid.Valid:
+		err = db.QueryRow(ctx, s.sql.processed, consumer, nil, k.uuid).Scan(&ok)
+	default:
+		err = db.QueryRow(ctx, s.sql.processed, consumer, messageID, nil).Scan(&ok)
 	}
 	if err != nil {
 		return false, fail("processed", err)
@@ -970,11 +565,8 @@ func (s *Store) Processed(ctx context.Context, db DBTX, consumer, messageID stri
 // per statement, each statement its own short transaction on db, until no
 // such record is left or ctx ends. It returns how many records it deleted,
 // also when it returns an error. batchSize <= 0 means PurgeBatchDefault.
-// Rows locked by a concurrent Purge are skipped, not waited for (it needs
-// migration 16). Positions are never purged, nor the records ClaimedAt finds past a position that
-// says ClaimsAhead (claims made since its last write: at most a run of
-// one-message transactions per partition, which the consumer starting
-// there needs). Records in daily partitions
+// Rows locked by a concurrent Purge are skipped, not waited for.
+// Positions are never purged. Records in daily partitions
 // are not deleted here: they go with their day's partition
 // (MaintainPartitions), whatever the positions say: a consumer stopped for
 // longer than KeepDays reads such messages again as new, which
@@ -1011,9 +603,9 @@ func (s *Store) purge(ctx context.Context, db *pgxpool.Pool, consumer string, ol
 	var deleted int64
 	var err error
 	if consumer == "" {
-		deleted, err = pgexec.DeleteInBatches(ctx, db, s.purgeSQL, batchSize, cutoff)
+		deleted, err = pgexec.DeleteInBatches(ctx, db, s.sql.purge, batchSize, cutoff)
 	} else {
-		deleted, err = pgexec.DeleteInBatches(ctx, db, s.purgeConsumerSQL, batchSize, consumer, cutoff)
+		deleted, err = pgexec.DeleteInBatches(ctx, db, s.sql.purgeConsumer, batchSize, consumer, cutoff)
 	}
 	if err != nil {
 		return deleted, fail("purge", err)

@@ -6,7 +6,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -207,88 +206,5 @@ func TestConcurrentUUIDClaimsOneWins(t *testing.T) {
 	wg.Wait()
 	if n := fresh.Load(); n != 1 {
 		t.Fatalf("%d claims committed as new, want 1", n)
-	}
-}
-
-// A UUID claimed before migration 14 (stored as text) stays claimed: its
-// redelivery after the upgrade is a duplicate, in every claim statement,
-// and Processed finds it; purging it makes the UUID new again.
-func TestUUIDClaimedBeforeVersion14StaysClaimed(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	db := testenv.NewDB(t)
-	m, err := migrate.New(db.Pool, &migrate.Config{Schema: db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Up(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Down(ctx, 13); err != nil {
-		t.Fatal(err)
-	}
-	table := db.Table(migrate.ProcessedMessagesDefault)
-	const id = "7f3e2d1c-0b9a-4876-9543-210fedcba987"
-	// What version 13's store wrote.
-	if _, err := db.Pool.Exec(ctx, `INSERT INTO `+table+` (consumer, message_id, topic, kafka_partition, kafka_offset, processed_at)
-		VALUES ('c', $1, 't', 0, 0, now() - interval '2 days'), ('c', 'plain', 't', 0, 1, now())
-		ON CONFLICT (consumer, message_id) DO NOTHING`, id); err != nil {
-		t.Fatal(err)
-	}
-	if applied, err := m.Up(ctx); err != nil || len(applied) == 0 || applied[0] != 14 {
-		t.Fatalf("Up: %v, %v; want 14 first", applied, err)
-	}
-	s, err := dedup.New(&dedup.Config{Schema: db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := dedup.Claim{Consumer: "c", MessageID: id, Topic: "t", Offset: 5}
-	for name, again := range map[string]func(tx pgx.Tx) (bool, error){
-		"ClaimTx":             func(tx pgx.Tx) (bool, error) { return s.ClaimTx(ctx, tx, c) },
-		"ClaimWithPositionTx": func(tx pgx.Tx) (bool, error) { return s.ClaimWithPositionTx(ctx, tx, c) },
-		"ClaimBatchTx": func(tx pgx.Tx) (bool, error) {
-			d, err := s.ClaimBatchTx(ctx, tx, []dedup.Claim{c, {Consumer: "c", MessageID: "plain", Topic: "t", Offset: 6}})
-			if err == nil && !d[1] {
-				t.Error("ClaimBatchTx: old text ID was not a duplicate")
-			}
-			return err == nil && d[0], err
-		},
-		"ClaimBatchTx many partitions": func(tx pgx.Tx) (bool, error) {
-			d, err := s.ClaimBatchTx(ctx, tx, []dedup.Claim{c, {Consumer: "c", MessageID: "x", Topic: "t", Partition: 1}})
-			return err == nil && d[0], err
-		},
-	} {
-		inTx(t, db.Pool, func(tx pgx.Tx) {
-			dup, err := again(tx)
-			if err != nil || !dup {
-				t.Fatalf("%s of a UUID claimed before version 14: duplicate %v, %v; want a duplicate", name, dup, err)
-			}
-		})
-	}
-	if ok, err := s.Processed(ctx, db.Pool, "c", id); err != nil || !ok {
-		t.Fatalf("Processed = %v, %v; want true", ok, err)
-	}
-	if n, err := s.Purge(ctx, db.Pool, 24*time.Hour, 0); err != nil || n != 1 {
-		t.Fatalf("Purge: %d, %v; want the old row", n, err)
-	}
-	inTx(t, db.Pool, func(tx pgx.Tx) {
-		if claim(t, s, tx, c) {
-			t.Fatal("UUID after its old row was purged: duplicate, want new")
-		}
-	})
-	if got := storedAs(t, db, "c", id); got != "uuid" {
-		t.Fatalf("reclaimed UUID stored as %q, want uuid", got)
-	}
-	// Back to 13: the UUID row becomes text again, the primary key returns.
-	if _, err := m.Down(ctx, 13); err != nil {
-		t.Fatalf("Down(13): %v", err)
-	}
-	var n int
-	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+table+` WHERE message_id IN ($1, 'plain')`, id).Scan(&n); err != nil || n != 2 {
-		t.Fatalf("after Down(13): %d rows (%v), want 2 text rows", n, err)
-	}
-	if _, err := db.Pool.Exec(ctx, `INSERT INTO `+table+` (consumer, message_id, topic, kafka_partition, kafka_offset)
-		VALUES ('c', $1, 't', 0, 9) ON CONFLICT (consumer, message_id) DO NOTHING`, id); err != nil {
-		t.Fatalf("version 13's claim after Down: %v", err)
 	}
 }

@@ -110,7 +110,7 @@ func Parse(m kafka.Message) (*DeadLetter, error) {
 	if d.Origin.Offset, err = strconv.ParseInt(h[HeaderOriginOffset], 10, 64); err != nil {
 		return nil, bad(HeaderOriginOffset, err)
 	}
-	if v, ok := h[HeaderOriginIncarnation]; ok { // absent in dead letters written before it existed
+	if v, ok := h[HeaderOriginIncarnation]; ok { // absent means 0 (see HeaderOriginIncarnation)
 		if d.Origin.Incarnation, err = strconv.ParseInt(v, 10, 64); err == nil && d.Origin.Incarnation < 0 {
 			err = errors.New("negative")
 		}

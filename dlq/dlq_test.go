@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
@@ -129,7 +130,7 @@ func (e *env) consume(n int, fail func(m *consumer.Message, attempt int) error) 
 func (e *env) consumeWith(n int, fail func(m *consumer.Message, attempt int) error, mutate func(*consumer.Config)) {
 	e.t.Helper()
 	w, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: testenv.Kafka(e.t), Group: e.group, Logger: e.logger,
-		Retry: &retry.Policy{InitialInterval: 20 * time.Millisecond, MaxInterval: 200 * time.Millisecond, MaxAttempts: -1, MaxElapsedTime: -1}})
+		Retry: retry.Policy{InitialInterval: 20 * time.Millisecond, MaxInterval: 200 * time.Millisecond, MaxAttempts: -1, MaxElapsedTime: -1}})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -141,7 +142,7 @@ func (e *env) consumeWith(n int, fail func(m *consumer.Message, attempt int) err
 	cfg := &consumer.Config{
 		Kafka: testenv.Kafka(e.t), Topic: e.topic, GroupID: e.group, Store: e.store,
 		Logger: e.logger, OnFailure: w.OnFailure,
-		Retry: &retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 20 * time.Millisecond, MaxAttempts: 3},
+		Retry: retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 20 * time.Millisecond, MaxAttempts: 3},
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			mu.Lock()
 			attempts[m.ID]++
@@ -152,11 +153,11 @@ func (e *env) consumeWith(n int, fail func(m *consumer.Message, attempt int) err
 			}
 			return e.effect(ctx, tx, m)
 		}),
-		Hooks: consumer.Hooks{Outcome: func(context.Context, *consumer.Message, consumer.Outcome) {
+		Observers: []consumer.Observer{&testobs.Hooks{OnOutcome: func(context.Context, *consumer.Message, consumer.Outcome) {
 			if int(outcomes.Add(1)) == n {
 				close(done)
 			}
-		}},
+		}}},
 	}
 	if mutate != nil {
 		mutate(cfg)
@@ -301,7 +302,7 @@ func (e *env) reprocessorOn(pool *pgxpool.Pool, mode dlq.Mode, h consumer.Handle
 	e.t.Helper()
 	cfg := &dlq.ReprocessorConfig{Kafka: testenv.Kafka(e.t), Topic: e.dlq, Mode: mode,
 		Schema: e.db.Schema, Logger: e.logger, ReplayedBy: "test",
-		Retry: &retry.Policy{InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond, MaxAttempts: 2}}
+		Retry: retry.Policy{InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond, MaxAttempts: 2}}
 	if h != nil {
 		cfg.Handler = h
 	}

@@ -171,5 +171,5 @@
 // origin messages (Messages).
 //
 // The tables (replay records, stored values) are created by package
-// migrate, versions 4, 7 and 17.
+// migrate.
 package dlq

@@ -18,7 +18,7 @@ import (
 // each failure to report.
 func loudWriterConfig(e *env, logger *slog.Logger, report func(*dlq.WriteFailure)) *dlq.WriterConfig {
 	return &dlq.WriterConfig{Kafka: testenv.Kafka(e.t), Group: e.group, Logger: logger,
-		Retry:       &retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 2},
+		Retry:       retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 2},
 		WriteFailed: func(_ context.Context, f *dlq.WriteFailure) { report(f) }}
 }
 

@@ -15,7 +15,7 @@ import (
 
 // A replay against a schema without the replay records table stops with
 // ErrNotMigrated (also idemkit.ErrNotMigrated), not a raw SQLSTATE, and
-// changes nothing (issue 12).
+// changes nothing.
 func TestReprocessorNotMigrated(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)

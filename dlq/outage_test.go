@@ -112,7 +112,7 @@ func TestReprocessorRidesOutPostgresTermination(t *testing.T) {
 		return e.effect(ctx, tx, m)
 	}, func(c *dlq.ReprocessorConfig) {
 		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-		c.Retry = &retry.Policy{MaxAttempts: 1} // an outage must not use up the handler's attempts
+		c.Retry = retry.Policy{MaxAttempts: 1} // an outage must not use up the handler's attempts
 		c.Progress = func(it dlq.Item) {
 			if it.DeadLetter != nil && it.DeadLetter.MessageID == "p1" {
 				e.terminate(app) // the next statement finds its connection gone
@@ -192,9 +192,9 @@ func TestWriterMaxOutage(t *testing.T) {
 // TestReprocessorReplacesReadOnlySession: the only connection of the
 // reprocessor's pool was made read-only by other code sharing the pool (SET
 // SESSION CHARACTERISTICS outlives a transaction). The replay's first
-// write gets 25006; the reprocessor closes that connection instead of
-// giving it back, and the replay goes through on a new one. Before, it was
-// waited on as an outage until MaxOutage (found by review).
+// write gets 25006; the reprocessor closes that connection (it neither
+// gives it back nor waits on it as an outage until MaxOutage), and the
+// replay goes through on a new one.
 func TestReprocessorReplacesReadOnlySession(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

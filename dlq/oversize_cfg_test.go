@@ -20,6 +20,6 @@ func oversizeWriterConfig(e *env) *dlq.WriterConfig {
 // failed write.
 func noPoolWriterConfig(e *env, refused func()) *dlq.WriterConfig {
 	return &dlq.WriterConfig{Kafka: testenv.Kafka(e.t), Group: e.group, Logger: e.logger,
-		Retry:       &retry.Policy{InitialInterval: 20 * time.Millisecond, MaxInterval: 100 * time.Millisecond, MaxAttempts: -1, MaxElapsedTime: -1},
+		Retry:       retry.Policy{InitialInterval: 20 * time.Millisecond, MaxInterval: 100 * time.Millisecond, MaxAttempts: -1, MaxElapsedTime: -1},
 		WriteFailed: func(context.Context, *dlq.WriteFailure) { refused() }}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -109,8 +110,8 @@ func testOversize(t *testing.T, size int, mode consumer.FailureMode) {
 	cfg := &consumer.Config{
 		Kafka: testenv.Kafka(t), Topic: e.topic, GroupID: e.group, Store: e.store, Logger: e.logger,
 		OnFailure: writer.OnFailure, FailureMode: mode, BatchSize: 1,
-		Retry:       &retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 1},
-		ParkedRetry: &retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 2},
+		Retry:       retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 1},
+		ParkedRetry: retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 2},
 		ParkedPoll:  10 * time.Millisecond,
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			if m.ID == "big" {
@@ -121,7 +122,7 @@ func testOversize(t *testing.T, size int, mode consumer.FailureMode) {
 			}
 			return e.effect(ctx, tx, m)
 		}),
-		Hooks: consumer.Hooks{Outcome: func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
+		Observers: []consumer.Observer{&testobs.Hooks{OnOutcome: func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
 			mu.Lock()
 			defer mu.Unlock()
 			outcomes[m.ID] = o
@@ -132,7 +133,7 @@ func testOversize(t *testing.T, size int, mode consumer.FailureMode) {
 					close(done)
 				}
 			}
-		}},
+		}}},
 	}
 	r, err := consumer.New(e.db.Pool, cfg)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/user"
+	"reflect"
 	"slices"
 	"time"
 
@@ -112,7 +113,7 @@ type ReprocessorConfig struct {
 	// NewReprocessor's argument.
 	pool *pgxpool.Pool
 	// Schema holds the dedup, replay records and stored values tables (see
-	// package migrate, versions 4, 7 and 17). Defaults to "public".
+	// package migrate). Defaults to "public".
 	Schema string
 	// Tables names the tables inside Schema; each defaults as documented on
 	// migrate.Tables.
@@ -150,7 +151,7 @@ type ReprocessorConfig struct {
 	// Retry paces the handler's attempts within one replay and writes to
 	// Kafka that fail for another reason than an outage. Defaults to the
 	// zero retry.Policy.
-	Retry *retry.Policy
+	Retry retry.Policy
 	// MaxOutage bounds how long Run waits while PostgreSQL or Kafka cannot be
 	// reached (see retry.IsConnection): it backs off, logs the outage once
 	// when it starts and once with its duration when it ends, goes on where
@@ -316,8 +317,10 @@ func NewReprocessor(pool *pgxpool.Pool, cfg *ReprocessorConfig) (*Reprocessor, e
 	c.HandlerTimeout = cmp.Or(c.HandlerTimeout, HandlerTimeoutDefault)
 	c.ReplayLimit = cmp.Or(c.ReplayLimit, ReplayLimitDefault)
 	c.ReplayedBy = cmp.Or(c.ReplayedBy, whoami())
-	if c.Retry == nil {
-		c.Retry = &retry.Policy{}
+	if reflect.ValueOf(c.Retry).IsZero() {
+		// The zero Policy's bounds, said out loud: the writer's zero means
+		// no bound.
+		c.Retry = retry.Policy{MaxAttempts: retry.MaxAttemptsDefault}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

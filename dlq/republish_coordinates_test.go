@@ -20,8 +20,8 @@ import (
 // consumer (its original has no message-id header) is republished with the
 // ID the first attempt had, so that a second republish of it (a crash
 // between the write and its replay record, then a rerun) is deduplicated:
-// its effect happens once. Found in review: the copies took new IDs from
-// their new offsets and were applied twice.
+// its effect happens once. Copies that took new IDs from their new offsets
+// would be applied twice.
 func TestRepublishCoordinateIDOnce(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, true)

@@ -15,8 +15,8 @@ import (
 )
 
 // TestScanReturnsFnError: an error of fn ends the scan and is returned as
-// is, also a network error (fn's own database write): found in review, such
-// an error was taken for a broker outage and the message skipped.
+// is, also a network error (fn's own database write): such an error is not
+// taken for a broker outage, and no message is skipped.
 func TestScanReturnsFnError(t *testing.T) {
 	t.Parallel()
 	topic := testenv.NewTopic(t, 1)

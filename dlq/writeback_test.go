@@ -41,7 +41,7 @@ func (e *env) redrive(fail map[string]bool) (dlq.Summary, []dlq.Item, error) {
 	var items []dlq.Item
 	rp, err := dlq.NewReprocessor(e.db.Pool, &dlq.ReprocessorConfig{Kafka: testenv.Kafka(e.t), Topic: e.dlq,
 		Mode: dlq.Redrive, Schema: e.db.Schema, Logger: e.logger,
-		Retry:    &retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 2},
+		Retry:    retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 2},
 		Progress: func(it dlq.Item) { items = append(items, it) },
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			if fail[m.ID] {
@@ -155,7 +155,7 @@ func TestRepublishFailureIsTheLettersAction(t *testing.T) {
 	e.deadLetterOf(w, e.topic, 1, "b", []byte("k"), []byte("v"))
 	rp, err := dlq.NewReprocessor(e.db.Pool, &dlq.ReprocessorConfig{Kafka: testenv.Kafka(t), Topic: e.dlq,
 		Mode: dlq.Republish, Schema: e.db.Schema, Logger: e.logger,
-		Retry: &retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 2}})
+		Retry: retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 2}})
 	if err != nil {
 		t.Fatal(err)
 	}

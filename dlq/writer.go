@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -87,8 +88,9 @@ type WriterConfig struct {
 	// Retry paces attempts to write while the dead-letter topic is
 	// unavailable for another reason than an outage (for example because it
 	// does not exist). The partition waits meanwhile: a message is never
-	// dropped. Defaults to no bound on attempts or time, 100ms to 10s apart.
-	Retry *retry.Policy
+	// dropped. The zero Policy means no bound on attempts or time, 100ms to
+	// 10s apart.
+	Retry retry.Policy
 	// MaxOutage bounds how long OnFailure waits while Kafka cannot be
 	// reached (see retry.IsConnection): it backs off, logs the outage once
 	// when it starts and once with its duration when it ends, and returns a
@@ -233,8 +235,8 @@ func newWriter(cfg *WriterConfig) (*Writer, error) {
 	c := *cfg
 	c.Routes = slices.Clone(c.Routes)
 	c.Consumer = cmp.Or(c.Consumer, c.Group)
-	if c.Retry == nil {
-		c.Retry = &retry.Policy{MaxAttempts: -1, MaxElapsedTime: -1}
+	if reflect.ValueOf(c.Retry).IsZero() {
+		c.Retry = retry.Policy{MaxAttempts: -1, MaxElapsedTime: -1}
 	}
 	if err := c.Retry.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)

@@ -5,12 +5,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"slices"
-	"strings"
 	"testing"
-	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idemkit/idemhttp"
@@ -92,95 +88,6 @@ func testCompletionWrites(t *testing.T, record bool) {
 		t.Fatalf("%d inserts and %d updates of the records, %d of them HOT; want %d, %d and %d",
 			ins, upd, hot, n, wantUpd, wantUpd)
 	}
-}
-
-// Migrations 11 and 13 keep the records written before them: a completed record
-// still replays, a record whose holder crashed is still listed by FindStuck
-// and taken over; reverting it brings version 3's index back.
-func TestUpgradeKeepsRecords(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	e := newEnv(t, func(c *idemhttp.Config) { c.Lease = 30 * time.Second })
-	m, err := migrate.New(e.db.Pool, &migrate.Config{Schema: e.db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Down(ctx, 10); err != nil {
-		t.Fatalf("Down(10): %v", err)
-	}
-	records := e.db.Table(migrate.IdempotencyRecordsDefault)
-	layout := func(when string, wantStuckIdx, wantExpiresIdx bool, wantFillfactor string) {
-		t.Helper()
-		rows, err := e.db.Pool.Query(ctx, `SELECT c.relname FROM pg_catalog.pg_index i
-			JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid WHERE i.indrelid = $1::regclass`, records)
-		if err != nil {
-			t.Fatal(err)
-		}
-		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		hasStuck := slices.ContainsFunc(names, func(n string) bool { return strings.HasSuffix(n, "_stuck_idx") })
-		hasExpires := slices.ContainsFunc(names, func(n string) bool { return strings.HasSuffix(n, "_expires_at_idx") })
-		if hasStuck != wantStuckIdx || hasExpires != wantExpiresIdx ||
-			len(names) != 1+boolInt(wantStuckIdx)+boolInt(wantExpiresIdx) {
-			t.Fatalf("%s: indexes %v, want the stuck index: %v, the expiry index: %v", when, names, wantStuckIdx, wantExpiresIdx)
-		}
-		var opts []string
-		if err := e.db.Pool.QueryRow(ctx, `SELECT coalesce(reloptions, '{}') FROM pg_catalog.pg_class
-			WHERE oid = $1::regclass`, records).Scan(&opts); err != nil {
-			t.Fatal(err)
-		}
-		if got := strings.Join(opts, ","); got != wantFillfactor {
-			t.Fatalf("%s: reloptions %q, want %q", when, got, wantFillfactor)
-		}
-	}
-	layout("at version 10", true, true, "")
-
-	done, stuck := newKey(), newKey()
-	first := e.post(done, "acct-1", payment)
-	want(t, first, http.StatusCreated, false)
-	e.crashed(stuck, "acct-1", payment) // one more payment: the fingerprint's donor
-	wantPayments(t, e, 2)
-
-	// Versions 11 to 13 changed this table; later ones (other tables) come
-	// and go with them.
-	var upper []int
-	for v := 11; v <= m.Latest(); v++ {
-		upper = append(upper, v)
-	}
-	if applied, err := m.Up(ctx); err != nil || !slices.Equal(applied, upper) {
-		t.Fatalf("Up = %v, %v; want %v", applied, err, upper)
-	}
-	layout("at version 13", false, false, "fillfactor=70")
-	r := e.post(done, "acct-1", payment)
-	want(t, r, http.StatusCreated, true)
-	if r.body != first.body {
-		t.Fatalf("replay after the upgrade %v, want %v", r, first)
-	}
-	found, err := e.store.FindStuck(ctx, e.db.Pool, 0)
-	if err != nil || len(found) != 1 || found[0].Key != stuck || found[0].Token != deadToken {
-		t.Fatalf("FindStuck after the upgrade = %+v, %v; want the crashed record", found, err)
-	}
-	want(t, e.post(stuck, "acct-1", payment), http.StatusCreated, false) // taken over
-	wantPayments(t, e, 3)
-
-	down := slices.Clone(upper)
-	slices.Reverse(down)
-	if reverted, err := m.Down(ctx, 10); err != nil || !slices.Equal(reverted, down) {
-		t.Fatalf("Down(10) = %v, %v; want %v", reverted, err, down)
-	}
-	layout("reverted to version 10", true, true, "")
-	want(t, e.post(done, "acct-1", payment), http.StatusCreated, true)
-	want(t, e.post(stuck, "acct-1", payment), http.StatusCreated, true)
-	wantPayments(t, e, 3)
-}
-
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // Purge walks the whole table by ranges of pages (no index since migration

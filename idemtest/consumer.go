@@ -40,12 +40,12 @@ const (
 	// handler is still running, as a process killed there would: the
 	// transaction never commits.
 	CrashInHandler CrashPoint = iota + 1
-	// CrashBeforeCommit lets the handler return, runs Hooks.BeforeCommit,
-	// then kills the connection before COMMIT reaches the server.
+	// CrashBeforeCommit lets the handler return nil, having killed the
+	// connection under it: COMMIT never reaches the server.
 	CrashBeforeCommit
-	// CrashAfterCommit lets the transaction commit, runs Hooks.AfterCommit,
-	// then drops what a process killed before its Kafka offset commit
-	// loses: the message is delivered again.
+	// CrashAfterCommit lets the transaction commit, then drops what a
+	// process killed before its Kafka offset commit loses: the message is
+	// delivered again.
 	CrashAfterCommit
 )
 
@@ -90,7 +90,7 @@ type Consumer struct {
 // NewConsumer returns a Consumer for pool and cfg, which are what you give
 // consumer.New in production: cfg with Store (its schema migrated) and Handler
 // or BatchHandler, with your Name, IDHeader, IDFunc, MissingID, Middleware
-// and Hooks. Empty Topic, GroupID and Brokers are set to TopicDefault,
+// and Observers. Empty Topic, GroupID and Brokers are set to TopicDefault,
 // GroupIDDefault and BrokersDefault; no broker is contacted. cfg is not
 // modified. An invalid cfg returns consumer.New's error.
 func NewConsumer(pool *pgxpool.Pool, cfg *consumer.Config) (*Consumer, error) {
@@ -112,25 +112,7 @@ func NewConsumer(pool *pgxpool.Pool, cfg *consumer.Config) (*Consumer, error) {
 	if rc.BatchHandler != nil {
 		rc.BatchMiddleware = append(slices.Clone(rc.BatchMiddleware), c.batchMiddleware)
 	}
-	before, after := rc.Hooks.BeforeCommit, rc.Hooks.AfterCommit
-	rc.Hooks.BeforeCommit = func(ctx context.Context, msgs []*consumer.Message) {
-		if before != nil {
-			before(ctx, msgs)
-		}
-		if c.take(CrashBeforeCommit) {
-			c.kill(ctx)
-		}
-	}
-	rc.Hooks.AfterCommit = func(ctx context.Context, msgs []*consumer.Message) {
-		if after != nil {
-			after(ctx, msgs)
-		}
-		if c.take(CrashAfterCommit) {
-			c.mu.Lock()
-			c.crashed = true
-			c.mu.Unlock()
-		}
-	}
+	rc.Observers = append(slices.Clone(rc.Observers), crashObserver{c})
 	r, err := consumer.New(pool, &rc)
 	if err != nil {
 		return nil, fmt.Errorf("idemtest: %w", err)
@@ -174,11 +156,7 @@ func (c *Consumer) middleware(next consumer.Handler) consumer.Handler {
 		if err := next.Handle(ctx, tx, m); err != nil {
 			return err
 		}
-		if c.take(CrashInHandler) {
-			c.kill(ctx)
-			return errCrashed
-		}
-		return nil
+		return c.crashAfter(ctx)
 	})
 }
 
@@ -188,11 +166,7 @@ func (c *Consumer) batchMiddleware(next consumer.BatchHandler) consumer.BatchHan
 		if err := next.HandleBatch(ctx, tx, msgs); err != nil {
 			return err
 		}
-		if c.take(CrashInHandler) {
-			c.kill(ctx)
-			return errCrashed
-		}
-		return nil
+		return c.crashAfter(ctx)
 	})
 }
 
@@ -423,5 +397,36 @@ func RequireRecovers[T comparable](ctx context.Context, tb testing.TB, c *Consum
 	deliver(ctx, tb, c, fmt.Sprintf("a second redelivery after the crash %s", crash), []consumer.Outcome{consumer.Duplicate}, msg)
 	if got := read(ctx, tb, effect, "after the second redelivery"); got != once {
 		tb.Errorf("idemtest: after the crash %s a second redelivery was a duplicate, yet the effect moved from %v to %v", crash, once, got)
+	}
+}
+
+// crashAfter crashes where the kit is armed to, once the handler returned
+// nil: in the handler (the handler "returns" errCrashed) or before the
+// commit (the handler returns nil and COMMIT meets a dead connection).
+func (c *Consumer) crashAfter(ctx context.Context) error {
+	switch {
+	case c.take(CrashInHandler):
+		c.kill(ctx)
+		return errCrashed
+	case c.take(CrashBeforeCommit):
+		c.kill(ctx)
+	}
+	return nil
+}
+
+// crashObserver crashes after the commit, where the kit is armed to: the
+// transaction committed, and what a process killed before its Kafka
+// offset commit loses is lost.
+type crashObserver struct{ c *Consumer }
+
+func (o crashObserver) TxStart(ctx context.Context, _ *consumer.TxStartEvent) context.Context {
+	return ctx
+}
+
+func (o crashObserver) TxEnd(_ context.Context, e *consumer.TxEndEvent) {
+	if e.Err == nil && o.c.take(CrashAfterCommit) {
+		o.c.mu.Lock()
+		o.c.crashed = true
+		o.c.mu.Unlock()
 	}
 }

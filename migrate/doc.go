@@ -79,10 +79,4 @@
 //     the catalog only.
 //     Binaries of earlier versions cannot claim after it: stop them, migrate,
 //     start the new ones. See package dedup.
-//   - 16 (016_position_claims_ahead): consumer positions say whether claims
-//     of their partition may lie past them (claims_ahead), so that a runner
-//     moves a position once per run of one-message transactions instead of
-//     once per message and still passes, silently, what that run committed
-//     when it starts again. Adding the column rewrites nothing. See
-//     dedup.Store.ClaimedAt.
 package migrate

@@ -39,21 +39,6 @@ func wantInts(t *testing.T, what string, got []int, want ...int) {
 	}
 }
 
-// after returns the known versions above v, ascending, or descending when
-// down (what Down(v) reverts).
-func after(v int, down bool) []int {
-	var out []int
-	for _, k := range migrate.Known() {
-		if k > v {
-			out = append(out, k)
-		}
-	}
-	if down {
-		slices.Reverse(out)
-	}
-	return out
-}
-
 // relExists reports whether the qualified, quoted relation exists.
 func relExists(t *testing.T, pool *pgxpool.Pool, qualified string) bool {
 	t.Helper()
@@ -152,18 +137,18 @@ func TestUpDownUp(t *testing.T) {
 		" WHERE version = 1").Scan(&name, &recent); err != nil {
 		t.Fatalf("read version row: %v", err)
 	}
-	if name != "dedup" || !recent {
-		t.Fatalf("version row = (%q, recent=%v), want (\"dedup\", true)", name, recent)
+	if name != "baseline" || !recent {
+		t.Fatalf("version row = (%q, recent=%v), want (\"baseline\", true)", name, recent)
 	}
 
 	wantProcessed := []column{
 		{"consumer", "text", true, ""},
 		{"message_id", "text", false, ""},
+		{"message_uuid", "uuid", false, ""},
 		{"topic", "text", true, ""},
 		{"kafka_partition", "integer", true, ""},
 		{"kafka_offset", "bigint", true, ""},
 		{"processed_at", "timestamp with time zone", true, "now()"},
-		{"message_uuid", "uuid", false, ""},
 	}
 	if got := columns(t, db.Pool, processed); !slices.Equal(got, wantProcessed) {
 		t.Fatalf("processed_messages columns:\n got  %v\n want %v", got, wantProcessed)
@@ -178,7 +163,6 @@ func TestUpDownUp(t *testing.T) {
 		{"anchor_time", "timestamp with time zone", false, ""},
 		{"anchor_offset", "bigint", false, ""},
 		{"epoch", "bigint", true, "0"},
-		{"claims_ahead", "boolean", true, "false"},
 	}
 	if got := columns(t, db.Pool, positions); !slices.Equal(got, wantPositions) {
 		t.Fatalf("consumer_positions columns:\n got  %v\n want %v", got, wantPositions)
@@ -271,82 +255,39 @@ func TestUpDownUp(t *testing.T) {
 	wantInts(t, "Down(latest) reverted", reverted)
 }
 
-// Version 5 replaces the outbox's scan index (every pending row in seq
-// order) by one range per kind of row ordered by available_at, and keeps the
-// rows parked behind another out of the key index; Down(4) restores version
-// 2's indexes.
-func TestOutboxScanIndexes(t *testing.T) {
+// TestOutboxIndexes: the relay's ready, waiting and wake-up indexes, the
+// index of rows held behind another, the dispatcher's due and key indexes,
+// the published and parked ones.
+func TestOutboxIndexes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.NewDB(t)
 	m := newMigrator(t, db.Pool, &migrate.Config{Schema: db.Schema})
 	outbox := db.Table(migrate.OutboxDefault)
-	const pending = "WHERE ((published_at IS NULL) AND (parked_at IS NULL)"
-	want5 := map[string]string{
-		"_kafka_due_idx":   "USING btree (available_at, seq) INCLUDE (lock_key) " + pending + " AND (handler IS NULL))",
-		"_handler_due_idx": "USING btree (handler, available_at, seq) INCLUDE (lock_key) " + pending + " AND (handler IS NOT NULL))",
-		"_key_idx":         "USING btree (lock_key, seq) WHERE ((published_at IS NULL) AND (blocked_by IS NULL))",
-		"_published_idx":   "USING btree (published_at) WHERE (published_at IS NOT NULL)",
-		"_parked_idx":      "USING btree (seq) WHERE (parked_at IS NOT NULL)",
-		"_pkey":            "USING btree (seq)",
-		"_id_key":          "USING btree (id)",
-	}
-	want2 := map[string]string{
-		"_pending_idx":   "USING btree (seq) " + pending + ")",
-		"_key_idx":       "USING btree (lock_key, seq) WHERE (published_at IS NULL)",
-		"_published_idx": want5["_published_idx"],
-		"_parked_idx":    want5["_parked_idx"],
-		"_pkey":          want5["_pkey"],
-		"_id_key":        want5["_id_key"],
-	}
-	// Version 12: the relay's ready, waiting and wake-up indexes, the index
-	// of rows held behind another; the key index serves dispatcher rows only.
-	want11 := map[string]string{
-		"_handler_due_idx": want5["_handler_due_idx"],
+	want := map[string]string{
+		"_handler_due_idx": "USING btree (handler, available_at, seq) INCLUDE (lock_key) WHERE ((published_at IS NULL) AND (parked_at IS NULL) AND (handler IS NOT NULL))",
 		"_key_idx":         "USING btree (lock_key, seq) WHERE ((published_at IS NULL) AND (blocked_by IS NULL) AND (handler IS NOT NULL))",
 		"_ready_idx":       "USING btree (seq) INCLUDE (lock_key) WHERE ((published_at IS NULL) AND (blocked_by IS NULL) AND (parked_at IS NULL) AND (NOT waiting) AND (handler IS NULL))",
 		"_waiting_idx":     "USING btree (lock_key, seq) WHERE ((published_at IS NULL) AND (blocked_by IS NULL) AND waiting AND (handler IS NULL))",
 		"_wake_idx":        "USING btree (available_at) WHERE ((published_at IS NULL) AND (blocked_by IS NULL) AND (parked_at IS NULL) AND waiting AND (handler IS NULL))",
 		"_blocked_idx":     "USING btree (blocked_by) WHERE ((blocked_by IS NOT NULL) AND (published_at IS NULL))",
-		"_published_idx":   want5["_published_idx"],
-		"_parked_idx":      want5["_parked_idx"],
-		"_pkey":            want5["_pkey"],
-		"_id_key":          want5["_id_key"],
-	}
-	check := func(when string, want map[string]string) {
-		t.Helper()
-		got := indexes(t, db.Pool, outbox)
-		if len(got) != len(want) {
-			t.Fatalf("%s: outbox indexes %v, want %d", when, got, len(want))
-		}
-		for suffix, def := range want {
-			if d := got[migrate.OutboxDefault+suffix]; !strings.HasSuffix(d, def) {
-				t.Fatalf("%s: index %s%s = %q, want ...%q", when, migrate.OutboxDefault, suffix, d, def)
-			}
-		}
+		"_published_idx":   "USING btree (published_at) WHERE (published_at IS NOT NULL)",
+		"_parked_idx":      "USING btree (seq) WHERE (parked_at IS NOT NULL)",
+		"_pkey":            "USING btree (seq)",
+		"_id_key":          "USING btree (id)",
 	}
 	if _, err := m.Up(ctx); err != nil {
 		t.Fatalf("Up: %v", err)
 	}
-	check("after Up", want11)
-	reverted, err := m.Down(ctx, 10)
-	if err != nil {
-		t.Fatalf("Down(10): %v", err)
+	got := indexes(t, db.Pool, outbox)
+	if len(got) != len(want) {
+		t.Fatalf("outbox indexes %v, want %d", got, len(want))
 	}
-	wantInts(t, "Down(10) reverted", reverted, after(10, true)...)
-	check("after Down(10)", want5)
-	reverted, err = m.Down(ctx, 4)
-	if err != nil {
-		t.Fatalf("Down(4): %v", err)
+	for suffix, def := range want {
+		if d := got[migrate.OutboxDefault+suffix]; !strings.HasSuffix(d, def) {
+			t.Fatalf("index %s%s = %q, want ...%q", migrate.OutboxDefault, suffix, d, def)
+		}
 	}
-	wantInts(t, "Down(4) reverted", reverted, 10, 9, 8, 7, 6, 5)
-	check("after Down(4)", want2)
-	applied, err := m.Up(ctx)
-	if err != nil {
-		t.Fatalf("Up again: %v", err)
-	}
-	wantInts(t, "Up again applied", applied, after(4, false)...)
-	check("after Up again", want11)
 }
 
 func TestCustomSchemaAndOddNames(t *testing.T) {
@@ -447,60 +388,6 @@ func TestLongTableNamesGetDistinctIndexNames(t *testing.T) {
 		if len(n) > 63 || !utf8.ValidString(n) || !strings.HasPrefix(n, strings.Repeat("é", 18)) {
 			t.Fatalf("index name %q (%d bytes): want <= 63 valid UTF-8 bytes derived from the table name", n, len(n))
 		}
-	}
-}
-
-// TestDLQReplaysAcrossVersion7: version 7 keeps the replay records (as
-// incarnation 0) and reverting it keeps them too, but refuses, changing
-// nothing, while records of two incarnations share coordinates.
-func TestDLQReplaysAcrossVersion7(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	db := testenv.NewDB(t)
-	m := newMigrator(t, db.Pool, &migrate.Config{Schema: db.Schema})
-	if _, err := m.Up(ctx); err != nil {
-		t.Fatalf("Up: %v", err)
-	}
-	if _, err := m.Down(ctx, 6); err != nil {
-		t.Fatalf("Down(6): %v", err)
-	}
-	replays := db.Table(migrate.DLQReplaysDefault)
-	if _, err := db.Pool.Exec(ctx, `INSERT INTO `+replays+` (origin_topic, origin_partition, origin_offset,
-		replay_round, dead_letter_topic, message_id, consumer, outcome, replayed_by)
-		VALUES ('orders', 0, 7, 0, 'orders.dlq', 'm1', 'billing', 'applied', 'me')`); err != nil {
-		t.Fatalf("insert a version 6 record: %v", err)
-	}
-	if _, err := m.Up(ctx); err != nil {
-		t.Fatalf("Up to 7: %v", err)
-	}
-	var id string
-	if err := db.Pool.QueryRow(ctx, `SELECT message_id FROM `+replays+` WHERE origin_topic = 'orders'
-		AND origin_incarnation = 0 AND origin_offset = 7`).Scan(&id); err != nil || id != "m1" {
-		t.Fatalf("record after Up: %q, %v; want m1 as incarnation 0", id, err)
-	}
-	if _, err := db.Pool.Exec(ctx, `INSERT INTO `+replays+` (origin_topic, origin_incarnation, origin_partition,
-		origin_offset, replay_round, dead_letter_topic, message_id, consumer, outcome, replayed_by)
-		VALUES ('orders', 1, 0, 7, 0, 'orders.dlq', 'm2', 'billing', 'applied', 'me')`); err != nil {
-		t.Fatalf("a record of incarnation 1 with the same coordinates: %v", err)
-	}
-	if _, err := m.Down(ctx, 7); err != nil { // the versions after 7
-		t.Fatalf("Down(7): %v", err)
-	}
-	if reverted, err := m.Down(ctx, 6); err == nil || len(reverted) != 0 {
-		t.Fatalf("Down(6) with two incarnations' records: reverted %v, err %v; want an error and nothing reverted", reverted, err)
-	}
-	var n int
-	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+replays+` WHERE origin_incarnation IN (0, 1)`).Scan(&n); err != nil || n != 2 {
-		t.Fatalf("after the refused Down: %d records (%v), want 2 at version 7", n, err)
-	}
-	if _, err := db.Pool.Exec(ctx, `DELETE FROM `+replays+` WHERE origin_incarnation = 1`); err != nil {
-		t.Fatal(err)
-	}
-	if reverted, err := m.Down(ctx, 6); err != nil || !slices.Equal(reverted, []int{7}) {
-		t.Fatalf("Down(6): reverted %v, %v; want 7", reverted, err)
-	}
-	if err := db.Pool.QueryRow(ctx, `SELECT message_id FROM `+replays+` WHERE origin_offset = 7`).Scan(&id); err != nil || id != "m1" {
-		t.Fatalf("record after Down: %q, %v; want m1", id, err)
 	}
 }
 

@@ -23,6 +23,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/otel"
 )
 
@@ -123,17 +124,15 @@ func benchmarkOverhead(b *testing.B, batch, n int) {
 				return err
 			}),
 			Logger: slog.New(slog.DiscardHandler),
-			Hooks: consumer.Hooks{
-				TxStart: func(ctx context.Context, _ []*consumer.Message, _ int) context.Context {
-					first.CompareAndSwap(0, time.Now().UnixNano())
-					return nil
-				},
-				Outcome: func(context.Context, *consumer.Message, consumer.Outcome) {
-					if done.Add(1) == int64(n) {
-						once.Do(func() { close(finished) })
-					}
-				},
-			},
+		}
+		testobs.Of(&cfg).OnTxStart = func(ctx context.Context, _ []*consumer.Message, _ int) context.Context {
+			first.CompareAndSwap(0, time.Now().UnixNano())
+			return nil
+		}
+		testobs.Of(&cfg).OnOutcome = func(context.Context, *consumer.Message, consumer.Outcome) {
+			if done.Add(1) == int64(n) {
+				once.Do(func() { close(finished) })
+			}
 		}
 		if on {
 			c, err := tel.Consumer(&cfg)
@@ -206,12 +205,12 @@ func timeRun(b *testing.B, r *consumer.Runner, finished chan struct{}, first *at
 	return d
 }
 
-// BenchmarkHooks measures the CPU cost of the telemetry per transaction,
+// BenchmarkObserver measures the CPU cost of the telemetry per transaction,
 // without servers: TxStart, the handler middleware, TxEnd and the Outcome
-// hooks, as the runner calls them, for one message and for a batch of 500
+// events, as the runner sends them, for one message and for a batch of 500
 // (every message with a traceparent), with the SDK recording every span and
 // metric.
-func BenchmarkHooks(b *testing.B) {
+func BenchmarkObserver(b *testing.B) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(discard{}))
 	defer tp.Shutdown(context.Background())
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
@@ -228,6 +227,7 @@ func BenchmarkHooks(b *testing.B) {
 				b.Fatal(err)
 			}
 			handler := cfg.Middleware[0](cfg.Handler)
+			obs := observerOf(b, &cfg)
 			msgs := make([]*consumer.Message, size)
 			for i := range msgs {
 				_, span := tp.Tracer("producer").Start(context.Background(), "send")
@@ -245,13 +245,13 @@ func BenchmarkHooks(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for range b.N {
-				ctx := cfg.Hooks.TxStart(context.Background(), msgs, 1)
+				ctx := obs.TxStart(context.Background(), &consumer.TxStartEvent{Messages: msgs, Attempt: 1})
 				for _, m := range msgs {
 					_ = handler.Handle(ctx, nil, m)
 				}
-				cfg.Hooks.TxEnd(ctx, msgs, outcomes, nil, time.Millisecond)
+				obs.TxEnd(ctx, &consumer.TxEndEvent{Messages: msgs, Attempt: 1, Outcomes: outcomes, Duration: time.Millisecond})
 				for _, m := range msgs {
-					cfg.Hooks.Outcome(ctx, m, consumer.Applied)
+					obs.Outcome(ctx, &consumer.OutcomeEvent{Message: m, Outcome: consumer.Applied})
 				}
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*size), "ns/msg")
@@ -259,9 +259,9 @@ func BenchmarkHooks(b *testing.B) {
 	}
 }
 
-// BenchmarkHooksMetricsOnly is BenchmarkHooks with traces off (the no-op
+// BenchmarkObserverMetricsOnly is BenchmarkObserver with traces off (the no-op
 // tracer provider).
-func BenchmarkHooksMetricsOnly(b *testing.B) {
+func BenchmarkObserverMetricsOnly(b *testing.B) {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 	defer mp.Shutdown(context.Background())
 	tel, err := idemotel.New(&idemotel.Config{TracerProvider: tracenoop.NewTracerProvider(), MeterProvider: mp})
@@ -276,11 +276,32 @@ func BenchmarkHooksMetricsOnly(b *testing.B) {
 	msgs := []*consumer.Message{{ID: "m"}}
 	outcomes := []consumer.Outcome{consumer.Applied}
 	handler := cfg.Middleware[0](cfg.Handler)
+	obs := observerOf(b, &cfg)
 	b.ReportAllocs()
 	for b.Loop() {
-		ctx := cfg.Hooks.TxStart(context.Background(), msgs, 1)
+		ctx := obs.TxStart(context.Background(), &consumer.TxStartEvent{Messages: msgs, Attempt: 1})
 		_ = handler.Handle(ctx, nil, msgs[0])
-		cfg.Hooks.TxEnd(ctx, msgs, outcomes, nil, time.Millisecond)
-		cfg.Hooks.Outcome(ctx, msgs[0], consumer.Applied)
+		obs.TxEnd(ctx, &consumer.TxEndEvent{Messages: msgs, Attempt: 1, Outcomes: outcomes, Duration: time.Millisecond})
+		obs.Outcome(ctx, &consumer.OutcomeEvent{Message: msgs[0], Outcome: consumer.Applied})
 	}
+}
+
+// txOutcomeObserver is what the telemetry's consumer observer is at least.
+type txOutcomeObserver interface {
+	consumer.TxObserver
+	consumer.OutcomeObserver
+}
+
+// observerOf returns the observer the telemetry put in cfg, to call as the
+// runner does.
+func observerOf(tb testing.TB, cfg *consumer.Config) txOutcomeObserver {
+	tb.Helper()
+	if len(cfg.Observers) == 0 {
+		tb.Fatal("the telemetry registered no observer")
+	}
+	obs, ok := cfg.Observers[0].(txOutcomeObserver)
+	if !ok {
+		tb.Fatalf("observer %T takes no transactions and outcomes", cfg.Observers[0])
+	}
+	return obs
 }

@@ -56,7 +56,7 @@ const (
 const MaxLinks = 128
 
 // EventRetry is the span event that opens the span of a transaction run
-// again after a handler failure (consumer.Hooks.Retry): it carries the failed
+// again after a handler failure (a consumer.RetryEvent): it carries the failed
 // attempt's number, class, delay and error message (AttrRetryAttempt,
 // AttrRetryClass, AttrRetryDelay, "exception.message"). The failed attempt's
 // own span ended with that error.
@@ -95,7 +95,7 @@ type Consumer struct {
 	partitions map[int]attrOpts // consumer, topic, partition
 }
 
-// retryNote is a failure that Hooks.Retry reported, waiting for the span of
+// retryNote is a failure a RetryEvent reported, waiting for the span of
 // the transaction that retries it.
 type retryNote struct {
 	offset  int64
@@ -107,15 +107,14 @@ type retryNote struct {
 
 // Consumer wires the telemetry into cfg, which must name its Topic, its
 // GroupID (or Name) and its Handler or BatchHandler: call it after filling
-// cfg and before consumer.New(pool, cfg). It chains, never replaces, what cfg
-// already has:
+// cfg and before consumer.New(pool, cfg). It adds to what cfg already has:
 //
-//   - Hooks.TxStart and TxEnd open and end a span per transaction (see the
-//     package documentation); TxStart's span is in the context of the claim,
-//     the handlers and the other hooks of that transaction. The hooks cfg
-//     already had run inside that span.
-//   - Hooks.Outcome, Retry, Rebalanced, OffsetCommitFailed, OutageStarted and
-//     OutageEnded count into the consumer's metrics.
+//   - An observer, first in cfg.Observers, whose TxStart and TxEnd open
+//     and end a span per transaction (see the package documentation):
+//     the span is in the context of the claim, the handlers, the other
+//     observers and the other events of that transaction.
+//     Its Outcome, Retry, Rebalanced, OffsetCommit and outage events count
+//     into the consumer's metrics.
 //   - A Middleware (or BatchMiddleware, with a BatchHandler), appended last
 //     so that it is the innermost, times each handler call.
 //
@@ -197,7 +196,9 @@ func (t *Telemetry) Consumer(cfg *consumer.Config) (*Consumer, error) {
 	}
 	in.outageActive.Add(ctx, 0, c.consumerOnly.add...)
 
-	c.chainHooks(&cfg.Hooks)
+	// First, so that the span encloses what the other observers see; a new
+	// slice, so that one shared with another config is not written into.
+	cfg.Observers = append([]consumer.Observer{observer{c}}, cfg.Observers...)
 	// Clipped, so that a middleware slice shared with another config is
 	// copied, not written into.
 	if cfg.Handler != nil {
@@ -237,95 +238,68 @@ func classLabel(c retry.Class) string {
 	return "unknown"
 }
 
-// chainHooks puts the consumer's hooks in front of (TxEnd: after) those h
-// already has.
-func (c *Consumer) chainHooks(h *consumer.Hooks) {
+// observer is the consumer's observer: its methods are not part of
+// Consumer's API.
+type observer struct{ c *Consumer }
+
+func (o observer) TxStart(ctx context.Context, e *consumer.TxStartEvent) context.Context {
+	return o.c.txStart(ctx, e.Messages, e.Attempt)
+}
+
+func (o observer) TxEnd(ctx context.Context, e *consumer.TxEndEvent) {
+	if e.LockWait > 0 {
+		o.c.t.consumer.lockWait.Record(ctx, e.LockWait.Seconds(), o.c.base.rec...)
+	}
+	o.c.txEnd(ctx, e.Messages, e.Outcomes, e.Err, e.Duration)
+}
+
+func (o observer) Outcome(ctx context.Context, e *consumer.OutcomeEvent) {
+	c := o.c
 	in := &c.t.consumer
-	if prev := h.TxStart; prev != nil {
-		h.TxStart = func(ctx context.Context, msgs []*consumer.Message, attempt int) context.Context {
-			ctx = c.txStart(ctx, msgs, attempt)
-			if next := prev(ctx, msgs, attempt); next != nil {
-				return next
-			}
-			return ctx
-		}
+	if oc := e.Outcome; oc >= consumer.Applied && oc <= consumer.Parked {
+		in.messages.Add(ctx, 1, c.outcomes[oc].add...)
 	} else {
-		h.TxStart = c.txStart
+		in.messages.Add(ctx, 1, attrs(keyConsumer, c.name, keyTopic, c.topic, keyOutcome, oc.String()).add...)
 	}
-	if prev := h.TxEnd; prev != nil {
-		h.TxEnd = func(ctx context.Context, msgs []*consumer.Message, outcomes []consumer.Outcome, err error, d time.Duration) {
-			prev(ctx, msgs, outcomes, err, d)
-			c.txEnd(ctx, msgs, outcomes, err, d)
-		}
-	} else {
-		h.TxEnd = c.txEnd
+	if e.Horizon != nil {
+		in.beyondHorizon.Add(ctx, 1, c.beyond[e.Outcome == consumer.Applied].add...)
 	}
-	prevOutcome := h.Outcome
-	h.Outcome = func(ctx context.Context, msg *consumer.Message, o consumer.Outcome) {
-		if o >= consumer.Applied && o <= consumer.Parked {
-			in.messages.Add(ctx, 1, c.outcomes[o].add...)
-		} else {
-			in.messages.Add(ctx, 1, attrs(keyConsumer, c.name, keyTopic, c.topic, keyOutcome, o.String()).add...)
-		}
-		if prevOutcome != nil {
-			prevOutcome(ctx, msg, o)
-		}
+}
+
+func (o observer) Retry(ctx context.Context, e *consumer.RetryEvent) {
+	c := o.c
+	opt, ok := c.classes[e.Class]
+	if !ok {
+		opt = c.classes[0]
 	}
-	prevRetry := h.Retry
-	h.Retry = func(ctx context.Context, msg *consumer.Message, attempt int, err error, class retry.Class, delay time.Duration) {
-		opt, ok := c.classes[class]
-		if !ok {
-			opt = c.classes[0]
-		}
-		in.retries.Add(ctx, 1, opt.add...)
-		note := retryNote{offset: msg.Offset, attempt: attempt, class: class, delay: delay}
-		if err != nil {
-			note.err = err.Error()
-		}
-		c.retryMu.Lock()
-		c.retries[msg.Partition] = note
-		c.retryMu.Unlock()
-		if prevRetry != nil {
-			prevRetry(ctx, msg, attempt, err, class, delay)
-		}
+	c.t.consumer.retries.Add(ctx, 1, opt.add...)
+	note := retryNote{offset: e.Message.Offset, attempt: e.Attempt, class: e.Class, delay: e.Delay}
+	if e.Err != nil {
+		note.err = e.Err.Error()
 	}
-	prevBeyond := h.BeyondHorizon
-	h.BeyondHorizon = func(ctx context.Context, msg *consumer.Message, err *consumer.HorizonError, applied bool) {
-		in.beyondHorizon.Add(ctx, 1, c.beyond[applied].add...)
-		if prevBeyond != nil {
-			prevBeyond(ctx, msg, err, applied)
-		}
+	c.retryMu.Lock()
+	c.retries[e.Message.Partition] = note
+	c.retryMu.Unlock()
+}
+
+func (o observer) Rebalanced(ctx context.Context, _ *consumer.RebalanceEvent) {
+	o.c.t.consumer.rebalances.Add(ctx, 1, o.c.consumerOnly.add...)
+}
+
+func (o observer) OffsetCommit(ctx context.Context, e *consumer.OffsetCommitEvent) {
+	if e.Err != nil {
+		o.c.t.consumer.commitFailures.Add(ctx, 1, o.c.consumerOnly.add...)
 	}
-	prevRebalanced := h.Rebalanced
-	h.Rebalanced = func(generation int32, partitions []int) {
-		in.rebalances.Add(context.Background(), 1, c.consumerOnly.add...)
-		if prevRebalanced != nil {
-			prevRebalanced(generation, partitions)
-		}
-	}
-	prevCommitFailed := h.OffsetCommitFailed
-	h.OffsetCommitFailed = func(topic string, offsets map[int]int64, err error) {
-		in.commitFailures.Add(context.Background(), 1, c.consumerOnly.add...)
-		if prevCommitFailed != nil {
-			prevCommitFailed(topic, offsets, err)
-		}
-	}
-	prevOutageStarted := h.OutageStarted
-	h.OutageStarted = func(op string, err error) {
-		ctx := context.Background()
-		in.outages.Add(ctx, 1, attrs(keyConsumer, c.name, keyOp, c.opLabel(op)).add...)
-		in.outageActive.Add(ctx, 1, c.consumerOnly.add...)
-		if prevOutageStarted != nil {
-			prevOutageStarted(op, err)
-		}
-	}
-	prevOutageEnded := h.OutageEnded
-	h.OutageEnded = func(op string, d time.Duration) {
-		in.outageActive.Add(context.Background(), -1, c.consumerOnly.add...)
-		if prevOutageEnded != nil {
-			prevOutageEnded(op, d)
-		}
-	}
+}
+
+func (o observer) OutageStarted(ctx context.Context, e *consumer.OutageEvent) {
+	c := o.c
+	c.t.consumer.outages.Add(ctx, 1, attrs(keyConsumer, c.name, keyOp, c.opLabel(e.Op)).add...)
+	c.t.consumer.outageActive.Add(ctx, 1, c.consumerOnly.add...)
+}
+
+func (o observer) OutageEnded(ctx context.Context, _ *consumer.OutageEvent) {
+	o.c.t.consumer.outageActive.Add(ctx, -1, o.c.consumerOnly.add...)
 }
 
 // opLabel is an outage op without what the labels already say (the
@@ -343,7 +317,7 @@ func (c *Consumer) opLabel(op string) string {
 }
 
 // txKey is the context key of a transaction's span: TxEnd finds it there
-// even when a TxStart chained after ours put another span in the context.
+// even when an observer after ours put another span in the context.
 type txKey struct{}
 
 func (c *Consumer) txStart(ctx context.Context, msgs []*consumer.Message, attempt int) context.Context {

@@ -29,7 +29,7 @@ func TestDeadLetterWriteFailuresCounted(t *testing.T) {
 	defer c.Close()
 	prev := 0
 	wcfg := &dlq.WriterConfig{Kafka: testenv.Kafka(t), Group: e.group,
-		Retry:       &retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 2},
+		Retry:       retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 2},
 		WriteFailed: func(context.Context, *dlq.WriteFailure) { prev++ }}
 	if err := c.DeadLetterWriter(wcfg); err != nil {
 		t.Fatal(err)

@@ -24,7 +24,7 @@
 //
 // Each transaction of the consumer — one message, or a batch of one
 // partition — has one span of kind consumer named "process <topic>", opened
-// in consumer.Hooks.TxStart before the claim and ended in TxEnd after the
+// in the consumer observer's TxStart before the claim and ended in TxEnd after the
 // commit or rollback: it covers claim, handler and commit. The handler's
 // context carries it, so spans the handler starts are its children.
 //
@@ -115,20 +115,10 @@
 // Messages without trace headers are not run through the propagator. With
 // the SDK recording every span and metric this is about 12 µs of CPU per
 // one-message transaction and 1 µs per message of a batch of 500
-// (BenchmarkHooks), against a transaction that costs a PostgreSQL round
+// (BenchmarkObserver), against a transaction that costs a PostgreSQL round
 // trip or more. BenchmarkOverhead compares the consumer's throughput on the
 // test servers with telemetry on and off, in interleaved runs over the same
 // messages:
 //
 //	go test -run '^$' -bench Overhead -benchtime 5x ./otel
-//
-// # Adding components
-//
-// The outbox relay and the idemhttp middleware are not instrumented yet.
-// They will follow the same shape: their instruments created in New next to
-// the consumer's and the dead-letter ones, one method of Telemetry that
-// wires them into the component's configuration (for example
-// tel.Relay(&relayCfg) and tel.HTTP(&mwCfg)), their names those of
-// docs/observability.md. Telemetry.Inject is what the outbox will use to
-// stamp the trace context into a message's headers at EnqueueTx.
 package idemotel

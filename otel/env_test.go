@@ -103,7 +103,7 @@ func (e *env) config(handler consumer.HandlerFunc) *consumer.Config {
 	return &consumer.Config{
 		Kafka: testenv.Kafka(e.t), Topic: e.topic, GroupID: e.group,
 		Store: e.store, Handler: handler,
-		Retry:             &retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
+		Retry:             retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
 		SessionTimeout:    6 * time.Second,
 		HeartbeatInterval: 500 * time.Millisecond,
 		RebalanceTimeout:  3 * time.Second,

@@ -141,13 +141,13 @@ func ExampleTelemetry_Consumer() {
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 			return nil // the business write goes here, in tx
 		}),
-		Hooks: consumer.Hooks{Outcome: func(context.Context, *consumer.Message, consumer.Outcome) {
+		Observers: []consumer.Observer{stopAfter(func() {
 			if seen++; seen == 3 {
 				stop()
 			}
-		}},
+		})},
 	}
-	c, err := tel.Consumer(&cfg) // chains the Outcome hook above
+	c, err := tel.Consumer(&cfg) // adds its own observer before the one above
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -212,3 +212,8 @@ func ExampleTelemetry_Inject() {
 	// message-id
 	// traceparent
 }
+
+// stopAfter is an OutcomeObserver that calls f at each outcome.
+type stopAfter func()
+
+func (f stopAfter) Outcome(context.Context, *consumer.OutcomeEvent) { f() }

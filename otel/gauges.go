@@ -198,7 +198,7 @@ func (q *aheadQuery) get(ctx context.Context, pool *pgxpool.Pool, interval, time
 		qctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
 		q.at, q.daily = time.Now(), false
-		l, err := q.store.ReadLayout(qctx, pool)
+		l, err := q.store.Layout(qctx, pool)
 		if err != nil {
 			otel.Handle(fmt.Errorf("idemotel: read the dedup layout: %w", err))
 			return 0, false

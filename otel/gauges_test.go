@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -57,7 +58,7 @@ func TestLagAndPositionFollowABlockedHandler(t *testing.T) {
 	cfg.BatchSize = 1
 	cfg.Retention = time.Hour
 	oc := newOutcomes(5)
-	cfg.Hooks.Outcome = oc.hook
+	testobs.Of(cfg).OnOutcome = oc.hook
 	c, err := e.tel.Consumer(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -132,9 +133,9 @@ func TestParkedGauges(t *testing.T) {
 	cfg.BatchSize = 1
 	cfg.FailureMode = consumer.NonBlocking
 	cfg.Retry.MaxAttempts = 1
-	cfg.ParkedRetry = &retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour}
+	cfg.ParkedRetry = retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour}
 	parked := make(chan struct{}, 3)
-	cfg.Hooks.Outcome = func(_ context.Context, _ *consumer.Message, o consumer.Outcome) {
+	testobs.Of(cfg).OnOutcome = func(_ context.Context, _ *consumer.Message, o consumer.Outcome) {
 		if o == consumer.Parked {
 			parked <- struct{}{}
 		}

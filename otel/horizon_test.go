@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/internal/testobs"
 )
 
 // TestBeyondHorizonCounted: messages beyond the dedup horizon are counted
@@ -27,15 +28,15 @@ func TestBeyondHorizonCounted(t *testing.T) {
 			cfg.Retention, cfg.OnBeyondHorizon = time.Hour, policy
 			cfg.OnFailure = func(context.Context, *consumer.Message, error) error { return nil }
 			oc := newOutcomes(4)
-			cfg.Hooks.Outcome = oc.hook
+			testobs.Of(cfg).OnOutcome = oc.hook
 			var mu sync.Mutex
 			own := 0
-			cfg.Hooks.BeyondHorizon = func(context.Context, *consumer.Message, *consumer.HorizonError, bool) {
+			testobs.Of(cfg).OnBeyondHorizon = func(context.Context, *consumer.Message, *consumer.HorizonError, bool) {
 				mu.Lock()
 				own++
 				mu.Unlock()
 			}
-			if _, err := e.tel.Consumer(cfg); err != nil { // chains its hooks into cfg
+			if _, err := e.tel.Consumer(cfg); err != nil { // adds its observer to cfg
 				t.Fatal(err)
 			}
 			r, err := consumer.New(e.db.Pool, cfg)

@@ -15,6 +15,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/idemhttp"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/otel"
 	"github.com/idemkit/idemkit/outbox"
 )
@@ -107,7 +108,7 @@ func TestTraceFromHTTPToConsumer(t *testing.T) {
 	cfg := e.config(nil)
 	cfg.IDHeader = outbox.HeaderID
 	oc := newOutcomes(1)
-	cfg.Hooks.Outcome = oc.hook
+	testobs.Of(cfg).OnOutcome = oc.hook
 	if _, err := e.tel.Consumer(cfg); err != nil {
 		t.Fatal(err)
 	}

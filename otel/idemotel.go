@@ -67,8 +67,7 @@ type Config struct {
 // use.
 //
 // Each component gets one method that wires the telemetry into its
-// configuration: Consumer, Reprocessor (and, once they are reworked, the
-// outbox relay and the idemhttp middleware, which will get theirs).
+// configuration: Consumer, Reprocessor, Relay and HTTP.
 type Telemetry struct {
 	cfg      Config
 	tracer   trace.Tracer

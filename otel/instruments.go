@@ -36,6 +36,7 @@ type consumerInstruments struct {
 	outageActive    metric.Int64UpDownCounter // idemkit_consumer_outage_active
 	commitFailures  metric.Int64Counter       // idemkit_consumer_offset_commit_failures_total
 	beyondHorizon   metric.Int64Counter       // idemkit_consumer_beyond_horizon_total
+	lockWait        metric.Float64Histogram   // idemkit_lock_wait_seconds
 
 	// Observed by each Consumer's callback (see Consumer.Observe).
 	lag             metric.Int64ObservableGauge   // idemkit_consumer_lag
@@ -49,7 +50,10 @@ type consumerInstruments struct {
 
 func newConsumerInstruments(m metric.Meter) (consumerInstruments, error) {
 	var in consumerInstruments
-	var errs [17]error
+	var errs [18]error
+	in.lockWait, errs[17] = m.Float64Histogram("idemkit.lock_wait", metric.WithUnit("s"),
+		metric.WithDescription("Claims that waited for another session's lock for 5s or more, by how long (an orphaned transaction, most often: see the runner's WARN for the session)."),
+		metric.WithExplicitBucketBoundaries(5, 10, 20, 30, 60, 120, 300, 600))
 	in.messages, errs[0] = m.Int64Counter("idemkit.consumer.messages", metric.WithUnit("{message}"),
 		metric.WithDescription("Messages by fate: applied, duplicate (a redelivery the claim caught), parked, failed (handed to OnFailure)."))
 	in.retries, errs[1] = m.Int64Counter("idemkit.consumer.retries", metric.WithUnit("{retry}"),

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/otel"
 )
 
@@ -57,7 +58,7 @@ func TestLogsCarryTheTrace(t *testing.T) {
 	})
 	cfg.Logger = slog.New(idemotel.LogHandler(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	oc := newOutcomes(1)
-	cfg.Hooks.Outcome = oc.hook
+	testobs.Of(cfg).OnOutcome = oc.hook
 	if _, err := e.tel.Consumer(cfg); err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -53,7 +54,7 @@ func TestCountsByOutcome(t *testing.T) {
 			})
 			cfg.BatchSize = batch
 			oc := newOutcomes(9)
-			cfg.Hooks.Outcome = oc.hook
+			testobs.Of(cfg).OnOutcome = oc.hook
 			w, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: testenv.Kafka(t), Group: e.group})
 			if err != nil {
 				t.Fatal(err)
@@ -181,19 +182,19 @@ func TestChainsExistingMiddleware(t *testing.T) {
 		})
 	}}
 	var started, ended int
-	cfg.Hooks.TxStart = func(ctx context.Context, msgs []*consumer.Message, attempt int) context.Context {
+	testobs.Of(cfg).OnTxStart = func(ctx context.Context, msgs []*consumer.Message, attempt int) context.Context {
 		mu.Lock()
 		defer mu.Unlock()
 		started++
 		return nil
 	}
-	cfg.Hooks.TxEnd = func(context.Context, []*consumer.Message, []consumer.Outcome, error, time.Duration) {
+	testobs.Of(cfg).OnTxEnd = func(context.Context, []*consumer.Message, []consumer.Outcome, error, time.Duration) {
 		mu.Lock()
 		defer mu.Unlock()
 		ended++
 	}
 	oc := newOutcomes(1)
-	cfg.Hooks.Outcome = oc.hook
+	testobs.Of(cfg).OnOutcome = oc.hook
 	if _, err := e.tel.Consumer(cfg); err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/outbox"
 )
 
@@ -48,7 +49,7 @@ func TestOutboxCarriesTheTrace(t *testing.T) {
 	cfg := e.config(nil)
 	cfg.IDHeader = outbox.HeaderID // the relay's stable ID
 	oc := newOutcomes(1)
-	cfg.Hooks.Outcome = oc.hook
+	testobs.Of(cfg).OnOutcome = oc.hook
 	if _, err := e.tel.Consumer(cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +94,7 @@ func TestRelayMetrics(t *testing.T) {
 	rcfg := &outbox.RelayConfig{Kafka: testenv.Kafka(t), StatsInterval: 20 * time.Millisecond}
 	published := make(chan int, 16)
 	rcfg.Hooks.Published = func(recs []outbox.Record) { published <- len(recs) } // the user's own hook
-	rel, err := e.tel.Relay(rcfg, "idemkit_outbox")
+	rel, err := e.tel.Relay(store, rcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,9 +127,9 @@ func TestRelayMetrics(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		rm := e.collect()
-		pub := points(t, rm, "idemkit.outbox.messages")["outcome=published,table=idemkit_outbox"]
-		lat := points(t, rm, "idemkit.outbox.publish_latency")["table=idemkit_outbox"]
-		backlog, seen := points(t, rm, "idemkit.outbox.backlog_messages")["table=idemkit_outbox"]
+		pub := points(t, rm, "idemkit.outbox.messages")["outcome=published,table="+e.db.Schema+".idemkit_outbox"]
+		lat := points(t, rm, "idemkit.outbox.publish_latency")["table="+e.db.Schema+".idemkit_outbox"]
+		backlog, seen := points(t, rm, "idemkit.outbox.backlog_messages")["table="+e.db.Schema+".idemkit_outbox"]
 		if pub == 3 && lat == 3 && seen && backlog == 0 {
 			return
 		}

@@ -27,6 +27,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/otel"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -156,7 +157,7 @@ func TestPrometheusNames(t *testing.T) {
 	})
 	cfg.Retention = 24 * time.Hour
 	oc := newOutcomes(5)
-	cfg.Hooks.Outcome = oc.hook
+	testobs.Of(cfg).OnOutcome = oc.hook
 	c, err := tel.Consumer(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -173,8 +174,10 @@ func TestPrometheusNames(t *testing.T) {
 	cfg.OnFailure = c.DeadLetters(w)
 	// An outage, as the runner reports one (its op names the consumer, the
 	// topic and a partition; the label keeps what was waited for).
-	cfg.Hooks.OutageStarted("consumer "+e.group+"/"+e.topic+": partition 1", errors.New("connection refused"))
-	cfg.Hooks.OutageEnded("consumer "+e.group+"/"+e.topic+": partition 1", time.Second)
+	outages := cfg.Observers[0].(consumer.OutageObserver)
+	op := "consumer " + e.group + "/" + e.topic + ": partition 1"
+	outages.OutageStarted(context.Background(), &consumer.OutageEvent{Op: op, Err: errors.New("connection refused")})
+	outages.OutageEnded(context.Background(), &consumer.OutageEvent{Op: op, Duration: time.Second})
 	r, err := consumer.New(e.db.Pool, cfg)
 	if err != nil {
 		t.Fatal(err)

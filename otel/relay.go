@@ -42,21 +42,22 @@ type Relay struct {
 	reg metric.Registration
 }
 
-// Relay wires the telemetry into cfg before outbox.NewRelay: it chains
-// cfg.Hooks (the hooks cfg already had run after) so that published, failed
-// and parked records count into idemkit_outbox_messages_total, each
-// published record's enqueue→publish time into
-// idemkit_outbox_publish_latency_seconds, and the relay's Stats (every
-// cfg.StatsInterval) feed idemkit_outbox_backlog_messages and
-// idemkit_outbox_oldest_age_seconds. table labels them: the outbox table's
-// name.
-func (t *Telemetry) Relay(cfg *outbox.RelayConfig, table string) (*Relay, error) {
+// Relay wires the telemetry into cfg before outbox.NewRelay(pool, store,
+// cfg): it chains cfg.Hooks (the hooks cfg already had run after) so that
+// published, failed and parked records count into
+// idemkit_outbox_messages_total, each published record's enqueue→publish
+// time into idemkit_outbox_publish_latency_seconds, and the relay's Stats
+// (every cfg.StatsInterval) feed idemkit_outbox_backlog_messages and
+// idemkit_outbox_oldest_age_seconds, labelled with the store's table
+// (store.Name(): schema.table).
+func (t *Telemetry) Relay(store *outbox.Store, cfg *outbox.RelayConfig) (*Relay, error) {
 	if cfg == nil {
 		return nil, fmt.Errorf("%w: nil relay config", ErrInvalidConfig)
 	}
-	if table == "" {
-		return nil, fmt.Errorf("%w: empty outbox table label", ErrInvalidConfig)
+	if store == nil {
+		return nil, fmt.Errorf("%w: nil outbox store", ErrInvalidConfig)
 	}
+	table := store.Name()
 	in := &t.outbox
 	ctx := context.Background()
 	published := attrs(keyTable, table, keyOutcome, "published")

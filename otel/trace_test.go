@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/otel"
 )
 
@@ -91,7 +92,7 @@ func TestSpanContinuesProducerTrace(t *testing.T) {
 	})
 	cfg.BatchSize = 1
 	oc := newOutcomes(2)
-	cfg.Hooks.Outcome = oc.hook
+	testobs.Of(cfg).OnOutcome = oc.hook
 	if _, err := e.tel.Consumer(cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +194,7 @@ func TestBatchSpanLinksMessages(t *testing.T) {
 	cfg.BatchSize = 4
 	cfg.BatchLinger = 5 * time.Second // the four messages share one transaction
 	oc := newOutcomes(4)
-	cfg.Hooks.Outcome = oc.hook
+	testobs.Of(cfg).OnOutcome = oc.hook
 	if _, err := e.tel.Consumer(cfg); err != nil {
 		t.Fatal(err)
 	}

@@ -51,9 +51,9 @@
 //     set and an outage lasts longer: a *retry.OutageError.
 //   - Published rows are deleted by each relay after Retention (default 24h),
 //     in batches of CleanupBatch; parked and pending rows are never deleted.
-//     The table and its indexes are created by package migrate (versions 2,
-//     5 and 11): no DDL at run time. Relay.Run returns an error wrapping
-//     ErrNotMigrated when the table or version 12 is missing.
+//     The table and its indexes are created by package migrate: no DDL at
+//     run time. Relay.Run returns an error wrapping ErrNotMigrated when the
+//     table is missing.
 //
 // # Design of the relay: shards, ready rows, pipelined rounds
 //
@@ -80,7 +80,7 @@
 // waits when it has a time of its own — enqueued with NotBefore, or in
 // retry backoff — or when it is parked (a parked head). A relay reads the
 // first BatchSize ready rows of its shards in seq order from one partial
-// index (migrate version 12); waiting rows and rows held behind another are
+// index; waiting rows and rows held behind another are
 // not in that index, so they cost nothing. The rows of a key are kept a
 // prefix: for each ready row the read probes the index of waiting rows (a
 // usually empty index, and when it is empty the probes are skipped) for the
@@ -165,7 +165,7 @@
 //
 // A Message with Handler set is not for Kafka: a Dispatcher that registered
 // that handler name claims it and calls the handler after the enqueuing
-// transaction committed. The dispatcher keeps version 5's rounds: each
+// transaction committed. The dispatcher works in rounds: each
 // round is one transaction that walks the due rows of its handlers by
 // available_at, takes without waiting the transaction-level advisory lock
 // of each row's key (like SKIP LOCKED at the granularity of a key), reads

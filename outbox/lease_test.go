@@ -2,10 +2,8 @@ package outbox_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idemkit/internal/testenv"
-	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
 )
 
@@ -290,75 +287,5 @@ func TestFailureInFullBatch(t *testing.T) {
 	dups := checkKeyOrder(t, readAll(t, testenv.Brokers(t), topic), want)
 	if dups != 0 {
 		t.Fatalf("%d duplicates", dups)
-	}
-}
-
-// Migration 12 keeps the rows a version 10 relay left unsent: a row not due
-// yet (a retry in backoff) holds the later rows of its key, which version
-// 10 had deferred by moving their available_at; a parked row holds the rows
-// parked behind it. After the upgrade the new relay sends them in order.
-func TestUpgradeKeepsUnsentRowsInOrder(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	db, store := newDB(t)
-	topic := testenv.NewTopic(t, 1)
-	m, err := migrate.New(db.Pool, &migrate.Config{Schema: db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Down(ctx, 10); err != nil {
-		t.Fatal(err)
-	}
-	// Version 10 rows: key a: a retry due in 1.5s, then two rows deferred
-	// to that time, then one row version 10 had not deferred yet; key b:
-	// three rows due now; key c: a parked row and one parked behind it.
-	_, err = db.Pool.Exec(ctx, `INSERT INTO `+store.Table()+`
-	(id, topic, msg_key, value, lock_key, available_at, attempts, parked_at, blocked_by)
-VALUES
-	('00000000-0000-7000-8000-000000000001', $1, 'a', 'a/0', 1, now() + interval '1500 ms', 2, NULL, NULL),
-	('00000000-0000-7000-8000-000000000002', $1, 'b', 'b/0', 2, now(), 0, NULL, NULL),
-	('00000000-0000-7000-8000-000000000003', $1, 'a', 'a/1', 1, now() + interval '1500 ms', 0, NULL, NULL),
-	('00000000-0000-7000-8000-000000000004', $1, 'b', 'b/1', 2, now(), 0, NULL, NULL),
-	('00000000-0000-7000-8000-000000000005', $1, 'a', 'a/2', 1, now() + interval '1500 ms', 0, NULL, NULL),
-	('00000000-0000-7000-8000-000000000006', $1, 'c', 'c/0', 3, now(), 10, now(), NULL),
-	('00000000-0000-7000-8000-000000000007', $1, 'c', 'c/1', 3, now(), 0, now(), '00000000-0000-7000-8000-000000000006'),
-	('00000000-0000-7000-8000-000000000008', $1, 'a', 'a/3', 1, now(), 0, NULL, NULL),
-	('00000000-0000-7000-8000-000000000009', $1, 'b', 'b/2', 2, now(), 0, NULL, NULL)`, topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Up(ctx); err != nil {
-		t.Fatal(err)
-	}
-	pub := newPublished()
-	run(t, newRelay(t, db, store, outbox.RelayConfig{Hooks: outbox.Hooks{Published: pub.hook}}))
-	id := func(n int) string { return fmt.Sprintf("00000000-0000-7000-8000-%012d", n) }
-	pub.wait(t, 30*time.Second, id(1), id(2), id(3), id(4), id(5), id(8), id(9))
-	if _, err := store.Retry(ctx, db.Pool, id(6)); err != nil {
-		t.Fatal(err)
-	}
-	pub.wait(t, 30*time.Second, id(6), id(7))
-	checkKeyOrder(t, readAll(t, testenv.Brokers(t), topic), map[string]int{"a": 4, "b": 3, "c": 2})
-}
-
-// A relay on a schema without version 12 stops at once with ErrNotMigrated
-// (it would otherwise fail at every round), and says which version.
-func TestRelayNeedsVersion11(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	db, store := newDB(t)
-	m, err := migrate.New(db.Pool, &migrate.Config{Schema: db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.Down(ctx, 10); err != nil {
-		t.Fatal(err)
-	}
-	r := newRelay(t, db, store, outbox.RelayConfig{})
-	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	err = r.Run(rctx)
-	if !errors.Is(err, outbox.ErrNotMigrated) || !strings.Contains(err.Error(), "version 12") {
-		t.Fatalf("Run = %v, want ErrNotMigrated naming version 12", err)
 	}
 }

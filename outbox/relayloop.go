@@ -62,7 +62,7 @@ UPDATE ` + t + ` SET blocked_by = NULL
 WHERE blocked_by IN (SELECT id FROM w) AND parked_at IS NULL AND published_at IS NULL`
 
 	// read returns the first $1 ready rows of the held shards in enqueue
-	// order, from one index (migrate version 12). For each it probes the
+	// order, from one index. For each it probes the
 	// index of waiting rows for the first row of its key before it that
 	// waits: the row is then held behind that one. When no row waits at all
 	// (the usual case: one probe, evaluated once), the per-row probes are
@@ -127,7 +127,7 @@ WHERE o.seq = f.seq AND o.published_at IS NULL AND o.blocked_by IS NULL AND o.pa
 WHERE (($2::bigint >> s) & 1) = 0 AND pg_try_advisory_lock($1::int, s)
 LIMIT $3`
 	sq.release = `SELECT count(*) FROM unnest($2::int[]) AS s WHERE pg_advisory_unlock($1::int, s)`
-	// migrated: the table exists with version 12's column.
+	// migrated: the table exists with the column the relay reads.
 	sq.migrated = `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'waiting' AND NOT attisdropped)`
 	sq.join = `SELECT pg_try_advisory_lock_shared($1::int, ` + fmt.Sprint(memberShard) + `)`
 	// members counts the relays of this table: the holders of the shared
@@ -681,7 +681,7 @@ func (r *relayRounds) lease(ctx context.Context) error {
 			return err
 		}
 		if !migrated {
-			return fmt.Errorf("%w (the relay needs version 12: the waiting column of %s)", ErrNotMigrated, r.e.store.table)
+			return fmt.Errorf("%w (no waiting column in %s)", ErrNotMigrated, r.e.store.table)
 		}
 		var ok bool
 		if err := conn.QueryRow(ctx, r.e.store.sql.join, r.e.store.shardNS).Scan(&ok); err != nil {

@@ -44,7 +44,7 @@ const CleanupBatchDefault = 1000
 var ErrInvalidMessage = errors.New("outbox: invalid message")
 
 // ErrNotMigrated means the outbox table does not exist: run package migrate
-// (version 2 or later) with the same Schema and table name.
+// with the same Schema and table name.
 var ErrNotMigrated = fmt.Errorf("outbox: table missing: %w", idemkit.ErrNotMigrated)
 
 // ErrNotFound is returned by Retry when none of the given IDs names a parked
@@ -132,6 +132,7 @@ var (
 // connection and no state besides its SQL: it is safe for concurrent use.
 type Store struct {
 	table   string // schema-qualified, quoted
+	name    string // schema.table, unquoted
 	ident   string // raw "schema"."table", hashed into lock keys and the channel
 	channel string // NOTIFY channel
 	shardNS int32  // first key of the relays' shard advisory locks
@@ -161,6 +162,7 @@ func New(cfg *Config) (*Store, error) {
 	}
 	s := &Store{
 		table: pgx.Identifier{mc.Schema, mc.Tables.Outbox}.Sanitize(),
+		name:  mc.Schema + "." + mc.Tables.Outbox,
 		ident: pgx.Identifier{mc.Schema, mc.Tables.Outbox}.Sanitize(),
 		stamp: c.ContextHeaders,
 	}
@@ -179,12 +181,16 @@ func New(cfg *Config) (*Store, error) {
 // and dispatchers LISTEN on it.
 func (s *Store) Channel() string { return s.channel }
 
-// Table returns the schema-qualified, quoted table name.
+// Table returns the schema-qualified, quoted table name, for SQL.
 func (s *Store) Table() string { return s.table }
+
+// Name returns the table as schema.table, unquoted: for labels and
+// messages.
+func (s *Store) Name() string { return s.name }
 
 func buildSQL(t string) storeSQL {
 	// The scans choose which keys a round locks. Each walks an index range
-	// (migrate version 5) that holds the pending rows of its kind ordered by
+	// that holds the pending rows of its kind ordered by
 	// available_at and ends at now(), so rows that are not due yet are never
 	// read, and takes, without waiting, the advisory lock of each row's key;
 	// a row whose key another relay holds is passed over, like SKIP LOCKED at

@@ -14,11 +14,11 @@ import (
 )
 
 // TestBadFlagValues: a flag value out of its range is bad usage: exit 2
-// with the usage, before anything is read or changed. Found: some were
-// taken (-batch -1, -limit -1, -limit 0 exited 0), some failed at run time
-// with exit 1 and no usage (dlq replay -rate -1, -replay-limit -1,
-// -max-outage -1s), -schema "" silently meant public, and migrate down to a
-// version above the latest said the schema was at that version.
+// with the usage, before anything is read or changed. That holds for values
+// a command could take quietly (-batch -1, -limit -1, -limit 0), for values
+// that would only fail at run time (dlq replay -rate -1, -replay-limit -1,
+// -max-outage -1s), for -schema "" (not public), and for migrate down to a
+// version above the latest.
 func TestBadFlagValues(t *testing.T) {
 	t.Parallel()
 	bin := binary(t)

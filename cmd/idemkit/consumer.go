@@ -42,9 +42,7 @@ records: see idemkit consumer seek -recreated), a position below the log start
 lost), and positions of partitions the topic does not have.
 -json prints the same as one JSON object; null means "none" or "not known",
 last_stable is the stable end, and position_lag and committed_lag are the log
-end minus each, as they are. claims_ahead says that claims may lie past the
-position: a consumer with BatchSize 1 claims a run of messages before it moves
-the position past them, and one that starts there passes what was claimed.
+end minus each, as they are.
 `
 
 const seekHelp = `Moves a consumer, backwards or forwards, in PostgreSQL and in Kafka together:
@@ -250,8 +248,8 @@ func (f *consumerFlags) load(ctx context.Context, client *kafka.Client, pool *pg
 	return &st, nil
 }
 
-// pgErr says what to do when the positions table is missing or older than
-// migration 6.
+// pgErr says what to do when the positions table is missing or lacks a
+// column of the current schema.
 func (f *consumerFlags) pgErr(err error) error {
 	var pg *pgconn.PgError
 	switch {
@@ -260,7 +258,7 @@ func (f *consumerFlags) pgErr(err error) error {
 	case pg.Code == "42P01": // undefined_table
 		return &notMigratedError{schema: f.schema, what: "no table " + f.table + "; or pass -table", err: err}
 	case pg.Code == "42703": // undefined_column
-		return &notMigratedError{schema: f.schema, what: "table " + f.table + " predates migration 6", err: err}
+		return &notMigratedError{schema: f.schema, what: "table " + f.table + " lacks columns of the current schema", err: err}
 	}
 	return err
 }
@@ -273,7 +271,6 @@ type positionRow struct {
 	Incarnation  *int64     `json:"incarnation"`
 	AnchorTime   *time.Time `json:"anchor_time"`
 	UpdatedAt    *time.Time `json:"position_updated_at"`
-	ClaimsAhead  *bool      `json:"claims_ahead"`
 	Committed    *int64     `json:"committed"`
 	LogStart     *int64     `json:"log_start"`
 	LogEnd       *int64     `json:"log_end"`
@@ -312,7 +309,6 @@ func (st *state) rows() []positionRow {
 		pos, hasPos := st.positions[id]
 		if hasPos {
 			r.Position, r.Incarnation, r.UpdatedAt = ptr(pos.Next), ptr(pos.Incarnation), ptr(pos.UpdatedAt)
-			r.ClaimsAhead = ptr(pos.ClaimsAhead)
 			if !pos.AnchorTime.IsZero() {
 				r.AnchorTime = ptr(pos.AnchorTime)
 			}

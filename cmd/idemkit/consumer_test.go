@@ -22,6 +22,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/kafkaoffsets"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/migrate"
 )
 
@@ -182,15 +183,12 @@ func TestCLIConsumerPositionsAndSeek(t *testing.T) {
 		e.produce(1, 4)
 		testenv.DeleteRecords(t, e.topic, 1, 3) // retention took 0..2 of partition 1
 		e.ran(map[int]int64{0: 6, 1: 2, 2: 5, 5: 9}, map[int]int64{0: 6, 2: 0})
-		// Partition 0's position moves on to 7 as a consumer with BatchSize
-		// 1 moves it, which marks the row: claims may lie past it.
-		b := &pgx.Batch{}
-		var moved bool
-		if err := e.store.QueueMovePosition(b, e.name, e.topic, 0, 7, e.base, 0, &moved); err != nil {
-			t.Fatal(err)
-		}
-		if err := e.db.Pool.SendBatch(context.Background(), b).Close(); err != nil || !moved {
-			t.Fatalf("mark partition 0: moved %t, %v", moved, err)
+		// Partition 0's position moves on to 7 past Kafka's committed 6.
+		err := pgx.BeginFunc(context.Background(), e.db.Pool, func(tx pgx.Tx) error {
+			return e.store.SavePositionTx(context.Background(), tx, e.name, e.topic, 0, 7, e.base, 0)
+		})
+		if err != nil {
+			t.Fatalf("move partition 0: %v", err)
 		}
 
 		out, errOut, code := e.cli(append([]string{"consumer", "positions", "-json"}, e.groupTopicN...)...)
@@ -213,23 +211,18 @@ func TestCLIConsumerPositionsAndSeek(t *testing.T) {
 			partition                                  int
 			position, committed, start, end, lag, pLag string
 			anchored                                   bool
-			ahead                                      string
 			flags                                      string
 		}
 		var rows []row
 		for _, r := range got.Partitions {
-			ahead := "-"
-			if r.ClaimsAhead != nil {
-				ahead = fmt.Sprint(*r.ClaimsAhead)
-			}
 			rows = append(rows, row{r.Partition, num(r.Position), num(r.Committed), num(r.LogStart), num(r.LogEnd),
-				num(r.Lag), num(r.PositionLag), r.AnchorTime != nil && r.AnchorTime.Equal(e.base), ahead, strings.Join(r.Flags, ",")})
+				num(r.Lag), num(r.PositionLag), r.AnchorTime != nil && r.AnchorTime.Equal(e.base), strings.Join(r.Flags, ",")})
 		}
 		want := []row{
-			{0, "7", "6", "0", "10", "3", "3", true, "true", ""},
-			{1, "2", "-", "3", "4", "1", "2", true, "false", "below_log_start"}, // offset 2 is gone: 1 left to read
-			{2, "5", "0", "0", "0", "-5", "-5", true, "false", "past_log_end"},
-			{5, "9", "-", "-", "-", "-", "-", true, "false", "not_in_topic"},
+			{0, "7", "6", "0", "10", "3", "3", true, ""},
+			{1, "2", "-", "3", "4", "1", "2", true, "below_log_start"}, // offset 2 is gone: 1 left to read
+			{2, "5", "0", "0", "0", "-5", "-5", true, "past_log_end"},
+			{5, "9", "-", "-", "-", "-", "-", true, "not_in_topic"},
 		}
 		if fmt.Sprint(rows) != fmt.Sprint(want) {
 			t.Fatalf("positions -json rows\n got %v\nwant %v\n%s", rows, want, out)
@@ -443,15 +436,15 @@ func runConsumer(t *testing.T, e *seekEnv, partitions int) map[int]int64 {
 		Kafka: testenv.Kafka(t), Topic: e.topic, GroupID: e.group, Store: e.store,
 		MissingID: consumer.MissingIDUseCoordinates, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Handler: consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil }),
-		Hooks: consumer.Hooks{ // signals only: a hook must never block the runner
-			Assigned: func(_ string, partition int, start int64) {
+		Observers: []consumer.Observer{&testobs.Hooks{ // signals only: a hook must never block the runner
+			OnAssigned: func(_ string, partition int, start int64) {
 				mu.Lock()
 				defer mu.Unlock()
 				if _, ok := starts[partition]; !ok {
 					starts[partition] = start
 				}
 			},
-			Outcome: func(_ context.Context, msg *consumer.Message, _ consumer.Outcome) {
+			OnOutcome: func(_ context.Context, msg *consumer.Message, _ consumer.Outcome) {
 				mu.Lock()
 				defer mu.Unlock()
 				if _, ok := handled[msg.Partition]; !ok {
@@ -461,7 +454,7 @@ func runConsumer(t *testing.T, e *seekEnv, partitions int) map[int]int64 {
 					}
 				}
 			},
-		},
+		}},
 	})
 	if err != nil {
 		t.Fatal(err)

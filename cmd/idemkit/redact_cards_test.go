@@ -8,7 +8,7 @@ import (
 
 // Card numbers the default redaction must mask (every digit but the last four).
 // Card numbers next to letters, grouped by dots or double spaces, or used as
-// a JSON field name are masked too (hostile review of issue 12).
+// a JSON field name are masked too.
 func TestRedactionCatchesCardShapes(t *testing.T) {
 	fs := flag.NewFlagSet("x", flag.ContinueOnError)
 	var r redactor

@@ -18,6 +18,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -106,7 +107,7 @@ func runSASLConsumer(t *testing.T, pool *pgxpool.Pool, cfg consumer.Config, want
 		seen = map[string]consumer.Outcome{}
 		done = make(chan struct{})
 	)
-	cfg.Hooks.Outcome = func(_ context.Context, msg *consumer.Message, o consumer.Outcome) {
+	testobs.Of(&cfg).OnOutcome = func(_ context.Context, msg *consumer.Message, o consumer.Outcome) {
 		mu.Lock()
 		defer mu.Unlock()
 		seen[msg.ID] = o
@@ -169,7 +170,7 @@ func TestSASLConsumeDeadLetterReplayList(t *testing.T) {
 	var healed bool
 	var applied []string
 	cfg := consumer.Config{Kafka: kc, Topic: origin, GroupID: group, Store: store,
-		Retry: &retry.Policy{MaxAttempts: 1}, OnFailure: w.OnFailure,
+		Retry: retry.Policy{MaxAttempts: 1}, OnFailure: w.OnFailure,
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 			if msg.ID == "pay-bad" && !healed {
 				return retry.Permanent(errors.New("ledger rejected the account"))

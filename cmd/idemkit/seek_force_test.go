@@ -13,15 +13,15 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 )
 
 // TestSeekForceWhileRunning: `consumer seek -to-earliest -force` while
 // a consumer works through a backlog exits 0 and says the partitions moved;
-// the consumer's next assignment must then start at the log start. Found:
-// the removed member's worker keeps committing until its generation ends
-// (and its transaction blocked on the seek's row lock commits right after
-// it), and the position only ever moves forward (upsertPosition: WHERE
-// p.next_offset < EXCLUDED.next_offset), so the rewind is undone in silence.
+// the consumer's next assignment must then start at the log start. The
+// removed member's worker keeps committing until its generation ends (and
+// its transaction blocked on the seek's row lock commits right after it);
+// those position writes must not undo the rewind in silence.
 func TestSeekForceWhileRunning(t *testing.T) {
 	t.Parallel()
 	bin := binary(t)
@@ -45,20 +45,20 @@ func TestSeekForceWhileRunning(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 			return nil
 		}),
-		Hooks: consumer.Hooks{
-			Assigned: func(_ string, _ int, start int64) {
+		Observers: []consumer.Observer{&testobs.Hooks{
+			OnAssigned: func(_ string, _ int, start int64) {
 				mu.Lock()
 				defer mu.Unlock()
 				assigns = append(assigns, start)
 			},
-			Outcome: func(context.Context, *consumer.Message, consumer.Outcome) {
+			OnOutcome: func(context.Context, *consumer.Message, consumer.Outcome) {
 				mu.Lock()
 				defer mu.Unlock()
 				if handled++; handled == 30 {
 					once.Do(func() { close(progress) })
 				}
 			},
-		},
+		}},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -228,7 +228,7 @@ func (f *statusFlags) consumers(ctx context.Context, pool *pgxpool.Pool, client 
 		return fmt.Errorf("read consumer positions: %w", err)
 	}
 
-	// Parked messages per consumer and topic (a table from migration 4).
+	// Parked messages per consumer and topic (none when the table is missing).
 	rows, err = pool.Query(ctx, `SELECT consumer, topic, count(*), extract(epoch FROM now() - min(parked_at))::float8 FROM `+
 		f.table(migrate.ParkedMessagesDefault)+` GROUP BY consumer, topic`)
 	switch {

@@ -18,6 +18,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -197,8 +198,8 @@ func TestCLIParked(t *testing.T) {
 	flowed, released := make(chan struct{}), make(chan struct{})
 	var flowOnce, releaseOnce sync.Once
 	r, err := consumer.New(db.Pool, &consumer.Config{Kafka: testenv.Kafka(t), Topic: topic, GroupID: group, Store: store,
-		BatchSize: 1, FailureMode: consumer.NonBlocking, Retry: &retry.Policy{MaxAttempts: 1},
-		ParkedRetry: &retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxAttempts: 5},
+		BatchSize: 1, FailureMode: consumer.NonBlocking, Retry: retry.Policy{MaxAttempts: 1},
+		ParkedRetry: retry.Policy{InitialInterval: time.Hour, MaxInterval: time.Hour, MaxAttempts: 5},
 		ParkedPoll:  20 * time.Millisecond,
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			if m.ID == "b1" && !healed.Load() {
@@ -207,7 +208,7 @@ func TestCLIParked(t *testing.T) {
 			_, err := tx.Exec(ctx, `INSERT INTO `+db.Table("effects")+` (id) VALUES ($1)`, m.ID)
 			return err
 		}),
-		Hooks: consumer.Hooks{Outcome: func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
+		Observers: []consumer.Observer{&testobs.Hooks{OnOutcome: func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
 			mu.Lock()
 			defer mu.Unlock()
 			switch o {
@@ -222,7 +223,7 @@ func TestCLIParked(t *testing.T) {
 			if seen["b3"] {
 				releaseOnce.Do(func() { close(released) })
 			}
-		}},
+		}}},
 	})
 	if err != nil {
 		t.Fatal(err)

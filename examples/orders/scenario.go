@@ -131,7 +131,7 @@ func scenario(ctx context.Context, dbURL string, brokers []string, schema string
 	say("   %s sent twice: a producer retry after a lost ack (same event ID, next offset)", messageID(retried))
 
 	seen := newTally(out)
-	newRunner := func(group string, hooks consumer.Hooks) (*consumer.Runner, error) {
+	newRunner := func(group string, observers ...consumer.Observer) (*consumer.Runner, error) {
 		cfg := &consumer.Config{
 			Kafka: kafkaconn.Config{Brokers: brokers}, Topic: topic, GroupID: group, Name: consumerName,
 			Store: store, Handler: consumer.HandlerFunc(markPaid),
@@ -139,12 +139,12 @@ func scenario(ctx context.Context, dbURL string, brokers []string, schema string
 			// between two events' commits (by default the runner takes
 			// every event already fetched into one transaction).
 			BatchSize: 1,
-			Logger:    logger, Hooks: hooks,
+			Logger:    logger, Observers: observers,
 		}
 		if tel == nil {
 			return consumer.New(pool, cfg)
 		}
-		c, err := tel.Consumer(cfg) // spans and metrics, chained to the hooks above
+		c, err := tel.Consumer(cfg) // spans and metrics, an observer beside the ones above
 		if err != nil {
 			return nil, err
 		}
@@ -160,16 +160,14 @@ func scenario(ctx context.Context, dbURL string, brokers []string, schema string
 	ctx1, crash := context.WithCancel(ctx)
 	defer crash()
 	var commits atomic.Int32
-	r1, err := newRunner(group1, consumer.Hooks{
-		Outcome: seen.outcome,
-		// AfterCommit runs once PostgreSQL committed and before the Kafka
-		// offset commit: the window in which a crash causes a redelivery.
-		AfterCommit: func(context.Context, []*consumer.Message) {
-			if commits.Add(1) == crashAfter {
-				crash()
-			}
-		},
-	})
+	// A committed transaction's TxEnd runs once PostgreSQL committed and
+	// before the Kafka offset commit: the window in which a crash causes a
+	// redelivery.
+	r1, err := newRunner(group1, seen, afterCommit(func() {
+		if commits.Add(1) == crashAfter {
+			crash()
+		}
+	}))
 	if err != nil {
 		return nil, err
 	}
@@ -179,7 +177,7 @@ func scenario(ctx context.Context, dbURL string, brokers []string, schema string
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	say("   ⚡ consumer 1 was stopped from its AfterCommit hook at its database commit #%d (transactions in flight", crashAfter)
+	say("   ⚡ consumer 1 was stopped from an observer at its database commit #%d (transactions in flight", crashAfter)
 	say("     on other partitions still commit): its effects are in PostgreSQL; the Kafka offset commits that")
 	say("     follow are what a crash at this point loses")
 
@@ -206,7 +204,7 @@ func scenario(ctx context.Context, dbURL string, brokers []string, schema string
 	ctx2, caughtUp := context.WithCancel(ctx)
 	defer caughtUp()
 	seen.stopAt(end, caughtUp)
-	r2, err := newRunner(group2, consumer.Hooks{Outcome: seen.outcome, Assigned: seen.assigned})
+	r2, err := newRunner(group2, seen)
 	if err != nil {
 		return nil, err
 	}
@@ -399,11 +397,27 @@ type tally struct {
 	stop                func()
 }
 
+// afterCommit is a consumer.TxObserver that calls f when a transaction
+// committed.
+type afterCommit func()
+
+func (f afterCommit) TxStart(ctx context.Context, _ *consumer.TxStartEvent) context.Context {
+	return ctx
+}
+
+func (f afterCommit) TxEnd(_ context.Context, e *consumer.TxEndEvent) {
+	if e.Err == nil {
+		f()
+	}
+}
+
 func newTally(out io.Writer) *tally {
 	return &tally{out: out, outcomes: map[string][]consumer.Outcome{}, next: map[int]int64{}}
 }
 
-func (t *tally) outcome(_ context.Context, m *consumer.Message, o consumer.Outcome) {
+// Outcome makes t a consumer.OutcomeObserver.
+func (t *tally) Outcome(_ context.Context, e *consumer.OutcomeEvent) {
+	m, o := e.Message, e.Outcome
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.outcomes[m.ID] = append(t.outcomes[m.ID], o)
@@ -425,7 +439,9 @@ func (t *tally) outcome(_ context.Context, m *consumer.Message, o consumer.Outco
 	t.advance(m.Partition, m.Offset+1)
 }
 
-func (t *tally) assigned(_ string, partition int, start int64) {
+// Assigned makes t a consumer.AssignObserver.
+func (t *tally) Assigned(_ context.Context, e *consumer.AssignEvent) {
+	partition, start := e.Partition, e.Start
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if start < 0 { // no position anywhere: kafka.FirstOffset

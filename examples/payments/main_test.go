@@ -14,7 +14,7 @@ func TestMain(m *testing.M) { testenv.Main(m, nil) }
 
 // The scenario against the test server: two lost responses, three attempts,
 // one charge and one PaymentCreated event.
-// With -store redis too (issue 14): the records in Redis.
+// With -store redis too: the records in Redis.
 func TestScenario(t *testing.T) {
 	t.Run("postgres", func(t *testing.T) { testScenario(t, "") })
 	t.Run("redis", func(t *testing.T) {

@@ -21,6 +21,7 @@ import (
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/outage"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/outbox"
 	"github.com/idemkit/idemkit/test/internal/faultplan"
@@ -314,10 +315,10 @@ func run(t *testing.T, sc scenario) {
 	for i, name := range runners {
 		cfg := &consumer.Config{Kafka: kafkaconn.Config{Brokers: brokers}, Topic: inTopic, GroupID: group, Store: store,
 			SessionTimeout: 6 * time.Second, RebalanceTimeout: 10 * time.Second, Logger: loggers[name],
-			Hooks: consumer.Hooks{
-				OutageStarted: func(string, error) { hooks[i].started.Add(1) },
-				OutageEnded:   func(string, time.Duration) { hooks[i].ended.Add(1) },
-			}}
+			Observers: []consumer.Observer{&testobs.Hooks{
+				OnOutageStarted: func(string, error) { hooks[i].started.Add(1) },
+				OnOutageEnded:   func(string, time.Duration) { hooks[i].ended.Add(1) },
+			}}}
 		switch i {
 		case 0: // one transaction per message
 			cfg.BatchSize, cfg.Handler = 1, a.handler(name)
@@ -495,7 +496,7 @@ func run(t *testing.T, sc scenario) {
 	t.Logf("outages logged: %v", starts)
 	for i, name := range runners {
 		if s, e := hooks[i].started.Load(), hooks[i].ended.Load(); s == 0 || s != e {
-			t.Errorf("%s: Hooks.OutageStarted ran %d times, OutageEnded %d times; want at least once, as often", name, s, e)
+			t.Errorf("%s: OutageStarted ran %d times, OutageEnded %d times; want at least once, as often", name, s, e)
 		}
 	}
 	if !t.Failed() {

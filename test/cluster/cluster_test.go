@@ -19,6 +19,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/outbox"
 	"github.com/idemkit/idemkit/test/internal/kafkaproc"
@@ -192,14 +193,14 @@ func run(t *testing.T, c *kafkaproc.Cluster, sc scenario) {
 	kc := kafkaconn.Config{Brokers: brokers}
 	// The runners' generations and failed offset commits.
 	var rebalances, commitFailures atomic.Int64
-	hooks := consumer.Hooks{
-		Rebalanced:         func(int32, []int) { rebalances.Add(1) },
-		OffsetCommitFailed: func(string, map[int]int64, error) { commitFailures.Add(1) },
+	hooks := &testobs.Hooks{
+		OnRebalanced:         func(int32, []int) { rebalances.Add(1) },
+		OnOffsetCommitFailed: func(string, map[int]int64, error) { commitFailures.Add(1) },
 	}
 	for i, name := range runners {
 		pool := testenv.PartPool(t, ctx, url, name, 4)
 		cfg := &consumer.Config{Kafka: kc, Topic: topic, GroupID: group, Store: claims,
-			SessionTimeout: 6 * time.Second, RebalanceTimeout: 10 * time.Second, Logger: loggers[name], Hooks: hooks}
+			SessionTimeout: 6 * time.Second, RebalanceTimeout: 10 * time.Second, Logger: loggers[name], Observers: []consumer.Observer{hooks}}
 		switch i {
 		case 0: // one transaction per message
 			cfg.BatchSize, cfg.Handler = 1, a.handler(name)
@@ -364,7 +365,7 @@ func run(t *testing.T, c *kafkaproc.Cluster, sc scenario) {
 				victim, coord, f, l, commitLeaveMsg)
 		} else {
 			t.Logf("%d offset commits failed while node %d was in the ISRs; no runner left its generation for it "+
-				"(Hooks.Rebalanced ran %d times meanwhile: kafka-go ends a generation at its first failed heartbeat)", f, victim, r)
+				"(Rebalanced ran %d times meanwhile: kafka-go ends a generation at its first failed heartbeat)", f, victim, r)
 		}
 	case brokerStop:
 		coord, err := coordinator(ctx, brokers, group)

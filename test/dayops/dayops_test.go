@@ -27,6 +27,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/outage"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/test/internal/containers"
 	"github.com/idemkit/idemkit/test/internal/kafkaproc"
@@ -71,11 +72,11 @@ func (f *fixture) config(brokers []string, topic, group string) *consumer.Config
 				ON CONFLICT (id) DO UPDATE SET runs = `+f.effects+`.runs + 1`, m.ID)
 			return err
 		}),
-		Hooks: consumer.Hooks{Outcome: func(_ context.Context, _ *consumer.Message, o consumer.Outcome) {
+		Observers: []consumer.Observer{&testobs.Hooks{OnOutcome: func(_ context.Context, _ *consumer.Message, o consumer.Outcome) {
 			if o == consumer.Applied {
 				f.applied.Add(1)
 			}
-		}},
+		}}},
 	}
 }
 
@@ -202,8 +203,8 @@ func TestBrokerDownAtStart(t *testing.T) {
 	f := newFixture(t)
 	var started, ended atomic.Int32
 	cfg := f.config([]string{broker.Addr}, topic, group)
-	cfg.Hooks.OutageStarted = func(string, error) { started.Add(1) }
-	cfg.Hooks.OutageEnded = func(string, time.Duration) { ended.Add(1) }
+	testobs.Of(cfg).OnOutageStarted = func(string, error) { started.Add(1) }
+	testobs.Of(cfg).OnOutageEnded = func(string, time.Duration) { ended.Add(1) }
 	r := start(t, f.db.Pool, cfg)
 	waitFor(t, r, 30*time.Second, "the outage to be reported", func() bool { return started.Load() > 0 })
 	time.Sleep(3 * time.Second) // several tries while the broker is down
@@ -305,7 +306,7 @@ func TestMessagesDeletedBeforeProcessing(t *testing.T) {
 
 	var moved atomic.Pointer[consumer.PositionError]
 	cfg := f.config([]string{broker.Addr}, topic, group)
-	cfg.Hooks.PositionMoved = func(err *consumer.PositionError) { moved.Store(err) }
+	testobs.Of(cfg).OnPositionMoved = func(err *consumer.PositionError) { moved.Store(err) }
 	r = start(t, f.db.Pool, cfg)
 	waitFor(t, r, time.Minute, "the 2 messages left", func() bool { return len(f.runs()) == 5 })
 	m := moved.Load()

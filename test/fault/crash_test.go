@@ -23,6 +23,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -91,7 +92,11 @@ func child() int {
 			if m.ID == failID {
 				return retry.Permanent(errors.New("rejected by a business rule"))
 			}
-			return applyEffect(ctx, tx, table, m)
+			if err := applyEffect(ctx, tx, table, m); err != nil {
+				return err
+			}
+			crashIf("before-commit", []*consumer.Message{m}) // its transaction not committed yet
+			return nil
 		}),
 		OnFailure: func(ctx context.Context, m *consumer.Message, err error) error {
 			if err := dead.OnFailure(ctx, m, err); err != nil {
@@ -100,18 +105,17 @@ func child() int {
 			crashIf("after-dlq", []*consumer.Message{m})
 			return nil
 		},
-		Hooks: consumer.Hooks{
-			BeforeCommit: func(_ context.Context, msgs []*consumer.Message) { crashIf("before-commit", msgs) },
-			AfterCommit:  func(_ context.Context, msgs []*consumer.Message) { crashIf("after-commit", msgs) },
-			Outcome: func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
+		Observers: []consumer.Observer{&testobs.Hooks{
+			OnAfterCommit: func(_ context.Context, msgs []*consumer.Message) { crashIf("after-commit", msgs) },
+			OnOutcome: func(_ context.Context, m *consumer.Message, o consumer.Outcome) {
 				fmt.Printf("outcome %s %s\n", m.ID, o)
 			},
-			OffsetCommitted: func(_ string, _ int, next int64) {
+			OnOffsetCommitted: func(_ string, _ int, next int64) {
 				if next >= until {
 					stop()
 				}
 			},
-		},
+		}},
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)

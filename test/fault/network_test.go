@@ -25,6 +25,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/faultproxy"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/outbox"
 )
@@ -527,4 +528,271 @@ func TestConsumerKafkaStranded(t *testing.T) {
 	defer mu.Unlock()
 	t.Logf("stranded %d broker connections; the first message produced after the strand applied %v after it; %d messages, each applied once",
 		c, firstAfter.Round(time.Millisecond), 2*half)
+}
+
+// TestConsumerPostgresStranded: the consumer's PostgreSQL connections are
+// stranded (silent for good, no FIN or RST) while a transaction waits for
+// its COMMIT's answer. The runner gives the commit up and runs the
+// transaction again on a new connection; the stranded session, idle in its
+// transaction on the server, ends itself after HandlerTimeout plus 10s and
+// releases its claim, which the new transaction then takes: the partition
+// moves again within that bound, nothing is lost or applied twice, and no
+// session is left idle in transaction.
+func TestConsumerPostgresStranded(t *testing.T) {
+	t.Parallel()
+	const n, partitions = 600, 3
+	db := newDB(t)
+	topic := testenv.NewTopic(t, partitions)
+	store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := db.Table("effects")
+	u, err := url.Parse(testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newFaultProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	ctx := context.Background()
+	pool := testenv.PartPool(t, ctx, u.String(), "consumer-pg-strand", 8)
+	_, logger := testenv.NewLogs(t)
+	var (
+		mu         sync.Mutex
+		applied    int
+		strandAt   time.Time
+		strandedID string // the message whose COMMIT went out stranded
+		resumedIn  time.Duration
+		stranded   = make(chan struct{})
+		resumed    = make(chan struct{})
+		strandOnce sync.Once
+	)
+	cfg := consumer.Config{
+		Kafka: testenv.Kafka(t), Topic: topic, GroupID: testenv.Name(t, "g"), Store: store, Logger: logger,
+		BatchSize: 1, HandlerTimeout: 2 * time.Second,
+		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			if err := applyEffect(ctx, tx, table, m); err != nil {
+				return err
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			applied++
+			if applied == n/4 {
+				// This transaction's COMMIT goes out on a stranded connection.
+				strandOnce.Do(func() {
+					strandAt, strandedID = time.Now(), m.ID
+					t.Logf("stranded %d PostgreSQL connections before a COMMIT", proxy.Strand())
+					close(stranded)
+				})
+			}
+			return nil
+		}),
+	}
+	testobs.Of(&cfg).OnAfterCommit = func(_ context.Context, msgs []*consumer.Message) {
+		mu.Lock()
+		defer mu.Unlock()
+		select {
+		case <-stranded:
+		default:
+			return
+		}
+		for _, m := range msgs {
+			if m.ID == strandedID && resumedIn == 0 {
+				resumedIn = time.Since(strandAt)
+				close(resumed)
+			}
+		}
+	}
+	r, err := consumer.New(pool, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("consumer: %v", err)
+		}
+		done <- nil
+	}()
+	produce(t, topic, "m-", 0, n, 50)
+	select {
+	case <-resumed:
+	case <-time.After(3 * time.Minute):
+		t.Fatal("the stranded transaction's message was not committed within 3 minutes")
+	}
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		var got int
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d applied 3 minutes after the strand", got, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	runs := effectRuns(t, db)
+	for id, c := range runs {
+		if c != 1 {
+			t.Fatalf("%s applied %d times", id, c)
+		}
+	}
+	if len(runs) != n {
+		t.Fatalf("%d messages applied, want %d", len(runs), n)
+	}
+	checkOrder(t, db)
+	var orphans int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_stat_activity
+		WHERE application_name = 'consumer-pg-strand' AND state LIKE 'idle in transaction%'`).Scan(&orphans); err != nil {
+		t.Fatal(err)
+	}
+	if orphans != 0 {
+		t.Fatalf("%d sessions still idle in transaction", orphans)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("strand to its message committed on a new connection: %v (HandlerTimeout 2s: the bound is 12s); %d messages, each applied once, in order",
+		resumedIn.Round(time.Millisecond), n)
+}
+
+// TestConsumerPostgresFaults: with default settings, the consumer's
+// PostgreSQL connections are reset before a COMMIT, blackholed there until
+// the runner says it waits for the server, or slowed down by 100ms each
+// way for a while; in each case every message is applied once, in order,
+// and the test prints how long the partition took to move again.
+func TestConsumerPostgresFaults(t *testing.T) {
+	t.Parallel()
+	for _, fault := range []faultproxy.Mode{faultproxy.Reset, faultproxy.Blackhole, faultproxy.Latency} {
+		t.Run(fault.String(), func(t *testing.T) {
+			t.Parallel()
+			const n, partitions = 400, 3
+			db := newDB(t)
+			topic := testenv.NewTopic(t, partitions)
+			store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+			if err != nil {
+				t.Fatal(err)
+			}
+			table := db.Table("effects")
+			u, err := url.Parse(testenv.DatabaseURL(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			proxy := newFaultProxy(t, u.Host)
+			proxy.SetLatency(100 * time.Millisecond)
+			u.Host = proxy.Addr()
+			ctx := context.Background()
+			pool := testenv.PartPool(t, ctx, u.String(), "consumer-pg-"+fault.String(), 8)
+			waiting := make(chan struct{})
+			var waitingOnce sync.Once
+			logs, log := testenv.NewLogs(t)
+			log = slog.New(onMessage{Handler: log.Handler(), msg: "server unreachable; waiting it out", once: &waitingOnce, ch: waiting})
+			var (
+				mu        sync.Mutex
+				applied   int
+				faultAt   time.Time
+				faultedID string
+				resumedIn time.Duration
+				faulted   = make(chan struct{})
+				resumed   = make(chan struct{})
+			)
+			cfg := consumer.Config{
+				Kafka: testenv.Kafka(t), Topic: topic, GroupID: testenv.Name(t, "g"), Store: store, Logger: log,
+				Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+					if err := applyEffect(ctx, tx, table, m); err != nil {
+						return err
+					}
+					mu.Lock()
+					defer mu.Unlock()
+					if applied++; applied == n/4 && faultedID == "" {
+						faultAt, faultedID = time.Now(), m.ID
+						proxy.Set(fault) // this transaction's COMMIT meets the fault
+						close(faulted)
+					}
+					return nil
+				}),
+			}
+			testobs.Of(&cfg).OnAfterCommit = func(_ context.Context, msgs []*consumer.Message) {
+				mu.Lock()
+				defer mu.Unlock()
+				for _, m := range msgs {
+					if faultedID != "" && m.ID == faultedID && resumedIn == 0 {
+						resumedIn = time.Since(faultAt)
+						close(resumed)
+					}
+				}
+			}
+			r, err := consumer.New(pool, &cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			runCtx, cancel := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- r.Run(runCtx) }()
+			defer func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("consumer: %v", err)
+				}
+			}()
+			produce(t, topic, "m-", 0, n, 20)
+			<-faulted
+			var held time.Duration
+			switch fault {
+			case faultproxy.Reset:
+				proxy.Set(faultproxy.Pass) // the open connections were reset; new ones pass
+			case faultproxy.Blackhole:
+				start := time.Now()
+				select {
+				case <-waiting:
+				case <-time.After(2 * time.Minute):
+					t.Fatal("the consumer did not notice the blackhole within 2 minutes")
+				}
+				held = time.Since(start)
+				proxy.Set(faultproxy.Pass)
+			case faultproxy.Latency:
+				select {
+				case <-resumed:
+				case <-time.After(2 * time.Minute):
+					t.Fatal("no commit with latency within 2 minutes")
+				}
+				proxy.Set(faultproxy.Pass)
+			}
+			select {
+			case <-resumed:
+			case <-time.After(2 * time.Minute):
+				t.Fatal("the faulted transaction's message was not committed within 2 minutes")
+			}
+			deadline := time.Now().Add(2 * time.Minute)
+			for {
+				var got int
+				if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&got); err != nil {
+					t.Fatal(err)
+				}
+				if got == n {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%d of %d applied 2 minutes after the fault", got, n)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			runs := effectRuns(t, db)
+			for id, c := range runs {
+				if c != 1 {
+					t.Fatalf("%s applied %d times", id, c)
+				}
+			}
+			checkOrder(t, db)
+			mu.Lock()
+			defer mu.Unlock()
+			t.Logf("%s: noticed after %v; its message committed %v after the fault; %d messages, each applied once, in order; %d outage warnings",
+				fault, held.Round(time.Millisecond), resumedIn.Round(time.Millisecond), n, logs.Count("server unreachable; waiting it out", ""))
+		})
+	}
 }

@@ -22,10 +22,10 @@ import (
 	"github.com/idemkit/idemkit/test/internal/kafkaproc"
 )
 
-// Test 4: the relay's broker is killed for about 10 seconds in the middle of
-// a steady stream; the relay recovers by itself, nothing is lost or parked,
-// per-key order holds, and the outage is logged once when it starts and once
-// when it ends, not at every failed round. A second relay, with a MaxOutage
+// TestBrokerStoppedRelayRecovers: the relay's broker is killed for about 10
+// seconds in the middle of a steady stream; the relay recovers by itself,
+// nothing is lost or parked, per-key order holds, and the outage is logged
+// once when it starts and once when it ends, not at every failed round. A second relay, with a MaxOutage
 // of 2s, returns a *retry.OutageError during the outage. The broker is a
 // private one: the shared broker of the other tests is never stopped.
 func TestBrokerStoppedRelayRecovers(t *testing.T) {

@@ -23,6 +23,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/outbox"
 )
@@ -119,11 +120,11 @@ func startChild(t *testing.T, env ...string) (lines []string, killed bool) {
 	return lines, false
 }
 
-// Test 2: consumer → outbox → relay → consumer. The upstream consumer's
-// handler enqueues an event in its transaction; the relay is killed with
-// SIGKILL after Kafka acknowledged a batch and before it was marked; a new
-// relay publishes that batch again with the same IDs; the downstream
-// consumer applies each event's effect exactly once.
+// TestCrashAfterPublishChain: consumer → outbox → relay → consumer. The
+// upstream consumer's handler enqueues an event in its transaction; the
+// relay is killed with SIGKILL after Kafka acknowledged a batch and before it
+// was marked; a new relay publishes that batch again with the same IDs; the
+// downstream consumer applies each event's effect exactly once.
 func TestCrashAfterPublishChain(t *testing.T) {
 	t.Parallel()
 	const n = 10
@@ -212,14 +213,14 @@ func TestCrashAfterPublishChain(t *testing.T) {
 				ON CONFLICT (id) DO UPDATE SET runs = `+effects+`.runs + 1`, string(m.Value))
 			return err
 		}),
-		Hooks: consumer.Hooks{Outcome: func(_ context.Context, _ *consumer.Message, o consumer.Outcome) {
+		Observers: []consumer.Observer{&testobs.Hooks{OnOutcome: func(_ context.Context, _ *consumer.Message, o consumer.Outcome) {
 			switch o {
 			case consumer.Applied:
 				applied.Add(1)
 			case consumer.Duplicate:
 				duplicates.Add(1)
 			}
-		}}})
+		}}}})
 	waitFor(t, time.Minute, "downstream consumed every message", func() (bool, error) {
 		return applied.Load()+duplicates.Load() == int64(n+4), nil
 	})

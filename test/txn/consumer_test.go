@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/retry"
 	"github.com/idemkit/idemkit/test/internal/txproducer"
 )
@@ -96,7 +97,7 @@ func (c *consumerDB) config(t *testing.T, md consumerMode, topic string) *consum
 	cfg := &consumer.Config{
 		Kafka: testenv.Kafka(t), Topic: topic, GroupID: testenv.Name(t, "g"), Store: c.store,
 		BatchSize: md.batch, Logger: slog.New(slog.NewTextHandler(t.Output(), nil)),
-		Retry: &retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
+		Retry: retry.Policy{InitialInterval: 10 * time.Millisecond, MaxInterval: 50 * time.Millisecond},
 	}
 	if md.nonBlocking {
 		cfg.FailureMode = consumer.NonBlocking
@@ -165,7 +166,7 @@ func TestConsumerCommittedOnly(t *testing.T) {
 			c := newConsumerDB(t)
 			cfg := c.config(t, md, topic)
 			var committedOffsets sync.Map
-			cfg.Hooks.OffsetCommitted = func(_ string, p int, next int64) { committedOffsets.Store(p, next) }
+			testobs.Of(cfg).OnOffsetCommitted = func(_ string, p int, next int64) { committedOffsets.Store(p, next) }
 			runConsumer(t, c.db.Pool, cfg, "positions at the log end", func() bool {
 				for p, end := range ends {
 					if v, ok := committedOffsets.Load(p); !ok || v.(int64) != end {
@@ -223,7 +224,7 @@ func TestConsumerHeldByOpenTransaction(t *testing.T) {
 				cfg := c.config(t, md, topic)
 				cfg.HeldWarnAfter = 500 * time.Millisecond
 				var reported atomic.Int64
-				cfg.Hooks.HeldByTransaction = func(_ string, _ int, lastStable, _ int64, _ time.Duration) { reported.Store(lastStable + 1) }
+				testobs.Of(cfg).OnHeld = func(_ string, _ int, lastStable, _ int64, _ time.Duration) { reported.Store(lastStable + 1) }
 				r, err := consumer.New(c.db.Pool, cfg)
 				if err != nil {
 					t.Fatal(err)

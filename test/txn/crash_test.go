@@ -24,6 +24,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/test/internal/txproducer"
 )
@@ -109,26 +110,26 @@ func child() int {
 				ON CONFLICT (id) DO UPDATE SET runs = `+table+`.runs + 1`, m.ID, m.Offset)
 			return err
 		}),
-		Hooks: consumer.Hooks{
-			AfterCommit: func(_ context.Context, msgs []*consumer.Message) {
+		Observers: []consumer.Observer{&testobs.Hooks{
+			OnAfterCommit: func(_ context.Context, msgs []*consumer.Message) {
 				if next := msgs[len(msgs)-1].Offset + 1; next >= crashFrom && (crashAt[next] || crashBy >= 0 && next >= crashBy) {
 					_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 					select {}
 				}
 			},
-			OffsetCommitted: func(_ string, _ int, next int64) {
+			OnOffsetCommitted: func(_ string, _ int, next int64) {
 				if next >= until {
 					stop()
 				}
 			},
 			// A run that starts at the end (the previous one, in the
 			// default mode, committed up to it) has nothing to commit.
-			Assigned: func(_ string, _ int, start int64) {
+			OnAssigned: func(_ string, _ int, start int64) {
 				if start >= until {
 					stop()
 				}
 			},
-		},
+		}},
 	})
 	if err != nil {
 		return fail(err)

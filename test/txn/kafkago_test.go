@@ -13,13 +13,13 @@ import (
 	"github.com/idemkit/idemkit/test/internal/txproducer"
 )
 
-// TestKafkaGoReaderIsNotReadCommitted is the reproduction of issue 16 and
-// the reason for internal/kread: on the topic of TestCommittedOnly,
-// kafka-go's Reader with IsolationLevel ReadCommitted returns transaction
-// markers as messages and the records of aborted transactions
-// (segmentio/kafka-go#1332). The test passes while kafka-go has the bug; if
-// it fails, kafka-go's Reader has become usable on transactional topics and
-// idemkit may read with it again.
+// TestKafkaGoReaderIsNotReadCommitted shows why internal/kread exists: on
+// the topic of TestCommittedOnly, kafka-go's Reader with IsolationLevel
+// ReadCommitted returns transaction markers as messages and the records of
+// aborted transactions (segmentio/kafka-go#1332). The test passes while
+// kafka-go has the bug; if it fails, kafka-go's Reader has become usable on
+// transactional topics and idemkit could read with it instead of
+// internal/kread.
 func TestKafkaGoReaderIsNotReadCommitted(t *testing.T) {
 	t.Parallel()
 	topic := testenv.NewTopic(t, 3)
@@ -33,7 +33,7 @@ func TestKafkaGoReaderIsNotReadCommitted(t *testing.T) {
 	w := committed.sorted()
 	if slices.Equal(got, w) {
 		t.Fatalf("kafka-go's Reader returned exactly the committed records: segmentio/kafka-go#1332 looks fixed; "+
-			"idemkit could read with it again\n got %v", got)
+			"idemkit could read with it instead of internal/kread\n got %v", got)
 	}
 	var markers, aborted []rec
 	isCommitted := map[rec]bool{}

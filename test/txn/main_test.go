@@ -2,7 +2,7 @@
 // producers (Kafka's Java producer with transactional.id, through
 // txproducer) against a real broker: internal/kread returns committed data
 // only, internal/topicscan (dlq.Scan, the reprocessor, the CLI) reads
-// through it, and kafka-go's Reader, which idemkit used before, does not.
+// through it, and kafka-go's Reader does not.
 package txn
 
 import (

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idemkit/internal/kafkaoffsets"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/test/internal/txproducer"
 )
 
@@ -145,7 +146,7 @@ func TestCLIPositionsHeldByTransaction(t *testing.T) {
 
 			ends := map[int]int64{0: 11, 1: 11, 2: 7}
 			var committedOffsets sync.Map
-			cfg.Hooks.OffsetCommitted = func(_ string, p int, next int64) { committedOffsets.Store(p, next) }
+			testobs.Of(cfg).OnOffsetCommitted = func(_ string, p int, next int64) { committedOffsets.Store(p, next) }
 			runConsumer(t, c.db.Pool, cfg, "positions at the log end", func() bool {
 				for p, end := range ends {
 					if v, ok := committedOffsets.Load(p); !ok || v.(int64) != end {

@@ -20,12 +20,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/dedupq"
+	"github.com/idemkit/idemkit/internal/pgsession"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
 )
 
@@ -278,37 +280,33 @@ func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*chil
 			}
 			return "", errors.New("no message-id header")
 		},
-		Hooks: consumer.Hooks{
-			TxStart: func(ctx context.Context, msgs []*consumer.Message, _ int) context.Context {
-				clock.txStarted(msgs[0].Partition, time.Now())
-				return ctx
-			},
-			BeforeCommit: func(_ context.Context, msgs []*consumer.Message) {
-				clock.beforeCommit(msgs[0].Partition, time.Now())
-			},
-			AfterCommit: func(_ context.Context, msgs []*consumer.Message) {
-				now := time.Now()
-				clock.afterCommit(msgs[0].Partition, len(msgs), now)
-				if steady {
-					latencies.add(now, msgs)
-				}
-			},
-			Outcome: func(_ context.Context, _ *consumer.Message, o consumer.Outcome) {
-				if o == consumer.Duplicate {
-					dups.Add(1)
-				}
-				n := done.Add(1)
-				if heapProfile != "" && n == int64(spec.Messages)/2 {
-					writeHeapProfile(heapProfile)
-				}
-				reached(n)
-			},
-			Assigned: func(string, int, int64) {
-				if assigned.Add(1) == int64(spec.Partitions) && steady {
-					fmt.Println("ready")
-				}
-			},
-		},
+	}
+	h := testobs.Of(cfg)
+	h.OnTxStart = func(ctx context.Context, msgs []*consumer.Message, _ int) context.Context {
+		clock.txStarted(msgs[0].Partition, time.Now())
+		return ctx
+	}
+	h.OnAfterCommit = func(_ context.Context, msgs []*consumer.Message) {
+		now := time.Now()
+		clock.afterCommit(msgs[0].Partition, len(msgs), now)
+		if steady {
+			latencies.add(now, msgs)
+		}
+	}
+	h.OnOutcome = func(_ context.Context, _ *consumer.Message, o consumer.Outcome) {
+		if o == consumer.Duplicate {
+			dups.Add(1)
+		}
+		n := done.Add(1)
+		if heapProfile != "" && n == int64(spec.Messages)/2 {
+			writeHeapProfile(heapProfile)
+		}
+		reached(n)
+	}
+	h.OnAssigned = func(string, int, int64) {
+		if assigned.Add(1) == int64(spec.Partitions) && steady {
+			fmt.Println("ready")
+		}
 	}
 	cfg.MaxBufferedBytes = maxBuffered // 0: the default
 	switch {
@@ -328,7 +326,9 @@ func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*chil
 				}
 				effects[i] = e
 			}
-			return upsertSet(ctx, tx, table, effects)
+			err := upsertSet(ctx, tx, table, effects)
+			clock.beforeCommit(msgs[0].Partition, time.Now())
+			return err
 		})
 	} else {
 		cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
@@ -337,7 +337,9 @@ func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*chil
 			if err != nil {
 				return err
 			}
-			return upsertOne(ctx, tx, table, e)
+			err = upsertOne(ctx, tx, table, e)
+			clock.beforeCommit(m.Partition, time.Now()) // the batch's last call is the one before its commit
+			return err
 		})
 	}
 	r, err := consumer.New(pool, cfg)
@@ -488,7 +490,7 @@ func runPGChild(ctx context.Context, spec *childSpec, sc *scenario) (*childResul
 	meter.begin()
 	var wg sync.WaitGroup
 	for p, msgs := range parts {
-		w := &pgWorker{pool: pool, store: store, table: table, minimalClaim: minimalClaim, mode: sc.pg, consumer: spec.Group,
+		w := &pgWorker{pool: pool, store: store, claims: dedupq.Of(store), table: table, minimalClaim: minimalClaim, mode: sc.pg, consumer: spec.Group,
 			topic: spec.Topic, partition: p, clock: clock}
 		wg.Go(func() {
 			if err := w.run(ctx, msgs, size); err != nil {
@@ -511,6 +513,7 @@ func runPGChild(ctx context.Context, spec *childSpec, sc *scenario) (*childResul
 type pgWorker struct {
 	pool         *pgxpool.Pool
 	store        *dedup.Store
+	claims       dedupq.Queuer // store's, as the runner queues them
 	table        string
 	minimalClaim string // the Watermill peer's claim: no position
 	mode         pgMode
@@ -518,122 +521,59 @@ type pgWorker struct {
 	topic        string
 	partition    int
 	clock        *workerClock
-	chain        int        // transactions chained in a row
-	marked       bool       // the position row says ClaimsAhead (a move committed)
-	owe          *pgMessage // committed by a lazy claim, the position behind it
-}
-
-// flushOwed moves the position past w.owe in a transaction of its own,
-// committed asynchronously, as the runner does when nothing follows.
-func (w *pgWorker) flushOwed(ctx context.Context) error {
-	if w.owe == nil {
-		return nil
-	}
-	m := w.owe
-	w.owe = nil
-	conn, err := w.pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
-	b := &pgx.Batch{}
-	b.Queue("begin")
-	b.Queue("set local synchronous_commit to off")
-	var moved bool
-	if err := w.store.QueueMovePosition(b, w.consumer, w.topic, w.partition, m.offset+1, time.Time{}, 0, &moved); err != nil {
-		return err
-	}
-	b.Queue("commit")
-	return conn.SendBatch(ctx, b).Close()
 }
 
 func (w *pgWorker) run(ctx context.Context, msgs []pgMessage, size int) error {
-	var next *pgChained
-	defer func() {
-		if next != nil { // after an error
-			_ = next.tx.Rollback(context.WithoutCancel(ctx))
-			next.conn.Release()
-		}
-	}()
 	for len(msgs) > 0 {
 		n := min(size, len(msgs))
-		var following []pgMessage
-		if w.mode != pgMinimal && len(msgs) > n {
-			following = msgs[n:min(len(msgs), 2*n)]
-		}
-		pre := next
-		next = nil
-		var err error
-		if next, err = w.tx(ctx, msgs[:n], pre, following); err != nil {
+		if err := w.tx(ctx, msgs[:n]); err != nil {
 			return err
 		}
 		msgs = msgs[n:]
 	}
-	return w.flushOwed(ctx)
-}
-
-// pgChainMax is the runner's chainMax (consumer/chain.go): the
-// transactions a worker chains in a row before it commits on its own.
-const pgChainMax = 16
-
-// pgChained is a transaction begun by the COMMIT of the one before, its
-// claims done, as the runner chains them.
-type pgChained struct {
-	conn *pgxpool.Conn
-	tx   pgx.Tx
-	res  *pgClaims
+	return nil
 }
 
 // pgClaims are the outcomes of the claims of one transaction.
 type pgClaims struct {
-	dups             []bool
-	one, moved, lazy bool
+	dups       []bool
+	one, moved bool
 }
 
-// queueClaims queues the claims of msgs the way the runner does: lazy (a
-// chained transaction once the position row is marked) claims one message
-// without moving the position.
-func (w *pgWorker) queueClaims(b *pgx.Batch, msgs []pgMessage, lazy bool) (*pgClaims, error) {
+// queueClaims queues the claims of msgs the way the runner does.
+func (w *pgWorker) queueClaims(b *pgx.Batch, msgs []pgMessage) (*pgClaims, error) {
 	res := &pgClaims{}
 	if w.mode == pgPerMessage {
 		m := msgs[0]
-		c := dedup.Claim{Consumer: w.consumer, MessageID: m.id, Topic: w.topic, Partition: w.partition, Offset: m.offset}
-		if lazy {
-			res.lazy = true
-			return res, w.store.QueueClaim(b, c, &res.one)
-		}
-		return res, w.store.QueueClaimMovePosition(b, dedup.Claim{Consumer: w.consumer, MessageID: m.id,
+		return res, w.claims.QueueClaimMove(b, dedupq.Claim{Consumer: w.consumer, MessageID: m.id,
 			Topic: w.topic, Partition: w.partition, Offset: m.offset}, &res.one, &res.moved)
 	}
-	claims := make([]dedup.Claim, len(msgs))
+	claims := make([]dedupq.Claim, len(msgs))
 	for i, m := range msgs {
-		claims[i] = dedup.Claim{Consumer: w.consumer, MessageID: m.id, Topic: w.topic,
+		claims[i] = dedupq.Claim{Consumer: w.consumer, MessageID: m.id, Topic: w.topic,
 			Partition: w.partition, Offset: m.offset}
 	}
-	return res, w.store.QueueClaimBatch(b, claims, &res.dups)
+	return res, w.claims.QueueClaimBatch(b, claims, &res.dups)
 }
 
 // tx runs one transaction the way the runner does for this mode: BEGIN and
-// the claim in one round trip (pgx Batch.BeginTx), or (pre) begun already
-// with the COMMIT before; its COMMIT travels with the BEGIN and claims of
-// following, up to pgChainMax in a row, which it returns begun. The
-// Watermill peer's SQL (pgMinimal) runs as the peer sends it: BEGIN alone,
-// COMMIT alone.
-func (w *pgWorker) tx(ctx context.Context, msgs []pgMessage, pre *pgChained, following []pgMessage) (next *pgChained, err error) {
+// the claims in one round trip (pgx Batch.BeginTx), the writes, COMMIT.
+// The Watermill peer's SQL (pgMinimal) runs as the peer sends it: BEGIN
+// alone, COMMIT alone.
+func (w *pgWorker) tx(ctx context.Context, msgs []pgMessage) (err error) {
 	t0 := time.Now()
 	var tx pgx.Tx
-	var conn *pgxpool.Conn
-	var lazy, moved bool
 	if w.mode == pgMinimal {
 		if tx, err = w.pool.Begin(ctx); err != nil {
-			return nil, err
+			return err
 		}
 	}
+	var conn *pgxpool.Conn
 	defer func() {
 		if err != nil && tx != nil {
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
-		if conn != nil && next == nil {
+		if conn != nil {
 			conn.Release()
 		}
 	}()
@@ -642,64 +582,59 @@ func (w *pgWorker) tx(ctx context.Context, msgs []pgMessage, pre *pgChained, fol
 		m := msgs[0]
 		tag, err := tx.Exec(ctx, w.minimalClaim, w.consumer, m.id, w.topic, w.partition, m.offset)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if tag.RowsAffected() == 0 {
-			return nil, fmt.Errorf("message %s claimed twice", m.id)
+			return fmt.Errorf("message %s claimed twice", m.id)
 		}
 	default:
-		var res *pgClaims
-		if pre != nil {
-			conn, tx, res = pre.conn, pre.tx, pre.res
-		} else {
-			w.chain = 0
-			if conn, err = w.pool.Acquire(ctx); err != nil {
-				return nil, err
-			}
-			b := &pgx.Batch{}
-			b.BeginTx(pgx.TxOptions{})
-			if res, err = w.queueClaims(b, msgs, false); err != nil {
-				return nil, err
-			}
-			br := conn.SendBatch(ctx, b)
-			tx = br.Tx()
-			if err = br.Close(); err != nil {
-				return nil, err
-			}
+		if conn, err = w.pool.Acquire(ctx); err != nil {
+			return err
+		}
+		b := &pgx.Batch{}
+		b.BeginTx(pgx.TxOptions{})
+		b.Queue(pgsession.SetLocal(consumer.HandlerTimeoutDefault)) // the runner's bound of its transactions
+		res, err := w.queueClaims(b, msgs)
+		if err != nil {
+			return err
+		}
+		br := conn.SendBatch(ctx, b)
+		tx = br.Tx()
+		if err = br.Close(); err != nil {
+			return err
 		}
 		dups := res.dups
 		if w.mode == pgPerMessage {
 			dups = []bool{res.one}
-			if !res.moved && !res.lazy { // the partition's first write, as the runner does it
+			if !res.moved { // the partition's first write, as the runner does it
 				m := msgs[0]
 				if err = w.store.SavePositionTx(ctx, tx, w.consumer, w.topic, w.partition, m.offset+1, time.Time{}, 0); err != nil {
-					return nil, err
+					return err
 				}
 			}
 		}
 		if i := slices.Index(dups, true); i >= 0 {
-			return nil, fmt.Errorf("message %s claimed twice", msgs[i].id)
+			return fmt.Errorf("message %s claimed twice", msgs[i].id)
 		}
-		lazy, moved = res.lazy, res.moved
 	}
 	t1 := time.Now()
 	switch w.mode {
 	case pgPerMessage, pgMinimal, pgBatchedEach:
 		for _, m := range msgs {
 			if err := upsertOne(ctx, tx, w.table, m.effect); err != nil {
-				return nil, err
+				return err
 			}
 		}
 	case pgBatchedSavepoint:
 		for _, m := range msgs {
 			if _, err := tx.Exec(ctx, `SAVEPOINT message`); err != nil {
-				return nil, err
+				return err
 			}
 			if err := upsertOne(ctx, tx, w.table, m.effect); err != nil {
-				return nil, err
+				return err
 			}
 			if _, err := tx.Exec(ctx, `RELEASE SAVEPOINT message`); err != nil {
-				return nil, err
+				return err
 			}
 		}
 	case pgBatchedSavepointMerged:
@@ -712,10 +647,10 @@ func (w *pgWorker) tx(ctx context.Context, msgs []pgMessage, pre *pgChained, fol
 				sql = `SAVEPOINT message`
 			}
 			if _, err := tx.Exec(ctx, sql); err != nil {
-				return nil, err
+				return err
 			}
 			if err := upsertOne(ctx, tx, w.table, m.effect); err != nil {
-				return nil, err
+				return err
 			}
 		}
 	case pgBatchedSet:
@@ -724,43 +659,14 @@ func (w *pgWorker) tx(ctx context.Context, msgs []pgMessage, pre *pgChained, fol
 			effects[i] = m.effect
 		}
 		if err := upsertSet(ctx, tx, w.table, effects); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	t2 := time.Now()
-	if len(following) > 0 && w.chain < pgChainMax {
-		b := &pgx.Batch{}
-		b.BeginTx(pgx.TxOptions{BeginQuery: "commit"})
-		b.QueuedQueries[0].Exec(func(tag pgconn.CommandTag) error {
-			if tag.String() != "COMMIT" {
-				return pgx.ErrTxCommitRollback
-			}
-			return nil
-		})
-		b.Queue("begin")
-		res, err := w.queueClaims(b, following, w.marked)
-		if err != nil {
-			return nil, err
-		}
-		br := conn.SendBatch(ctx, b)
-		ntx := br.Tx()
-		if err := br.Close(); err != nil {
-			_ = ntx.Rollback(context.WithoutCancel(ctx))
-			return nil, err
-		}
-		w.chain++
-		next = &pgChained{conn: conn, tx: ntx, res: res}
-	} else if err := tx.Commit(ctx); err != nil {
-		return nil, err
-	}
-	if moved {
-		w.marked = true
-	}
-	w.owe = nil
-	if lazy { // the next claim with the position moves it past, or flushOwed
-		w.owe = &msgs[len(msgs)-1]
+	if err := tx.Commit(ctx); err != nil {
+		return err
 	}
 	t3 := time.Now()
 	w.clock.record(w.partition, len(msgs), segments{Claim: t1.Sub(t0), Handle: t2.Sub(t1), Commit: t3.Sub(t2)})
-	return next, nil
+	return nil
 }

@@ -1,4 +1,4 @@
-// Command idemkit-bench is the end-to-end benchmark of issues 3 and 11: a
+// Command idemkit-bench is idemkit's end-to-end benchmark: a
 // backlog of messages on a multi-partition topic, consumed by idemkit's
 // runner into PostgreSQL (dedup claim + one business upsert per message), in
 // four modes (default settings; one transaction per message; batched with the
@@ -185,7 +185,7 @@ const (
 	kindPG                       // the same SQL on PostgreSQL alone
 	kindPeer                     // the Watermill peer over a backlog on Kafka
 	kindSteady                   // the runner (or the peer) at steady produce rates
-	kindScale                    // several runner processes of one group (issue 13)
+	kindScale                    // several runner processes of one group
 )
 
 // pgMode is how a PostgreSQL-alone scenario writes one transaction.

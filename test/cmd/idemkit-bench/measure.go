@@ -190,9 +190,7 @@ func findKafkaPID() int {
 // segments split the time of the partition workers (summed over workers):
 // waiting for messages (from a transaction's commit to the start of the
 // next: fetching, or idle under a steady rate); BEGIN and the dedup claim
-// (for the runner, from Hooks.TxStart to the handler: a chained
-// transaction's BEGIN and claims went with the COMMIT before, so this is
-// then the runner's own work); the handler's statements; COMMIT. Unsplit is
+// (for the runner, from TxStart to the handler); the handler's statements; COMMIT. Unsplit is
 // the wait plus BEGIN + claim of transactions whose start was not seen.
 type segments struct {
 	Wait    time.Duration `json:"wait_ns"`
@@ -215,15 +213,14 @@ func (s segments) total() time.Duration { return s.Wait + s.Claim + s.Handle + s
 // workerClock follows each partition worker of the runner through its
 // transactions, from hooks that run on the partition worker's goroutine:
 // TxStart, the handler (its first call in a transaction), BeforeCommit and
-// AfterCommit. (A pgx tracer on the pool once saw each BEGIN; it cost the
-// runner's child 0.4 CPU-seconds per 100k messages that the PostgreSQL-alone
-// child did not pay.)
+// AfterCommit. (A pgx tracer on the pool would see each BEGIN, but it costs
+// the runner's child CPU that the PostgreSQL-alone child does not pay.)
 //
 // The IDFunc is not a clock of the worker: the runner calls it when a message
 // is fetched, on the partition's prefetch goroutine, which runs ahead of the
 // worker (it fetches the next messages while a transaction runs). Timing the
-// worker's "fetch" from it, as this bench once did, gave negative fetch
-// times whenever messages had been fetched before the previous commit.
+// worker's "fetch" from it would give negative fetch times whenever messages
+// were fetched before the previous commit.
 type workerClock struct {
 	parts []partClock
 }
@@ -249,7 +246,7 @@ func (c *workerClock) part(p int) *partClock {
 	return &c.parts[p]
 }
 
-// txStarted records Hooks.TxStart of a transaction. Once an attempt's
+// txStarted records the TxStart of a transaction. Once an attempt's
 // handler ran, later attempts' starts are ignored until the transaction
 // commits: a retried transaction counts from its first attempt whose
 // handler ran.

@@ -16,7 +16,7 @@ import (
 	"github.com/segmentio/kafka-go"
 )
 
-// The horizontal-scaling phase (issue 13): for each count in -processes, that
+// The horizontal-scaling phase: for each count in -processes, that
 // many consumer processes (default settings) join one consumer group over a
 // fresh topic of -partitions partitions; once the group is stable, the
 // backlog is produced, and the phase measures the time from the first claim

@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
 )
 
@@ -89,7 +90,7 @@ func runChild(ctx context.Context, spec *childSpec, log *slog.Logger) error {
 		fmt.Fprintf(os.Stdout, format+"\n", args...)
 		out.Unlock()
 	}
-	r, err := consumer.New(pool, &consumer.Config{
+	ccfg := &consumer.Config{
 		Kafka:             kafkaconn.Config{Brokers: spec.Brokers},
 		Topic:             spec.Topic,
 		GroupID:           spec.Group,
@@ -116,17 +117,17 @@ func runChild(ctx context.Context, spec *childSpec, log *slog.Logger) error {
 				ON CONFLICT (id) DO UPDATE SET runs = `+table+`.runs + 1`, m.ID, m.Partition, m.Offset)
 			return err
 		}),
-		Hooks: consumer.Hooks{
-			Assigned: func(_ string, partition int, _ int64) {
-				say("assigned %d %d", partition, time.Now().UnixNano())
-			},
-			Outcome: func(_ context.Context, _ *consumer.Message, o consumer.Outcome) {
-				if o == consumer.Duplicate {
-					say("duplicate")
-				}
-			},
-		},
-	})
+	}
+	h := testobs.Of(ccfg)
+	h.OnAssigned = func(_ string, partition int, _ int64) {
+		say("assigned %d %d", partition, time.Now().UnixNano())
+	}
+	h.OnOutcome = func(_ context.Context, _ *consumer.Message, o consumer.Outcome) {
+		if o == consumer.Duplicate {
+			say("duplicate")
+		}
+	}
+	r, err := consumer.New(pool, ccfg)
 	if err != nil {
 		return err
 	}

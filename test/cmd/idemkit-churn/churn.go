@@ -209,7 +209,7 @@ func (h *harness) cleanup(ctx context.Context) {
 	}
 }
 
-// assignment is a partition started by an instance (consumer.Hooks.Assigned).
+// assignment is a partition started by an instance (an AssignEvent).
 type assignment struct {
 	Instance  string    `json:"instance"`
 	Partition int       `json:"partition"`

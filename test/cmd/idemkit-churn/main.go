@@ -1,5 +1,5 @@
 // Command idemkit-churn measures how fast a consumer group recovers when its
-// instances are killed (finding 11 of issue 9). It creates a topic, produces
+// instances are killed. It creates a topic, produces
 // a steady stream of messages with message-id headers, and runs several
 // consumer.Runner instances as child processes (this same binary), each
 // applying one effect per message into PostgreSQL: a row of an effects table
@@ -30,10 +30,11 @@
 //
 // It runs against the servers the tests use (IDEMKIT_TEST_DATABASE_URL,
 // IDEMKIT_TEST_KAFKA_BROKERS) and removes its topics, groups and schemas at
-// the end. Without flags it runs the comparison of issue 9 (about 15
-// minutes): A, the old defaults; B, the defaults since; C and D, a shorter
-// session timeout; E and F, a rebalance timeout shorter than the session
-// timeout; G, B with graceful stops (SIGTERM) for reference:
+// the end. Without flags it compares seven configurations (about 15
+// minutes): A, a 2.5s heartbeat and a 10s rebalance timeout; B, a 30s
+// rebalance timeout; C and D, a shorter session timeout; E (consumer.Config's
+// defaults) and F, a rebalance timeout shorter than the session timeout; G,
+// B with graceful stops (SIGTERM) for reference:
 //
 //	idemkit-churn -kill-every 8s,3s -churn 12s -rounds 2 \
 //	  -configs A=10s/2.5s/10s,B=10s/1s/30s,C=6s/1s/30s,D=6s/1s/10s,E=10s/1s/5s,F=10s/1s/3s,G=10s/1s/30s/term

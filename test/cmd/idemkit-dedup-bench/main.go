@@ -1,14 +1,14 @@
-// Command idemkit-dedup-bench measures the dedup store at scale (issue 13):
+// Command idemkit-dedup-bench measures the dedup store at scale:
 // the processed-message table grown to each of -sizes records (spread over
 // -consumers consumer names and 30 days of processed_at), then, at each
 // size and for each table layout in turn (one interleaved run, medians of
 // -rounds, each round starting with the next layout):
 //
 //   - claims/s with one message per transaction, sent as the consumer sends
-//     it (BEGIN and the claim with its position in one round trip, then
-//     COMMIT), by -workers connections at once, each on its own partition;
+//     it (BEGIN, the claim and the move of its position in one round trip,
+//     then COMMIT), by -workers connections at once, each on its own partition;
 //   - claims/s batched: -batch claims of one partition per transaction, as
-//     the consumer's batches (Store.QueueClaimBatch);
+//     the consumer's batches;
 //   - the table's heap, its key index(es) and its processed_at index, and
 //     bytes per record (the table with its indexes and TOAST, divided by
 //     its rows);
@@ -55,8 +55,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/dedupq"
 	"github.com/idemkit/idemkit/migrate"
-	"github.com/idemkit/idemkit/test/cmd/idemkit-dedup-bench/v13"
 )
 
 func main() {
@@ -92,10 +92,10 @@ func run() error {
 	flag.IntVar(&o.batch, "batch", 500, "claims per batched transaction")
 	flag.IntVar(&o.rounds, "rounds", 3, "rounds per size; each round runs every layout in turn")
 	flag.Float64Var(&o.purge, "purge", 1.0/30, "fraction of the records the retention purge deletes")
-	flag.StringVar(&layouts, "layouts", "v13,v14", "table layouts to compare, of "+strings.Join(layoutNames(), ", ")+
-		" (v13: text key, the store of migration 13; v14: UUIDs as uuid; v14-text: migration 14 with IDs that are no UUID;"+
-		" v14-av: v14 with the autovacuum settings of migration 15 reverted to PostgreSQL's defaults;"+
-		" daily: UUIDv7 IDs in the daily-partitioned table of migration 15, retention by dropping a day)")
+	flag.StringVar(&layouts, "layouts", "uuid,daily", "table layouts to compare, of "+strings.Join(layoutNames(), ", ")+
+		" (uuid: UUIDs stored as uuid; text: IDs that are no UUID, stored as text;"+
+		" uuid-av: uuid with PostgreSQL's default autovacuum settings instead of the table's;"+
+		" daily: UUIDv7 IDs in the daily-partitioned table, retention by dropping a day)")
 	flag.IntVar(&o.churn, "churn", 0, "then, at the last size, this many days of churn: a day of new records, "+
 		"the retention of the oldest day, and what autovacuum does meanwhile (table size, dead rows); 0: none")
 	flag.Parse()
@@ -377,19 +377,13 @@ type result struct {
 	deadFraction              float64
 }
 
-// claimer is what the consumer calls on the store.
-type claimer interface {
-	QueueClaimWithPosition(b *pgx.Batch, c dedup.Claim, duplicate *bool) error
-	QueueClaimBatch(b *pgx.Batch, claims []dedup.Claim, duplicate *[]bool) error
-	Purge(ctx context.Context, db *pgxpool.Pool, olderThan time.Duration, batchSize int) (int64, error)
-}
-
 // variant is one table layout in a schema of its own.
 type variant struct {
 	name   string
 	schema string
 	table  string // qualified, quoted
-	store  claimer
+	store  *dedup.Store
+	claims dedupq.Queuer // store's, as the consumer queues them
 	// load inserts the records numbered $1 to $2, for $3 consumers.
 	load  string
 	next  int64 // the next record number to load
@@ -404,26 +398,7 @@ type variant struct {
 const topic = "bench.orders"
 
 // layoutNames lists the layouts -layouts accepts, the default first.
-func layoutNames() []string { return []string{"v13", "v14", "v14-text", "v14-av", "daily"} }
-
-// v13Store runs the store of migration 13 (package v13) on dedup.Claims.
-type v13Store struct{ s *v13.Store }
-
-func (v v13Store) QueueClaimWithPosition(b *pgx.Batch, c dedup.Claim, duplicate *bool) error {
-	return v.s.QueueClaimWithPosition(b, v13.Claim(c), duplicate)
-}
-
-func (v v13Store) QueueClaimBatch(b *pgx.Batch, claims []dedup.Claim, duplicate *[]bool) error {
-	cs := make([]v13.Claim, len(claims))
-	for i, c := range claims {
-		cs[i] = v13.Claim(c)
-	}
-	return v.s.QueueClaimBatch(b, cs, duplicate)
-}
-
-func (v v13Store) Purge(ctx context.Context, db *pgxpool.Pool, olderThan time.Duration, batchSize int) (int64, error) {
-	return v.s.Purge(ctx, db, olderThan, batchSize)
-}
+func layoutNames() []string { return []string{"uuid", "text", "uuid-av", "daily"} }
 
 func newVariant(ctx context.Context, pool *pgxpool.Pool, name string) (*variant, error) {
 	v := &variant{name: name, schema: "bench_dedup_" + name, next: 1}
@@ -451,28 +426,18 @@ func newVariant(ctx context.Context, pool *pgxpool.Pool, name string) (*variant,
 	ids := `md5('bench' || g)::uuid`
 	v.newID = newUUID
 	switch name {
-	case "v13": // text key, the store of migration 13
-		if _, err := m.Down(ctx, 13); err != nil {
-			return nil, err
-		}
-		s, err := v13.New(&v13.Config{Schema: v.schema})
-		if err != nil {
-			return nil, err
-		}
-		v.store = v13Store{s}
-		v.load = load("message_id", ids+"::text")
-	case "v14", "v14-text", "v14-av": // the current store, UUIDs as uuid; IDs that are no UUID as text
+	case "uuid", "text", "uuid-av": // UUIDs as uuid; IDs that are no UUID as text
 		s, err := dedup.New(&dedup.Config{Schema: v.schema})
 		if err != nil {
 			return nil, err
 		}
-		v.store = s
+		v.store, v.claims = s, dedupq.Of(s)
 		v.load = load("message_uuid", ids)
-		if name == "v14-text" {
+		if name == "text" {
 			v.load = load("message_id", "upper("+ids+"::text)")
 			v.newID = func() string { return strings.ToUpper(newUUID()) }
 		}
-		if name == "v14-av" {
+		if name == "uuid-av" {
 			if _, err := pool.Exec(ctx, `ALTER TABLE `+v.table+` RESET (autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold,
 				autovacuum_vacuum_insert_scale_factor)`); err != nil {
 				return nil, err
@@ -494,7 +459,7 @@ func (v *variant) enableDaily(ctx context.Context, pool *pgxpool.Pool) error {
 	if _, err := s.EnableDaily(ctx, pool, dedup.DailyConfig{KeepDays: 31}); err != nil {
 		return err
 	}
-	v.daily, v.store = s, s
+	v.daily, v.store, v.claims = s, s, dedupq.Of(s)
 	v.table = pgx.Identifier{v.schema, migrate.DerivedName(migrate.ProcessedMessagesDefault, "_daily")}.Sanitize()
 	v.layout = pgx.Identifier{v.schema, migrate.DerivedName(migrate.ProcessedMessagesDefault, "_layout")}.Sanitize()
 	if _, err := pool.Exec(ctx, `UPDATE `+v.layout+` SET daily_from = (now() AT TIME ZONE 'UTC')::date - 40`); err != nil {
@@ -503,7 +468,7 @@ func (v *variant) enableDaily(ctx context.Context, pool *pgxpool.Pool) error {
 	if _, err := s.MaintainPartitions(ctx, pool); err != nil {
 		return err
 	}
-	if _, err := s.Layout(ctx, pool); err != nil { // queued claims need it
+	if _, err := v.claims.Layout(ctx, pool); err != nil { // queued claims need it
 		return err
 	}
 	// UUIDv7: 48 bits of milliseconds, version 7, 12 random bits, variant
@@ -646,12 +611,12 @@ func (v *variant) claimOne(ctx context.Context, pool *pgxpool.Pool, o options) (
 	return v.parallel(ctx, o, o.one, func(ctx context.Context, w, n int) error {
 		partition, offset := v.offsets(w, n)
 		for i := 0; i < n; i++ {
-			c := dedup.Claim{Consumer: "bench-consumer-0", MessageID: v.newID(), Topic: topic, Partition: partition,
+			c := dedupq.Claim{Consumer: "bench-consumer-0", MessageID: v.newID(), Topic: topic, Partition: partition,
 				Offset: offset + int64(i), Time: time.Now()}
-			var dup bool
+			var dup, moved bool
 			b := &pgx.Batch{}
 			b.BeginTx(pgx.TxOptions{})
-			if err := v.store.QueueClaimWithPosition(b, c, &dup); err != nil {
+			if err := v.claims.QueueClaimMove(b, c, &dup, &moved); err != nil {
 				return err
 			}
 			br := pool.SendBatch(ctx, b)
@@ -659,6 +624,12 @@ func (v *variant) claimOne(ctx context.Context, pool *pgxpool.Pool, o options) (
 			if err := br.Close(); err != nil {
 				_ = tx.Rollback(context.WithoutCancel(ctx))
 				return err
+			}
+			if !moved { // the partition's first claim: its position row is inserted
+				if err := v.store.SavePositionTx(ctx, tx, c.Consumer, c.Topic, c.Partition, c.Offset+1, c.Time, 0); err != nil {
+					_ = tx.Rollback(context.WithoutCancel(ctx))
+					return err
+				}
 			}
 			if err := tx.Commit(ctx); err != nil {
 				return err
@@ -677,16 +648,16 @@ func (v *variant) claimBatched(ctx context.Context, pool *pgxpool.Pool, o option
 	return v.parallel(ctx, o, o.batched, func(ctx context.Context, w, n int) error {
 		n -= n % o.batch
 		partition, offset := v.offsets(w, n)
-		claims := make([]dedup.Claim, o.batch)
+		claims := make([]dedupq.Claim, o.batch)
 		for done := 0; done < n; done += o.batch {
 			for i := range claims {
-				claims[i] = dedup.Claim{Consumer: "bench-consumer-0", MessageID: v.newID(), Topic: topic, Partition: partition,
+				claims[i] = dedupq.Claim{Consumer: "bench-consumer-0", MessageID: v.newID(), Topic: topic, Partition: partition,
 					Offset: offset + int64(done+i), Time: time.Now()}
 			}
 			var dup []bool
 			b := &pgx.Batch{}
 			b.BeginTx(pgx.TxOptions{})
-			if err := v.store.QueueClaimBatch(b, claims, &dup); err != nil {
+			if err := v.claims.QueueClaimBatch(b, claims, &dup); err != nil {
 				return err
 			}
 			br := pool.SendBatch(ctx, b)

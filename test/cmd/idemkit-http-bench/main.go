@@ -1,7 +1,7 @@
 // Command idemkit-http-bench measures the idemhttp middleware under
 // concurrent load on a real HTTP listener (127.0.0.1) and a real PostgreSQL,
-// against a bare handler and against the one-transaction design of the seed
-// document (issue 17).
+// against a bare handler and against a one-transaction design (the record
+// and the handler's writes in one transaction).
 //
 // Every scenario's handler inserts one payment row. Scenarios:
 //
@@ -21,7 +21,7 @@
 //	hot-wait    the same waves on the middleware with Config.Wait
 //	redis-first the middleware with its records in Redis (module redis,
 //	            -redis URL), every request with a fresh key; the payment in
-//	            a transaction of the handler's own (issue 14)
+//	            a transaction of the handler's own
 //	redis-replay the same, every client repeating its own completed key
 //
 // The redis-* scenarios run when -redis names a server (default
@@ -266,7 +266,7 @@ func newBench(ctx context.Context, o *options) (_ *bench, err error) {
 	b.payments = pgx.Identifier{b.schema, "payments"}.Sanitize()
 	b.records = pgx.Identifier{b.schema, migrate.IdempotencyRecordsDefault}.Sanitize()
 	b.onetx = pgx.Identifier{b.schema, "onetx_records"}.Sanitize()
-	// The one-transaction design's table, as the seed document draws it.
+	// The handlers' payments table, and the one-transaction design's record table.
 	if _, err := b.pool.Exec(ctx, `CREATE TABLE `+b.payments+` (
 		id       bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
 		account  text   NOT NULL,
@@ -435,8 +435,8 @@ func (b *bench) ownTx(w http.ResponseWriter, r *http.Request) {
 	b.bare(w, r)
 }
 
-// oneTx is the one-transaction design of the seed document, written by hand
-// as tightly as pgx allows: three round trips and one connection for a
+// oneTx is the one-transaction design (record and payment in one
+// transaction), written by hand as tightly as pgx allows: three round trips and one connection for a
 // first request.
 func (b *bench) oneTx(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()

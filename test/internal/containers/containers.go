@@ -44,8 +44,8 @@ import (
 )
 
 // Default images, used when IDEMKIT_POSTGRES_IMAGE / IDEMKIT_KAFKA_IMAGE are
-// unset. The testcontainers Kafka module (v0.40, the newest served with a
-// Kafka module) runs only confluent-local images; 7.9 carries Apache Kafka 3.9
+// unset. The testcontainers Kafka module (v0.40, as go.mod requires) runs
+// only confluent-local images; 7.9 carries Apache Kafka 3.9
 // in KRaft mode. In host mode the defaults are the local images of
 // scripts/containers-images, which carry Kafka 4.1 like scripts/dev.
 const (

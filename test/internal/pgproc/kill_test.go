@@ -42,9 +42,9 @@ func (s *Server) postmasterPid(t *testing.T) int {
 
 // TestKillFailureKeepsServer: a Kill whose signal fails returns an error
 // naming the postmaster, and the server, still running, is still this
-// Server's: the next Kill (or the cleanup's Stop) ends it. (Kill used to
-// forget the server first: the next Kill did nothing, and the server
-// outlived the test.)
+// Server's: the next Kill (or the cleanup's Stop) ends it. (A Kill that
+// forgot the server first would make the next Kill do nothing, and the
+// server would outlive the test.)
 func TestKillFailureKeepsServer(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

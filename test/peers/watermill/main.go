@@ -1,4 +1,4 @@
-// Command watermill is the Watermill peer of idemkit-bench (issue 11): the
+// Command watermill is the Watermill peer of idemkit-bench: the
 // same effect as the benchmark's consumer scenarios — claim the message ID in
 // the dedup table and upsert one balance, in one PostgreSQL transaction per
 // message — written the way a Watermill user would: a message.Router with one

@@ -1,2 +1,0 @@
-DROP TABLE {{.DLQReplays}};
-DROP TABLE {{.ParkedMessages}};

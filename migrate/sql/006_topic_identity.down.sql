@@ -1,3 +1,0 @@
-ALTER TABLE {{.ConsumerPositions}}
-    DROP COLUMN anchor_time,
-    DROP COLUMN incarnation;

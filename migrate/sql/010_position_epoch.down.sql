@@ -1,2 +1,0 @@
-ALTER TABLE {{.ConsumerPositions}}
-    DROP COLUMN epoch;
