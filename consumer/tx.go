@@ -42,9 +42,9 @@ func (w *worker) runTx(ctx context.Context, t txSteps) error {
 		return err
 	}
 	defer conn.Release()
-	b := &pgx.Batch{}
+	b := w.newBatch()
 	b.BeginTx(pgx.TxOptions{})
-	b.Queue(pgsession.SetLocal(cfg.HandlerTimeout))
+	b.Queue(w.r.setLocal)
 	if err := t.claims(b); err != nil {
 		return err
 	}
@@ -55,6 +55,7 @@ func (w *worker) runTx(ctx context.Context, t txSteps) error {
 	br := conn.SendBatch(bounded, b)
 	tx := br.Tx()
 	err = br.Close()
+	clear(b.QueuedQueries) // pgx is done with the batch: keep nothing of it
 	if waited, blocked := stop(); blocked {
 		w.lockWait = waited
 	}
@@ -89,6 +90,13 @@ func (w *worker) runTx(ctx context.Context, t txSteps) error {
 		return err
 	}
 	return nil
+}
+
+// newBatch returns the worker's batch, emptied: one transaction at a time
+// uses it, and pgx is done with it once its results are closed.
+func (w *worker) newBatch() *pgx.Batch {
+	w.batch = pgx.Batch{QueuedQueries: w.batch.QueuedQueries[:0]}
+	return &w.batch
 }
 
 // txBound is how long a transaction whose handler calls have handlerTimeout

@@ -46,6 +46,7 @@ type worker struct {
 	// lockWait is how long the claims of the last transaction waited for
 	// another session's lock, when they were found waiting (see runTx).
 	lockWait time.Duration
+	batch    pgx.Batch // the batch that begins a transaction, reused (runTx)
 }
 
 func (w *worker) run(runCtx, genCtx context.Context) {
