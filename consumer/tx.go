@@ -1,8 +1,10 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -51,12 +53,15 @@ func (w *worker) runTx(ctx context.Context, t txSteps) error {
 	// A claim waits for the lock of a concurrent claim of the same ID, or
 	// of the partition's position row: say so when another session holds
 	// it for long (an orphaned transaction, most often).
-	stop := pgsession.WatchLockWait(bounded, cfg.pool, conn.Conn().PgConn().PID(), lockWaitWarn, w.log)
+	if w.locks.DB == nil {
+		w.locks = pgsession.LockWatch{DB: cfg.pool, Threshold: lockWaitWarn, Log: cmp.Or(w.log, slog.Default())}
+	}
+	w.locks.Start(bounded, conn.Conn().PgConn().PID())
 	br := conn.SendBatch(bounded, b)
 	tx := br.Tx()
 	err = br.Close()
 	clear(b.QueuedQueries) // pgx is done with the batch: keep nothing of it
-	if waited, blocked := stop(); blocked {
+	if waited, blocked := w.locks.Stop(); blocked {
 		w.lockWait = waited
 	}
 	if err != nil {
