@@ -48,7 +48,8 @@ var deniedHeaders = []string{
 var ErrInvalidConfig = fmt.Errorf("idemhttp: %w", idemkit.ErrInvalidConfig)
 
 // IntentFunc returns the bytes that define a request's intent; the
-// fingerprint is the SHA-256 of the operation and these bytes. body is the
+// fingerprint is the hash of the operation, the request's method and path,
+// and these bytes. body is the
 // whole request body (also readable by the handler afterwards). An error
 // matching ErrInvalidJSON answers 400 invalid_json, any other error 400
 // invalid_request with the error's text as message.
@@ -68,10 +69,16 @@ type Config struct {
 	// answer otherwise). Required.
 	Account func(r *http.Request) (string, error)
 
-	// Operation names what a request does, the second part of the scope.
-	// Defaults to OperationDefault: the method and the http.ServeMux pattern
-	// that matched ("POST /payments/{id}/refunds"), else the method and the
-	// URL path. An operation longer than MaxOperationLength, not valid
+	// Operation names what a request does, the second part of the scope. It
+	// is also the operation label of the metrics (module
+	// github.com/idemkit/idemkit/otel): return one of a bounded set of names,
+	// never something taken from the request as the client wrote it. The
+	// fingerprint covers the request's method and path whatever this
+	// returns, so that one key on two resources of an operation
+	// (/payments/1/refunds, /payments/2/refunds) answers 422. Defaults to
+	// OperationDefault: the method and the http.ServeMux pattern that
+	// matched ("POST /payments/{id}/refunds"), else the method and
+	// "unmatched". An operation longer than MaxOperationLength, not valid
 	// UTF-8 or holding NUL answers 400 operation_invalid.
 	Operation func(r *http.Request) string
 
@@ -188,21 +195,41 @@ func RetryableDefault(status int) bool {
 		status == http.StatusTooManyRequests
 }
 
+// OperationUnmatched is the route part of OperationDefault's operation
+// for a request that carries no http.ServeMux pattern.
+const OperationUnmatched = "unmatched"
+
+// OperationOther is the method part of OperationDefault's operation for a
+// method that is not one of the standard ones (RFC 9110 and PATCH).
+const OperationOther = "OTHER"
+
 // OperationDefault returns the method and the route pattern http.ServeMux
 // matched (r.Pattern, without the method it may start with, so that "POST
 // /payments" and "/payments" both give "POST /payments"), or the method and
-// the URL path when no pattern is set (other routers, or a middleware
-// wrapped around the mux rather than the route's handler: wrap the handler
-// you register to get the pattern).
+// OperationUnmatched ("POST unmatched") when no pattern is set (other
+// routers, or a middleware wrapped around the mux rather than the route's
+// handler: wrap the handler you register to get the pattern). A method
+// that is not standard counts as OperationOther. So the operations are a
+// bounded set, whatever the client sends: the patterns you register times
+// ten methods, or ten without patterns (the operation is a label of the
+// metrics of module github.com/idemkit/idemkit/otel). The request's own
+// method and path are in its fingerprint, whatever the operation.
 func OperationDefault(r *http.Request) string {
+	m := r.Method
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete,
+		http.MethodConnect, http.MethodOptions, http.MethodTrace:
+	default:
+		m = OperationOther
+	}
 	p := r.Pattern
 	if p == "" {
-		return r.Method + " " + r.URL.Path
+		return m + " " + OperationUnmatched
 	}
 	if i := strings.IndexAny(p, " \t"); i >= 0 && !strings.Contains(p[:i], "/") {
 		p = strings.TrimLeft(p[i:], " \t")
 	}
-	return r.Method + " " + p
+	return m + " " + p
 }
 
 // IntentDefault defines a request's intent by its query (sorted by
@@ -277,11 +304,14 @@ func writeField(b *bytes.Buffer, p []byte) {
 	b.Write(p)
 }
 
-// fingerprint is the SHA-256 of a version tag, the operation and the intent.
-func fingerprint(operation string, intent []byte) []byte {
+// fingerprint is the SHA-256 of a version tag, the operation, the request's
+// method and path (as sent, escaped: the resource it names) and the intent.
+func fingerprint(operation string, r *http.Request, intent []byte) []byte {
 	var b bytes.Buffer
-	b.WriteString("idemhttp/1\n")
+	b.WriteString("idemhttp/2\n")
 	writeField(&b, []byte(operation))
+	writeField(&b, []byte(r.Method))
+	writeField(&b, []byte(r.URL.EscapedPath()))
 	writeField(&b, intent)
 	sum := sha256.Sum256(b.Bytes())
 	return sum[:]

@@ -11,7 +11,10 @@
 // Config.Account (your authentication), the operation from the method and
 // the route pattern (Config.Operation), the key from the Idempotency-Key
 // header. Accounts never see each other's records; the same key on two
-// operations is two keys.
+// operations is two keys. A replay skips the handler, and with it the
+// handler's own permission checks: make the account identify the principal
+// (the user or API client), not only the tenant, unless everyone in a
+// tenant may see every response of the tenant.
 //
 // Holding a key, in transaction mode (the default). A request holds its
 // key with a PostgreSQL advisory lock on it, taken in the transaction its
@@ -49,8 +52,10 @@
 // The response is buffered and sent only after the commit, so a client never
 // sees a success that was not committed.
 //
-// Fingerprint. Each request has a fingerprint: the SHA-256 of the operation
-// and the request's intent (Config.Intent). By default the intent is the
+// Fingerprint. Each request has a fingerprint: the SHA-256 of the operation,
+// the request's method and path (as sent: the same key on
+// /payments/1/refunds and /payments/2/refunds answers 422) and its intent
+// (Config.Intent). By default the intent is the
 // sorted query and the canonical JSON of a JSON body (CanonicalJSON: key
 // order, insignificant whitespace and number forms do not matter), else the
 // raw body; IntentJSON selects the members that define the intent. Headers,
@@ -85,8 +90,8 @@
 // "message":"..."}} with the stable codes of the Code constants: 400 for a
 // missing or malformed key (empty, longer than 255 bytes, not printable
 // ASCII), an invalid JSON body or an operation that cannot be stored (longer
-// than 1024 bytes, invalid UTF-8 or NUL: a default operation holds the URL
-// path the client sent), 401 when Config.Account fails, 413 past
+// than 1024 bytes, invalid UTF-8 or NUL: only an Operation function of
+// yours can return one), 401 when Config.Account fails, 413 past
 // Config.MaxRequestBytes, 503 store_unavailable when PostgreSQL fails.
 //
 // # Waiting

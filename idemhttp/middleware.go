@@ -170,7 +170,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.fail(w, r, http.StatusBadRequest, CodeInvalidRequest, err.Error())
 		return
 	}
-	req.Fingerprint = fingerprint(operation, intent)
+	req.Fingerprint = fingerprint(operation, r, intent)
 
 	res, err := m.backend.Reserve(r.Context(), req)
 	if err != nil {

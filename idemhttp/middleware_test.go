@@ -447,7 +447,9 @@ func TestOperationDefault(t *testing.T) {
 		{"POST", "POST /payments", "/payments", "POST /payments"},
 		{"POST", "/payments", "/payments", "POST /payments"},
 		{"POST", "POST example.com/payments/{id}", "/payments/7", "POST example.com/payments/{id}"},
-		{"PATCH", "", "/orders/7", "PATCH /orders/7"},
+		{"PATCH", "", "/orders/7", "PATCH unmatched"},
+		{"BREW", "/coffee/{id}", "/coffee/7", "OTHER /coffee/{id}"},
+		{"BREW", "", "/coffee/7", "OTHER unmatched"},
 	} {
 		r, _ := http.NewRequest(c.method, "http://example.com"+c.path, nil)
 		r.Pattern = c.pattern
