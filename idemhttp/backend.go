@@ -69,8 +69,13 @@ type Reservation struct {
 	State State
 	// Fingerprint is that record's fingerprint; nil when the store cannot
 	// tell (a request in flight that has no stored record yet): the
-	// middleware then answers by State alone.
+	// middleware then answers by Mismatch and State.
 	Fingerprint []byte
+	// Mismatch is true when the store knows that the request holding the
+	// key has another fingerprint than the caller's without knowing which
+	// (a request in flight that has no stored record yet): the middleware
+	// answers 422, as for a Fingerprint that differs.
+	Mismatch bool
 	// Response is the stored response of a COMPLETED record.
 	Response Response
 }

@@ -31,8 +31,10 @@
 // outbox messages and the record commit together or not at all. A first
 // request so costs three round trips (the handler's statements aside) and
 // writes its record once, with no UPDATE. While a request is in flight its
-// key has no record: a duplicate with another body gets 409 until the first
-// completes, and 422 from then on. A holder whose process crashed holds
+// key has no record; its holder also holds a lock on the key and its
+// fingerprint, shared, and a request with another body, which can take
+// that lock for its own fingerprint, so learns in the same round trip that
+// it differs: 422. A holder whose process crashed holds
 // nothing: PostgreSQL ends its session, rolls its transaction back and
 // frees the lock, and the next request runs at once.
 //

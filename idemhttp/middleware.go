@@ -200,7 +200,7 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 
 // answerExisting answers a request whose key has a live record it does not hold.
 func (m *Middleware) answerExisting(w http.ResponseWriter, r *http.Request, req *Request, res Reservation) {
-	if res.Fingerprint != nil && !bytes.Equal(res.Fingerprint, req.Fingerprint) {
+	if res.Mismatch || (res.Fingerprint != nil && !bytes.Equal(res.Fingerprint, req.Fingerprint)) {
 		m.fail(w, r, http.StatusUnprocessableEntity, CodeKeyReused,
 			"this Idempotency-Key was used with a different request; use a new key for a new request")
 		return

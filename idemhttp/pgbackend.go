@@ -76,6 +76,7 @@ func (b *pgBackend) reserveLocked(ctx context.Context, req *Request) (Reservatio
 	deadline := time.Now().Add(req.Wait)
 	pause := time.Millisecond
 	lock := b.store.lockKey(req.Account, req.Operation, req.Key)
+	fpLock := b.store.fingerprintLockKey(req.Account, req.Operation, req.Key, req.Fingerprint)
 	// The first look never blocks, so that replays of a completed key never
 	// queue on its lock; with Wait, a request that found the key held looks
 	// again blocking on the lock.
@@ -89,7 +90,7 @@ func (b *pgBackend) reserveLocked(ctx context.Context, req *Request) (Reservatio
 		if blocking {
 			wait = time.Until(deadline)
 		}
-		tx, locked, rec, err := b.store.beginLocked(ctx, conn, lock, req, wait)
+		tx, locked, other, rec, err := b.store.beginLocked(ctx, conn, lock, fpLock, req, wait)
 		if err != nil {
 			conn.Release()
 			return Reservation{}, err
@@ -106,6 +107,10 @@ func (b *pgBackend) reserveLocked(ctx context.Context, req *Request) (Reservatio
 		}
 		live := rec != nil && rec.expiresAt.After(now)
 		switch {
+		case !locked && !live && other:
+			// A holder in flight with another fingerprint.
+			end()
+			return Reservation{State: StateProcessing, Mismatch: true}, nil
 		case !locked && !live:
 			// A holder in flight (or, with Wait, one that did not finish in
 			// time); its fingerprint is not stored yet.
@@ -286,12 +291,29 @@ func (s *Store) lockKey(account, operation, key string) int64 {
 	return int64(binary.BigEndian.Uint64(sum[:8]))
 }
 
+// fingerprintLockKey is the advisory lock key of a scope and fingerprint,
+// which every holder of the scope's lock (lockKey) takes shared first: see
+// lockReadSQL.
+func (s *Store) fingerprintLockKey(account, operation, key string, fingerprint []byte) int64 {
+	var b bytes.Buffer
+	b.WriteString("idemhttp/fingerprint-lock/1\n")
+	writeField(&b, []byte(s.table))
+	writeField(&b, []byte(account))
+	writeField(&b, []byte(operation))
+	writeField(&b, []byte(key))
+	writeField(&b, fingerprint)
+	sum := sha256.Sum256(b.Bytes())
+	return int64(binary.BigEndian.Uint64(sum[:8]))
+}
+
 // beginLocked begins a transaction on conn, takes the lock (waiting at most
 // wait, if positive) and reads the record of req's key, in one round trip.
 // tx is nil when the transaction did not begin; locked is false when the
-// lock was not granted (tx is then still open: the caller rolls it back).
-func (s *Store) beginLocked(ctx context.Context, conn *pgxpool.Conn, lock int64, req *Request, wait time.Duration) (
-	tx pgx.Tx, locked bool, rec *storedRecord, err error) {
+// lock was not granted (tx is then still open: the caller rolls it back);
+// other is true when its holder's fingerprint is not req's (see
+// lockReadSQL; only looked at without wait).
+func (s *Store) beginLocked(ctx context.Context, conn *pgxpool.Conn, lock, fpLock int64, req *Request,
+	wait time.Duration) (tx pgx.Tx, locked, other bool, rec *storedRecord, err error) {
 	b := &pgx.Batch{}
 	// READ COMMITTED whatever the session's default: the record is read in
 	// a statement (and a snapshot) that starts after the lock was granted.
@@ -302,11 +324,13 @@ func (s *Store) beginLocked(ctx context.Context, conn *pgxpool.Conn, lock int64,
 		// lock, so that the handler's statements run with it.
 		b.Queue(`SELECT pg_catalog.set_config('idemkit.lock_timeout', pg_catalog.current_setting('lock_timeout'), true)`)
 		b.Queue(`SELECT pg_catalog.set_config('lock_timeout', $1, true)`, strconv.FormatInt(int64(ms), 10))
+		// The fingerprint's lock, shared, before the key's (see lockReadSQL).
+		b.Queue(`SELECT pg_catalog.pg_advisory_xact_lock_shared($1)`, fpLock)
 		b.Queue(`SELECT true FROM pg_catalog.pg_advisory_xact_lock($1)`, lock)
 		b.Queue(`SELECT pg_catalog.set_config('lock_timeout', pg_catalog.current_setting('idemkit.lock_timeout'), true)`)
 		b.Queue(s.readSQL, req.Account, req.Operation, req.Key)
 	} else {
-		b.Queue(s.lockReadSQL, req.Account, req.Operation, req.Key, lock)
+		b.Queue(s.lockReadSQL, req.Account, req.Operation, req.Key, lock, fpLock)
 	}
 	br := conn.SendBatch(ctx, b)
 	tx = br.Tx()
@@ -319,9 +343,15 @@ func (s *Store) beginLocked(ctx context.Context, conn *pgxpool.Conn, lock int64,
 			}
 		}
 		if err == nil {
-			err = br.QueryRow().Scan(&locked)
+			_, err = br.Exec()
 		}
 		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available: lock_timeout
+			err, timedOut = nil, true
+		}
+		if err == nil && !timedOut {
+			err = br.QueryRow().Scan(&locked)
+		}
 		if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available: lock_timeout
 			err, timedOut = nil, true
 		}
@@ -332,7 +362,9 @@ func (s *Store) beginLocked(ctx context.Context, conn *pgxpool.Conn, lock int64,
 			rec, err = scanStored(br.QueryRow())
 		}
 	} else if err == nil {
-		rec, err = scanStored(br.QueryRow(), &locked)
+		var outcome int
+		rec, err = scanStored(br.QueryRow(), &outcome)
+		locked, other = outcome == 1, outcome == 2
 	}
 	if cerr := br.Close(); err == nil && !timedOut {
 		err = cerr
@@ -341,9 +373,9 @@ func (s *Store) beginLocked(ctx context.Context, conn *pgxpool.Conn, lock int64,
 		fctx, cancel := finishContext(ctx)
 		defer cancel()
 		_ = tx.Rollback(fctx)
-		return nil, false, nil, fmt.Errorf("idemhttp: reserve: %w", translate(err))
+		return nil, false, false, nil, fmt.Errorf("idemhttp: reserve: %w", translate(err))
 	}
-	return tx, locked && !timedOut, rec, nil
+	return tx, locked && !timedOut, other, rec, nil
 }
 
 // scanStored scans a row of readSQL (or of lockReadSQL, whose columns

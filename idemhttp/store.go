@@ -140,14 +140,29 @@ func NewStore(cfg *StoreConfig) (*Store, error) {
 	response_status, response_headers, response_body
 FROM ` + t + ` WHERE ` + key,
 
-		// pg_try_advisory_xact_lock($4) and the record in one statement.
-		// Its snapshot is taken before the lock is granted, so it can miss
-		// the record of a holder that committed in between: then the
-		// completion's INSERT meets that record (a unique violation), and
-		// the transaction rolls back (409 lease_lost; the retry replays).
-		lockReadSQL: `SELECT l.locked, r.state, r.fingerprint, r.token, r.locked_until, r.expires_at,
+		// The key's lock and the record in one statement. Every holder of
+		// the key's lock ($4) first takes the lock of its scope and
+		// fingerprint ($5) shared, and keeps both to its transaction's end.
+		// A request that cannot take the key's lock then tests its own
+		// fingerprint's lock exclusively: when that is free and the key's
+		// lock is still taken, its holder took a fingerprint lock that is
+		// not this one, so its fingerprint differs (2: 422). A holder with
+		// the same fingerprint, or a contender testing it, gives 0 (in
+		// flight); 1 is the key's lock granted. CASE evaluates its branches
+		// in order, and no further.
+		// The statement's snapshot is taken before the lock is granted, so
+		// it can miss the record of a holder that committed in between:
+		// then the completion's INSERT meets that record (a unique
+		// violation), and the transaction rolls back (409 lease_lost; the
+		// retry replays).
+		lockReadSQL: `SELECT l.outcome, r.state, r.fingerprint, r.token, r.locked_until, r.expires_at,
 	r.response_status, r.response_headers, r.response_body
-FROM (SELECT pg_catalog.pg_try_advisory_xact_lock($4) AS locked) AS l
+FROM (SELECT CASE
+	WHEN NOT pg_catalog.pg_try_advisory_xact_lock_shared($5) THEN 0
+	WHEN pg_catalog.pg_try_advisory_xact_lock($4) THEN 1
+	WHEN NOT pg_catalog.pg_try_advisory_xact_lock($5) THEN 0
+	WHEN pg_catalog.pg_try_advisory_xact_lock($4) THEN 1
+	ELSE 2 END AS outcome) AS l
 LEFT JOIN ` + t + ` AS r ON r.account = $1 AND r.operation = $2 AND r.idempotency_key = $3`,
 
 		// The COMPLETED record of a request in transaction mode whose key

@@ -7,7 +7,8 @@
 // Run starts a real HTTP server (httptest, on 127.0.0.1) per test, with the
 // middleware on a handler whose effect is counted in memory per key, and
 // checks: concurrent requests with one key run the handler once; a key
-// reused with another body gets 422; a duplicate of a request in flight
+// reused with another body gets 422, also while the first request is in
+// flight, in every mode (Config.NoTx, Config.NoLeaseTakeover); a duplicate of a request in flight
 // gets 409 with Retry-After, or with Config.Wait the replay; a replay is
 // byte-identical (status, allow-listed headers, body) and marked; a
 // retryable status (5xx) releases the key; a holder whose lease ended is
@@ -57,6 +58,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) idemhttp.Backend, opts Opti
 		{"ConcurrentRequestsWait", testConcurrentWait},
 		{"ReusedKey422", testReused},
 		{"InFlight409", testInFlight},
+		{"ReusedKeyInFlight422", testReusedInFlight},
 		{"ReplayIsIdentical", testReplay},
 		{"RetryableStatusReleases", testRetryable},
 		{"LeaseTakeoverIsFenced", testTakeover},
@@ -351,6 +353,41 @@ func testInFlight(t *testing.T, nb func(*testing.T) idemhttp.Backend, _ Options)
 	first := <-done
 	wantFirst(t, first)
 	wantReplayOf(t, s.post("acct-1", key, body), first)
+}
+
+// testReusedInFlight: another body with the key of a request in flight is
+// refused with 422 at once (it can never succeed with that key), in every
+// mode, not 409 (which tells the client to retry it); the holder then
+// completes and is replayed.
+func testReusedInFlight(t *testing.T, nb func(*testing.T) idemhttp.Backend, _ Options) {
+	for _, m := range []struct {
+		name  string
+		tweak func(*idemhttp.Config)
+	}{
+		{"default", nil},
+		{"NoLeaseTakeover", func(c *idemhttp.Config) { c.NoLeaseTakeover = true }},
+		{"NoTx", func(c *idemhttp.Config) { c.NoTx = true }},
+		{"Wait", func(c *idemhttp.Config) { c.Wait = 20 * time.Second }},
+	} {
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			s := newServer(t, nb(t), m.tweak)
+			key := newKey()
+			started, open := gate(t, s)
+			done := make(chan response, 1)
+			go func() { done <- s.post("acct-1", key, body) }()
+			<-started
+			wantCode(t, s.post("acct-1", key, `{"orderId":"order-842","amount":99}`), http.StatusUnprocessableEntity,
+				idemhttp.CodeKeyReused)
+			open()
+			first := <-done
+			wantFirst(t, first)
+			wantReplayOf(t, s.post("acct-1", key, body), first)
+			if got := s.runsOf("acct-1", key); got != 1 {
+				t.Fatalf("handler runs = %d, want 1", got)
+			}
+		})
+	}
 }
 
 func testReplay(t *testing.T, nb func(*testing.T) idemhttp.Backend, _ Options) {
