@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
@@ -61,9 +62,25 @@ type Config struct {
 	// public.idempotency_records on the clock time.Now.
 	Store *Store
 
-	// Account returns the tenant a request acts for, typically from the
-	// authentication your earlier middleware put in the context. Keys are
-	// scoped by it: two accounts never see each other's records. It must
+	// FingerprintKeys are the server-side secrets a request's fingerprint is
+	// keyed with (HMAC-SHA256), so that someone who reads the records (the
+	// table, a backup, Redis) cannot test guesses of a request's content
+	// against them: a card number whose first six and last four digits are
+	// known, a PIN, a one-time code. The first keys every new fingerprint;
+	// the others are older secrets, still accepted when a stored fingerprint
+	// is compared. Each is at least MinFingerprintKeyLength (32) random
+	// bytes, kept like any other secret, and the same on every process
+	// sharing the records. To rotate: add the new secret at the end of the
+	// list on every process, then move it to the front, then drop the old
+	// one a TTL later (a process that does not know a record's secret
+	// answers 422 to its retries). Required: without it, New fails.
+	FingerprintKeys [][]byte
+
+	// Account returns the principal a request acts for, typically from the
+	// authentication your earlier middleware put in the context: the user
+	// or API client, not only the tenant, since a replay skips the
+	// handler's own permission checks. Keys are scoped by it: two accounts
+	// never see each other's records. It must
 	// return a non-empty string of at most MaxAccountLength bytes; an error
 	// answers 401 unauthorized (authenticate before this middleware to
 	// answer otherwise). Required.
@@ -304,17 +321,31 @@ func writeField(b *bytes.Buffer, p []byte) {
 	b.Write(p)
 }
 
-// fingerprint is the SHA-256 of a version tag, the operation, the request's
-// method and path (as sent, escaped: the resource it names) and the intent.
-func fingerprint(operation string, r *http.Request, intent []byte) []byte {
+// MinFingerprintKeyLength is the shortest secret Config.FingerprintKeys
+// accepts, in bytes.
+const MinFingerprintKeyLength = 32
+
+// fingerprints returns the HMAC-SHA256, under each of keys, of a version
+// tag, the operation, the request's method and path (as sent, escaped: the
+// resource it names) and the intent: the fingerprint under the first key,
+// and those under the older ones.
+func fingerprints(keys [][]byte, operation string, r *http.Request, intent []byte) ([]byte, [][]byte) {
 	var b bytes.Buffer
 	b.WriteString("idemhttp/2\n")
 	writeField(&b, []byte(operation))
 	writeField(&b, []byte(r.Method))
 	writeField(&b, []byte(r.URL.EscapedPath()))
 	writeField(&b, intent)
-	sum := sha256.Sum256(b.Bytes())
-	return sum[:]
+	sum := func(k []byte) []byte {
+		m := hmac.New(sha256.New, k)
+		m.Write(b.Bytes())
+		return m.Sum(nil)
+	}
+	var older [][]byte
+	for _, k := range keys[1:] {
+		older = append(older, sum(k))
+	}
+	return sum(keys[0]), older
 }
 
 // withDefaults returns a validated copy of c with every default applied.
@@ -322,6 +353,19 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Account == nil {
 		return c, fmt.Errorf("%w: Account is required", ErrInvalidConfig)
 	}
+	if len(c.FingerprintKeys) == 0 {
+		return c, fmt.Errorf("%w: FingerprintKeys is required: at least one secret of %d random bytes or more",
+			ErrInvalidConfig, MinFingerprintKeyLength)
+	}
+	keys := make([][]byte, len(c.FingerprintKeys))
+	for i, k := range c.FingerprintKeys {
+		if len(k) < MinFingerprintKeyLength {
+			return c, fmt.Errorf("%w: FingerprintKeys[%d] has %d bytes, fewer than %d",
+				ErrInvalidConfig, i, len(k), MinFingerprintKeyLength)
+		}
+		keys[i] = bytes.Clone(k)
+	}
+	c.FingerprintKeys = keys
 	if c.Operation == nil {
 		c.Operation = OperationDefault
 	}
@@ -383,6 +427,17 @@ func storedHeader(h http.Header, allowed []string) http.Header {
 		if v, ok := h[k]; ok && len(v) > 0 {
 			out[k] = append([]string(nil), v...)
 		}
+	}
+	return out
+}
+
+// canonicalHeader returns h with its names in canonical form, as a stored
+// record may hold them otherwise.
+func canonicalHeader(h http.Header) http.Header {
+	out := make(http.Header, len(h))
+	for k, v := range h {
+		ck := http.CanonicalHeaderKey(k)
+		out[ck] = append(out[ck], v...)
 	}
 	return out
 }

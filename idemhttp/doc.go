@@ -54,14 +54,19 @@
 // The response is buffered and sent only after the commit, so a client never
 // sees a success that was not committed.
 //
-// Fingerprint. Each request has a fingerprint: the SHA-256 of the operation,
-// the request's method and path (as sent: the same key on
+// Fingerprint. Each request has a fingerprint: the HMAC-SHA256, keyed with
+// a server-side secret (Config.FingerprintKeys, required and rotatable), of
+// the operation, the request's method and path (as sent: the same key on
 // /payments/1/refunds and /payments/2/refunds answers 422) and its intent
-// (Config.Intent). By default the intent is the
-// sorted query and the canonical JSON of a JSON body (CanonicalJSON: key
-// order, insignificant whitespace and number forms do not matter), else the
-// raw body; IntentJSON selects the members that define the intent. Headers,
-// credentials and the body itself are never stored, only the hash.
+// (Config.Intent). Keyed, so that whoever reads the records (the table, a
+// backup, Redis) but not the secret cannot test guesses of a request's
+// content against them: a plain hash of a card number whose first six and
+// last four digits are known falls to a hundred thousand guesses. By
+// default the intent is the sorted query and the canonical JSON of a JSON
+// body (CanonicalJSON: key order, insignificant whitespace and number forms
+// do not matter), else the raw body; IntentJSON selects the members that
+// define the intent. Headers, credentials and the body itself are never
+// stored, only the keyed hash.
 //
 // Answers to a request whose key has a live record:
 //
@@ -71,7 +76,8 @@
 //     Config.Wait, the answer once the first request finishes (see Waiting);
 //     once its lease ended, in transaction mode, the request takes it over
 //     and runs (see Leases);
-//   - COMPLETED: the stored status, allow-listed headers and body, with
+//   - COMPLETED: the stored status, headers (those the allow-list,
+//     Config.StoredHeaders, names at the replay) and body, with
 //     Idempotent-Replayed: true;
 //   - FAILED or UNKNOWN (set by a reconciler): 409 operation_failed or
 //     outcome_unknown.

@@ -170,7 +170,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.fail(w, r, http.StatusBadRequest, CodeInvalidRequest, err.Error())
 		return
 	}
-	req.Fingerprint = fingerprint(operation, r, intent)
+	req.Fingerprint, req.OlderFingerprints = fingerprints(m.cfg.FingerprintKeys, operation, r, intent)
 
 	res, err := m.backend.Reserve(r.Context(), req)
 	if err != nil {
@@ -200,15 +200,18 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 
 // answerExisting answers a request whose key has a live record it does not hold.
 func (m *Middleware) answerExisting(w http.ResponseWriter, r *http.Request, req *Request, res Reservation) {
-	if res.Mismatch || (res.Fingerprint != nil && !bytes.Equal(res.Fingerprint, req.Fingerprint)) {
+	if res.Mismatch || (res.Fingerprint != nil && !req.SameRequest(res.Fingerprint)) {
 		m.fail(w, r, http.StatusUnprocessableEntity, CodeKeyReused,
 			"this Idempotency-Key was used with a different request; use a new key for a new request")
 		return
 	}
 	switch res.State {
 	case StateCompleted:
+		// The stored headers go through the allow-list again: a record
+		// stored under another allow-list (or written by anything else)
+		// replays only what this middleware would store.
 		h := w.Header()
-		for k, v := range res.Response.Header {
+		for k, v := range storedHeader(canonicalHeader(res.Response.Header), m.cfg.StoredHeaders) {
 			h[k] = v
 		}
 		h.Set(HeaderReplayed, "true")

@@ -371,7 +371,8 @@ func TestStoredHeaders(t *testing.T) {
 		t.Fatalf("stored headers %s hold a cookie", stored)
 	}
 
-	_, err := idemhttp.New(e.db.Pool, &idemhttp.Config{Account: accountFromHeader, StoredHeaders: []string{"set-cookie"}})
+	_, err := idemhttp.New(e.db.Pool, &idemhttp.Config{Account: accountFromHeader, FingerprintKeys: testKeys,
+		StoredHeaders: []string{"set-cookie"}})
 	if !errors.Is(err, idemhttp.ErrInvalidConfig) {
 		t.Fatalf("New with Set-Cookie allowed: %v, want ErrInvalidConfig", err)
 	}
@@ -427,10 +428,13 @@ func TestNewValidates(t *testing.T) {
 	for name, cfg := range map[string]*idemhttp.Config{
 		"nil":           nil,
 		"no account":    {},
-		"negative TTL":  {Account: accountFromHeader, TTL: -time.Second},
-		"TTL < lease":   {Account: accountFromHeader, TTL: time.Second, Lease: time.Minute},
-		"Cookie":        {Account: accountFromHeader, StoredHeaders: []string{"Cookie"}},
-		"Authorization": {Account: accountFromHeader, StoredHeaders: []string{"authorization"}},
+		"negative TTL":  {Account: accountFromHeader, FingerprintKeys: testKeys, TTL: -time.Second},
+		"TTL < lease":   {Account: accountFromHeader, FingerprintKeys: testKeys, TTL: time.Second, Lease: time.Minute},
+		"Cookie":        {Account: accountFromHeader, FingerprintKeys: testKeys, StoredHeaders: []string{"Cookie"}},
+		"Authorization": {Account: accountFromHeader, FingerprintKeys: testKeys, StoredHeaders: []string{"authorization"}},
+		"no secret":     {Account: accountFromHeader},
+		"short secret":  {Account: accountFromHeader, FingerprintKeys: [][]byte{[]byte("31 bytes: too short for a key!")}},
+		"short older":   {Account: accountFromHeader, FingerprintKeys: append(testKeys, []byte("short"))},
 	} {
 		if _, err := idemhttp.New(e.db.Pool, cfg); !errors.Is(err, idemhttp.ErrInvalidConfig) {
 			t.Errorf("%s: New = %v, want ErrInvalidConfig", name, err)

@@ -77,6 +77,10 @@ func (b *pgBackend) reserveLocked(ctx context.Context, req *Request) (Reservatio
 	pause := time.Millisecond
 	lock := b.store.lockKey(req.Account, req.Operation, req.Key)
 	fpLock := b.store.fingerprintLockKey(req.Account, req.Operation, req.Key, req.Fingerprint)
+	olderLocks := make([]int64, len(req.OlderFingerprints))
+	for i, f := range req.OlderFingerprints {
+		olderLocks[i] = b.store.fingerprintLockKey(req.Account, req.Operation, req.Key, f)
+	}
 	// The first look never blocks, so that replays of a completed key never
 	// queue on its lock; with Wait, a request that found the key held looks
 	// again blocking on the lock.
@@ -90,7 +94,7 @@ func (b *pgBackend) reserveLocked(ctx context.Context, req *Request) (Reservatio
 		if blocking {
 			wait = time.Until(deadline)
 		}
-		tx, locked, other, rec, err := b.store.beginLocked(ctx, conn, lock, fpLock, req, wait)
+		tx, locked, other, rec, err := b.store.beginLocked(ctx, conn, lock, fpLock, olderLocks, req, wait)
 		if err != nil {
 			conn.Release()
 			return Reservation{}, err
@@ -137,7 +141,7 @@ func (b *pgBackend) reserveLocked(ctx context.Context, req *Request) (Reservatio
 		end()
 		blocking = false
 		res := rec.reservation()
-		if rec.state != StateProcessing || !bytes.Equal(rec.fingerprint, req.Fingerprint) || time.Until(deadline) <= 0 {
+		if rec.state != StateProcessing || !req.SameRequest(rec.fingerprint) || time.Until(deadline) <= 0 {
 			return res, nil
 		}
 		// Held by a request that reserved with a record of its own (NoTx,
@@ -312,8 +316,8 @@ func (s *Store) fingerprintLockKey(account, operation, key string, fingerprint [
 // lock was not granted (tx is then still open: the caller rolls it back);
 // other is true when its holder's fingerprint is not req's (see
 // lockReadSQL; only looked at without wait).
-func (s *Store) beginLocked(ctx context.Context, conn *pgxpool.Conn, lock, fpLock int64, req *Request,
-	wait time.Duration) (tx pgx.Tx, locked, other bool, rec *storedRecord, err error) {
+func (s *Store) beginLocked(ctx context.Context, conn *pgxpool.Conn, lock, fpLock int64, olderLocks []int64,
+	req *Request, wait time.Duration) (tx pgx.Tx, locked, other bool, rec *storedRecord, err error) {
 	b := &pgx.Batch{}
 	// READ COMMITTED whatever the session's default: the record is read in
 	// a statement (and a snapshot) that starts after the lock was granted.
@@ -330,7 +334,7 @@ func (s *Store) beginLocked(ctx context.Context, conn *pgxpool.Conn, lock, fpLoc
 		b.Queue(`SELECT pg_catalog.set_config('lock_timeout', pg_catalog.current_setting('idemkit.lock_timeout'), true)`)
 		b.Queue(s.readSQL, req.Account, req.Operation, req.Key)
 	} else {
-		b.Queue(s.lockReadSQL, req.Account, req.Operation, req.Key, lock, fpLock)
+		b.Queue(s.lockReadSQL, req.Account, req.Operation, req.Key, lock, fpLock, olderLocks)
 	}
 	br := conn.SendBatch(ctx, b)
 	tx = br.Tx()
@@ -493,7 +497,7 @@ func (s *Store) sendCompletion(ctx context.Context, tx pgx.Tx, b *pgx.Batch) err
 // by looking again after a pause doubling up to pollMax.
 func (b *pgBackend) reserveRecord(ctx context.Context, req *Request) (Reservation, error) {
 	a := reserveArgs{account: req.Account, operation: req.Operation, key: req.Key, fingerprint: req.Fingerprint,
-		lease: req.Lease, ttl: req.TTL, takeover: !req.NoTx && !req.NoTakeover}
+		lease: req.Lease, ttl: req.TTL, takeover: !req.NoTx && !req.NoTakeover, same: req.SameRequest}
 	conn, err := b.pool.Acquire(ctx)
 	if err != nil {
 		return Reservation{}, fmt.Errorf("idemhttp: reserve: acquire a connection: %w", err)
@@ -536,8 +540,7 @@ func (b *pgBackend) reserveOrWait(ctx context.Context, db DBTX, a reserveArgs, w
 	var waited int64 // the token whose holder's lock this request got
 	for {
 		res, err := b.store.reserve(ctx, db, a)
-		if err != nil || res.reserved || res.state != StateProcessing ||
-			!bytes.Equal(res.fingerprint, a.fingerprint) || wait <= 0 {
+		if err != nil || res.reserved || res.state != StateProcessing || !a.same(res.fingerprint) || wait <= 0 {
 			return res, err
 		}
 		left := time.Until(deadline)

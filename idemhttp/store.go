@@ -144,9 +144,10 @@ FROM ` + t + ` WHERE ` + key,
 		// the key's lock ($4) first takes the lock of its scope and
 		// fingerprint ($5) shared, and keeps both to its transaction's end.
 		// A request that cannot take the key's lock then tests its own
-		// fingerprint's lock exclusively: when that is free and the key's
-		// lock is still taken, its holder took a fingerprint lock that is
-		// not this one, so its fingerprint differs (2: 422). A holder with
+		// fingerprint's lock exclusively, and those of its fingerprints
+		// under older keys ($6): when they are free and the key's lock is
+		// still taken, its holder took a fingerprint lock that is none of
+		// these, so its fingerprint differs (2: 422). A holder with
 		// the same fingerprint, or a contender testing it, gives 0 (in
 		// flight); 1 is the key's lock granted. CASE evaluates its branches
 		// in order, and no further.
@@ -161,6 +162,8 @@ FROM (SELECT CASE
 	WHEN NOT pg_catalog.pg_try_advisory_xact_lock_shared($5) THEN 0
 	WHEN pg_catalog.pg_try_advisory_xact_lock($4) THEN 1
 	WHEN NOT pg_catalog.pg_try_advisory_xact_lock($5) THEN 0
+	WHEN EXISTS (SELECT FROM pg_catalog.unnest($6::bigint[]) AS o(k)
+		WHERE NOT pg_catalog.pg_try_advisory_xact_lock(o.k)) THEN 0
 	WHEN pg_catalog.pg_try_advisory_xact_lock($4) THEN 1
 	ELSE 2 END AS outcome) AS l
 LEFT JOIN ` + t + ` AS r ON r.account = $1 AND r.operation = $2 AND r.idempotency_key = $3`,
@@ -325,7 +328,8 @@ type Record struct {
 	Operation string
 	Key       string
 	State     State
-	// Fingerprint is the SHA-256 of the request that reserved the key.
+	// Fingerprint is the fingerprint (HMAC-SHA256, Config.FingerprintKeys)
+	// of the request that reserved the key.
 	Fingerprint []byte
 	// Token changes at every reservation and takeover; completing and
 	// resolving a record match it.
@@ -607,6 +611,9 @@ type reserveArgs struct {
 	// takeover lets reserve take over a PROCESSING record with the same
 	// fingerprint whose lease ended.
 	takeover bool
+	// same reports whether a stored fingerprint is the request's, under the
+	// current key or an older one (Request.SameRequest).
+	same func(fingerprint []byte) bool
 }
 
 // errReserveRace is returned when reserve kept losing to concurrent changes.

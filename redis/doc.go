@@ -5,7 +5,7 @@
 //
 //	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
 //	store, err := idemredis.New(client, nil)
-//	mw, err := idemhttp.NewWithBackend(store, &idemhttp.Config{Account: account})
+//	mw, err := idemhttp.NewWithBackend(store, &idemhttp.Config{Account: account, FingerprintKeys: secrets})
 //	http.Handle("POST /payments", mw.Handler(payments))
 //
 // The middleware's behaviour is idemhttp's (fingerprint, 422, 409, replay,

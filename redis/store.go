@@ -162,7 +162,7 @@ func (s *Store) Reserve(ctx context.Context, req *idemhttp.Request) (idemhttp.Re
 			return idemhttp.Reservation{Hold: &hold{s: s, k: k, value: value, req: req, leaseEnd: start.Add(req.Lease)}}, nil
 		}
 		left := time.Until(deadline)
-		if res.State != idemhttp.StateProcessing || !bytes.Equal(res.Fingerprint, req.Fingerprint) || left <= 0 {
+		if res.State != idemhttp.StateProcessing || !req.SameRequest(res.Fingerprint) || left <= 0 {
 			return res, nil
 		}
 		if sub == nil {

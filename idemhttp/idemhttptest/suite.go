@@ -92,6 +92,7 @@ type server struct {
 func newServer(t *testing.T, b idemhttp.Backend, tweak func(*idemhttp.Config)) *server {
 	t.Helper()
 	cfg := &idemhttp.Config{
+		FingerprintKeys: [][]byte{[]byte("idemhttptest: a fingerprint secret of 32 bytes or more")},
 		Account: func(r *http.Request) (string, error) {
 			if a := r.Header.Get("X-Account"); a != "" {
 				return a, nil
