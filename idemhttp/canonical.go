@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -55,8 +56,9 @@ func (e *jsonSyntaxError) Is(target error) bool { return target == ErrInvalidJSO
 //
 // It rejects, with an error matching ErrInvalidJSON: anything that is not
 // exactly one JSON value (surrounding whitespace allowed), invalid UTF-8,
-// unpaired UTF-16 surrogate escapes, duplicate member names in one object
-// (their meaning is ambiguous), nesting deeper than MaxJSONDepth, and
+// unpaired UTF-16 surrogate escapes, duplicate member names in one object,
+// also names that differ only in case as encoding/json folds them
+// ("amount" and "Amount": which one a handler reads is ambiguous), nesting deeper than MaxJSONDepth, and
 // exponents longer than MaxJSONExponentDigits significant digits.
 func CanonicalJSON(data []byte) ([]byte, error) {
 	v, err := parseJSON(data)
@@ -67,6 +69,37 @@ func CanonicalJSON(data []byte) ([]byte, error) {
 	b.Grow(len(data))
 	v.writeCanonical(&b)
 	return b.Bytes(), nil
+}
+
+// foldName returns name folded as encoding/json matches member names to
+// struct fields: two names are equal once folded exactly when
+// encoding/json takes one for the other (ASCII letters and Unicode simple
+// case folding).
+func foldName(name string) string {
+	var b strings.Builder
+	b.Grow(len(name))
+	for _, r := range name {
+		if r < utf8.RuneSelf {
+			if 'a' <= r && r <= 'z' {
+				r -= 'a' - 'A'
+			}
+			b.WriteByte(byte(r))
+			continue
+		}
+		b.WriteRune(foldRune(r))
+	}
+	return b.String()
+}
+
+// foldRune returns the smallest rune of r's simple case folding orbit.
+func foldRune(r rune) rune {
+	for {
+		r2 := unicode.SimpleFold(r)
+		if r2 <= r {
+			return r2
+		}
+		r = r2
+	}
 }
 
 // jsonKind is the type of a parsed JSON value.
@@ -228,6 +261,18 @@ func (p *jsonParser) object(depth int) (jsonValue, error) {
 	for i := 1; i < len(v.members); i++ {
 		if v.members[i].name == v.members[i-1].name {
 			return jsonValue{}, p.errorf("duplicate member name %q", v.members[i].name)
+		}
+	}
+	if len(v.members) > 1 {
+		folded := make([]string, len(v.members))
+		for i := range v.members {
+			folded[i] = foldName(v.members[i].name)
+		}
+		slices.Sort(folded)
+		for i := 1; i < len(folded); i++ {
+			if folded[i] == folded[i-1] {
+				return jsonValue{}, p.errorf("member names equal but for case (%q): encoding/json may read either", folded[i])
+			}
 		}
 	}
 	return v, nil

@@ -47,7 +47,7 @@ func TestCanonicalJSON(t *testing.T) {
 	}
 	for _, in := range []string{
 		``, ` `, `{`, `{"a":1,}`, `[1,]`, `01`, `1.`, `.5`, `+1`, `1e`, `--1`, `NaN`, `tru`, `"a`, `"\x"`,
-		"\"\x01\"", `{"a":1,"a":2}`, `{"a":1}{}`, `"\ud800"`, `"\udc00x"`, `"\ud800\u0041"`, "\"\xff\"",
+		"\"\x01\"", `{"a":1,"a":2}`, `{"a":1,"A":2}`, `{"ſ":1,"s":2}`, `{"a":1}{}`, `"\ud800"`, `"\udc00x"`, `"\ud800\u0041"`, "\"\xff\"",
 		`1e1234567890123456`, strings.Repeat("[", 513) + strings.Repeat("]", 513),
 	} {
 		if got, err := idemhttp.CanonicalJSON([]byte(in)); !errors.Is(err, idemhttp.ErrInvalidJSON) {
@@ -101,7 +101,7 @@ func checkOne(t *testing.T, in, out []byte, err error) {
 		// Valid JSON is rejected only for the documented reasons.
 		if json.Valid(in) && utf8.Valid(in) && !strings.Contains(err.Error(), "duplicate member") &&
 			!strings.Contains(err.Error(), "surrogate") && !strings.Contains(err.Error(), "exponent") &&
-			!strings.Contains(err.Error(), "nested deeper") {
+			!strings.Contains(err.Error(), "nested deeper") && !strings.Contains(err.Error(), "but for case") {
 			t.Fatalf("rejected valid JSON %q: %v", in, err)
 		}
 		return

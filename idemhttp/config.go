@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -250,13 +251,22 @@ func OperationDefault(r *http.Request) string {
 }
 
 // IntentDefault defines a request's intent by its query (sorted by
-// parameter) and its body: the canonical JSON (CanonicalJSON) of a body
-// whose Content-Type is application/json or ends in +json, else the raw
-// bytes. So key order, whitespace and number forms of JSON do not change
-// the fingerprint; any change of a value does.
+// parameter), its media type (Content-Type, normalised: its type and
+// parameter names in lower case) and its body: the canonical JSON
+// (CanonicalJSON) of a body whose Content-Type is application/json or ends
+// in +json, else the raw bytes. So key order, whitespace and number forms of
+// JSON do not change the fingerprint; any change of a value does, and so
+// does another media type. A query url.ParseQuery cannot read whole (a
+// semicolon, a bad escape) is refused (400 invalid_request): the pairs it
+// drops would not count.
 func IntentDefault(r *http.Request, body []byte) ([]byte, error) {
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return nil, fmt.Errorf("the query cannot be read whole: %w", err)
+	}
 	var b bytes.Buffer
-	writeField(&b, []byte(r.URL.Query().Encode()))
+	writeField(&b, []byte(q.Encode()))
+	writeField(&b, []byte(mediaType(r.Header.Get("Content-Type"))))
 	if len(body) > 0 && isJSON(r.Header.Get("Content-Type")) {
 		c, err := CanonicalJSON(body)
 		if err != nil {
@@ -303,6 +313,16 @@ func IntentJSON(pointers ...string) IntentFunc {
 		}
 		return b.Bytes(), nil
 	}
+}
+
+// mediaType returns a Content-Type in one form per media type, or as it is
+// when it does not parse.
+func mediaType(contentType string) string {
+	mt, params, err := mime.ParseMediaType(contentType)
+	if err != nil {
+		return strings.TrimSpace(contentType)
+	}
+	return mime.FormatMediaType(mt, params)
 }
 
 func isJSON(contentType string) bool {

@@ -62,9 +62,11 @@
 // backup, Redis) but not the secret cannot test guesses of a request's
 // content against them: a plain hash of a card number whose first six and
 // last four digits are known falls to a hundred thousand guesses. By
-// default the intent is the sorted query and the canonical JSON of a JSON
-// body (CanonicalJSON: key order, insignificant whitespace and number forms
-// do not matter), else the raw body; IntentJSON selects the members that
+// default the intent is the sorted query (a query that does not parse whole
+// is refused), the media type and the canonical JSON of a JSON body
+// (CanonicalJSON: key order, insignificant whitespace and number forms do
+// not matter; members whose names differ only in case are refused), else
+// the raw body; IntentJSON selects the members that
 // define the intent. Headers, credentials and the body itself are never
 // stored, only the keyed hash.
 //

@@ -15,7 +15,7 @@ import (
 
 // unkeyedFingerprint is what anyone who reads the source can compute from a
 // guessed request: the fingerprint's input, hashed without a secret.
-func unkeyedFingerprint(operation, method, path string, query, body []byte) []byte {
+func unkeyedFingerprint(operation, method, path string, query, mediaType, body []byte) []byte {
 	var b bytes.Buffer
 	field := func(p []byte) {
 		var n [binary.MaxVarintLen64]byte
@@ -27,7 +27,7 @@ func unkeyedFingerprint(operation, method, path string, query, body []byte) []by
 	field([]byte(method))
 	field([]byte(path))
 	var intent bytes.Buffer
-	for _, f := range [][]byte{query, body} {
+	for _, f := range [][]byte{query, mediaType, body} {
 		var n [binary.MaxVarintLen64]byte
 		intent.Write(n[:binary.PutUvarint(n[:], uint64(len(f)))])
 		intent.Write(f)
@@ -51,7 +51,7 @@ func TestFingerprintIsKeyed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	guess := unkeyedFingerprint("POST /payments", "POST", "/payments", nil, []byte(body))
+	guess := unkeyedFingerprint("POST /payments", "POST", "/payments", nil, []byte("application/json"), []byte(body))
 	if bytes.Equal(rec.Fingerprint, guess) {
 		t.Fatalf("the stored fingerprint %x is the unkeyed SHA-256 of the request: guessable offline", rec.Fingerprint)
 	}
