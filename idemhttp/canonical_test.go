@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"math"
 	"math/big"
+	"runtime"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -72,7 +74,9 @@ func FuzzCanonicalJSON(f *testing.F) {
 	} {
 		f.Add([]byte(s), []byte(`{"amount":10000,"orderId":"order-842","currency":"BRL"}`))
 	}
+	f.Add([]byte(`[1e20,1e20,1e20,1e-6]`), []byte(`{"b":{},"a":[{"d":0,"c":0}],"":0}`))
 	f.Fuzz(func(t *testing.T, a, b []byte) {
+		checkAllocs(t, a)
 		ca, errA := idemhttp.CanonicalJSON(a)
 		cb, errB := idemhttp.CanonicalJSON(b)
 		checkOne(t, a, ca, errA)
@@ -89,6 +93,42 @@ func FuzzCanonicalJSON(f *testing.F) {
 			t.Fatalf("values equal=%v but canonical forms equal=%v:\n%s -> %s\n%s -> %s", eq, !eq, a, ca, b, cb)
 		}
 	})
+}
+
+// maxAllocPerByte bounds the heap CanonicalJSON allocates per input byte
+// (plus allocBase per call), whatever the shape of the input: its canonical
+// form (up to about 5 times the input, for numbers such as 1e20 written
+// out, grown by appending) and a few words per member of the objects open.
+const (
+	maxAllocPerByte = 32
+	allocBase       = 4096
+)
+
+// checkAllocs checks the heap CanonicalJSON allocates for in against
+// maxAllocPerByte (the least of three runs, so that an allocation of
+// another goroutine does not count).
+func checkAllocs(t *testing.T, in []byte) {
+	t.Helper()
+	least := uint64(math.MaxUint64)
+	for range 3 {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		_, _ = idemhttp.CanonicalJSON(in)
+		runtime.ReadMemStats(&after)
+		least = min(least, after.TotalAlloc-before.TotalAlloc)
+	}
+	if limit := uint64(maxAllocPerByte*len(in) + allocBase); least > limit {
+		t.Fatalf("CanonicalJSON of %d bytes allocated %d bytes, more than %d (%d per byte + %d): %.100q",
+			len(in), least, limit, maxAllocPerByte, allocBase, in)
+	}
+}
+
+// TestCanonicalJSONAllocs: the allocation bound of the fuzz target holds
+// for the 1 MiB bodies of the benchmark, the shapes that cost most per byte.
+func TestCanonicalJSONAllocs(t *testing.T) {
+	for name, body := range jsonBodies1MiB() {
+		t.Run(name, func(t *testing.T) { checkAllocs(t, body) })
+	}
 }
 
 // checkOne checks CanonicalJSON on one input against encoding/json.

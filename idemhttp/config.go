@@ -294,22 +294,20 @@ func IntentJSON(pointers ...string) IntentFunc {
 		ps[i] = p
 	}
 	return func(_ *http.Request, body []byte) ([]byte, error) {
-		v, err := parseJSON(body)
+		p, err := canonicalize(body)
 		if err != nil {
 			return nil, err
 		}
-		var b, c bytes.Buffer
-		for _, p := range ps {
-			writeField(&b, []byte(p))
-			sel, ok := v.lookup(p)
+		var b bytes.Buffer
+		for _, ptr := range ps {
+			writeField(&b, []byte(ptr))
+			sel, ok := lookupCanonical(p.out, ptr)
 			if !ok {
 				b.WriteByte(0)
 				continue
 			}
 			b.WriteByte(1)
-			c.Reset()
-			sel.writeCanonical(&c)
-			writeField(&b, c.Bytes())
+			writeField(&b, sel)
 		}
 		return b.Bytes(), nil
 	}
