@@ -31,6 +31,12 @@ const (
 	MaxRequestBytesDefault = 1 << 20
 	// MaxResponseBytesDefault is the longest response body stored (1 MiB).
 	MaxResponseBytesDefault = 1 << 20
+	// MaxWaitersDefault is how many requests of a middleware may wait at
+	// once (Config.Wait), on all keys.
+	MaxWaitersDefault = 16
+	// MaxKeyWaitersDefault is how many requests of a middleware may wait at
+	// once on one key.
+	MaxKeyWaitersDefault = 4
 )
 
 // StoredHeadersDefault is the response header allow-list used when
@@ -154,11 +160,19 @@ type Config struct {
 	// request to finish (then it is answered with the replay, or runs the
 	// handler if the first released the key) before it gets 409
 	// request_in_flight. It is woken by the holder's end, not by polling
-	// (see the package documentation, Waiting), and holds a pooled
-	// connection while it waits. Set it on every middleware of an operation:
-	// a holder takes the lock waiters wait on only when its own Wait is set.
-	// Defaults to 0: 409 at once.
+	// (see the package documentation, Waiting); with the PostgreSQL store it
+	// waits on a connection of its own, outside the pool. Set it on every
+	// middleware of an operation: with NoLeaseTakeover a holder takes the
+	// lock waiters wait on only when its own Wait is set. Defaults to 0: 409
+	// at once.
 	Wait time.Duration
+
+	// MaxWaiters bounds the requests of this middleware that wait at once
+	// (Wait), on all keys, and MaxKeyWaiters those on one key: a request
+	// past either bound does not wait, and gets 409 request_in_flight at
+	// once if its key is in flight. Default to MaxWaitersDefault (16) and
+	// MaxKeyWaitersDefault (4).
+	MaxWaiters, MaxKeyWaiters int
 
 	// RetryAfter is the Retry-After sent with 409 request_in_flight and
 	// lease_lost, and 503 store_unavailable. Defaults to RetryAfterDefault
@@ -419,6 +433,11 @@ func (c Config) withDefaults() (Config, error) {
 	if c.MaxRequestBytes < 0 || c.MaxResponseBytes < 0 {
 		return c, fmt.Errorf("%w: negative MaxRequestBytes or MaxResponseBytes", ErrInvalidConfig)
 	}
+	if c.MaxWaiters < 0 || c.MaxKeyWaiters < 0 {
+		return c, fmt.Errorf("%w: negative MaxWaiters or MaxKeyWaiters", ErrInvalidConfig)
+	}
+	c.MaxWaiters = cmp.Or(c.MaxWaiters, MaxWaitersDefault)
+	c.MaxKeyWaiters = cmp.Or(c.MaxKeyWaiters, MaxKeyWaitersDefault)
 	c.MaxRequestBytes = cmp.Or(c.MaxRequestBytes, MaxRequestBytesDefault)
 	c.MaxResponseBytes = cmp.Or(c.MaxResponseBytes, MaxResponseBytesDefault)
 	allowed := make([]string, 0, len(c.StoredHeaders))

@@ -108,22 +108,25 @@
 //
 // By default a request whose key is in flight is answered 409 at once, and
 // the client retries. With Config.Wait, it waits instead, at most Wait, and
-// is woken by the holder's end, not by polling: in transaction mode it asks
-// for the key's lock with pg_advisory_xact_lock bounded by lock_timeout
-// (what is left of Wait; the handler's statements then run with the
-// lock_timeout the session had), so PostgreSQL grants it the moment the holder
-// commits, rolls back or loses its connection; it then reads the record as
-// a first request does: COMPLETED gives the replay, no record (the holder
-// released the key: 5xx, panic) makes it run the handler itself, holding the
-// lock it got. The first look never blocks, so replays of a completed
-// key do not queue on its lock; a waiter's lease starts when it holds the
-// key. With a record of its own (NoLeaseTakeover) the holder takes an
-// advisory lock on its record's token and waiters wait on that. When Wait
-// ends first, the request gets 409 request_in_flight. A holder running with
-// Config.NoTx holds no transaction during its handler, so its waiters look
-// at the record again after a pause that doubles up to 50ms. Each waiting
-// request holds a pooled connection while it waits: size the pool for the
-// waiters you expect, or keep Wait short.
+// is woken by the holder's end, not by polling: in transaction mode it asks,
+// on a connection of its own outside the pool, for the lock of its key and
+// fingerprint, which the holder holds until its transaction ends, bounded
+// by lock_timeout (what is left of Wait), so PostgreSQL grants it the
+// moment the holder commits, rolls back or loses its connection; it then
+// looks at the key again as a first request does: COMPLETED gives the
+// replay, no record (the holder released the key: 5xx, panic) makes it run
+// the handler itself. Looks never block, so replays of a completed key do
+// not queue on its lock; a waiter's lease starts when it holds the key.
+// With a record of its own (NoLeaseTakeover) the holder takes an advisory
+// lock on its record's token and waiters wait on that, the same way. When
+// Wait ends first, the request gets 409 request_in_flight. A holder running
+// with Config.NoTx holds no transaction during its handler, so its waiters
+// look at the record again after a pause that doubles up to 50ms. Waiting
+// requests hold no pooled connection (each its own while it waits), and are
+// bounded per middleware: at most Config.MaxWaiters in all and
+// Config.MaxKeyWaiters per key; a request past either bound gets 409 at
+// once. A request waits at most 5 seconds for a pooled connection, then
+// gets 503 store_unavailable.
 //
 // # Leases, takeover, reconciliation and expiry
 //

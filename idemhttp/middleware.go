@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -21,6 +22,58 @@ type Middleware struct {
 	backend Backend
 	store   *Store // nil unless the records are in PostgreSQL (New)
 	cfg     Config
+	waiters waiters
+}
+
+// waiters counts the requests that may wait (Config.Wait), in all and per
+// scope, while they are in Backend.Reserve.
+type waiters struct {
+	mu    sync.Mutex
+	total int
+	byKey map[string]int
+}
+
+// enter takes a place for a request of scope k, unless the bounds are
+// reached; leave gives it back.
+func (w *waiters) enter(k string, maxTotal, maxKey int) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.total >= maxTotal || w.byKey[k] >= maxKey {
+		return false
+	}
+	if w.byKey == nil {
+		w.byKey = map[string]int{}
+	}
+	w.total++
+	w.byKey[k]++
+	return true
+}
+
+func (w *waiters) leave(k string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.total--
+	if w.byKey[k]--; w.byKey[k] == 0 {
+		delete(w.byKey, k)
+	}
+}
+
+// reserve calls the backend's Reserve, without waiting when the bounds on
+// waiting requests are reached.
+func (m *Middleware) reserve(ctx context.Context, req *Request) (Reservation, error) {
+	if req.Wait > 0 {
+		var b bytes.Buffer
+		writeField(&b, []byte(req.Account))
+		writeField(&b, []byte(req.Operation))
+		writeField(&b, []byte(req.Key))
+		k := b.String()
+		if m.waiters.enter(k, m.cfg.MaxWaiters, m.cfg.MaxKeyWaiters) {
+			defer m.waiters.leave(k)
+		} else {
+			req.Wait = 0
+		}
+	}
+	return m.backend.Reserve(ctx, req)
 }
 
 // New returns a Middleware whose records live in PostgreSQL, in cfg.Store,
@@ -172,7 +225,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	req.Fingerprint, req.OlderFingerprints = fingerprints(m.cfg.FingerprintKeys, operation, r, intent)
 
-	res, err := m.backend.Reserve(r.Context(), req)
+	res, err := m.reserve(r.Context(), req)
 	if err != nil {
 		log.ErrorContext(r.Context(), "idemhttp: reserve failed", slog.Any("err", err))
 		m.fail(w, r, http.StatusServiceUnavailable, CodeStoreUnavailable, "the idempotency store is unavailable")

@@ -94,7 +94,7 @@ func TestConcurrentRequestsWait(t *testing.T) {
 	var arrived atomic.Int32
 	allArrived := make(chan struct{})
 	e := newEnv(t, func(c *idemhttp.Config) {
-		c.Wait = 30 * time.Second
+		c.Wait, c.MaxWaiters, c.MaxKeyWaiters = 30*time.Second, n, n
 		c.Account = func(r *http.Request) (string, error) {
 			if arrived.Add(1) == n {
 				close(allArrived)

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"time"
 
@@ -47,6 +46,40 @@ func finishContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 }
 
+// acquireTimeout bounds the wait for a pooled connection: past it the
+// request is answered 503 store_unavailable rather than queued for ever
+// behind an exhausted pool.
+const acquireTimeout = 5 * time.Second
+
+// acquire takes a connection from the pool, waiting at most acquireTimeout.
+func (b *pgBackend) acquire(ctx context.Context) (*pgxpool.Conn, error) {
+	actx, cancel := context.WithTimeout(ctx, acquireTimeout)
+	defer cancel()
+	conn, err := b.pool.Acquire(actx)
+	if err != nil {
+		return nil, fmt.Errorf("idemhttp: reserve: acquire a connection: %w", err)
+	}
+	return conn, nil
+}
+
+// awaitLock waits, at most timeout, until it can take the advisory lock
+// key in the given mode, and frees it at once: it reports false when the
+// timeout passed first. It waits on a connection of its own, outside the
+// pool (waiting requests never take the pool's connections from the
+// requests that run; Config.MaxWaiters bounds them), closed afterwards.
+func (b *pgBackend) awaitLock(ctx context.Context, key int64, shared bool, timeout time.Duration) (bool, error) {
+	conn, err := pgx.ConnectConfig(ctx, b.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return false, fmt.Errorf("idemhttp: wait for the request in flight: connect: %w", err)
+	}
+	defer func() {
+		cctx, cancel := finishContext(ctx)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	return b.store.awaitLockOn(ctx, conn, key, shared, timeout)
+}
+
 // Backend returns the Backend of the records in s, reached through pool:
 // what New uses, for NewWithBackend and the conformance suite
 // (idemhttptest).
@@ -81,20 +114,17 @@ func (b *pgBackend) reserveLocked(ctx context.Context, req *Request) (Reservatio
 	for i, f := range req.OlderFingerprints {
 		olderLocks[i] = b.store.fingerprintLockKey(req.Account, req.Operation, req.Key, f)
 	}
-	// The first look never blocks, so that replays of a completed key never
-	// queue on its lock; with Wait, a request that found the key held looks
-	// again blocking on the lock.
-	blocking := false
+	// A look never blocks, so that replays of a completed key never queue
+	// on its lock; with Wait, a request that found the key held by a
+	// request with its fingerprint waits, on a connection of its own, for
+	// that fingerprint's lock (which the holder holds shared until its
+	// transaction ends), and looks again.
 	for {
-		conn, err := b.pool.Acquire(ctx)
+		conn, err := b.acquire(ctx)
 		if err != nil {
-			return Reservation{}, fmt.Errorf("idemhttp: reserve: acquire a connection: %w", err)
+			return Reservation{}, err
 		}
-		var wait time.Duration
-		if blocking {
-			wait = time.Until(deadline)
-		}
-		tx, locked, other, rec, err := b.store.beginLocked(ctx, conn, lock, fpLock, olderLocks, req, wait)
+		tx, locked, other, rec, err := b.store.beginLocked(ctx, conn, lock, fpLock, olderLocks, req)
 		if err != nil {
 			conn.Release()
 			return Reservation{}, err
@@ -116,14 +146,22 @@ func (b *pgBackend) reserveLocked(ctx context.Context, req *Request) (Reservatio
 			end()
 			return Reservation{State: StateProcessing, Mismatch: true}, nil
 		case !locked && !live:
-			// A holder in flight (or, with Wait, one that did not finish in
-			// time); its fingerprint is not stored yet.
+			// A holder in flight with this fingerprint; it has no record yet.
 			end()
-			if !blocking && time.Until(deadline) > 0 {
-				blocking = true
-				continue
+			left := time.Until(deadline)
+			if left <= 0 {
+				return Reservation{State: StateProcessing}, nil
 			}
-			return Reservation{State: StateProcessing}, nil
+			ok, err := b.awaitLock(ctx, fpLock, false, left)
+			switch {
+			case ctx.Err() != nil:
+				return Reservation{State: StateProcessing}, nil // answered 409; the client is gone anyway
+			case err != nil:
+				return Reservation{}, err
+			case !ok:
+				return Reservation{State: StateProcessing}, nil // Wait is over: 409
+			}
+			continue
 		case !live, locked && rec.state == StateProcessing && rec.token > 0 && !rec.lockedUntil.After(now) &&
 			bytes.Equal(rec.fingerprint, req.Fingerprint):
 			// No live record, or a PROCESSING record of an older version
@@ -139,7 +177,6 @@ func (b *pgBackend) reserveLocked(ctx context.Context, req *Request) (Reservatio
 			return res, nil
 		}
 		end()
-		blocking = false
 		res := rec.reservation()
 		if rec.state != StateProcessing || !req.SameRequest(rec.fingerprint) || time.Until(deadline) <= 0 {
 			return res, nil
@@ -310,67 +347,27 @@ func (s *Store) fingerprintLockKey(account, operation, key string, fingerprint [
 	return int64(binary.BigEndian.Uint64(sum[:8]))
 }
 
-// beginLocked begins a transaction on conn, takes the lock (waiting at most
-// wait, if positive) and reads the record of req's key, in one round trip.
-// tx is nil when the transaction did not begin; locked is false when the
-// lock was not granted (tx is then still open: the caller rolls it back);
-// other is true when its holder's fingerprint is not req's (see
-// lockReadSQL; only looked at without wait).
+// beginLocked begins a transaction on conn, tries the lock and reads the
+// record of req's key, in one round trip. tx is nil when the transaction
+// did not begin; locked is false when the lock was not granted (tx is then
+// still open: the caller rolls it back); other is true when its holder's
+// fingerprint is not req's (see lockReadSQL).
 func (s *Store) beginLocked(ctx context.Context, conn *pgxpool.Conn, lock, fpLock int64, olderLocks []int64,
-	req *Request, wait time.Duration) (tx pgx.Tx, locked, other bool, rec *storedRecord, err error) {
+	req *Request) (tx pgx.Tx, locked, other bool, rec *storedRecord, err error) {
 	b := &pgx.Batch{}
 	// READ COMMITTED whatever the session's default: the record is read in
 	// a statement (and a snapshot) that starts after the lock was granted.
 	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	if wait > 0 {
-		ms := max(1, (wait+time.Millisecond-1)/time.Millisecond) // lock_timeout 0 means none
-		// The lock_timeout in force is kept aside and restored after the
-		// lock, so that the handler's statements run with it.
-		b.Queue(`SELECT pg_catalog.set_config('idemkit.lock_timeout', pg_catalog.current_setting('lock_timeout'), true)`)
-		b.Queue(`SELECT pg_catalog.set_config('lock_timeout', $1, true)`, strconv.FormatInt(int64(ms), 10))
-		// The fingerprint's lock, shared, before the key's (see lockReadSQL).
-		b.Queue(`SELECT pg_catalog.pg_advisory_xact_lock_shared($1)`, fpLock)
-		b.Queue(`SELECT true FROM pg_catalog.pg_advisory_xact_lock($1)`, lock)
-		b.Queue(`SELECT pg_catalog.set_config('lock_timeout', pg_catalog.current_setting('idemkit.lock_timeout'), true)`)
-		b.Queue(s.readSQL, req.Account, req.Operation, req.Key)
-	} else {
-		b.Queue(s.lockReadSQL, req.Account, req.Operation, req.Key, lock, fpLock, olderLocks)
-	}
+	b.Queue(s.lockReadSQL, req.Account, req.Operation, req.Key, lock, fpLock, olderLocks)
 	br := conn.SendBatch(ctx, b)
 	tx = br.Tx()
 	_, err = br.Exec() // BEGIN
-	timedOut := false
-	if wait > 0 {
-		for range 2 {
-			if err == nil {
-				_, err = br.Exec()
-			}
-		}
-		if err == nil {
-			_, err = br.Exec()
-		}
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available: lock_timeout
-			err, timedOut = nil, true
-		}
-		if err == nil && !timedOut {
-			err = br.QueryRow().Scan(&locked)
-		}
-		if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available: lock_timeout
-			err, timedOut = nil, true
-		}
-		if err == nil && !timedOut {
-			_, err = br.Exec()
-		}
-		if err == nil && !timedOut {
-			rec, err = scanStored(br.QueryRow())
-		}
-	} else if err == nil {
+	if err == nil {
 		var outcome int
 		rec, err = scanStored(br.QueryRow(), &outcome)
 		locked, other = outcome == 1, outcome == 2
 	}
-	if cerr := br.Close(); err == nil && !timedOut {
+	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
@@ -379,7 +376,7 @@ func (s *Store) beginLocked(ctx context.Context, conn *pgxpool.Conn, lock, fpLoc
 		_ = tx.Rollback(fctx)
 		return nil, false, false, nil, fmt.Errorf("idemhttp: reserve: %w", translate(err))
 	}
-	return tx, locked && !timedOut, other, rec, nil
+	return tx, locked, other, rec, nil
 }
 
 // scanStored scans a row of readSQL (or of lockReadSQL, whose columns
@@ -498,13 +495,8 @@ func (s *Store) sendCompletion(ctx context.Context, tx pgx.Tx, b *pgx.Batch) err
 func (b *pgBackend) reserveRecord(ctx context.Context, req *Request) (Reservation, error) {
 	a := reserveArgs{account: req.Account, operation: req.Operation, key: req.Key, fingerprint: req.Fingerprint,
 		lease: req.Lease, ttl: req.TTL, takeover: !req.NoTx && !req.NoTakeover, same: req.SameRequest}
-	conn, err := b.pool.Acquire(ctx)
-	if err != nil {
-		return Reservation{}, fmt.Errorf("idemhttp: reserve: acquire a connection: %w", err)
-	}
-	res, err := b.reserveOrWait(ctx, conn, a, req.Wait)
+	res, err := b.reserveOrWait(ctx, a, req.Wait)
 	if err != nil || !res.reserved {
-		conn.Release()
 		if err != nil {
 			return Reservation{}, err
 		}
@@ -514,8 +506,12 @@ func (b *pgBackend) reserveRecord(ctx context.Context, req *Request) (Reservatio
 	out := Reservation{Hold: h, TakenOver: res.tookOver, PreviousToken: res.prevToken}
 	if req.NoTx {
 		// The handler runs without a transaction: it holds no connection.
-		conn.Release()
 		return out, nil
+	}
+	conn, err := b.acquire(ctx)
+	if err != nil {
+		_ = h.Release(ctx)
+		return Reservation{}, err
 	}
 	h.conn = conn
 	tx, err := conn.Begin(ctx)
@@ -534,12 +530,14 @@ func (b *pgBackend) reserveRecord(ctx context.Context, req *Request) (Reservatio
 	return out, nil
 }
 
-func (b *pgBackend) reserveOrWait(ctx context.Context, db DBTX, a reserveArgs, wait time.Duration) (reservation, error) {
+// reserveOrWait reserves the key, each look a statement on a pooled
+// connection of its own; waits happen on connections outside the pool.
+func (b *pgBackend) reserveOrWait(ctx context.Context, a reserveArgs, wait time.Duration) (reservation, error) {
 	deadline := time.Now().Add(wait)
 	pause := time.Millisecond
 	var waited int64 // the token whose holder's lock this request got
 	for {
-		res, err := b.store.reserve(ctx, db, a)
+		res, err := b.reserveOnce(ctx, a)
 		if err != nil || res.reserved || res.state != StateProcessing || !a.same(res.fingerprint) || wait <= 0 {
 			return res, err
 		}
@@ -559,7 +557,7 @@ func (b *pgBackend) reserveOrWait(ctx context.Context, db DBTX, a reserveArgs, w
 			waited = 0
 			continue
 		}
-		ok, err := b.store.awaitHolder(ctx, db, res.token, left)
+		ok, err := b.awaitLock(ctx, res.token, true, left)
 		if ctx.Err() != nil {
 			return res, nil
 		}
@@ -571,6 +569,16 @@ func (b *pgBackend) reserveOrWait(ctx context.Context, db DBTX, a reserveArgs, w
 		}
 		waited = res.token
 	}
+}
+
+// reserveOnce runs Store.reserve on a pooled connection.
+func (b *pgBackend) reserveOnce(ctx context.Context, a reserveArgs) (reservation, error) {
+	conn, err := b.acquire(ctx)
+	if err != nil {
+		return reservation{}, err
+	}
+	defer conn.Release()
+	return b.store.reserve(ctx, conn, a)
 }
 
 // pgRecordHold is a hold by a PROCESSING record with token: with a

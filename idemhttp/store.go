@@ -760,16 +760,24 @@ func (s *Store) hold(ctx context.Context, tx pgx.Tx, token int64) error {
 	return nil
 }
 
-// awaitHolder waits until the holder of token ended its transaction (its
-// advisory lock is free), at most timeout. It reports false when the timeout
-// passed first. The lock is taken shared, so that waiters do not queue
-// behind each other, in a transaction of its own that ends at once.
-func (s *Store) awaitHolder(ctx context.Context, db DBTX, token int64, timeout time.Duration) (bool, error) {
+// awaitLockOn waits, on conn, until it can take the advisory lock key
+// (shared, or exclusive), at most timeout, in a transaction of its own that
+// ends at once. It reports false when the timeout passed first. A
+// reservation's token is waited on shared, so that its waiters do not queue
+// behind each other; a fingerprint's lock exclusively, as the holder holds
+// it shared.
+func (s *Store) awaitLockOn(ctx context.Context, conn *pgx.Conn, key int64, shared bool, timeout time.Duration) (bool, error) {
 	ms := max(1, (timeout+time.Millisecond-1)/time.Millisecond) // lock_timeout 0 means none
+	lockSQL := `SELECT pg_catalog.pg_advisory_xact_lock($1)`
+	if shared {
+		lockSQL = `SELECT pg_catalog.pg_advisory_xact_lock_shared($1)`
+	}
 	b := &pgx.Batch{}
+	b.Queue("BEGIN")
 	b.Queue(`SELECT pg_catalog.set_config('lock_timeout', $1, true)`, strconv.FormatInt(int64(ms), 10))
-	b.Queue(`SELECT pg_catalog.pg_advisory_xact_lock_shared($1)`, token)
-	err := sendBatch(ctx, db, b)
+	b.Queue(lockSQL, key)
+	b.Queue("COMMIT")
+	err := conn.SendBatch(ctx, b).Close()
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available: lock_timeout
 		return false, nil

@@ -302,8 +302,10 @@ func testConcurrent(t *testing.T, nb func(*testing.T) idemhttp.Backend, _ Option
 }
 
 func testConcurrentWait(t *testing.T, nb func(*testing.T) idemhttp.Backend, _ Options) {
-	s := newServer(t, nb(t), func(c *idemhttp.Config) { c.Wait = 20 * time.Second })
 	const n = 16
+	s := newServer(t, nb(t), func(c *idemhttp.Config) {
+		c.Wait, c.MaxWaiters, c.MaxKeyWaiters = 20*time.Second, n, n
+	})
 	key := newKey()
 	started, open := gate(t, s)
 	results := make([]response, n)
