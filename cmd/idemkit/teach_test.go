@@ -149,9 +149,9 @@ func TestCLIRedaction(t *testing.T) {
 func TestRedactorText(t *testing.T) {
 	r := &redactor{}
 	for in, want := range map[string]string{
-		"pan 4111111111111111 end":     "pan ************1111 end",
-		"4111-1111-1111-1111":          "****-****-****-1111",
-		"order 123456 amount 12":       "order 123456 amount 12",
+		"pan 4111111111111111 end": "pan ************1111 end",
+		"4111-1111-1111-1111":      "****-****-****-1111",
+		"order 123456 amount 12":   "order 123456 amount 12",
 		// Longer than a card number: only a Luhn-valid stretch of 13 to 19
 		// digits starting with 2 to 6 inside it counts as one.
 		"id 1111111111111111111111111": "id 1111111111111111111111111",
