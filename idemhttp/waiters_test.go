@@ -122,3 +122,89 @@ func TestWaitersOffThePool(t *testing.T) {
 	}
 	wantPayments(t, e, 2)
 }
+
+// blockingBackend answers every request as in flight; a request allowed
+// to wait (Wait > 0) first blocks until the test lets it go.
+type blockingBackend struct {
+	entered chan string
+	release chan struct{}
+}
+
+func (b *blockingBackend) Reserve(ctx context.Context, req *idemhttp.Request) (idemhttp.Reservation, error) {
+	if req.Wait > 0 {
+		b.entered <- req.Key
+		select {
+		case <-b.release:
+		case <-ctx.Done():
+		}
+	}
+	return idemhttp.Reservation{State: idemhttp.StateProcessing}, nil
+}
+
+// TestMaxWaiters: past Config.MaxWaiters requests waiting at once on all
+// keys, the next request does not wait: the backend is asked without Wait
+// and the client gets 409 at once.
+func TestMaxWaiters(t *testing.T) {
+	t.Parallel()
+	b := &blockingBackend{entered: make(chan string), release: make(chan struct{})}
+	mw, err := idemhttp.NewWithBackend(b, &idemhttp.Config{FingerprintKeys: testKeys, Account: accountFromHeader,
+		Wait: time.Minute, MaxWaiters: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(mw.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		t.Error("handler ran")
+	})))
+	t.Cleanup(srv.Close)
+	client := newClient(t)
+	results := make(chan response, 2)
+	for _, key := range []string{"k-1", "k-2"} {
+		go func() {
+			r, _ := postTo(context.Background(), client, srv.URL, key, "acct-1", payment)
+			results <- r
+		}()
+		<-b.entered // waiting
+	}
+	r, err := postTo(context.Background(), client, srv.URL, "k-3", "acct-1", payment)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantError(t, r, http.StatusConflict, idemhttp.CodeInFlight)
+	close(b.release)
+	for range 2 {
+		wantError(t, <-results, http.StatusConflict, idemhttp.CodeInFlight)
+	}
+}
+
+// TestAcquireBounded: a request that cannot get a pooled connection (the
+// pool is exhausted) is answered 503 store_unavailable after a bounded
+// wait, not queued for as long as the pool stays full.
+func TestAcquireBounded(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	pcfg := e.db.Pool.Config().Copy()
+	pcfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	mw, err := idemhttp.New(pool, &idemhttp.Config{Store: e.store, Account: accountFromHeader, FingerprintKeys: testKeys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(mw.Handler(http.HandlerFunc(e.createPayment)))
+	t.Cleanup(srv.Close)
+	conn, err := pool.Acquire(context.Background()) // the pool's only connection
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r, err := postTo(ctx, e.client, srv.URL, newKey(), "acct-1", payment)
+	if err != nil {
+		t.Fatalf("no answer while the pool is exhausted: %v", err)
+	}
+	wantError(t, r, http.StatusServiceUnavailable, idemhttp.CodeStoreUnavailable)
+}
