@@ -119,6 +119,7 @@ func (b *pgBackend) reserveLocked(ctx context.Context, req *Request) (Reservatio
 	// request with its fingerprint waits, on a connection of its own, for
 	// that fingerprint's lock (which the holder holds shared until its
 	// transaction ends), and looks again.
+	woken := false // by the end of a holder this request waited for
 	for {
 		conn, err := b.acquire(ctx)
 		if err != nil {
@@ -152,6 +153,22 @@ func (b *pgBackend) reserveLocked(ctx context.Context, req *Request) (Reservatio
 			if left <= 0 {
 				return Reservation{State: StateProcessing}, nil
 			}
+			if woken {
+				// Woken, yet the key is still held: by a new holder, or
+				// seemingly by another waiter queued for the lock this one
+				// just had. A pause before waiting again lets that waiter
+				// through rather than the two taking turns.
+				woken = false
+				t := time.NewTimer(min(pause, left))
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return Reservation{State: StateProcessing}, nil
+				case <-t.C:
+				}
+				pause = min(2*pause, pollMax)
+				continue
+			}
 			ok, err := b.awaitLock(ctx, fpLock, false, left)
 			switch {
 			case ctx.Err() != nil:
@@ -161,6 +178,7 @@ func (b *pgBackend) reserveLocked(ctx context.Context, req *Request) (Reservatio
 			case !ok:
 				return Reservation{State: StateProcessing}, nil // Wait is over: 409
 			}
+			woken = true
 			continue
 		case !live, locked && rec.state == StateProcessing && rec.token > 0 && !rec.lockedUntil.After(now) &&
 			bytes.Equal(rec.fingerprint, req.Fingerprint):

@@ -15,7 +15,8 @@
 // fenced out (the record is the next holder's); a holder that completes
 // just after its lease while nobody took the key over either commits nothing
 // (a transactional backend) or keeps its record (the others: its effect
-// happened); a waiter runs when the holder releases, and gets 409 when Wait
+// happened); a waiter runs when the holder releases (one of several: the
+// others get its replay), and gets 409 when Wait
 // ends first; a record expires after its TTL; accounts are isolated. Leases and TTLs are real time (short ones: a
 // run takes a few seconds).
 package idemhttptest
@@ -516,16 +517,35 @@ func testWaitRelease(t *testing.T, nb func(*testing.T) idemhttp.Backend, _ Optio
 	first := make(chan response, 1)
 	go func() { first <- s.post("acct-1", key, body, "X-Status", "503") }()
 	<-started
-	second := make(chan response, 1)
-	go func() { second <- s.post("acct-1", key, body) }()
-	time.Sleep(200 * time.Millisecond) // let the duplicate wait
+	const waiters = 3
+	second := make(chan response, waiters)
+	for range waiters {
+		go func() { second <- s.post("acct-1", key, body) }()
+	}
+	time.Sleep(200 * time.Millisecond) // let the duplicates wait
 	open()
 	if r := <-first; r.status != http.StatusServiceUnavailable {
 		t.Fatalf("holder got %v, want its 503", r)
 	}
-	r := <-second
-	wantFirst(t, r) // the key was released: the waiter ran the handler itself
-	wantReplayOf(t, s.post("acct-1", key, body), r)
+	// The key was released: one waiter ran the handler itself, the others
+	// waited for it and got its replay.
+	var rs []response
+	for range waiters {
+		rs = append(rs, <-second)
+	}
+	var run response
+	for _, r := range rs {
+		if r.status == http.StatusCreated && !r.replayed() {
+			run = r
+		}
+	}
+	wantFirst(t, run)
+	for _, r := range rs {
+		if !bytes.Equal(r.body, run.body) {
+			t.Fatalf("waiter got %v, want the run %v or its replay", r, run)
+		}
+	}
+	wantReplayOf(t, s.post("acct-1", key, body), run)
 	if got := s.runsOf("acct-1", key); got != 2 {
 		t.Fatalf("handler runs = %d, want 2", got)
 	}
