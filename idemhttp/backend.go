@@ -1,6 +1,7 @@
 package idemhttp
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net/http"
@@ -33,8 +34,12 @@ type Backend interface {
 // Request is what a Backend is asked to reserve.
 type Request struct {
 	Account, Operation, Key string
-	// Fingerprint is the SHA-256 of the request's operation and intent.
+	// Fingerprint is the HMAC-SHA256 of the request's operation, method,
+	// path and intent under the first of Config.FingerprintKeys.
 	Fingerprint []byte
+	// OlderFingerprints are the same under the older keys: a stored
+	// fingerprint equal to one of them is the same request (SameRequest).
+	OlderFingerprints [][]byte
 	// Lease is how long the holder may take; after it, the key may be given
 	// to another request (see NoTakeover) and the holder can no longer
 	// complete.
@@ -50,6 +55,20 @@ type Request struct {
 	// to another request until a reconciler settled it or it expired
 	// (Config.NoLeaseTakeover; with NoTx too on PostgreSQL).
 	NoTakeover bool
+}
+
+// SameRequest reports whether a stored fingerprint is this request's, under
+// the current key or an older one.
+func (r *Request) SameRequest(fingerprint []byte) bool {
+	if bytes.Equal(fingerprint, r.Fingerprint) {
+		return true
+	}
+	for _, f := range r.OlderFingerprints {
+		if bytes.Equal(fingerprint, f) {
+			return true
+		}
+	}
+	return false
 }
 
 // Reservation is the answer of Backend.Reserve: either Hold is set (the
@@ -69,8 +88,13 @@ type Reservation struct {
 	State State
 	// Fingerprint is that record's fingerprint; nil when the store cannot
 	// tell (a request in flight that has no stored record yet): the
-	// middleware then answers by State alone.
+	// middleware then answers by Mismatch and State.
 	Fingerprint []byte
+	// Mismatch is true when the store knows that the request holding the
+	// key has another fingerprint than the caller's without knowing which
+	// (a request in flight that has no stored record yet): the middleware
+	// answers 422, as for a Fingerprint that differs.
+	Mismatch bool
 	// Response is the stored response of a COMPLETED record.
 	Response Response
 }

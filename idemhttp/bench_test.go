@@ -29,9 +29,10 @@ func BenchmarkMiddleware(b *testing.B) {
 		b.Fatal(err)
 	}
 	mw, err := idemhttp.New(db.Pool, &idemhttp.Config{
-		Store:   store,
-		Account: func(*http.Request) (string, error) { return "acct-1", nil },
-		Logger:  slog.New(slog.DiscardHandler),
+		Store:           store,
+		FingerprintKeys: testKeys,
+		Account:         func(*http.Request) (string, error) { return "acct-1", nil },
+		Logger:          slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		b.Fatal(err)

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -23,6 +25,11 @@ const (
 	// exponent may have (1e999999999999999 is accepted, a longer exponent is
 	// not): it keeps the exact normalisation of numbers cheap.
 	MaxJSONExponentDigits = 15
+	// MaxJSONValues is the most values one document may hold, array items
+	// and members' values included: it bounds the work per request whatever
+	// Config.MaxRequestBytes allows (a 1 MiB body holds at most about
+	// 520,000).
+	MaxJSONValues = 1 << 20
 )
 
 // jsonSyntaxError is what the parser returns; it matches ErrInvalidJSON.
@@ -55,62 +62,40 @@ func (e *jsonSyntaxError) Is(target error) bool { return target == ErrInvalidJSO
 //
 // It rejects, with an error matching ErrInvalidJSON: anything that is not
 // exactly one JSON value (surrounding whitespace allowed), invalid UTF-8,
-// unpaired UTF-16 surrogate escapes, duplicate member names in one object
-// (their meaning is ambiguous), nesting deeper than MaxJSONDepth, and
-// exponents longer than MaxJSONExponentDigits significant digits.
+// unpaired UTF-16 surrogate escapes, duplicate member names in one object,
+// also names that differ only in case as encoding/json folds them
+// ("amount" and "Amount": which one a handler reads is ambiguous), nesting deeper than MaxJSONDepth, and
+// exponents longer than MaxJSONExponentDigits significant digits, and more
+// than MaxJSONValues values.
+//
+// It works in one pass, writing the canonical form as it reads: the memory
+// it takes is the canonical form (at most a few times the input, for
+// numbers such as 1e20 written out) plus a few words per member of the
+// objects open at a time, whatever the shape of the document.
 func CanonicalJSON(data []byte) ([]byte, error) {
-	v, err := parseJSON(data)
+	p, err := canonicalize(data)
 	if err != nil {
 		return nil, err
 	}
-	var b bytes.Buffer
-	b.Grow(len(data))
-	v.writeCanonical(&b)
-	return b.Bytes(), nil
+	return p.out, nil
 }
 
-// jsonKind is the type of a parsed JSON value.
-type jsonKind uint8
-
-const (
-	kindNull jsonKind = iota
-	kindFalse
-	kindTrue
-	kindNumber
-	kindString
-	kindArray
-	kindObject
-)
-
-// jsonValue is a parsed JSON value. Numbers hold their canonical text,
-// strings their decoded text, objects their members sorted by name.
-type jsonValue struct {
-	kind    jsonKind
-	text    string // number (canonical) or string (decoded)
-	items   []jsonValue
-	members []jsonMember
-}
-
-type jsonMember struct {
-	name  string
-	value jsonValue
-}
-
-func parseJSON(data []byte) (jsonValue, error) {
+// canonicalize parses data and writes its canonical form to the returned
+// parser's out.
+func canonicalize(data []byte) (*jsonParser, error) {
 	if !utf8.Valid(data) {
-		return jsonValue{}, &jsonSyntaxError{offset: invalidUTF8Offset(data), msg: "invalid UTF-8"}
+		return nil, &jsonSyntaxError{offset: invalidUTF8Offset(data), msg: "invalid UTF-8"}
 	}
-	p := &jsonParser{data: data}
+	p := &jsonParser{data: data, out: make([]byte, 0, len(data))}
 	p.skipSpace()
-	v, err := p.value(0)
-	if err != nil {
-		return jsonValue{}, err
+	if err := p.value(0); err != nil {
+		return nil, err
 	}
 	p.skipSpace()
 	if p.pos != len(p.data) {
-		return jsonValue{}, p.errorf("data after the JSON value")
+		return nil, p.errorf("data after the JSON value")
 	}
-	return v, nil
+	return p, nil
 }
 
 func invalidUTF8Offset(data []byte) int {
@@ -124,9 +109,27 @@ func invalidUTF8Offset(data []byte) int {
 	return len(data)
 }
 
+// jsonParser reads data and writes its canonical form to out as it goes.
 type jsonParser struct {
-	data []byte
-	pos  int
+	data   []byte
+	pos    int
+	out    []byte
+	values int
+	// members holds the members of the objects open, innermost last: each
+	// its span in out, so that an object's members are sorted once it ends.
+	members []memberSpan
+	// scratch is reused by every object's sort.
+	scratch []byte
+}
+
+// memberSpan is a member written to out: its name is out[start:colon], a
+// canonical string with its quotes, and its value out[colon+1:end]. plain
+// is true when the name is ASCII without escapes (most are), so that it
+// compares as bytes. Offsets are 32 bits: canonicalize refuses a longer
+// canonical form.
+type memberSpan struct {
+	start, colon, end int32
+	plain             bool
 }
 
 func (p *jsonParser) errorf(format string, args ...any) error {
@@ -144,9 +147,12 @@ func (p *jsonParser) skipSpace() {
 	}
 }
 
-func (p *jsonParser) value(depth int) (jsonValue, error) {
+func (p *jsonParser) value(depth int) error {
 	if p.pos >= len(p.data) {
-		return jsonValue{}, p.errorf("unexpected end of input")
+		return p.errorf("unexpected end of input")
+	}
+	if p.values++; p.values > MaxJSONValues {
+		return p.errorf("more than %d values", MaxJSONValues)
 	}
 	switch c := p.data[p.pos]; {
 	case c == '{':
@@ -154,19 +160,17 @@ func (p *jsonParser) value(depth int) (jsonValue, error) {
 	case c == '[':
 		return p.array(depth + 1)
 	case c == '"':
-		s, err := p.string()
-		return jsonValue{kind: kindString, text: s}, err
+		return p.string()
 	case c == '-' || (c >= '0' && c <= '9'):
-		n, err := p.number()
-		return jsonValue{kind: kindNumber, text: n}, err
+		return p.number()
 	case c == 't':
-		return jsonValue{kind: kindTrue}, p.literal("true")
+		return p.literal("true")
 	case c == 'f':
-		return jsonValue{kind: kindFalse}, p.literal("false")
+		return p.literal("false")
 	case c == 'n':
-		return jsonValue{kind: kindNull}, p.literal("null")
+		return p.literal("null")
 	default:
-		return jsonValue{}, p.errorf("unexpected character %q", c)
+		return p.errorf("unexpected character %q", c)
 	}
 }
 
@@ -175,43 +179,61 @@ func (p *jsonParser) literal(word string) error {
 		return p.errorf("invalid literal, want %s", word)
 	}
 	p.pos += len(word)
+	p.out = append(p.out, word...)
 	return nil
 }
 
-func (p *jsonParser) object(depth int) (jsonValue, error) {
+func (p *jsonParser) object(depth int) error {
 	if depth > MaxJSONDepth {
-		return jsonValue{}, p.errorf("nested deeper than %d", MaxJSONDepth)
+		return p.errorf("nested deeper than %d", MaxJSONDepth)
 	}
 	p.pos++ // {
-	v := jsonValue{kind: kindObject}
+	p.out = append(p.out, '{')
+	first := len(p.members)
 	p.skipSpace()
 	if p.pos < len(p.data) && p.data[p.pos] == '}' {
 		p.pos++
-		return v, nil
+		p.out = append(p.out, '}')
+		return nil
 	}
 	for {
 		p.skipSpace()
 		if p.pos >= len(p.data) || p.data[p.pos] != '"' {
-			return jsonValue{}, p.errorf("want a member name")
+			return p.errorf("want a member name")
 		}
-		name, err := p.string()
-		if err != nil {
-			return jsonValue{}, err
+		if len(p.members) > first {
+			p.out = append(p.out, ',')
+		}
+		start := len(p.out)
+		if err := p.string(); err != nil {
+			return err
 		}
 		p.skipSpace()
 		if p.pos >= len(p.data) || p.data[p.pos] != ':' {
-			return jsonValue{}, p.errorf("want ':' after a member name")
+			return p.errorf("want ':' after a member name")
 		}
 		p.pos++
+		colon := len(p.out)
+		p.out = append(p.out, ':')
 		p.skipSpace()
-		member, err := p.value(depth)
-		if err != nil {
-			return jsonValue{}, err
+		if err := p.value(depth); err != nil {
+			return err
 		}
-		v.members = append(v.members, jsonMember{name: name, value: member})
+		if len(p.out) > math.MaxInt32 {
+			return p.errorf("canonical form longer than %d bytes", math.MaxInt32)
+		}
+		plain := true
+		for _, c := range p.out[start+1 : colon-1] {
+			if c == '\\' || c >= utf8.RuneSelf {
+				plain = false
+				break
+			}
+		}
+		p.members = append(p.members, memberSpan{start: int32(start), colon: int32(colon), end: int32(len(p.out)),
+			plain: plain})
 		p.skipSpace()
 		if p.pos >= len(p.data) {
-			return jsonValue{}, p.errorf("unexpected end of input in an object")
+			return p.errorf("unexpected end of input in an object")
 		}
 		switch p.data[p.pos] {
 		case ',':
@@ -220,40 +242,215 @@ func (p *jsonParser) object(depth int) (jsonValue, error) {
 		case '}':
 			p.pos++
 		default:
-			return jsonValue{}, p.errorf("want ',' or '}' in an object")
+			return p.errorf("want ',' or '}' in an object")
 		}
 		break
 	}
-	slices.SortFunc(v.members, func(a, b jsonMember) int { return strings.Compare(a.name, b.name) })
-	for i := 1; i < len(v.members); i++ {
-		if v.members[i].name == v.members[i-1].name {
-			return jsonValue{}, p.errorf("duplicate member name %q", v.members[i].name)
-		}
-	}
-	return v, nil
+	err := p.sortMembers(p.members[first:])
+	p.members = p.members[:first]
+	p.out = append(p.out, '}')
+	return err
 }
 
-func (p *jsonParser) array(depth int) (jsonValue, error) {
+// sortMembers puts the members ms of the object being closed (the end of
+// out) in the order of their names, and refuses names that are equal, or
+// equal as encoding/json folds them.
+func (p *jsonParser) sortMembers(ms []memberSpan) error {
+	if len(ms) < 2 {
+		return nil
+	}
+	name := func(m memberSpan) []byte { return p.out[m.start:m.colon] }
+	exact := func(a, b memberSpan) int {
+		if a.plain && b.plain {
+			return bytes.Compare(name(a), name(b)) // same order: '"' ends both
+		}
+		return compareNames(name(a), name(b))
+	}
+	folded := func(a, b memberSpan) int {
+		if a.plain && b.plain {
+			return compareFoldedASCII(name(a), name(b))
+		}
+		return compareFolded(name(a), name(b))
+	}
+	sorted := slices.IsSortedFunc(ms, exact)
+	slices.SortFunc(ms, folded)
+	for i := 1; i < len(ms); i++ {
+		if folded(ms[i-1], ms[i]) == 0 {
+			a, b := name(ms[i-1]), name(ms[i])
+			if bytes.Equal(a, b) {
+				return p.errorf("duplicate member name %s", a)
+			}
+			return p.errorf("member names %s and %s equal but for case: encoding/json may read either", a, b)
+		}
+	}
+	if sorted {
+		return nil
+	}
+	slices.SortFunc(ms, exact)
+	// Rewrite the object's members in that order: out[base:] holds them,
+	// separated by commas.
+	base := int(ms[0].start)
+	for _, m := range ms {
+		base = min(base, int(m.start))
+	}
+	p.scratch = append(p.scratch[:0], p.out[base:]...)
+	p.out = p.out[:base]
+	for i, m := range ms {
+		if i > 0 {
+			p.out = append(p.out, ',')
+		}
+		p.out = append(p.out, p.scratch[int(m.start)-base:int(m.end)-base]...)
+	}
+	return nil
+}
+
+// nameByte returns the byte at i of a canonical string's decoded text (s
+// with its quotes: i starts at 1) and the index of the next, or -1 at the
+// closing quote. The canonical form escapes '"', '\\' and control
+// characters only, each as one ASCII byte.
+func nameByte(s []byte, i int) (byte, int) {
+	c := s[i]
+	switch {
+	case c == '"':
+		return 0, -1
+	case c != '\\':
+		return c, i + 1
+	}
+	switch s[i+1] {
+	case 'b':
+		return '\b', i + 2
+	case 't':
+		return '\t', i + 2
+	case 'n':
+		return '\n', i + 2
+	case 'f':
+		return '\f', i + 2
+	case 'r':
+		return '\r', i + 2
+	case 'u': // \u00XX
+		return unhex(s[i+4])<<4 | unhex(s[i+5]), i + 6
+	}
+	return s[i+1], i + 2 // '"' or '\\'
+}
+
+func unhex(c byte) byte {
+	if c >= 'a' {
+		return c - 'a' + 10
+	}
+	return c - '0'
+}
+
+// compareNames compares two canonical strings by the bytes of their
+// decoded UTF-8 text (which is Unicode code point order).
+func compareNames(a, b []byte) int {
+	i, j := 1, 1
+	for {
+		var ca, cb byte
+		ca, i = nameByte(a, i)
+		cb, j = nameByte(b, j)
+		switch {
+		case i < 0 && j < 0:
+			return 0
+		case i < 0:
+			return -1
+		case j < 0:
+			return 1
+		case ca != cb:
+			return int(ca) - int(cb)
+		}
+	}
+}
+
+// compareFolded compares two canonical strings by their decoded text folded
+// as encoding/json folds member names (foldName): 0 when encoding/json takes
+// one for the other.
+func compareFolded(a, b []byte) int {
+	i, j := 1, 1
+	for {
+		var ra, rb rune
+		ra, i = nameRune(a, i)
+		rb, j = nameRune(b, j)
+		switch {
+		case i < 0 && j < 0:
+			return 0
+		case i < 0:
+			return -1
+		case j < 0:
+			return 1
+		}
+		if fa, fb := foldRuneJSON(ra), foldRuneJSON(rb); fa != fb {
+			return int(fa - fb)
+		}
+	}
+}
+
+// compareFoldedASCII is compareFolded for ASCII names without escapes.
+func compareFoldedASCII(a, b []byte) int {
+	for i := 1; ; i++ {
+		ca, cb := a[i], b[i]
+		if 'a' <= ca && ca <= 'z' {
+			ca -= 'a' - 'A'
+		}
+		if 'a' <= cb && cb <= 'z' {
+			cb -= 'a' - 'A'
+		}
+		switch {
+		case ca == cb && ca == '"':
+			return 0
+		case ca == '"':
+			return -1
+		case cb == '"':
+			return 1
+		case ca != cb:
+			return int(ca) - int(cb)
+		}
+	}
+}
+
+// nameRune is nameByte by runes: escapes are ASCII, other bytes UTF-8.
+func nameRune(s []byte, i int) (rune, int) {
+	if s[i] == '"' || s[i] == '\\' || s[i] < utf8.RuneSelf {
+		c, next := nameByte(s, i)
+		return rune(c), next
+	}
+	r, n := utf8.DecodeRune(s[i:])
+	return r, i + n
+}
+
+// foldRuneJSON folds one rune as foldName does.
+func foldRuneJSON(r rune) rune {
+	if r < utf8.RuneSelf {
+		if 'a' <= r && r <= 'z' {
+			r -= 'a' - 'A'
+		}
+		return r
+	}
+	return foldRune(r)
+}
+
+func (p *jsonParser) array(depth int) error {
 	if depth > MaxJSONDepth {
-		return jsonValue{}, p.errorf("nested deeper than %d", MaxJSONDepth)
+		return p.errorf("nested deeper than %d", MaxJSONDepth)
 	}
 	p.pos++ // [
-	v := jsonValue{kind: kindArray}
+	p.out = append(p.out, '[')
 	p.skipSpace()
 	if p.pos < len(p.data) && p.data[p.pos] == ']' {
 		p.pos++
-		return v, nil
+		p.out = append(p.out, ']')
+		return nil
 	}
-	for {
+	for n := 0; ; n++ {
 		p.skipSpace()
-		item, err := p.value(depth)
-		if err != nil {
-			return jsonValue{}, err
+		if n > 0 {
+			p.out = append(p.out, ',')
 		}
-		v.items = append(v.items, item)
+		if err := p.value(depth); err != nil {
+			return err
+		}
 		p.skipSpace()
 		if p.pos >= len(p.data) {
-			return jsonValue{}, p.errorf("unexpected end of input in an array")
+			return p.errorf("unexpected end of input in an array")
 		}
 		switch p.data[p.pos] {
 		case ',':
@@ -262,44 +459,49 @@ func (p *jsonParser) array(depth int) (jsonValue, error) {
 		case ']':
 			p.pos++
 		default:
-			return jsonValue{}, p.errorf("want ',' or ']' in an array")
+			return p.errorf("want ',' or ']' in an array")
 		}
-		return v, nil
+		p.out = append(p.out, ']')
+		return nil
 	}
 }
 
-// string parses a JSON string at p.pos and returns its decoded text.
-func (p *jsonParser) string() (string, error) {
+// string parses a JSON string at p.pos and appends its canonical form:
+// escapes resolved, and '"', '\\' and control characters escaped one way.
+func (p *jsonParser) string() error {
 	p.pos++ // opening quote
 	start := p.pos
-	// Fast path: no escapes.
+	// Fast path: no escapes; the bytes are already canonical.
 	for p.pos < len(p.data) {
 		c := p.data[p.pos]
 		if c == '"' {
-			s := string(p.data[start:p.pos])
+			p.out = append(p.out, '"')
+			p.out = append(p.out, p.data[start:p.pos]...)
+			p.out = append(p.out, '"')
 			p.pos++
-			return s, nil
+			return nil
 		}
 		if c == '\\' {
 			break
 		}
 		if c < 0x20 {
-			return "", p.errorf("control character in a string")
+			return p.errorf("control character in a string")
 		}
 		p.pos++
 	}
-	var b strings.Builder
-	b.Write(p.data[start:p.pos])
+	p.out = append(p.out, '"')
+	p.out = append(p.out, p.data[start:p.pos]...)
 	for p.pos < len(p.data) {
 		c := p.data[p.pos]
 		switch {
 		case c == '"':
 			p.pos++
-			return b.String(), nil
+			p.out = append(p.out, '"')
+			return nil
 		case c < 0x20:
-			return "", p.errorf("control character in a string")
+			return p.errorf("control character in a string")
 		case c != '\\':
-			b.WriteByte(c)
+			p.out = append(p.out, c)
 			p.pos++
 			continue
 		}
@@ -311,45 +513,72 @@ func (p *jsonParser) string() (string, error) {
 		p.pos += 2
 		switch e {
 		case '"', '\\', '/':
-			b.WriteByte(e)
+			p.out = appendCanonicalByte(p.out, e)
 		case 'b':
-			b.WriteByte('\b')
+			p.out = appendCanonicalByte(p.out, '\b')
 		case 'f':
-			b.WriteByte('\f')
+			p.out = appendCanonicalByte(p.out, '\f')
 		case 'n':
-			b.WriteByte('\n')
+			p.out = appendCanonicalByte(p.out, '\n')
 		case 'r':
-			b.WriteByte('\r')
+			p.out = appendCanonicalByte(p.out, '\r')
 		case 't':
-			b.WriteByte('\t')
+			p.out = appendCanonicalByte(p.out, '\t')
 		case 'u':
 			r, err := p.hex4()
 			if err != nil {
-				return "", err
+				return err
 			}
 			switch {
 			case utf16.IsSurrogate(r) && r < 0xDC00: // high surrogate: a low one must follow
 				if p.pos+1 >= len(p.data) || p.data[p.pos] != '\\' || p.data[p.pos+1] != 'u' {
-					return "", p.errorf("unpaired UTF-16 surrogate")
+					return p.errorf("unpaired UTF-16 surrogate")
 				}
 				p.pos += 2
 				low, err := p.hex4()
 				if err != nil {
-					return "", err
+					return err
 				}
 				if low < 0xDC00 || low > 0xDFFF {
-					return "", p.errorf("unpaired UTF-16 surrogate")
+					return p.errorf("unpaired UTF-16 surrogate")
 				}
 				r = utf16.DecodeRune(r, low)
 			case utf16.IsSurrogate(r):
-				return "", p.errorf("unpaired UTF-16 surrogate")
+				return p.errorf("unpaired UTF-16 surrogate")
 			}
-			b.WriteRune(r)
+			if r < utf8.RuneSelf {
+				p.out = appendCanonicalByte(p.out, byte(r))
+			} else {
+				p.out = utf8.AppendRune(p.out, r)
+			}
 		default:
-			return "", p.errorf("invalid escape \\%c", e)
+			return p.errorf("invalid escape \\%c", e)
 		}
 	}
-	return "", p.errorf("unterminated string")
+	return p.errorf("unterminated string")
+}
+
+// appendCanonicalByte appends one ASCII byte of a string's text in its
+// canonical form.
+func appendCanonicalByte(out []byte, c byte) []byte {
+	const hex = "0123456789abcdef"
+	switch {
+	case c == '"' || c == '\\':
+		return append(out, '\\', c)
+	case c == '\b':
+		return append(out, '\\', 'b')
+	case c == '\t':
+		return append(out, '\\', 't')
+	case c == '\n':
+		return append(out, '\\', 'n')
+	case c == '\f':
+		return append(out, '\\', 'f')
+	case c == '\r':
+		return append(out, '\\', 'r')
+	case c < 0x20:
+		return append(out, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xF])
+	}
+	return append(out, c)
 }
 
 func (p *jsonParser) hex4() (rune, error) {
@@ -374,8 +603,8 @@ func (p *jsonParser) hex4() (rune, error) {
 	return r, nil
 }
 
-// number parses a JSON number at p.pos and returns its canonical text.
-func (p *jsonParser) number() (string, error) {
+// number parses a JSON number at p.pos and appends its canonical text.
+func (p *jsonParser) number() error {
 	start := p.pos
 	neg := false
 	if p.data[p.pos] == '-' {
@@ -392,10 +621,10 @@ func (p *jsonParser) number() (string, error) {
 	intStart := digitsFrom()
 	intPart := p.data[intStart:p.pos]
 	if len(intPart) == 0 {
-		return "", p.errorf("want a digit")
+		return p.errorf("want a digit")
 	}
 	if len(intPart) > 1 && intPart[0] == '0' {
-		return "", &jsonSyntaxError{offset: intStart, msg: "leading zero in a number"}
+		return &jsonSyntaxError{offset: intStart, msg: "leading zero in a number"}
 	}
 	var fracPart []byte
 	if p.pos < len(p.data) && p.data[p.pos] == '.' {
@@ -403,7 +632,7 @@ func (p *jsonParser) number() (string, error) {
 		fracStart := digitsFrom()
 		fracPart = p.data[fracStart:p.pos]
 		if len(fracPart) == 0 {
-			return "", p.errorf("want a digit after '.'")
+			return p.errorf("want a digit after '.'")
 		}
 	}
 	var exp int64
@@ -417,15 +646,15 @@ func (p *jsonParser) number() (string, error) {
 		expStart := digitsFrom()
 		expDigits := bytes.TrimLeft(p.data[expStart:p.pos], "0")
 		if p.pos == expStart {
-			return "", p.errorf("want a digit in the exponent")
+			return p.errorf("want a digit in the exponent")
 		}
 		if len(expDigits) > MaxJSONExponentDigits {
-			return "", &jsonSyntaxError{offset: start, msg: fmt.Sprintf("exponent longer than %d digits", MaxJSONExponentDigits)}
+			return &jsonSyntaxError{offset: start, msg: fmt.Sprintf("exponent longer than %d digits", MaxJSONExponentDigits)}
 		}
 		if len(expDigits) > 0 {
 			e, err := strconv.ParseInt(string(expDigits), 10, 64)
 			if err != nil { // cannot happen with at most 15 digits
-				return "", &jsonSyntaxError{offset: start, msg: "invalid exponent"}
+				return &jsonSyntaxError{offset: start, msg: "invalid exponent"}
 			}
 			exp = e
 		}
@@ -433,160 +662,204 @@ func (p *jsonParser) number() (string, error) {
 			exp = -exp
 		}
 	}
-	return canonicalNumber(neg, intPart, fracPart, exp), nil
+	p.out = appendCanonicalNumber(p.out, neg, intPart, fracPart, exp)
+	return nil
 }
 
-// canonicalNumber writes the exact value sign × int.frac × 10^exp in one
-// form per value.
-func canonicalNumber(neg bool, intPart, fracPart []byte, exp int64) string {
-	// value = digits × 10^e, digits without leading or trailing zeros.
-	digits := make([]byte, 0, len(intPart)+len(fracPart))
-	digits = append(digits, intPart...)
-	digits = append(digits, fracPart...)
+// appendCanonicalNumber appends the exact value sign × int.frac × 10^exp
+// in one form per value.
+func appendCanonicalNumber(out []byte, neg bool, intPart, fracPart []byte, exp int64) []byte {
+	// value = digits × 10^e, digits (int then frac) without leading or
+	// trailing zeros: digit(k) for k in [from, to).
+	digit := func(k int) byte {
+		if k < len(intPart) {
+			return intPart[k]
+		}
+		return fracPart[k-len(intPart)]
+	}
+	total := len(intPart) + len(fracPart)
 	e := exp - int64(len(fracPart))
-	i := 0
-	for i < len(digits) && digits[i] == '0' {
-		i++
+	from := 0
+	for from < total && digit(from) == '0' {
+		from++
 	}
-	digits = digits[i:]
-	if len(digits) == 0 {
-		return "0" // also -0
+	if from == total {
+		return append(out, '0') // also -0
 	}
-	j := len(digits)
-	for digits[j-1] == '0' {
-		j--
+	to := total
+	for digit(to-1) == '0' {
+		to--
 	}
-	e += int64(len(digits) - j)
-	digits = digits[:j]
-
-	var b strings.Builder
+	e += int64(total - to)
+	digits := func(out []byte, a, b int) []byte {
+		for k := a; k < b; k++ {
+			out = append(out, digit(from+k))
+		}
+		return out
+	}
 	if neg {
-		b.WriteByte('-')
+		out = append(out, '-')
 	}
-	n := int64(len(digits))
+	n := int64(to - from)
 	point := n + e // position of the decimal point from the first digit
 	switch {
 	case e >= 0 && point <= 21:
-		b.Write(digits)
-		b.WriteString(strings.Repeat("0", int(e)))
+		out = digits(out, 0, int(n))
+		for range e {
+			out = append(out, '0')
+		}
 	case e < 0 && point > 0:
-		b.Write(digits[:point])
-		b.WriteByte('.')
-		b.Write(digits[point:])
+		out = digits(out, 0, int(point))
+		out = append(out, '.')
+		out = digits(out, int(point), int(n))
 	case e < 0 && point > -6:
-		b.WriteString("0.")
-		b.WriteString(strings.Repeat("0", int(-point)))
-		b.Write(digits)
+		out = append(out, '0', '.')
+		for range -point {
+			out = append(out, '0')
+		}
+		out = digits(out, 0, int(n))
 	default:
-		b.WriteByte(digits[0])
+		out = digits(out, 0, 1)
 		if n > 1 {
-			b.WriteByte('.')
-			b.Write(digits[1:])
+			out = append(out, '.')
+			out = digits(out, 1, int(n))
 		}
-		b.WriteByte('e')
+		out = append(out, 'e')
 		if point-1 >= 0 {
-			b.WriteByte('+')
+			out = append(out, '+')
 		}
-		b.WriteString(strconv.FormatInt(point-1, 10))
+		out = strconv.AppendInt(out, point-1, 10)
 	}
-	return b.String()
+	return out
 }
 
-func (v *jsonValue) writeCanonical(b *bytes.Buffer) {
-	switch v.kind {
-	case kindNull:
-		b.WriteString("null")
-	case kindFalse:
-		b.WriteString("false")
-	case kindTrue:
-		b.WriteString("true")
-	case kindNumber:
-		b.WriteString(v.text)
-	case kindString:
-		writeCanonicalString(b, v.text)
-	case kindArray:
-		b.WriteByte('[')
-		for i := range v.items {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			v.items[i].writeCanonical(b)
-		}
-		b.WriteByte(']')
-	case kindObject:
-		b.WriteByte('{')
-		for i := range v.members {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			writeCanonicalString(b, v.members[i].name)
-			b.WriteByte(':')
-			v.members[i].value.writeCanonical(b)
-		}
-		b.WriteByte('}')
-	}
-}
-
-func writeCanonicalString(b *bytes.Buffer, s string) {
-	const hex = "0123456789abcdef"
-	b.WriteByte('"')
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c == '"' || c == '\\':
-			b.WriteByte('\\')
-			b.WriteByte(c)
-		case c == '\b':
-			b.WriteString(`\b`)
-		case c == '\t':
-			b.WriteString(`\t`)
-		case c == '\n':
-			b.WriteString(`\n`)
-		case c == '\f':
-			b.WriteString(`\f`)
-		case c == '\r':
-			b.WriteString(`\r`)
-		case c < 0x20:
-			b.WriteString(`\u00`)
-			b.WriteByte(hex[c>>4])
-			b.WriteByte(hex[c&0xF])
-		default:
-			b.WriteByte(c)
-		}
-	}
-	b.WriteByte('"')
-}
-
-// lookup returns the value at an RFC 6901 JSON Pointer ("" is the whole
-// value, "/a/0/b~1c" the member "b/c" of the first item of member "a").
-func (v *jsonValue) lookup(pointer string) (*jsonValue, bool) {
+// lookupCanonical returns the value at an RFC 6901 JSON Pointer ("" is the
+// whole value, "/a/0/b~1c" the member "b/c" of the first item of member
+// "a") in the canonical JSON c, itself canonical.
+func lookupCanonical(c []byte, pointer string) ([]byte, bool) {
 	if pointer == "" {
-		return v, true
+		return c, true
 	}
-	cur := v
 	for _, tok := range strings.Split(pointer[1:], "/") {
 		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
-		switch cur.kind {
-		case kindObject:
-			i, ok := slices.BinarySearchFunc(cur.members, tok, func(m jsonMember, name string) int {
-				return strings.Compare(m.name, name)
-			})
-			if !ok {
+		switch c[0] {
+		case '{':
+			i, found := 1, false
+			for c[i] != '}' {
+				nameEnd := skipCanonical(c, i)
+				valueEnd := skipCanonical(c, nameEnd+1)
+				if nameIs(c[i:nameEnd], tok) {
+					c, found = c[nameEnd+1:valueEnd], true
+					break
+				}
+				i = valueEnd
+				if c[i] == ',' {
+					i++
+				}
+			}
+			if !found {
 				return nil, false
 			}
-			cur = &cur.members[i].value
-		case kindArray:
+		case '[':
 			if tok == "" || (len(tok) > 1 && tok[0] == '0') {
 				return nil, false
 			}
-			i, err := strconv.Atoi(tok)
-			if err != nil || i < 0 || i >= len(cur.items) {
+			n, err := strconv.Atoi(tok)
+			if err != nil || n < 0 {
 				return nil, false
 			}
-			cur = &cur.items[i]
+			i := 1
+			for ; n > 0 && c[i] != ']'; n-- {
+				i = skipCanonical(c, i)
+				if c[i] == ',' {
+					i++
+				}
+			}
+			if c[i] == ']' {
+				return nil, false
+			}
+			c = c[i:skipCanonical(c, i)]
 		default:
 			return nil, false
 		}
 	}
-	return cur, true
+	return c, true
+}
+
+// nameIs reports whether the canonical string s decodes to name.
+func nameIs(s []byte, name string) bool {
+	i := 1
+	for k := 0; ; k++ {
+		var c byte
+		c, i = nameByte(s, i)
+		if i < 0 {
+			return k == len(name)
+		}
+		if k >= len(name) || name[k] != c {
+			return false
+		}
+	}
+}
+
+// skipCanonical returns the index just past the canonical JSON value that
+// starts at c[i].
+func skipCanonical(c []byte, i int) int {
+	switch c[i] {
+	case '"':
+		for i++; c[i] != '"'; i++ {
+			if c[i] == '\\' {
+				i++
+			}
+		}
+		return i + 1
+	case '{', '[':
+		depth := 0
+		for ; ; i++ {
+			switch c[i] {
+			case '"':
+				i = skipCanonical(c, i) - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return i + 1
+				}
+			}
+		}
+	}
+	for i < len(c) && c[i] != ',' && c[i] != '}' && c[i] != ']' && c[i] != ':' {
+		i++
+	}
+	return i
+}
+
+// foldName returns name folded as encoding/json matches member names to
+// struct fields: two names are equal once folded exactly when
+// encoding/json takes one for the other (ASCII letters and Unicode simple
+// case folding).
+func foldName(name string) string {
+	var b strings.Builder
+	b.Grow(len(name))
+	for _, r := range name {
+		if r < utf8.RuneSelf {
+			if 'a' <= r && r <= 'z' {
+				r -= 'a' - 'A'
+			}
+			b.WriteByte(byte(r))
+			continue
+		}
+		b.WriteRune(foldRune(r))
+	}
+	return b.String()
+}
+
+// foldRune returns the smallest rune of r's simple case folding orbit.
+func foldRune(r rune) rune {
+	for {
+		r2 := unicode.SimpleFold(r)
+		if r2 <= r {
+			return r2
+		}
+		r = r2
+	}
 }

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"mime"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -29,6 +31,12 @@ const (
 	MaxRequestBytesDefault = 1 << 20
 	// MaxResponseBytesDefault is the longest response body stored (1 MiB).
 	MaxResponseBytesDefault = 1 << 20
+	// MaxWaitersDefault is how many requests of a middleware may wait at
+	// once (Config.Wait), on all keys.
+	MaxWaitersDefault = 16
+	// MaxKeyWaitersDefault is how many requests of a middleware may wait at
+	// once on one key.
+	MaxKeyWaitersDefault = 4
 )
 
 // StoredHeadersDefault is the response header allow-list used when
@@ -48,7 +56,8 @@ var deniedHeaders = []string{
 var ErrInvalidConfig = fmt.Errorf("idemhttp: %w", idemkit.ErrInvalidConfig)
 
 // IntentFunc returns the bytes that define a request's intent; the
-// fingerprint is the SHA-256 of the operation and these bytes. body is the
+// fingerprint is the hash of the operation, the request's method and path,
+// and these bytes. body is the
 // whole request body (also readable by the handler afterwards). An error
 // matching ErrInvalidJSON answers 400 invalid_json, any other error 400
 // invalid_request with the error's text as message.
@@ -60,18 +69,40 @@ type Config struct {
 	// public.idempotency_records on the clock time.Now.
 	Store *Store
 
-	// Account returns the tenant a request acts for, typically from the
-	// authentication your earlier middleware put in the context. Keys are
-	// scoped by it: two accounts never see each other's records. It must
+	// FingerprintKeys are the server-side secrets a request's fingerprint is
+	// keyed with (HMAC-SHA256), so that someone who reads the records (the
+	// table, a backup, Redis) cannot test guesses of a request's content
+	// against them: a card number whose first six and last four digits are
+	// known, a PIN, a one-time code. The first keys every new fingerprint;
+	// the others are older secrets, still accepted when a stored fingerprint
+	// is compared. Each is at least MinFingerprintKeyLength (32) random
+	// bytes, kept like any other secret, and the same on every process
+	// sharing the records. To rotate: add the new secret at the end of the
+	// list on every process, then move it to the front, then drop the old
+	// one a TTL later (a process that does not know a record's secret
+	// answers 422 to its retries). Required: without it, New fails.
+	FingerprintKeys [][]byte
+
+	// Account returns the principal a request acts for, typically from the
+	// authentication your earlier middleware put in the context: the user
+	// or API client, not only the tenant, since a replay skips the
+	// handler's own permission checks. Keys are scoped by it: two accounts
+	// never see each other's records. It must
 	// return a non-empty string of at most MaxAccountLength bytes; an error
 	// answers 401 unauthorized (authenticate before this middleware to
 	// answer otherwise). Required.
 	Account func(r *http.Request) (string, error)
 
-	// Operation names what a request does, the second part of the scope.
-	// Defaults to OperationDefault: the method and the http.ServeMux pattern
-	// that matched ("POST /payments/{id}/refunds"), else the method and the
-	// URL path. An operation longer than MaxOperationLength, not valid
+	// Operation names what a request does, the second part of the scope. It
+	// is also the operation label of the metrics (module
+	// github.com/idemkit/idemkit/otel): return one of a bounded set of names,
+	// never something taken from the request as the client wrote it. The
+	// fingerprint covers the request's method and path whatever this
+	// returns, so that one key on two resources of an operation
+	// (/payments/1/refunds, /payments/2/refunds) answers 422. Defaults to
+	// OperationDefault: the method and the http.ServeMux pattern that
+	// matched ("POST /payments/{id}/refunds"), else the method and
+	// "unmatched". An operation longer than MaxOperationLength, not valid
 	// UTF-8 or holding NUL answers 400 operation_invalid.
 	Operation func(r *http.Request) string
 
@@ -129,11 +160,19 @@ type Config struct {
 	// request to finish (then it is answered with the replay, or runs the
 	// handler if the first released the key) before it gets 409
 	// request_in_flight. It is woken by the holder's end, not by polling
-	// (see the package documentation, Waiting), and holds a pooled
-	// connection while it waits. Set it on every middleware of an operation:
-	// a holder takes the lock waiters wait on only when its own Wait is set.
-	// Defaults to 0: 409 at once.
+	// (see the package documentation, Waiting); with the PostgreSQL store it
+	// waits on a connection of its own, outside the pool. Set it on every
+	// middleware of an operation: with NoLeaseTakeover a holder takes the
+	// lock waiters wait on only when its own Wait is set. Defaults to 0: 409
+	// at once.
 	Wait time.Duration
+
+	// MaxWaiters bounds the requests of this middleware that wait at once
+	// (Wait), on all keys, and MaxKeyWaiters those on one key: a request
+	// past either bound does not wait, and gets 409 request_in_flight at
+	// once if its key is in flight. Default to MaxWaitersDefault (16) and
+	// MaxKeyWaitersDefault (4).
+	MaxWaiters, MaxKeyWaiters int
 
 	// RetryAfter is the Retry-After sent with 409 request_in_flight and
 	// lease_lost, and 503 store_unavailable. Defaults to RetryAfterDefault
@@ -188,31 +227,60 @@ func RetryableDefault(status int) bool {
 		status == http.StatusTooManyRequests
 }
 
+// OperationUnmatched is the route part of OperationDefault's operation
+// for a request that carries no http.ServeMux pattern.
+const OperationUnmatched = "unmatched"
+
+// OperationOther is the method part of OperationDefault's operation for a
+// method that is not one of the standard ones (RFC 9110 and PATCH).
+const OperationOther = "OTHER"
+
 // OperationDefault returns the method and the route pattern http.ServeMux
 // matched (r.Pattern, without the method it may start with, so that "POST
 // /payments" and "/payments" both give "POST /payments"), or the method and
-// the URL path when no pattern is set (other routers, or a middleware
-// wrapped around the mux rather than the route's handler: wrap the handler
-// you register to get the pattern).
+// OperationUnmatched ("POST unmatched") when no pattern is set (other
+// routers, or a middleware wrapped around the mux rather than the route's
+// handler: wrap the handler you register to get the pattern). A method
+// that is not standard counts as OperationOther. So the operations are a
+// bounded set, whatever the client sends: the patterns you register times
+// ten methods, or ten without patterns (the operation is a label of the
+// metrics of module github.com/idemkit/idemkit/otel). The request's own
+// method and path are in its fingerprint, whatever the operation.
 func OperationDefault(r *http.Request) string {
+	m := r.Method
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete,
+		http.MethodConnect, http.MethodOptions, http.MethodTrace:
+	default:
+		m = OperationOther
+	}
 	p := r.Pattern
 	if p == "" {
-		return r.Method + " " + r.URL.Path
+		return m + " " + OperationUnmatched
 	}
 	if i := strings.IndexAny(p, " \t"); i >= 0 && !strings.Contains(p[:i], "/") {
 		p = strings.TrimLeft(p[i:], " \t")
 	}
-	return r.Method + " " + p
+	return m + " " + p
 }
 
 // IntentDefault defines a request's intent by its query (sorted by
-// parameter) and its body: the canonical JSON (CanonicalJSON) of a body
-// whose Content-Type is application/json or ends in +json, else the raw
-// bytes. So key order, whitespace and number forms of JSON do not change
-// the fingerprint; any change of a value does.
+// parameter), its media type (Content-Type, normalised: its type and
+// parameter names in lower case) and its body: the canonical JSON
+// (CanonicalJSON) of a body whose Content-Type is application/json or ends
+// in +json, else the raw bytes. So key order, whitespace and number forms of
+// JSON do not change the fingerprint; any change of a value does, and so
+// does another media type. A query url.ParseQuery cannot read whole (a
+// semicolon, a bad escape) is refused (400 invalid_request): the pairs it
+// drops would not count.
 func IntentDefault(r *http.Request, body []byte) ([]byte, error) {
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return nil, fmt.Errorf("the query cannot be read whole: %w", err)
+	}
 	var b bytes.Buffer
-	writeField(&b, []byte(r.URL.Query().Encode()))
+	writeField(&b, []byte(q.Encode()))
+	writeField(&b, []byte(mediaType(r.Header.Get("Content-Type"))))
 	if len(body) > 0 && isJSON(r.Header.Get("Content-Type")) {
 		c, err := CanonicalJSON(body)
 		if err != nil {
@@ -240,25 +308,33 @@ func IntentJSON(pointers ...string) IntentFunc {
 		ps[i] = p
 	}
 	return func(_ *http.Request, body []byte) ([]byte, error) {
-		v, err := parseJSON(body)
+		p, err := canonicalize(body)
 		if err != nil {
 			return nil, err
 		}
-		var b, c bytes.Buffer
-		for _, p := range ps {
-			writeField(&b, []byte(p))
-			sel, ok := v.lookup(p)
+		var b bytes.Buffer
+		for _, ptr := range ps {
+			writeField(&b, []byte(ptr))
+			sel, ok := lookupCanonical(p.out, ptr)
 			if !ok {
 				b.WriteByte(0)
 				continue
 			}
 			b.WriteByte(1)
-			c.Reset()
-			sel.writeCanonical(&c)
-			writeField(&b, c.Bytes())
+			writeField(&b, sel)
 		}
 		return b.Bytes(), nil
 	}
+}
+
+// mediaType returns a Content-Type in one form per media type, or as it is
+// when it does not parse.
+func mediaType(contentType string) string {
+	mt, params, err := mime.ParseMediaType(contentType)
+	if err != nil {
+		return strings.TrimSpace(contentType)
+	}
+	return mime.FormatMediaType(mt, params)
 }
 
 func isJSON(contentType string) bool {
@@ -277,14 +353,31 @@ func writeField(b *bytes.Buffer, p []byte) {
 	b.Write(p)
 }
 
-// fingerprint is the SHA-256 of a version tag, the operation and the intent.
-func fingerprint(operation string, intent []byte) []byte {
+// MinFingerprintKeyLength is the shortest secret Config.FingerprintKeys
+// accepts, in bytes.
+const MinFingerprintKeyLength = 32
+
+// fingerprints returns the HMAC-SHA256, under each of keys, of a version
+// tag, the operation, the request's method and path (as sent, escaped: the
+// resource it names) and the intent: the fingerprint under the first key,
+// and those under the older ones.
+func fingerprints(keys [][]byte, operation string, r *http.Request, intent []byte) ([]byte, [][]byte) {
 	var b bytes.Buffer
-	b.WriteString("idemhttp/1\n")
+	b.WriteString("idemhttp/2\n")
 	writeField(&b, []byte(operation))
+	writeField(&b, []byte(r.Method))
+	writeField(&b, []byte(r.URL.EscapedPath()))
 	writeField(&b, intent)
-	sum := sha256.Sum256(b.Bytes())
-	return sum[:]
+	sum := func(k []byte) []byte {
+		m := hmac.New(sha256.New, k)
+		m.Write(b.Bytes())
+		return m.Sum(nil)
+	}
+	var older [][]byte
+	for _, k := range keys[1:] {
+		older = append(older, sum(k))
+	}
+	return sum(keys[0]), older
 }
 
 // withDefaults returns a validated copy of c with every default applied.
@@ -292,6 +385,19 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Account == nil {
 		return c, fmt.Errorf("%w: Account is required", ErrInvalidConfig)
 	}
+	if len(c.FingerprintKeys) == 0 {
+		return c, fmt.Errorf("%w: FingerprintKeys is required: at least one secret of %d random bytes or more",
+			ErrInvalidConfig, MinFingerprintKeyLength)
+	}
+	keys := make([][]byte, len(c.FingerprintKeys))
+	for i, k := range c.FingerprintKeys {
+		if len(k) < MinFingerprintKeyLength {
+			return c, fmt.Errorf("%w: FingerprintKeys[%d] has %d bytes, fewer than %d",
+				ErrInvalidConfig, i, len(k), MinFingerprintKeyLength)
+		}
+		keys[i] = bytes.Clone(k)
+	}
+	c.FingerprintKeys = keys
 	if c.Operation == nil {
 		c.Operation = OperationDefault
 	}
@@ -327,6 +433,11 @@ func (c Config) withDefaults() (Config, error) {
 	if c.MaxRequestBytes < 0 || c.MaxResponseBytes < 0 {
 		return c, fmt.Errorf("%w: negative MaxRequestBytes or MaxResponseBytes", ErrInvalidConfig)
 	}
+	if c.MaxWaiters < 0 || c.MaxKeyWaiters < 0 {
+		return c, fmt.Errorf("%w: negative MaxWaiters or MaxKeyWaiters", ErrInvalidConfig)
+	}
+	c.MaxWaiters = cmp.Or(c.MaxWaiters, MaxWaitersDefault)
+	c.MaxKeyWaiters = cmp.Or(c.MaxKeyWaiters, MaxKeyWaitersDefault)
 	c.MaxRequestBytes = cmp.Or(c.MaxRequestBytes, MaxRequestBytesDefault)
 	c.MaxResponseBytes = cmp.Or(c.MaxResponseBytes, MaxResponseBytesDefault)
 	allowed := make([]string, 0, len(c.StoredHeaders))
@@ -353,6 +464,17 @@ func storedHeader(h http.Header, allowed []string) http.Header {
 		if v, ok := h[k]; ok && len(v) > 0 {
 			out[k] = append([]string(nil), v...)
 		}
+	}
+	return out
+}
+
+// canonicalHeader returns h with its names in canonical form, as a stored
+// record may hold them otherwise.
+func canonicalHeader(h http.Header) http.Header {
+	out := make(http.Header, len(h))
+	for k, v := range h {
+		ck := http.CanonicalHeaderKey(k)
+		out[ck] = append(out[ck], v...)
 	}
 	return out
 }

@@ -11,7 +11,10 @@
 // Config.Account (your authentication), the operation from the method and
 // the route pattern (Config.Operation), the key from the Idempotency-Key
 // header. Accounts never see each other's records; the same key on two
-// operations is two keys.
+// operations is two keys. A replay skips the handler, and with it the
+// handler's own permission checks: make the account identify the principal
+// (the user or API client), not only the tenant, unless everyone in a
+// tenant may see every response of the tenant.
 //
 // Holding a key, in transaction mode (the default). A request holds its
 // key with a PostgreSQL advisory lock on it, taken in the transaction its
@@ -28,8 +31,10 @@
 // outbox messages and the record commit together or not at all. A first
 // request so costs three round trips (the handler's statements aside) and
 // writes its record once, with no UPDATE. While a request is in flight its
-// key has no record: a duplicate with another body gets 409 until the first
-// completes, and 422 from then on. A holder whose process crashed holds
+// key has no record; its holder also holds a lock on the key and its
+// fingerprint, shared, and a request with another body, which can take
+// that lock for its own fingerprint, so learns in the same round trip that
+// it differs: 422. A holder whose process crashed holds
 // nothing: PostgreSQL ends its session, rolls its transaction back and
 // frees the lock, and the next request runs at once.
 //
@@ -49,12 +54,21 @@
 // The response is buffered and sent only after the commit, so a client never
 // sees a success that was not committed.
 //
-// Fingerprint. Each request has a fingerprint: the SHA-256 of the operation
-// and the request's intent (Config.Intent). By default the intent is the
-// sorted query and the canonical JSON of a JSON body (CanonicalJSON: key
-// order, insignificant whitespace and number forms do not matter), else the
-// raw body; IntentJSON selects the members that define the intent. Headers,
-// credentials and the body itself are never stored, only the hash.
+// Fingerprint. Each request has a fingerprint: the HMAC-SHA256, keyed with
+// a server-side secret (Config.FingerprintKeys, required and rotatable), of
+// the operation, the request's method and path (as sent: the same key on
+// /payments/1/refunds and /payments/2/refunds answers 422) and its intent
+// (Config.Intent). Keyed, so that whoever reads the records (the table, a
+// backup, Redis) but not the secret cannot test guesses of a request's
+// content against them: a plain hash of a card number whose first six and
+// last four digits are known falls to a hundred thousand guesses. By
+// default the intent is the sorted query (a query that does not parse whole
+// is refused), the media type and the canonical JSON of a JSON body
+// (CanonicalJSON: key order, insignificant whitespace and number forms do
+// not matter; members whose names differ only in case are refused), else
+// the raw body; IntentJSON selects the members that
+// define the intent. Headers, credentials and the body itself are never
+// stored, only the keyed hash.
 //
 // Answers to a request whose key has a live record:
 //
@@ -64,7 +78,8 @@
 //     Config.Wait, the answer once the first request finishes (see Waiting);
 //     once its lease ended, in transaction mode, the request takes it over
 //     and runs (see Leases);
-//   - COMPLETED: the stored status, allow-listed headers and body, with
+//   - COMPLETED: the stored status, headers (those the allow-list,
+//     Config.StoredHeaders, names at the replay) and body, with
 //     Idempotent-Replayed: true;
 //   - FAILED or UNKNOWN (set by a reconciler): 409 operation_failed or
 //     outcome_unknown.
@@ -85,30 +100,33 @@
 // "message":"..."}} with the stable codes of the Code constants: 400 for a
 // missing or malformed key (empty, longer than 255 bytes, not printable
 // ASCII), an invalid JSON body or an operation that cannot be stored (longer
-// than 1024 bytes, invalid UTF-8 or NUL: a default operation holds the URL
-// path the client sent), 401 when Config.Account fails, 413 past
+// than 1024 bytes, invalid UTF-8 or NUL: only an Operation function of
+// yours can return one), 401 when Config.Account fails, 413 past
 // Config.MaxRequestBytes, 503 store_unavailable when PostgreSQL fails.
 //
 // # Waiting
 //
 // By default a request whose key is in flight is answered 409 at once, and
 // the client retries. With Config.Wait, it waits instead, at most Wait, and
-// is woken by the holder's end, not by polling: in transaction mode it asks
-// for the key's lock with pg_advisory_xact_lock bounded by lock_timeout
-// (what is left of Wait; the handler's statements then run with the
-// lock_timeout the session had), so PostgreSQL grants it the moment the holder
-// commits, rolls back or loses its connection; it then reads the record as
-// a first request does: COMPLETED gives the replay, no record (the holder
-// released the key: 5xx, panic) makes it run the handler itself, holding the
-// lock it got. The first look never blocks, so replays of a completed
-// key do not queue on its lock; a waiter's lease starts when it holds the
-// key. With a record of its own (NoLeaseTakeover) the holder takes an
-// advisory lock on its record's token and waiters wait on that. When Wait
-// ends first, the request gets 409 request_in_flight. A holder running with
-// Config.NoTx holds no transaction during its handler, so its waiters look
-// at the record again after a pause that doubles up to 50ms. Each waiting
-// request holds a pooled connection while it waits: size the pool for the
-// waiters you expect, or keep Wait short.
+// is woken by the holder's end, not by polling: in transaction mode it asks,
+// on a connection of its own outside the pool, for the lock of its key and
+// fingerprint, which the holder holds until its transaction ends, bounded
+// by lock_timeout (what is left of Wait), so PostgreSQL grants it the
+// moment the holder commits, rolls back or loses its connection; it then
+// looks at the key again as a first request does: COMPLETED gives the
+// replay, no record (the holder released the key: 5xx, panic) makes it run
+// the handler itself. Looks never block, so replays of a completed key do
+// not queue on its lock; a waiter's lease starts when it holds the key.
+// With a record of its own (NoLeaseTakeover) the holder takes an advisory
+// lock on its record's token and waiters wait on that, the same way. When
+// Wait ends first, the request gets 409 request_in_flight. A holder running
+// with Config.NoTx holds no transaction during its handler, so its waiters
+// look at the record again after a pause that doubles up to 50ms. Waiting
+// requests hold no pooled connection (each its own while it waits), and are
+// bounded per middleware: at most Config.MaxWaiters in all and
+// Config.MaxKeyWaiters per key; a request past either bound gets 409 at
+// once. A request waits at most 5 seconds for a pooled connection, then
+// gets 503 store_unavailable.
 //
 // # Leases, takeover, reconciliation and expiry
 //

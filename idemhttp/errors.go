@@ -20,9 +20,8 @@ const (
 	CodeInvalidJSON = "invalid_json"
 	// CodeInvalidRequest (400): the Intent function rejected the request.
 	CodeInvalidRequest = "invalid_request"
-	// CodeOperationInvalid (400): the request's operation (Config.Operation;
-	// by default the method and the route pattern or URL path) is longer
-	// than MaxOperationLength, not valid UTF-8 or holds NUL.
+	// CodeOperationInvalid (400): the request's operation (Config.Operation)
+	// is longer than MaxOperationLength, not valid UTF-8 or holds NUL.
 	CodeOperationInvalid = "operation_invalid"
 	// CodeUnauthorized (401): the Account function returned an error.
 	CodeUnauthorized = "unauthorized"

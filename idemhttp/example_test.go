@@ -2,6 +2,7 @@ package idemhttp_test
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -26,9 +27,15 @@ func ExampleMiddleware() {
 	if err != nil {
 		panic(err)
 	}
+	// 32 random bytes or more, from your secret store and the same on every
+	// process; crypto/rand makes one for this example.
+	secret := make([]byte, 32)
+	_, _ = rand.Read(secret)
 	mw, err := idemhttp.New(pool, &idemhttp.Config{
 		Store: store,
-		// Your authentication decides the tenant; keys are scoped by it.
+		// The stored fingerprints are keyed with it (see FingerprintKeys).
+		FingerprintKeys: [][]byte{secret},
+		// Your authentication decides the principal; keys are scoped by it.
 		Account: func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil },
 	})
 	if err != nil {
@@ -140,10 +147,15 @@ func ExampleConfig_wait() {
 	if err != nil {
 		panic(err)
 	}
+	// 32 random bytes or more, from your secret store and the same on every
+	// process; crypto/rand makes one for this example.
+	secret := make([]byte, 32)
+	_, _ = rand.Read(secret)
 	mw, err := idemhttp.New(pool, &idemhttp.Config{
-		Store:   store,
-		Account: func(*http.Request) (string, error) { return "acct-1", nil },
-		Wait:    10 * time.Second, // woken when the first request commits
+		Store:           store,
+		FingerprintKeys: [][]byte{secret},
+		Account:         func(*http.Request) (string, error) { return "acct-1", nil },
+		Wait:            10 * time.Second, // woken when the first request commits
 	})
 	if err != nil {
 		panic(err)

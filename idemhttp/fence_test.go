@@ -21,7 +21,7 @@ func reviewServer(t *testing.T, pool *pgxpool.Pool, store *idemhttp.Store, h htt
 	tweak func(*idemhttp.Config)) (*httptest.Server, *logBuffer) {
 	t.Helper()
 	logs := &logBuffer{}
-	cfg := &idemhttp.Config{Store: store, Account: accountFromHeader,
+	cfg := &idemhttp.Config{Store: store, Account: accountFromHeader, FingerprintKeys: testKeys,
 		Logger: slog.New(slog.NewTextHandler(logs, nil))}
 	if tweak != nil {
 		tweak(cfg)

@@ -110,10 +110,9 @@ func validateAccount(a string) error {
 	return nil
 }
 
-// validateOperation checks an operation the Operation function returned. The
-// default one holds the request's URL path, which the client controls: a
-// path with NUL ("%00") or invalid UTF-8 ("%ff") cannot be stored in a text
-// column, and a very long one not in the records' primary key.
+// validateOperation checks an operation the Operation function returned:
+// one with NUL or invalid UTF-8 cannot be stored in a text column, and a
+// very long one not in the records' primary key.
 func validateOperation(op string) error {
 	switch {
 	case len(op) > MaxOperationLength:

@@ -44,7 +44,7 @@ func testCompletionWrites(t *testing.T, record bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw, err := idemhttp.New(pool, &idemhttp.Config{Store: store, Account: accountFromHeader,
+	mw, err := idemhttp.New(pool, &idemhttp.Config{Store: store, Account: accountFromHeader, FingerprintKeys: testKeys,
 		NoLeaseTakeover: record, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)

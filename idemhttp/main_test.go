@@ -26,6 +26,9 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m, nil) }
 
+// testKeys is the tests' Config.FingerprintKeys.
+var testKeys = [][]byte{[]byte("idemhttp tests: a fingerprint secret of 32 bytes or more")}
+
 // migrated is a testenv setup function: idemkit's migrations with default
 // table names in the test's schema, plus the tests' business table.
 func migrated(ctx context.Context, pool *pgxpool.Pool, schema string) error {
@@ -127,9 +130,10 @@ func newEnv(t *testing.T, tweaks ...func(*idemhttp.Config)) *env {
 	}
 	e.store = store
 	cfg := &idemhttp.Config{
-		Store:   store,
-		Account: accountFromHeader,
-		Logger:  slog.New(slog.NewTextHandler(e.logs, nil)),
+		Store:           store,
+		Account:         accountFromHeader,
+		FingerprintKeys: testKeys,
+		Logger:          slog.New(slog.NewTextHandler(e.logs, nil)),
 	}
 	for _, tweak := range tweaks {
 		if tweak != nil {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -21,6 +22,58 @@ type Middleware struct {
 	backend Backend
 	store   *Store // nil unless the records are in PostgreSQL (New)
 	cfg     Config
+	waiters waiters
+}
+
+// waiters counts the requests that may wait (Config.Wait), in all and per
+// scope, while they are in Backend.Reserve.
+type waiters struct {
+	mu    sync.Mutex
+	total int
+	byKey map[string]int
+}
+
+// enter takes a place for a request of scope k, unless the bounds are
+// reached; leave gives it back.
+func (w *waiters) enter(k string, maxTotal, maxKey int) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.total >= maxTotal || w.byKey[k] >= maxKey {
+		return false
+	}
+	if w.byKey == nil {
+		w.byKey = map[string]int{}
+	}
+	w.total++
+	w.byKey[k]++
+	return true
+}
+
+func (w *waiters) leave(k string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.total--
+	if w.byKey[k]--; w.byKey[k] == 0 {
+		delete(w.byKey, k)
+	}
+}
+
+// reserve calls the backend's Reserve, without waiting when the bounds on
+// waiting requests are reached.
+func (m *Middleware) reserve(ctx context.Context, req *Request) (Reservation, error) {
+	if req.Wait > 0 {
+		var b bytes.Buffer
+		writeField(&b, []byte(req.Account))
+		writeField(&b, []byte(req.Operation))
+		writeField(&b, []byte(req.Key))
+		k := b.String()
+		if m.waiters.enter(k, m.cfg.MaxWaiters, m.cfg.MaxKeyWaiters) {
+			defer m.waiters.leave(k)
+		} else {
+			req.Wait = 0
+		}
+	}
+	return m.backend.Reserve(ctx, req)
 }
 
 // New returns a Middleware whose records live in PostgreSQL, in cfg.Store,
@@ -170,9 +223,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.fail(w, r, http.StatusBadRequest, CodeInvalidRequest, err.Error())
 		return
 	}
-	req.Fingerprint = fingerprint(operation, intent)
+	req.Fingerprint, req.OlderFingerprints = fingerprints(m.cfg.FingerprintKeys, operation, r, intent)
 
-	res, err := m.backend.Reserve(r.Context(), req)
+	res, err := m.reserve(r.Context(), req)
 	if err != nil {
 		log.ErrorContext(r.Context(), "idemhttp: reserve failed", slog.Any("err", err))
 		m.fail(w, r, http.StatusServiceUnavailable, CodeStoreUnavailable, "the idempotency store is unavailable")
@@ -200,15 +253,18 @@ func readBody(r *http.Request, limit int64) ([]byte, error) {
 
 // answerExisting answers a request whose key has a live record it does not hold.
 func (m *Middleware) answerExisting(w http.ResponseWriter, r *http.Request, req *Request, res Reservation) {
-	if res.Fingerprint != nil && !bytes.Equal(res.Fingerprint, req.Fingerprint) {
+	if res.Mismatch || (res.Fingerprint != nil && !req.SameRequest(res.Fingerprint)) {
 		m.fail(w, r, http.StatusUnprocessableEntity, CodeKeyReused,
 			"this Idempotency-Key was used with a different request; use a new key for a new request")
 		return
 	}
 	switch res.State {
 	case StateCompleted:
+		// The stored headers go through the allow-list again: a record
+		// stored under another allow-list (or written by anything else)
+		// replays only what this middleware would store.
 		h := w.Header()
-		for k, v := range res.Response.Header {
+		for k, v := range storedHeader(canonicalHeader(res.Response.Header), m.cfg.StoredHeaders) {
 			h[k] = v
 		}
 		h.Set(HeaderReplayed, "true")

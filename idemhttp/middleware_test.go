@@ -94,7 +94,7 @@ func TestConcurrentRequestsWait(t *testing.T) {
 	var arrived atomic.Int32
 	allArrived := make(chan struct{})
 	e := newEnv(t, func(c *idemhttp.Config) {
-		c.Wait = 30 * time.Second
+		c.Wait, c.MaxWaiters, c.MaxKeyWaiters = 30*time.Second, n, n
 		c.Account = func(r *http.Request) (string, error) {
 			if arrived.Add(1) == n {
 				close(allArrived)
@@ -371,7 +371,8 @@ func TestStoredHeaders(t *testing.T) {
 		t.Fatalf("stored headers %s hold a cookie", stored)
 	}
 
-	_, err := idemhttp.New(e.db.Pool, &idemhttp.Config{Account: accountFromHeader, StoredHeaders: []string{"set-cookie"}})
+	_, err := idemhttp.New(e.db.Pool, &idemhttp.Config{Account: accountFromHeader, FingerprintKeys: testKeys,
+		StoredHeaders: []string{"set-cookie"}})
 	if !errors.Is(err, idemhttp.ErrInvalidConfig) {
 		t.Fatalf("New with Set-Cookie allowed: %v, want ErrInvalidConfig", err)
 	}
@@ -427,10 +428,13 @@ func TestNewValidates(t *testing.T) {
 	for name, cfg := range map[string]*idemhttp.Config{
 		"nil":           nil,
 		"no account":    {},
-		"negative TTL":  {Account: accountFromHeader, TTL: -time.Second},
-		"TTL < lease":   {Account: accountFromHeader, TTL: time.Second, Lease: time.Minute},
-		"Cookie":        {Account: accountFromHeader, StoredHeaders: []string{"Cookie"}},
-		"Authorization": {Account: accountFromHeader, StoredHeaders: []string{"authorization"}},
+		"negative TTL":  {Account: accountFromHeader, FingerprintKeys: testKeys, TTL: -time.Second},
+		"TTL < lease":   {Account: accountFromHeader, FingerprintKeys: testKeys, TTL: time.Second, Lease: time.Minute},
+		"Cookie":        {Account: accountFromHeader, FingerprintKeys: testKeys, StoredHeaders: []string{"Cookie"}},
+		"Authorization": {Account: accountFromHeader, FingerprintKeys: testKeys, StoredHeaders: []string{"authorization"}},
+		"no secret":     {Account: accountFromHeader},
+		"short secret":  {Account: accountFromHeader, FingerprintKeys: [][]byte{[]byte("31 bytes: too short for a key!")}},
+		"short older":   {Account: accountFromHeader, FingerprintKeys: append(testKeys, []byte("short"))},
 	} {
 		if _, err := idemhttp.New(e.db.Pool, cfg); !errors.Is(err, idemhttp.ErrInvalidConfig) {
 			t.Errorf("%s: New = %v, want ErrInvalidConfig", name, err)
@@ -447,7 +451,9 @@ func TestOperationDefault(t *testing.T) {
 		{"POST", "POST /payments", "/payments", "POST /payments"},
 		{"POST", "/payments", "/payments", "POST /payments"},
 		{"POST", "POST example.com/payments/{id}", "/payments/7", "POST example.com/payments/{id}"},
-		{"PATCH", "", "/orders/7", "PATCH /orders/7"},
+		{"PATCH", "", "/orders/7", "PATCH unmatched"},
+		{"BREW", "/coffee/{id}", "/coffee/7", "OTHER /coffee/{id}"},
+		{"BREW", "", "/coffee/7", "OTHER unmatched"},
 	} {
 		r, _ := http.NewRequest(c.method, "http://example.com"+c.path, nil)
 		r.Pattern = c.pattern

@@ -25,7 +25,7 @@ func TestNotMigrated(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs := &logBuffer{}
-	mw, err := idemhttp.New(db.Pool, &idemhttp.Config{Store: store, Account: accountFromHeader,
+	mw, err := idemhttp.New(db.Pool, &idemhttp.Config{Store: store, Account: accountFromHeader, FingerprintKeys: testKeys,
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	if err != nil {
 		t.Fatal(err)

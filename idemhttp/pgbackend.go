@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"time"
 
@@ -52,6 +51,40 @@ func finishContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), finishTimeout)
 }
 
+// acquireTimeout bounds the wait for a pooled connection: past it the
+// request is answered 503 store_unavailable rather than queued for ever
+// behind an exhausted pool.
+const acquireTimeout = 5 * time.Second
+
+// acquire takes a connection from the pool, waiting at most acquireTimeout.
+func (b *pgBackend) acquire(ctx context.Context) (*pgxpool.Conn, error) {
+	actx, cancel := context.WithTimeout(ctx, acquireTimeout)
+	defer cancel()
+	conn, err := b.pool.Acquire(actx)
+	if err != nil {
+		return nil, fmt.Errorf("idemhttp: reserve: acquire a connection: %w", err)
+	}
+	return conn, nil
+}
+
+// awaitLock waits, at most timeout, until it can take the advisory lock
+// key in the given mode, and frees it at once: it reports false when the
+// timeout passed first. It waits on a connection of its own, outside the
+// pool (waiting requests never take the pool's connections from the
+// requests that run; Config.MaxWaiters bounds them), closed afterwards.
+func (b *pgBackend) awaitLock(ctx context.Context, key int64, shared bool, timeout time.Duration) (bool, error) {
+	conn, err := pgx.ConnectConfig(ctx, b.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return false, fmt.Errorf("idemhttp: wait for the request in flight: connect: %w", err)
+	}
+	defer func() {
+		cctx, cancel := finishContext(ctx)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	return b.store.awaitLockOn(ctx, conn, key, shared, timeout)
+}
+
 // Backend returns the Backend of the records in s, reached through pool:
 // what New uses, for NewWithBackend and the conformance suite
 // (idemhttptest).
@@ -82,20 +115,23 @@ func (b *pgBackend) reserveLocked(ctx context.Context, req *Request) (Reservatio
 	deadline := time.Now().Add(req.Wait)
 	pause := time.Millisecond
 	lock := b.store.lockKey(req.Account, req.Operation, req.Key)
-	// The first look never blocks, so that replays of a completed key never
-	// queue on its lock; with Wait, a request that found the key held looks
-	// again blocking on the lock.
-	blocking := false
+	fpLock := b.store.fingerprintLockKey(req.Account, req.Operation, req.Key, req.Fingerprint)
+	olderLocks := make([]int64, len(req.OlderFingerprints))
+	for i, f := range req.OlderFingerprints {
+		olderLocks[i] = b.store.fingerprintLockKey(req.Account, req.Operation, req.Key, f)
+	}
+	// A look never blocks, so that replays of a completed key never queue
+	// on its lock; with Wait, a request that found the key held by a
+	// request with its fingerprint waits, on a connection of its own, for
+	// that fingerprint's lock (which the holder holds shared until its
+	// transaction ends), and looks again.
+	woken := false // by the end of a holder this request waited for
 	for {
-		conn, err := b.pool.Acquire(ctx)
+		conn, err := b.acquire(ctx)
 		if err != nil {
-			return Reservation{}, fmt.Errorf("idemhttp: reserve: acquire a connection: %w", err)
+			return Reservation{}, err
 		}
-		var wait time.Duration
-		if blocking {
-			wait = time.Until(deadline)
-		}
-		tx, locked, rec, err := b.store.beginLocked(ctx, conn, lock, req, wait)
+		tx, locked, other, rec, err := b.store.beginLocked(ctx, conn, lock, fpLock, olderLocks, req)
 		if err != nil {
 			conn.Release()
 			return Reservation{}, err
@@ -112,15 +148,44 @@ func (b *pgBackend) reserveLocked(ctx context.Context, req *Request) (Reservatio
 		}
 		live := rec != nil && rec.expiresAt.After(now)
 		switch {
-		case !locked && !live:
-			// A holder in flight (or, with Wait, one that did not finish in
-			// time); its fingerprint is not stored yet.
+		case !locked && !live && other:
+			// A holder in flight with another fingerprint.
 			end()
-			if !blocking && time.Until(deadline) > 0 {
-				blocking = true
+			return Reservation{State: StateProcessing, Mismatch: true}, nil
+		case !locked && !live:
+			// A holder in flight with this fingerprint; it has no record yet.
+			end()
+			left := time.Until(deadline)
+			if left <= 0 {
+				return Reservation{State: StateProcessing}, nil
+			}
+			if woken {
+				// Woken, yet the key is still held: by a new holder, or
+				// seemingly by another waiter queued for the lock this one
+				// just had. A pause before waiting again lets that waiter
+				// through rather than the two taking turns.
+				woken = false
+				t := time.NewTimer(min(pause, left))
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return Reservation{State: StateProcessing}, nil
+				case <-t.C:
+				}
+				pause = min(2*pause, pollMax)
 				continue
 			}
-			return Reservation{State: StateProcessing}, nil
+			ok, err := b.awaitLock(ctx, fpLock, false, left)
+			switch {
+			case ctx.Err() != nil:
+				return Reservation{State: StateProcessing}, nil // answered 409; the client is gone anyway
+			case err != nil:
+				return Reservation{}, err
+			case !ok:
+				return Reservation{State: StateProcessing}, nil // Wait is over: 409
+			}
+			woken = true
+			continue
 		case !live, locked && rec.state == StateProcessing && rec.token > 0 && !rec.lockedUntil.After(now) &&
 			bytes.Equal(rec.fingerprint, req.Fingerprint):
 			// No live record, or a PROCESSING record of an older version
@@ -136,9 +201,8 @@ func (b *pgBackend) reserveLocked(ctx context.Context, req *Request) (Reservatio
 			return res, nil
 		}
 		end()
-		blocking = false
 		res := rec.reservation()
-		if rec.state != StateProcessing || !bytes.Equal(rec.fingerprint, req.Fingerprint) || time.Until(deadline) <= 0 {
+		if rec.state != StateProcessing || !req.SameRequest(rec.fingerprint) || time.Until(deadline) <= 0 {
 			return res, nil
 		}
 		// Held by a request that reserved with a record of its own (NoTx,
@@ -292,12 +356,28 @@ func (s *Store) lockKey(account, operation, key string) int64 {
 	return int64(binary.BigEndian.Uint64(sum[:8]))
 }
 
-// beginLocked begins a transaction on conn, takes the lock (waiting at most
-// wait, if positive) and reads the record of req's key, in one round trip.
-// tx is nil when the transaction did not begin; locked is false when the
-// lock was not granted (tx is then still open: the caller rolls it back).
-func (s *Store) beginLocked(ctx context.Context, conn *pgxpool.Conn, lock int64, req *Request, wait time.Duration) (
-	tx pgx.Tx, locked bool, rec *storedRecord, err error) {
+// fingerprintLockKey is the advisory lock key of a scope and fingerprint,
+// which every holder of the scope's lock (lockKey) takes shared first: see
+// lockReadSQL.
+func (s *Store) fingerprintLockKey(account, operation, key string, fingerprint []byte) int64 {
+	var b bytes.Buffer
+	b.WriteString("idemhttp/fingerprint-lock/1\n")
+	writeField(&b, []byte(s.table))
+	writeField(&b, []byte(account))
+	writeField(&b, []byte(operation))
+	writeField(&b, []byte(key))
+	writeField(&b, fingerprint)
+	sum := sha256.Sum256(b.Bytes())
+	return int64(binary.BigEndian.Uint64(sum[:8]))
+}
+
+// beginLocked begins a transaction on conn, tries the lock and reads the
+// record of req's key, in one round trip. tx is nil when the transaction
+// did not begin; locked is false when the lock was not granted (tx is then
+// still open: the caller rolls it back); other is true when its holder's
+// fingerprint is not req's (see lockReadSQL).
+func (s *Store) beginLocked(ctx context.Context, conn *pgxpool.Conn, lock, fpLock int64, olderLocks []int64,
+	req *Request) (tx pgx.Tx, locked, other bool, rec *storedRecord, err error) {
 	b := &pgx.Batch{}
 	// READ COMMITTED whatever the session's default: the record is read in
 	// a statement (and a snapshot) that starts after the lock was granted.
@@ -305,57 +385,28 @@ func (s *Store) beginLocked(ctx context.Context, conn *pgxpool.Conn, lock int64,
 	// The server ends the transaction if it sits idle past the lease and
 	// a margin: its client went away, and its lock must not outlive it.
 	b.Queue(pgsession.SetLocal(req.Lease))
-	if wait > 0 {
-		ms := max(1, (wait+time.Millisecond-1)/time.Millisecond) // lock_timeout 0 means none
-		// The lock_timeout in force is kept aside and restored after the
-		// lock, so that the handler's statements run with it.
-		b.Queue(`SELECT pg_catalog.set_config('idemkit.lock_timeout', pg_catalog.current_setting('lock_timeout'), true)`)
-		b.Queue(`SELECT pg_catalog.set_config('lock_timeout', $1, true)`, strconv.FormatInt(int64(ms), 10))
-		b.Queue(`SELECT true FROM pg_catalog.pg_advisory_xact_lock($1)`, lock)
-		b.Queue(`SELECT pg_catalog.set_config('lock_timeout', pg_catalog.current_setting('idemkit.lock_timeout'), true)`)
-		b.Queue(s.readSQL, req.Account, req.Operation, req.Key)
-	} else {
-		b.Queue(s.lockReadSQL, req.Account, req.Operation, req.Key, lock)
-	}
+	b.Queue(s.lockReadSQL, req.Account, req.Operation, req.Key, lock, fpLock, olderLocks)
 	br := conn.SendBatch(ctx, b)
 	tx = br.Tx()
 	_, err = br.Exec() // BEGIN
 	if err == nil {
 		_, err = br.Exec() // SET LOCAL
 	}
-	timedOut := false
-	if wait > 0 {
-		for range 2 {
-			if err == nil {
-				_, err = br.Exec()
-			}
-		}
-		if err == nil {
-			err = br.QueryRow().Scan(&locked)
-		}
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available: lock_timeout
-			err, timedOut = nil, true
-		}
-		if err == nil && !timedOut {
-			_, err = br.Exec()
-		}
-		if err == nil && !timedOut {
-			rec, err = scanStored(br.QueryRow())
-		}
-	} else if err == nil {
-		rec, err = scanStored(br.QueryRow(), &locked)
+	if err == nil {
+		var outcome int
+		rec, err = scanStored(br.QueryRow(), &outcome)
+		locked, other = outcome == 1, outcome == 2
 	}
-	if cerr := br.Close(); err == nil && !timedOut {
+	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
 		fctx, cancel := finishContext(ctx)
 		defer cancel()
 		_ = tx.Rollback(fctx)
-		return nil, false, nil, fmt.Errorf("idemhttp: reserve: %w", translate(err))
+		return nil, false, false, nil, fmt.Errorf("idemhttp: reserve: %w", translate(err))
 	}
-	return tx, locked && !timedOut, rec, nil
+	return tx, locked, other, rec, nil
 }
 
 // scanStored scans a row of readSQL (or of lockReadSQL, whose columns
@@ -473,14 +524,9 @@ func (s *Store) sendCompletion(ctx context.Context, tx pgx.Tx, b *pgx.Batch) err
 // by looking again after a pause doubling up to pollMax.
 func (b *pgBackend) reserveRecord(ctx context.Context, req *Request) (Reservation, error) {
 	a := reserveArgs{account: req.Account, operation: req.Operation, key: req.Key, fingerprint: req.Fingerprint,
-		lease: req.Lease, ttl: req.TTL, takeover: !req.NoTx && !req.NoTakeover}
-	conn, err := b.pool.Acquire(ctx)
-	if err != nil {
-		return Reservation{}, fmt.Errorf("idemhttp: reserve: acquire a connection: %w", err)
-	}
-	res, err := b.reserveOrWait(ctx, conn, a, req.Wait)
+		lease: req.Lease, ttl: req.TTL, takeover: !req.NoTx && !req.NoTakeover, same: req.SameRequest}
+	res, err := b.reserveOrWait(ctx, a, req.Wait)
 	if err != nil || !res.reserved {
-		conn.Release()
 		if err != nil {
 			return Reservation{}, err
 		}
@@ -490,8 +536,12 @@ func (b *pgBackend) reserveRecord(ctx context.Context, req *Request) (Reservatio
 	out := Reservation{Hold: h, TakenOver: res.tookOver, PreviousToken: res.prevToken}
 	if req.NoTx {
 		// The handler runs without a transaction: it holds no connection.
-		conn.Release()
 		return out, nil
+	}
+	conn, err := b.acquire(ctx)
+	if err != nil {
+		_ = h.Release(ctx)
+		return Reservation{}, err
 	}
 	h.conn = conn
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: pgsession.BeginQuery("", req.Lease)})
@@ -510,14 +560,15 @@ func (b *pgBackend) reserveRecord(ctx context.Context, req *Request) (Reservatio
 	return out, nil
 }
 
-func (b *pgBackend) reserveOrWait(ctx context.Context, db DBTX, a reserveArgs, wait time.Duration) (reservation, error) {
+// reserveOrWait reserves the key, each look a statement on a pooled
+// connection of its own; waits happen on connections outside the pool.
+func (b *pgBackend) reserveOrWait(ctx context.Context, a reserveArgs, wait time.Duration) (reservation, error) {
 	deadline := time.Now().Add(wait)
 	pause := time.Millisecond
 	var waited int64 // the token whose holder's lock this request got
 	for {
-		res, err := b.store.reserve(ctx, db, a)
-		if err != nil || res.reserved || res.state != StateProcessing ||
-			!bytes.Equal(res.fingerprint, a.fingerprint) || wait <= 0 {
+		res, err := b.reserveOnce(ctx, a)
+		if err != nil || res.reserved || res.state != StateProcessing || !a.same(res.fingerprint) || wait <= 0 {
 			return res, err
 		}
 		left := time.Until(deadline)
@@ -536,7 +587,7 @@ func (b *pgBackend) reserveOrWait(ctx context.Context, db DBTX, a reserveArgs, w
 			waited = 0
 			continue
 		}
-		ok, err := b.store.awaitHolder(ctx, db, res.token, left)
+		ok, err := b.awaitLock(ctx, res.token, true, left)
 		if ctx.Err() != nil {
 			return res, nil
 		}
@@ -548,6 +599,16 @@ func (b *pgBackend) reserveOrWait(ctx context.Context, db DBTX, a reserveArgs, w
 		}
 		waited = res.token
 	}
+}
+
+// reserveOnce runs Store.reserve on a pooled connection.
+func (b *pgBackend) reserveOnce(ctx context.Context, a reserveArgs) (reservation, error) {
+	conn, err := b.acquire(ctx)
+	if err != nil {
+		return reservation{}, err
+	}
+	defer conn.Release()
+	return b.store.reserve(ctx, conn, a)
 }
 
 // pgRecordHold is a hold by a PROCESSING record with token: with a

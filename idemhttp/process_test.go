@@ -63,7 +63,7 @@ func TestHelperServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw, err := idemhttp.New(pool, &idemhttp.Config{Store: store, Account: accountFromHeader, Lease: 30 * time.Second,
+	mw, err := idemhttp.New(pool, &idemhttp.Config{Store: store, Account: accountFromHeader, FingerprintKeys: testKeys, Lease: 30 * time.Second,
 		NoLeaseTakeover: os.Getenv("IDEMHTTP_HELPER_RECORD") != ""})
 	if err != nil {
 		t.Fatal(err)

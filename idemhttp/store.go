@@ -140,14 +140,32 @@ func NewStore(cfg *StoreConfig) (*Store, error) {
 	response_status, response_headers, response_body
 FROM ` + t + ` WHERE ` + key,
 
-		// pg_try_advisory_xact_lock($4) and the record in one statement.
-		// Its snapshot is taken before the lock is granted, so it can miss
-		// the record of a holder that committed in between: then the
-		// completion's INSERT meets that record (a unique violation), and
-		// the transaction rolls back (409 lease_lost; the retry replays).
-		lockReadSQL: `SELECT l.locked, r.state, r.fingerprint, r.token, r.locked_until, r.expires_at,
+		// The key's lock and the record in one statement. Every holder of
+		// the key's lock ($4) first takes the lock of its scope and
+		// fingerprint ($5) shared, and keeps both to its transaction's end.
+		// A request that cannot take the key's lock then tests its own
+		// fingerprint's lock exclusively, and those of its fingerprints
+		// under older keys ($6): when they are free and the key's lock is
+		// still taken, its holder took a fingerprint lock that is none of
+		// these, so its fingerprint differs (2: 422). A holder with
+		// the same fingerprint, or a contender testing it, gives 0 (in
+		// flight); 1 is the key's lock granted. CASE evaluates its branches
+		// in order, and no further.
+		// The statement's snapshot is taken before the lock is granted, so
+		// it can miss the record of a holder that committed in between:
+		// then the completion's INSERT meets that record (a unique
+		// violation), and the transaction rolls back (409 lease_lost; the
+		// retry replays).
+		lockReadSQL: `SELECT l.outcome, r.state, r.fingerprint, r.token, r.locked_until, r.expires_at,
 	r.response_status, r.response_headers, r.response_body
-FROM (SELECT pg_catalog.pg_try_advisory_xact_lock($4) AS locked) AS l
+FROM (SELECT CASE
+	WHEN NOT pg_catalog.pg_try_advisory_xact_lock_shared($5) THEN 0
+	WHEN pg_catalog.pg_try_advisory_xact_lock($4) THEN 1
+	WHEN NOT pg_catalog.pg_try_advisory_xact_lock($5) THEN 0
+	WHEN EXISTS (SELECT FROM pg_catalog.unnest($6::bigint[]) AS o(k)
+		WHERE NOT pg_catalog.pg_try_advisory_xact_lock(o.k)) THEN 0
+	WHEN pg_catalog.pg_try_advisory_xact_lock($4) THEN 1
+	ELSE 2 END AS outcome) AS l
 LEFT JOIN ` + t + ` AS r ON r.account = $1 AND r.operation = $2 AND r.idempotency_key = $3`,
 
 		// The COMPLETED record of a request in transaction mode whose key
@@ -310,7 +328,8 @@ type Record struct {
 	Operation string
 	Key       string
 	State     State
-	// Fingerprint is the SHA-256 of the request that reserved the key.
+	// Fingerprint is the fingerprint (HMAC-SHA256, Config.FingerprintKeys)
+	// of the request that reserved the key.
 	Fingerprint []byte
 	// Token changes at every reservation and takeover; completing and
 	// resolving a record match it.
@@ -592,6 +611,9 @@ type reserveArgs struct {
 	// takeover lets reserve take over a PROCESSING record with the same
 	// fingerprint whose lease ended.
 	takeover bool
+	// same reports whether a stored fingerprint is the request's, under the
+	// current key or an older one (Request.SameRequest).
+	same func(fingerprint []byte) bool
 }
 
 // errReserveRace is returned when reserve kept losing to concurrent changes.
@@ -738,16 +760,24 @@ func (s *Store) hold(ctx context.Context, tx pgx.Tx, token int64) error {
 	return nil
 }
 
-// awaitHolder waits until the holder of token ended its transaction (its
-// advisory lock is free), at most timeout. It reports false when the timeout
-// passed first. The lock is taken shared, so that waiters do not queue
-// behind each other, in a transaction of its own that ends at once.
-func (s *Store) awaitHolder(ctx context.Context, db DBTX, token int64, timeout time.Duration) (bool, error) {
+// awaitLockOn waits, on conn, until it can take the advisory lock key
+// (shared, or exclusive), at most timeout, in a transaction of its own that
+// ends at once. It reports false when the timeout passed first. A
+// reservation's token is waited on shared, so that its waiters do not queue
+// behind each other; a fingerprint's lock exclusively, as the holder holds
+// it shared.
+func (s *Store) awaitLockOn(ctx context.Context, conn *pgx.Conn, key int64, shared bool, timeout time.Duration) (bool, error) {
 	ms := max(1, (timeout+time.Millisecond-1)/time.Millisecond) // lock_timeout 0 means none
+	lockSQL := `SELECT pg_catalog.pg_advisory_xact_lock($1)`
+	if shared {
+		lockSQL = `SELECT pg_catalog.pg_advisory_xact_lock_shared($1)`
+	}
 	b := &pgx.Batch{}
+	b.Queue("BEGIN")
 	b.Queue(`SELECT pg_catalog.set_config('lock_timeout', $1, true)`, strconv.FormatInt(int64(ms), 10))
-	b.Queue(`SELECT pg_catalog.pg_advisory_xact_lock_shared($1)`, token)
-	err := sendBatch(ctx, db, b)
+	b.Queue(lockSQL, key)
+	b.Queue("COMMIT")
+	err := conn.SendBatch(ctx, b).Close()
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available: lock_timeout
 		return false, nil

@@ -250,7 +250,7 @@ func TestLeaseTakeoverRace(t *testing.T) {
 		allArrived := make(chan struct{})
 		e := newEnv(t, func(c *idemhttp.Config) {
 			c.Lease = 30 * time.Second
-			c.Wait = 30 * time.Second
+			c.Wait, c.MaxWaiters, c.MaxKeyWaiters = 30*time.Second, 64, 64
 			c.Account = func(r *http.Request) (string, error) {
 				if r.Header.Get("X-Race") != "" && arrived.Add(1) == n {
 					close(allArrived)

@@ -13,10 +13,10 @@ import (
 	"github.com/idemkit/idemkit/idemhttp"
 )
 
-// awaitLockWaiter returns once a request waits, in PostgreSQL, on the
-// advisory lock of the key's holder (in transaction mode the key's lock;
-// with a record of its own, the lock on its token), or fails the test after
-// 20 seconds.
+// awaitLockWaiter returns once a request waits, in PostgreSQL, on an
+// advisory lock of the key's holder (in transaction mode the lock of its
+// fingerprint; with a record of its own, the lock on its token), or fails
+// the test after 20 seconds.
 func (e *env) awaitLockWaiter(key string) {
 	e.t.Helper()
 	token := e.store.LockKey("acct-1", "POST /payments", key)
@@ -25,9 +25,14 @@ func (e *env) awaitLockWaiter(key string) {
 	}
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); {
 		var waiting int
-		if err := e.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_catalog.pg_locks
-			WHERE locktype = 'advisory' AND objsubid = 1 AND NOT granted
-			AND (classid::bigint << 32 | objid::bigint) = $1`, token).Scan(&waiting); err != nil {
+		// A lock the holder of token holds (in transaction mode the lock of
+		// the key's fingerprint, which waiters wait on).
+		if err := e.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_catalog.pg_locks AS w
+			JOIN pg_catalog.pg_locks AS h ON h.locktype = 'advisory' AND h.granted
+				AND h.classid = w.classid AND h.objid = w.objid AND h.objsubid = w.objsubid
+			WHERE w.locktype = 'advisory' AND w.objsubid = 1 AND NOT w.granted
+			AND h.pid IN (SELECT pid FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND granted
+				AND objsubid = 1 AND (classid::bigint << 32 | objid::bigint) = $1)`, token).Scan(&waiting); err != nil {
 			e.t.Fatalf("pg_locks: %v", err)
 		}
 		if waiting > 0 {

@@ -24,7 +24,8 @@ func TestRequireReplay(t *testing.T) {
 		t.Fatal(err)
 	}
 	mw, err := idemhttp.New(pool, &idemhttp.Config{Store: store,
-		Account: func(r *http.Request) (string, error) { return "acct-1", nil }})
+		FingerprintKeys: [][]byte{[]byte("idemtest: a fingerprint secret of 32 bytes or more")},
+		Account:         func(r *http.Request) (string, error) { return "acct-1", nil }})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -53,7 +53,10 @@ func newHTTPInstruments(m metric.Meter) (httpInstruments, error) {
 
 // HTTP wires the telemetry into cfg before idemhttp.New: it chains
 // cfg.Observe so that each request counts into idemkit_http_requests_total
-// and idemkit_http_request_duration_seconds (by operation and outcome) and
+// and idemkit_http_request_duration_seconds (by operation and outcome: the
+// operation label is cfg.Operation's value, with idemhttp.OperationDefault
+// at most ten methods per registered ServeMux pattern, or ten in all
+// without patterns, whatever clients send) and
 // sets the account, operation, idempotency key, outcome and status on the
 // request's span. It returns the middleware to put in front of the
 // idempotency middleware: it continues the trace context of the request's

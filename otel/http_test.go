@@ -51,7 +51,8 @@ func TestTraceFromHTTPToConsumer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hcfg := &idemhttp.Config{Store: records, Account: func(r *http.Request) (string, error) { return "acct-1", nil }}
+	hcfg := &idemhttp.Config{Store: records, Account: func(r *http.Request) (string, error) { return "acct-1", nil },
+		FingerprintKeys: [][]byte{[]byte("idemotel tests: a fingerprint secret of 32 bytes or more")}}
 	front, err := e.tel.HTTP(hcfg)
 	if err != nil {
 		t.Fatal(err)

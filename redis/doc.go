@@ -5,7 +5,7 @@
 //
 //	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
 //	store, err := idemredis.New(client, nil)
-//	mw, err := idemhttp.NewWithBackend(store, &idemhttp.Config{Account: account})
+//	mw, err := idemhttp.NewWithBackend(store, &idemhttp.Config{Account: account, FingerprintKeys: secrets})
 //	http.Handle("POST /payments", mw.Handler(payments))
 //
 // The middleware's behaviour is idemhttp's (fingerprint, 422, 409, replay,
@@ -20,7 +20,7 @@
 // both keys of a scope are on one slot and every script below touches one
 // slot. Accounts never share keys. The idempotency key and the account are
 // not spelled out in Redis; what is stored is the request's fingerprint
-// (a SHA-256), the response's status, allow-listed headers and body.
+// (an HMAC-SHA256 keyed with idemhttp.Config.FingerprintKeys), the response's status, allow-listed headers and body.
 //
 // Reservation. One Lua script, atomic in Redis: if the scope has a
 // completed record, it is returned (the replay, or 422 when the fingerprint
@@ -49,11 +49,17 @@
 // request whose holder crashed gets 409 until Store.Forget frees the key or
 // the TTL passes.
 //
-// Waiting (idemhttp.Config.Wait). A duplicate subscribes to the scope's
-// pub/sub channel, on which completion and release publish, looks again,
-// and waits for the message, for the lock's expiry or for Wait to end,
-// whichever comes first; it does not poll. Each waiter holds a pub/sub
-// connection of the client while it waits.
+// Waiting (idemhttp.Config.Wait). Completion and release publish on the
+// scope's pub/sub channel. The requests of a process that wait share one
+// subscription of the Store, to the channels of every scope under its
+// prefix (PSUBSCRIBE), opened for the first waiter and closed with the
+// last, which wakes the waiters of each message's scope: a duplicate
+// registers there, looks again, and waits for the message, for the lock's
+// expiry or for Wait to end, whichever comes first; it does not poll. So
+// waiting takes one pub/sub connection per process, whatever the number of
+// waiters, which idemhttp.Config.MaxWaiters and MaxKeyWaiters bound; while
+// some request waits, the process receives the completions of every scope
+// of the prefix.
 //
 // TTL. A completed record expires (PX) Config.TTL after its completion;
 // from then on its key is unknown and runs anew.

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -39,6 +40,89 @@ type Config struct {
 type Store struct {
 	client redis.UniversalClient
 	prefix string
+	hub    hub
+}
+
+// hub is the store's one pub/sub subscription, to the done channels of
+// every scope under its prefix (a pattern), shared by the requests of this
+// process that wait: it is opened for the first waiter and closed with the
+// last, and fans each message out to the waiters of its channel.
+type hub struct {
+	mu      sync.Mutex
+	sub     *redis.PubSub
+	stopped chan struct{} // closed when the fan-out goroutine returns
+	waiters map[string]map[chan struct{}]struct{}
+	n       int
+}
+
+// watch registers a waiter for channel: its returned channel receives when
+// a message is published on it. The subscription is active when watch
+// returns, so a message published after it is not missed. stop unregisters.
+func (s *Store) watch(ctx context.Context, channel string) (<-chan struct{}, func(), error) {
+	h := &s.hub
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.sub == nil {
+		sub := s.client.PSubscribe(ctx, globEscape(s.prefix)+"{*}:done")
+		if _, err := sub.Receive(ctx); err != nil { // the subscription's confirmation
+			_ = sub.Close()
+			return nil, nil, fmt.Errorf("idemredis: wait for the request in flight: subscribe: %w", err)
+		}
+		h.sub, h.stopped, h.waiters = sub, make(chan struct{}), map[string]map[chan struct{}]struct{}{}
+		msgs, stopped := sub.Channel(), h.stopped
+		go func() {
+			defer close(stopped)
+			for m := range msgs {
+				h.mu.Lock()
+				for c := range h.waiters[m.Channel] {
+					select {
+					case c <- struct{}{}:
+					default:
+					}
+				}
+				h.mu.Unlock()
+			}
+		}()
+	}
+	c := make(chan struct{}, 1)
+	if h.waiters[channel] == nil {
+		h.waiters[channel] = map[chan struct{}]struct{}{}
+	}
+	h.waiters[channel][c] = struct{}{}
+	h.n++
+	stop := func() {
+		h.mu.Lock()
+		delete(h.waiters[channel], c)
+		if len(h.waiters[channel]) == 0 {
+			delete(h.waiters, channel)
+		}
+		h.n--
+		var (
+			sub     *redis.PubSub
+			stopped chan struct{}
+		)
+		if h.n == 0 {
+			sub, stopped, h.sub = h.sub, h.stopped, nil
+		}
+		h.mu.Unlock()
+		if sub != nil {
+			_ = sub.Close()
+			<-stopped
+		}
+	}
+	return c, stop, nil
+}
+
+// globEscape escapes the glob characters of a Redis pattern.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 // New returns a Store on client (a *redis.Client, a *redis.ClusterClient or
@@ -139,10 +223,13 @@ func (s *Store) Reserve(ctx context.Context, req *idemhttp.Request) (idemhttp.Re
 	if req.NoTakeover {
 		lockTTL = req.TTL // held until a reconciler frees it (Forget) or it expires
 	}
-	var sub *redis.PubSub
+	var (
+		wake <-chan struct{}
+		stop func()
+	)
 	defer func() {
-		if sub != nil {
-			_ = sub.Close()
+		if stop != nil {
+			stop()
 		}
 	}()
 	deadline := time.Now().Add(req.Wait)
@@ -162,15 +249,14 @@ func (s *Store) Reserve(ctx context.Context, req *idemhttp.Request) (idemhttp.Re
 			return idemhttp.Reservation{Hold: &hold{s: s, k: k, value: value, req: req, leaseEnd: start.Add(req.Lease)}}, nil
 		}
 		left := time.Until(deadline)
-		if res.State != idemhttp.StateProcessing || !bytes.Equal(res.Fingerprint, req.Fingerprint) || left <= 0 {
+		if res.State != idemhttp.StateProcessing || !req.SameRequest(res.Fingerprint) || left <= 0 {
 			return res, nil
 		}
-		if sub == nil {
-			// Subscribe, then look again: a completion between the first look
-			// and the subscription is not missed.
-			sub = s.client.Subscribe(ctx, k.done)
-			if _, err := sub.Receive(ctx); err != nil {
-				return idemhttp.Reservation{}, fmt.Errorf("idemredis: wait for the request in flight: %w", err)
+		if wake == nil {
+			// Watch, then look again: a completion between the first look
+			// and the watch is not missed.
+			if wake, stop, err = s.watch(ctx, k.done); err != nil {
+				return idemhttp.Reservation{}, err
 			}
 			continue
 		}
@@ -183,7 +269,7 @@ func (s *Store) Reserve(ctx context.Context, req *idemhttp.Request) (idemhttp.Re
 		case <-ctx.Done():
 			t.Stop()
 			return res, nil // answered 409; the client is gone anyway
-		case <-sub.Channel():
+		case <-wake:
 		case <-t.C:
 		}
 		t.Stop()

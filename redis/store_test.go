@@ -29,6 +29,9 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m, nil) }
 
+// testKeys is the tests' idemhttp.Config.FingerprintKeys.
+var testKeys = [][]byte{[]byte("idemredis tests: a fingerprint secret of 32 bytes or more")}
+
 // redisURL is the test server's URL, from IDEMKIT_TEST_REDIS_URL.
 func redisURL(t testing.TB) string {
 	t.Helper()
@@ -230,8 +233,9 @@ func TestRedisRestartedWhileInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	mw, err := idemhttp.NewWithBackend(store, &idemhttp.Config{
-		Account: func(*http.Request) (string, error) { return "acct-1", nil },
-		Logger:  slog.New(slog.DiscardHandler),
+		FingerprintKeys: testKeys,
+		Account:         func(*http.Request) (string, error) { return "acct-1", nil },
+		Logger:          slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -302,8 +306,9 @@ func TestLateCompletionKept(t *testing.T) {
 	t.Parallel()
 	var runs atomic.Int32
 	mw, err := idemhttp.NewWithBackend(newStore(t), &idemhttp.Config{
-		Account: func(*http.Request) (string, error) { return "acct-1", nil },
-		Lease:   300 * time.Millisecond, TTL: time.Hour,
+		FingerprintKeys: testKeys,
+		Account:         func(*http.Request) (string, error) { return "acct-1", nil },
+		Lease:           300 * time.Millisecond, TTL: time.Hour,
 	})
 	if err != nil {
 		t.Fatal(err)

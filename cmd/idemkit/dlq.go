@@ -61,12 +61,17 @@ key, value, the original headers and the history of its failures. It only reads.
 A value too large for the topic was kept in PostgreSQL by the writer: with
 -database (or $IDEMKIT_DATABASE_URL) it is read from there and shown like any
 other; without, its size is shown.
-Payloads are redacted by default: card-number-like runs of 13 to 19 digits keep
-only their last four digits; JSON values keep their shape with sensitive fields
-(password, token, card, cvv, iban, ... and -redact-fields) masked whole; headers
-with those names are masked whole; -redact-regexp matches are masked; values that
-are not UTF-8 show their size. -show-payload shows everything verbatim (not UTF-8:
-base64).
+Payloads, headers and error texts are redacted by default, in every output,
+-json too: card numbers (runs of 13 to 19 digits, also grouped by separators or
+%20, and Luhn-valid ones inside longer runs) keep only their last four digits;
+JSON values (also one per line, or JSON inside a string) keep their shape with
+sensitive members masked whole: names containing password, secret, token, ...,
+ending in key, or listed with -redact-fields; the same names are masked in form
+bodies, XML, JSON cut short, headers and name=value pairs of error texts; JWTs,
+API key shapes and Authorization credentials are masked wherever they are;
+-redact-regexp matches are masked; values that are not UTF-8 show their size.
+-show-payload shows everything verbatim (not UTF-8: base64). Control characters
+are always shown escaped (\u001b), so that no output can drive the terminal.
 -json prints a JSON array of the dead letters found.`
 
 const dlqReplayHelp = `Writes each selected dead letter back to its origin topic (the consumer's dedup

@@ -198,7 +198,19 @@ func synopsis(name string) string {
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	err := run(ctx, os.Args[1:], os.Stdout)
+	// Everything the CLI prints goes through a termWriter: it shows data
+	// from messages and records, which may carry terminal control sequences.
+	stdout, stderr := newTermWriter(os.Stdout), newTermWriter(os.Stderr)
+	exit := func(code int) {
+		_ = stdout.Flush()
+		_ = stderr.Flush()
+		os.Exit(code)
+	}
+	defer func() {
+		_ = stdout.Flush()
+		_ = stderr.Flush()
+	}()
+	err := run(ctx, os.Args[1:], stdout)
 	var (
 		u *usageError
 		h *helpRequest
@@ -207,23 +219,23 @@ func main() {
 	switch {
 	case err == nil:
 	case errors.As(err, &t):
-		fmt.Fprintf(os.Stderr, "idemkit: %s\n", t)
-		os.Exit(exitThreshold)
+		fmt.Fprintf(stderr, "idemkit: %s\n", t)
+		exit(exitThreshold)
 	case errors.As(err, &h):
-		fmt.Fprint(os.Stdout, h.text)
+		fmt.Fprint(stdout, h.text)
 	case errors.As(err, &u) && u.cmd != "":
 		hint := fmt.Sprintf("'idemkit %s -h' shows what it does and every flag.", u.cmd)
 		if findCommand(u.cmd) == nil { // a group
 			hint = fmt.Sprintf("'idemkit %s COMMAND -h' shows what a command does and every flag.", u.cmd)
 		}
-		fmt.Fprintf(os.Stderr, "idemkit: %s\n%s%s\n", u.msg, synopsis(u.cmd), hint)
-		os.Exit(2)
+		fmt.Fprintf(stderr, "idemkit: %s\n%s%s\n", u.msg, synopsis(u.cmd), hint)
+		exit(2)
 	case errors.As(err, &u):
-		fmt.Fprintf(os.Stderr, "idemkit: %s\n%s", u.msg, usage())
-		os.Exit(2)
+		fmt.Fprintf(stderr, "idemkit: %s\n%s", u.msg, usage())
+		exit(2)
 	default:
-		fmt.Fprintf(os.Stderr, "idemkit: %s\n", explain(err))
-		os.Exit(1)
+		fmt.Fprintf(stderr, "idemkit: %s\n", explain(err))
+		exit(1)
 	}
 }
 

@@ -23,60 +23,101 @@ import (
 // redactedMark replaces what is masked whole.
 const redactedMark = "***"
 
-// sensitiveDefault are the JSON fields and header names whose values are
-// masked whole, compared without case, '-' and '_'.
+// sensitiveDefault are the names (JSON members, form fields, XML elements,
+// header names, key=value pairs in error texts) whose values are masked
+// whole, compared folded (fold: without case, '-', '_', '.' and spaces).
 var sensitiveDefault = []string{
-	"password", "passwd", "secret", "token", "access_token", "refresh_token", "api_key", "apikey",
-	"authorization", "cookie", "set-cookie", "card", "card_number", "cardnumber", "pan", "cvv", "cvc", "cvv2",
-	"expiry", "exp_month", "exp_year", "iban", "account_number", "ssn", "pin",
+	"card", "pan", "cvv2", "expiry", "exp_month", "exp_year", "account_number", "ssn", "pin", "pwd", "otp", "auth",
 }
 
-// maskCards masks, in every run of 13 to 19 digits, every digit but the
-// last four: the shape of a payment card number (PAN). A run may
-// be grouped by up to two spaces, dots or dashes between digits, and may
-// touch letters ("card_4111…", "pan4111…"): no word boundary is needed.
+// sensitiveParts mask a name that contains one of them, folded:
+// "newPassword", "client_secret", "id_token", "X-Auth-Token",
+// "Proxy-Authorization", "aws_access_key_id"; and so does a name that ends
+// in "key" ("stripe_key", "X-Api-Key", "private_key").
+var sensitiveParts = []string{
+	"password", "passwd", "passphrase", "secret", "token", "apikey", "accesskey", "privatekey", "authorization",
+	"cookie", "credential", "cardnumber", "cvv", "cvc", "iban", "sessionid", "signature",
+}
+
+// maskCards masks payment card numbers (PANs) in s, every digit but the
+// last four: every run of 13 to 19 digits, and in a longer run every
+// stretch of 13 to 19 digits that starts with 2 to 6 and passes the Luhn
+// check. Digits of a run may be grouped by up to three separators (space,
+// '-', '.', '/', '_', '+', ':') or one %XX escape ("4111%201111…"), and a
+// run may touch letters ("card_4111…", "pan4111…"): no word boundary is
+// needed.
 func maskCards(s string) string {
 	isDigit := func(c byte) bool { return c >= '0' && c <= '9' }
-	isSep := func(c byte) bool { return c == ' ' || c == '.' || c == '-' }
+	isSep := func(c byte) bool { return strings.IndexByte(" -./_+:", c) >= 0 }
+	isHex := func(c byte) bool { return isDigit(c) || (c|0x20 >= 'a' && c|0x20 <= 'f') }
 	b := []byte(s)
+	var pos []int
 	for i := 0; i < len(b); {
 		if !isDigit(b[i]) {
 			i++
 			continue
 		}
-		start, end, digits := i, i, 0
-		for j := i; j < len(b); {
+		pos = pos[:0]
+		j := i
+		for j < len(b) {
 			if isDigit(b[j]) {
-				digits++
+				pos = append(pos, j)
 				j++
-				end = j
 				continue
 			}
 			k := j
-			for k < len(b) && k-j < 2 && isSep(b[k]) {
-				k++
+			if b[k] == '%' && k+3 < len(b) && isHex(b[k+1]) && isHex(b[k+2]) {
+				k += 3
+			} else {
+				for k < len(b) && k-j < 3 && isSep(b[k]) {
+					k++
+				}
 			}
-			if k == j || k == len(b) || !isDigit(b[k]) {
+			if k == j || k >= len(b) || !isDigit(b[k]) {
 				break
 			}
 			j = k
 		}
-		if digits >= 13 && digits <= 19 { // longer runs are IDs, not cards
-			keep := 4
-			for p := end - 1; p >= start; p-- {
-				if !isDigit(b[p]) {
+		mask := func(ds []int) {
+			for _, p := range ds[:len(ds)-4] {
+				b[p] = '*'
+			}
+		}
+		switch n := len(pos); {
+		case n >= 13 && n <= 19:
+			mask(pos)
+		case n > 19:
+			for a := 0; a+13 <= n; a++ {
+				if b[pos[a]] < '2' || b[pos[a]] > '6' {
 					continue
 				}
-				if keep > 0 {
-					keep--
-				} else {
-					b[p] = '*'
+				for l := 19; l >= 13; l-- {
+					if a+l <= n && luhn(b, pos[a:a+l]) {
+						mask(pos[a : a+l])
+						a += l - 1
+						break
+					}
 				}
 			}
 		}
-		i = end
+		i = j
 	}
 	return string(b)
+}
+
+// luhn reports whether the digits of b at pos pass the Luhn check.
+func luhn(b []byte, pos []int) bool {
+	sum := 0
+	for i := range pos {
+		d := int(b[pos[len(pos)-1-i]] - '0')
+		if i%2 == 1 {
+			if d *= 2; d > 9 {
+				d -= 9
+			}
+		}
+		sum += d
+	}
+	return sum%10 == 0
 }
 
 type redactor struct {
@@ -93,8 +134,9 @@ func (r *redactor) register(fs *flag.FlagSet) {
 		"show keys, values, headers and errors verbatim (by default they are redacted)")
 	fs.BoolVar(&r.redact, "redact", true, "redact keys, values, headers and errors (the default; -show-payload turns it off)")
 	fs.StringVar(&r.extra, "redact-fields", "",
-		"more JSON fields and header names to mask whole, comma-separated (also $IDEMKIT_REDACT_FIELDS; always masked: "+
-			strings.Join(sensitiveDefault, ",")+")")
+		"more names (JSON members, form fields, headers) to mask whole, comma-separated (also $IDEMKIT_REDACT_FIELDS; "+
+			"always masked: names containing "+strings.Join(sensitiveParts, ", ")+", names ending in key, and "+
+			strings.Join(sensitiveDefault, ", ")+")")
 	fs.Func("redact-regexp", "mask every match of this regular expression (RE2; repeatable; also $IDEMKIT_REDACT_REGEXP)",
 		func(s string) error {
 			re, err := regexp.Compile(s)
@@ -135,13 +177,82 @@ func (r *redactor) init(fs *flag.FlagSet) error {
 }
 
 func fold(name string) string {
-	return strings.NewReplacer("-", "", "_", "").Replace(strings.ToLower(name))
+	return strings.NewReplacer("-", "", "_", "", ".", "", " ", "").Replace(strings.ToLower(name))
 }
 
-// text masks card-like digit runs and the regexps' matches in s.
+// sensitive reports whether values named name are masked whole.
+func (r *redactor) sensitive(name string) bool {
+	f := fold(name)
+	if f == "" {
+		return false
+	}
+	if r.fields[f] || strings.HasSuffix(f, "key") {
+		return true
+	}
+	for _, p := range sensitiveParts {
+		if strings.Contains(f, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// tokenShapes are secrets recognised by their shape wherever they are:
+// JWTs, provider API keys, and the credentials of Authorization headers.
+var tokenShapes = []*regexp.Regexp{
+	regexp.MustCompile(`eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*`),
+	regexp.MustCompile(`\b(?:sk|pk|rk)_(?:live|test)_[A-Za-z0-9]+`),
+	regexp.MustCompile(`\bAKIA[0-9A-Z]{16}\b`),
+	regexp.MustCompile(`\bgh[pousr]_[A-Za-z0-9]{20,}`),
+	regexp.MustCompile(`\bxox[abprs]-[A-Za-z0-9-]{10,}`),
+}
+
+// authScheme is an Authorization credential: the scheme stays, the rest goes.
+var authScheme = regexp.MustCompile(`(?i)\b(Bearer|Basic|Digest|Token)\s+[A-Za-z0-9._~+/=-]+`)
+
+// namedValue is a name and its value in text: name=value, name: value,
+// "name": "value" (also truncated, without the closing quote), in error
+// texts, form bodies, JSON that does not parse and headers in text.
+var namedValue = regexp.MustCompile(`([A-Za-z0-9_.\-]+)(\\?"?'?\s*[:=]\s*)("(?:[^"\\]|\\.)*"?|'[^']*'?|\\"(?:[^"\\]|\\[^"])*(?:\\")?|[^\s"'&,;}<\]]+)`)
+
+// xmlElement is the start of an XML element and its text.
+var xmlElement = regexp.MustCompile(`<([A-Za-z_][A-Za-z0-9_.:-]*)(\s[^>]*)?>([^<]*)`)
+
+// maskNamed masks the values of sensitive names in text s.
+func (r *redactor) maskNamed(s string) string {
+	s = namedValue.ReplaceAllStringFunc(s, func(m string) string {
+		sub := namedValue.FindStringSubmatch(m)
+		if !r.sensitive(sub[1]) {
+			return m
+		}
+		return sub[1] + sub[2] + redactedMark
+	})
+	return xmlElement.ReplaceAllStringFunc(s, func(m string) string {
+		sub := xmlElement.FindStringSubmatch(m)
+		if !r.sensitive(sub[1]) || sub[3] == "" {
+			return m
+		}
+		return strings.TrimSuffix(m, sub[3]) + redactedMark
+	})
+}
+
+// text masks, in s: JSON in it (a string holding a document), the values
+// of sensitive names (name=value, "name": "value", <name>value), token
+// shapes (JWTs, API keys, Authorization credentials), card numbers, and the
+// regexps' matches.
 func (r *redactor) text(s string) string {
 	if r.show {
 		return s
+	}
+	if t := strings.TrimSpace(s); len(t) > 1 && (t[0] == '{' || t[0] == '[') {
+		if v, ok := r.document([]byte(t)); ok {
+			return v
+		}
+	}
+	s = authScheme.ReplaceAllString(s, "$1 "+redactedMark)
+	s = r.maskNamed(s)
+	for _, re := range tokenShapes {
+		s = re.ReplaceAllString(s, redactedMark)
 	}
 	s = maskCards(s)
 	for _, re := range r.regexps {
@@ -162,30 +273,54 @@ func (r *redactor) bytes(b []byte) string {
 	return fmt.Sprintf("(%d bytes, not UTF-8)", len(b))
 }
 
-// value shows a message value: a JSON document with its sensitive fields
-// masked whole and its strings and numbers as text (compacted, keys
-// sorted), anything else as bytes.
+// value shows a message value: JSON documents (one, or one per line; a
+// byte order mark ignored) with their sensitive members masked whole and
+// their strings and numbers as text (compacted, keys sorted); anything else
+// (a form body, XML, JSON cut short) as text.
 func (r *redactor) value(b []byte) string {
 	if r.show || len(bytes.TrimSpace(b)) == 0 {
 		return r.bytes(b)
 	}
+	b = bytes.TrimPrefix(b, []byte("\ufeff"))
+	if s, ok := r.document(b); ok {
+		return s
+	}
+	if lines := bytes.Split(bytes.TrimSpace(b), []byte("\n")); len(lines) > 1 {
+		out := make([]string, 0, len(lines))
+		for _, l := range lines {
+			s, ok := r.document(l)
+			if !ok {
+				out = nil
+				break
+			}
+			out = append(out, s)
+		}
+		if out != nil {
+			return strings.Join(out, "\n")
+		}
+	}
+	return r.bytes(b)
+}
+
+// document redacts b when it is one JSON document.
+func (r *redactor) document(b []byte) (string, bool) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.UseNumber()
 	var v any
 	if err := dec.Decode(&v); err != nil || dec.More() {
-		return r.bytes(b)
+		return "", false
 	}
 	var out bytes.Buffer
 	enc := json.NewEncoder(&out)
 	enc.SetEscapeHTML(false)
 	if err := enc.Encode(r.walk(v)); err != nil {
-		return r.bytes(b)
+		return "", false
 	}
 	s := strings.TrimSuffix(out.String(), "\n")
 	for _, re := range r.regexps { // field names too
 		s = re.ReplaceAllString(s, redactedMark)
 	}
-	return s
+	return s, true
 }
 
 func (r *redactor) walk(v any) any {
@@ -194,7 +329,7 @@ func (r *redactor) walk(v any) any {
 		out := make(map[string]any, len(v))
 		for k, e := range v {
 			nk := r.text(k) // a field name can hold a card number too
-			if r.fields[fold(k)] {
+			if r.sensitive(k) {
 				out[nk] = redactedMark
 			} else {
 				out[nk] = r.walk(e)
@@ -219,7 +354,7 @@ func (r *redactor) walk(v any) any {
 
 // header shows a header's value: masked whole when its name is sensitive.
 func (r *redactor) header(name string, value []byte) string {
-	if !r.show && r.fields[fold(name)] {
+	if !r.show && r.sensitive(name) {
 		return redactedMark
 	}
 	return r.value(value)

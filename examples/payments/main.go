@@ -223,8 +223,13 @@ func printMetrics(ctx context.Context, url string, out io.Writer) error {
 // With records, the idempotency records live there instead of PostgreSQL.
 func newAPI(pool *pgxpool.Pool, schema string, records idemhttp.Backend, events *outbox.Store,
 	tel *idemotel.Telemetry) (http.Handler, error) {
+	// The fingerprints' secret: a real API loads 32 random bytes or more from
+	// its secret store, the same on every process; this demo makes one.
+	secret := make([]byte, 32)
+	_, _ = rand.Read(secret)
 	cfg := &idemhttp.Config{
-		// A real API takes the account from its authentication.
+		FingerprintKeys: [][]byte{secret},
+		// A real API takes the principal from its authentication.
 		Account: func(*http.Request) (string, error) { return "acct-demo", nil },
 		Logger:  slog.New(idemotel.LogHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))),
 	}

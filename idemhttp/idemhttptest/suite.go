@@ -7,14 +7,16 @@
 // Run starts a real HTTP server (httptest, on 127.0.0.1) per test, with the
 // middleware on a handler whose effect is counted in memory per key, and
 // checks: concurrent requests with one key run the handler once; a key
-// reused with another body gets 422; a duplicate of a request in flight
+// reused with another body gets 422, also while the first request is in
+// flight, in every mode (Config.NoTx, Config.NoLeaseTakeover); a duplicate of a request in flight
 // gets 409 with Retry-After, or with Config.Wait the replay; a replay is
 // byte-identical (status, allow-listed headers, body) and marked; a
 // retryable status (5xx) releases the key; a holder whose lease ended is
 // fenced out (the record is the next holder's); a holder that completes
 // just after its lease while nobody took the key over either commits nothing
 // (a transactional backend) or keeps its record (the others: its effect
-// happened); a waiter runs when the holder releases, and gets 409 when Wait
+// happened); a waiter runs when the holder releases (one of several: the
+// others get its replay), and gets 409 when Wait
 // ends first; a record expires after its TTL; accounts are isolated. Leases and TTLs are real time (short ones: a
 // run takes a few seconds).
 package idemhttptest
@@ -57,6 +59,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) idemhttp.Backend, opts Opti
 		{"ConcurrentRequestsWait", testConcurrentWait},
 		{"ReusedKey422", testReused},
 		{"InFlight409", testInFlight},
+		{"ReusedKeyInFlight422", testReusedInFlight},
 		{"ReplayIsIdentical", testReplay},
 		{"RetryableStatusReleases", testRetryable},
 		{"LeaseTakeoverIsFenced", testTakeover},
@@ -90,6 +93,7 @@ type server struct {
 func newServer(t *testing.T, b idemhttp.Backend, tweak func(*idemhttp.Config)) *server {
 	t.Helper()
 	cfg := &idemhttp.Config{
+		FingerprintKeys: [][]byte{[]byte("idemhttptest: a fingerprint secret of 32 bytes or more")},
 		Account: func(r *http.Request) (string, error) {
 			if a := r.Header.Get("X-Account"); a != "" {
 				return a, nil
@@ -299,8 +303,10 @@ func testConcurrent(t *testing.T, nb func(*testing.T) idemhttp.Backend, _ Option
 }
 
 func testConcurrentWait(t *testing.T, nb func(*testing.T) idemhttp.Backend, _ Options) {
-	s := newServer(t, nb(t), func(c *idemhttp.Config) { c.Wait = 20 * time.Second })
 	const n = 16
+	s := newServer(t, nb(t), func(c *idemhttp.Config) {
+		c.Wait, c.MaxWaiters, c.MaxKeyWaiters = 20*time.Second, n, n
+	})
 	key := newKey()
 	started, open := gate(t, s)
 	results := make([]response, n)
@@ -351,6 +357,41 @@ func testInFlight(t *testing.T, nb func(*testing.T) idemhttp.Backend, _ Options)
 	first := <-done
 	wantFirst(t, first)
 	wantReplayOf(t, s.post("acct-1", key, body), first)
+}
+
+// testReusedInFlight: another body with the key of a request in flight is
+// refused with 422 at once (it can never succeed with that key), in every
+// mode, not 409 (which tells the client to retry it); the holder then
+// completes and is replayed.
+func testReusedInFlight(t *testing.T, nb func(*testing.T) idemhttp.Backend, _ Options) {
+	for _, m := range []struct {
+		name  string
+		tweak func(*idemhttp.Config)
+	}{
+		{"default", nil},
+		{"NoLeaseTakeover", func(c *idemhttp.Config) { c.NoLeaseTakeover = true }},
+		{"NoTx", func(c *idemhttp.Config) { c.NoTx = true }},
+		{"Wait", func(c *idemhttp.Config) { c.Wait = 20 * time.Second }},
+	} {
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			s := newServer(t, nb(t), m.tweak)
+			key := newKey()
+			started, open := gate(t, s)
+			done := make(chan response, 1)
+			go func() { done <- s.post("acct-1", key, body) }()
+			<-started
+			wantCode(t, s.post("acct-1", key, `{"orderId":"order-842","amount":99}`), http.StatusUnprocessableEntity,
+				idemhttp.CodeKeyReused)
+			open()
+			first := <-done
+			wantFirst(t, first)
+			wantReplayOf(t, s.post("acct-1", key, body), first)
+			if got := s.runsOf("acct-1", key); got != 1 {
+				t.Fatalf("handler runs = %d, want 1", got)
+			}
+		})
+	}
 }
 
 func testReplay(t *testing.T, nb func(*testing.T) idemhttp.Backend, _ Options) {
@@ -476,16 +517,35 @@ func testWaitRelease(t *testing.T, nb func(*testing.T) idemhttp.Backend, _ Optio
 	first := make(chan response, 1)
 	go func() { first <- s.post("acct-1", key, body, "X-Status", "503") }()
 	<-started
-	second := make(chan response, 1)
-	go func() { second <- s.post("acct-1", key, body) }()
-	time.Sleep(200 * time.Millisecond) // let the duplicate wait
+	const waiters = 3
+	second := make(chan response, waiters)
+	for range waiters {
+		go func() { second <- s.post("acct-1", key, body) }()
+	}
+	time.Sleep(200 * time.Millisecond) // let the duplicates wait
 	open()
 	if r := <-first; r.status != http.StatusServiceUnavailable {
 		t.Fatalf("holder got %v, want its 503", r)
 	}
-	r := <-second
-	wantFirst(t, r) // the key was released: the waiter ran the handler itself
-	wantReplayOf(t, s.post("acct-1", key, body), r)
+	// The key was released: one waiter ran the handler itself, the others
+	// waited for it and got its replay.
+	var rs []response
+	for range waiters {
+		rs = append(rs, <-second)
+	}
+	var run response
+	for _, r := range rs {
+		if r.status == http.StatusCreated && !r.replayed() {
+			run = r
+		}
+	}
+	wantFirst(t, run)
+	for _, r := range rs {
+		if !bytes.Equal(r.body, run.body) {
+			t.Fatalf("waiter got %v, want the run %v or its replay", r, run)
+		}
+	}
+	wantReplayOf(t, s.post("acct-1", key, body), run)
 	if got := s.runsOf("acct-1", key); got != 2 {
 		t.Fatalf("handler runs = %d, want 2", got)
 	}

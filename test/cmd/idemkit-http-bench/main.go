@@ -291,9 +291,10 @@ func newBench(ctx context.Context, o *options) (_ *bench, err error) {
 		return nil, err
 	}
 	mwCfg := idemhttp.Config{
-		Store:   store,
-		Account: func(*http.Request) (string, error) { return "acct-1", nil },
-		Logger:  slog.New(slog.DiscardHandler),
+		Store:           store,
+		FingerprintKeys: [][]byte{[]byte("idemkit-http-bench: a fingerprint secret of 32 bytes or more")},
+		Account:         func(*http.Request) (string, error) { return "acct-1", nil },
+		Logger:          slog.New(slog.DiscardHandler),
 	}
 	mw, err := idemhttp.New(b.pool, &mwCfg)
 	if err != nil {
