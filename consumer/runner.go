@@ -44,12 +44,14 @@ type Message struct {
 // Runner consumes one topic with a consumer group and runs the handler once
 // per message ID. Create it with New; Run it once.
 type Runner struct {
-	cfg     Config
-	sem     chan struct{} // bounds the partitions processed at once
-	obs     observers
-	claims  dedupq.Queuer // Store's claims, queued after BEGIN
-	outages *outage.Tracker
-	states  partitionStates
+	cfg    Config
+	sem    chan struct{} // bounds the partitions processed at once
+	obs    observers
+	claims dedupq.Queuer // Store's claims, queued after BEGIN
+	// setLocal bounds a transaction on the server (see runTx).
+	setLocal string
+	outages  *outage.Tracker
+	states   partitionStates
 	// now is the runner's clock, for its own timers only: when parked
 	// messages fall due is decided on the database's clock, which every
 	// runner of the group and `idemkit consumer parked retry` share.
@@ -78,7 +80,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Runner{cfg: c, obs: obs, claims: dedupq.Of(c.Store), sem: make(chan struct{}, c.MaxPartitions), now: time.Now, maintain: make(chan struct{}, 1)}
+	r := &Runner{cfg: c, obs: obs, claims: dedupq.Of(c.Store), setLocal: pgsession.SetLocal(c.HandlerTimeout), sem: make(chan struct{}, c.MaxPartitions), now: time.Now, maintain: make(chan struct{}, 1)}
 	r.outages = &outage.Tracker{Log: c.Logger.With("topic", c.Topic, "group", c.GroupID)}
 	if len(obs.outage) > 0 {
 		r.outages.OnStart, r.outages.OnEnd = obs.outageStarted, obs.outageEnded

@@ -1,8 +1,10 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -42,20 +44,24 @@ func (w *worker) runTx(ctx context.Context, t txSteps) error {
 		return err
 	}
 	defer conn.Release()
-	b := &pgx.Batch{}
+	b := w.newBatch()
 	b.BeginTx(pgx.TxOptions{})
-	b.Queue(pgsession.SetLocal(cfg.HandlerTimeout))
+	b.Queue(w.r.setLocal)
 	if err := t.claims(b); err != nil {
 		return err
 	}
 	// A claim waits for the lock of a concurrent claim of the same ID, or
 	// of the partition's position row: say so when another session holds
 	// it for long (an orphaned transaction, most often).
-	stop := pgsession.WatchLockWait(bounded, cfg.pool, conn.Conn().PgConn().PID(), lockWaitWarn, w.log)
+	if w.locks.DB == nil {
+		w.locks = pgsession.LockWatch{DB: cfg.pool, Threshold: lockWaitWarn, Log: cmp.Or(w.log, slog.Default())}
+	}
+	w.locks.Start(bounded, conn.Conn().PgConn().PID())
 	br := conn.SendBatch(bounded, b)
 	tx := br.Tx()
 	err = br.Close()
-	if waited, blocked := stop(); blocked {
+	clear(b.QueuedQueries) // pgx is done with the batch: keep nothing of it
+	if waited, blocked := w.locks.Stop(); blocked {
 		w.lockWait = waited
 	}
 	if err != nil {
@@ -89,6 +95,13 @@ func (w *worker) runTx(ctx context.Context, t txSteps) error {
 		return err
 	}
 	return nil
+}
+
+// newBatch returns the worker's batch, emptied: one transaction at a time
+// uses it, and pgx is done with it once its results are closed.
+func (w *worker) newBatch() *pgx.Batch {
+	w.batch = pgx.Batch{QueuedQueries: w.batch.QueuedQueries[:0]}
+	return &w.batch
 }
 
 // txBound is how long a transaction whose handler calls have handlerTimeout

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idemkit/internal/pgsession"
 	"github.com/idemkit/idemkit/internal/testenv"
 )
 
@@ -21,7 +22,7 @@ func TestRunTxReleasesConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	w := &worker{r: &Runner{cfg: Config{pool: pool}}}
+	w := &worker{r: &Runner{cfg: Config{pool: pool}, setLocal: pgsession.SetLocal(0)}}
 	ok := func(tx pgx.Tx) error { return nil }
 	boom := errors.New("boom")
 	cancelled, cancel := context.WithCancel(context.Background())
@@ -103,7 +104,7 @@ func TestCommitAfterLongHandler(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	w := &worker{r: &Runner{cfg: Config{pool: pool}}}
+	w := &worker{r: &Runner{cfg: Config{pool: pool}, setLocal: pgsession.SetLocal(0)}}
 	slow := func(tx pgx.Tx) error {
 		time.Sleep(2 * commitTimeout)
 		_, err := tx.Exec(context.Background(), `SELECT 1`)

@@ -46,6 +46,15 @@ type worker struct {
 	// lockWait is how long the claims of the last transaction waited for
 	// another session's lock, when they were found waiting (see runTx).
 	lockWait time.Duration
+	batch    pgx.Batch // the batch that begins a transaction, reused (runTx)
+	locks    pgsession.LockWatch
+	// events are the observers' events, reused: an event is valid during
+	// the call only.
+	events struct {
+		start   TxStartEvent
+		end     TxEndEvent
+		outcome OutcomeEvent
+	}
 }
 
 func (w *worker) run(runCtx, genCtx context.Context) {
@@ -847,7 +856,7 @@ func (w *worker) observedTx(ctx context.Context, msgs []*Message, attempt int) (
 	failed, outcomes, beyond, err = w.tx(tctx, msgs)
 	obs.end(outcomes, w.lockWait, err)
 	if err == nil && len(w.r.obs.outcome) > 0 {
-		e := &OutcomeEvent{}
+		e := &w.events.outcome
 		for i, m := range msgs {
 			*e = OutcomeEvent{Message: m, Outcome: outcomes[i]}
 			for _, b := range beyond {
@@ -857,6 +866,7 @@ func (w *worker) observedTx(ctx context.Context, msgs []*Message, attempt int) (
 			}
 			w.r.obs.outcomeOf(tctx, e)
 		}
+		*e = OutcomeEvent{}
 	}
 	return failed, outcomes, tctx, err
 }
@@ -869,18 +879,21 @@ func (w *worker) observe(ctx context.Context, msgs []*Message, attempt int) (con
 		return ctx, observation{}
 	}
 	start := time.Now()
-	e := &TxStartEvent{Messages: msgs, Attempt: attempt}
+	e := &w.events.start
+	*e = TxStartEvent{Messages: msgs, Attempt: attempt}
 	for _, o := range list {
 		if c := o.TxStart(ctx, e); c != nil {
 			ctx = c
 		}
 	}
-	return ctx, observation{list: list, ctx: ctx, msgs: msgs, attempt: attempt, start: start}
+	*e = TxStartEvent{}
+	return ctx, observation{list: list, ctx: ctx, msgs: msgs, attempt: attempt, start: start, event: &w.events.end}
 }
 
 // observation is a transaction between its TxStart and its TxEnd.
 type observation struct {
 	list    []TxObserver
+	event   *TxEndEvent // the worker's, reused
 	ctx     context.Context
 	msgs    []*Message
 	attempt int
@@ -896,11 +909,13 @@ func (o observation) end(outcomes []Outcome, lockWait time.Duration, err error) 
 	if err != nil {
 		outcomes = nil
 	}
-	e := &TxEndEvent{Messages: o.msgs, Attempt: o.attempt, Outcomes: outcomes, Err: err, Duration: time.Since(o.start),
+	e := o.event
+	*e = TxEndEvent{Messages: o.msgs, Attempt: o.attempt, Outcomes: outcomes, Err: err, Duration: time.Since(o.start),
 		LockWait: lockWait}
 	for i := len(o.list) - 1; i >= 0; i-- {
 		o.list[i].TxEnd(o.ctx, e)
 	}
+	*e = TxEndEvent{}
 }
 
 // errSplit asks process to run a batch again in halves: its transaction

@@ -93,7 +93,7 @@ func TestRelayMetrics(t *testing.T) {
 	}
 	rcfg := &outbox.RelayConfig{Kafka: testenv.Kafka(t), StatsInterval: 20 * time.Millisecond}
 	published := make(chan int, 16)
-	rcfg.Hooks.Published = func(recs []outbox.Record) { published <- len(recs) } // the user's own hook
+	testobs.OutboxOf(&rcfg.Observers).OnPublished = func(recs []outbox.Record) { published <- len(recs) } // the user's own hook
 	rel, err := e.tel.Relay(store, rcfg)
 	if err != nil {
 		t.Fatal(err)

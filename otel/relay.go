@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -43,8 +44,8 @@ type Relay struct {
 }
 
 // Relay wires the telemetry into cfg before outbox.NewRelay(pool, store,
-// cfg): it chains cfg.Hooks (the hooks cfg already had run after) so that
-// published, failed and parked records count into
+// cfg): it adds an observer to cfg.Observers so that published, failed and
+// parked records count into
 // idemkit_outbox_messages_total, each published record's enqueue→publish
 // time into idemkit_outbox_publish_latency_seconds, and the relay's Stats
 // (every cfg.StatsInterval) feed idemkit_outbox_backlog_messages and
@@ -68,47 +69,14 @@ func (t *Telemetry) Relay(store *outbox.Store, cfg *outbox.RelayConfig) (*Relay,
 	for _, o := range []attrOpts{published, failed, parked} {
 		in.messages.Add(ctx, 0, o.add...)
 	}
-	var mu sync.Mutex
-	var last *outbox.Stats
-
-	h := &cfg.Hooks
-	prevPublished, prevFailed, prevParked, prevStats := h.Published, h.Failed, h.Parked, h.Stats
-	h.Published = func(recs []outbox.Record) {
-		now := time.Now()
-		in.messages.Add(ctx, int64(len(recs)), published.add...)
-		for _, r := range recs {
-			if !r.EnqueuedAt.IsZero() {
-				in.latency.Record(ctx, max(now.Sub(r.EnqueuedAt).Seconds(), 0), own.rec...)
-			}
-		}
-		if prevPublished != nil {
-			prevPublished(recs)
-		}
-	}
-	h.Failed = func(rec outbox.Record, err error) {
-		in.messages.Add(ctx, 1, failed.add...)
-		if prevFailed != nil {
-			prevFailed(rec, err)
-		}
-	}
-	h.Parked = func(rec outbox.Record, err error) {
-		in.messages.Add(ctx, 1, parked.add...)
-		if prevParked != nil {
-			prevParked(rec, err)
-		}
-	}
-	h.Stats = func(st outbox.Stats) {
-		mu.Lock()
-		last = &st
-		mu.Unlock()
-		if prevStats != nil {
-			prevStats(st)
-		}
-	}
+	ro := &relayObserver{in: in, published: published, failed: failed, parked: parked, own: own}
+	// A new slice, so that one shared with another config is not written
+	// into.
+	cfg.Observers = append(slices.Clip(cfg.Observers), ro)
 	reg, err := t.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
-		mu.Lock()
-		st := last
-		mu.Unlock()
+		ro.mu.Lock()
+		st := ro.last
+		ro.mu.Unlock()
 		if st != nil {
 			o.ObserveInt64(in.backlog, st.Backlog, own.obs...)
 			o.ObserveFloat64(in.oldestAge, st.OldestAge.Seconds(), own.obs...)
@@ -123,3 +91,37 @@ func (t *Telemetry) Relay(store *outbox.Store, cfg *outbox.RelayConfig) (*Relay,
 
 // Close unregisters the relay's gauges.
 func (r *Relay) Close() error { return r.reg.Unregister() }
+
+// relayObserver is the relay's observer: counters per event, the last
+// Stats for the gauges.
+type relayObserver struct {
+	in                             *outboxInstruments
+	published, failed, parked, own attrOpts
+	mu                             sync.Mutex
+	last                           *outbox.Stats
+}
+
+func (o *relayObserver) Published(ctx context.Context, e *outbox.PublishEvent) {
+	now := time.Now()
+	o.in.messages.Add(ctx, int64(len(e.Records)), o.published.add...)
+	for _, r := range e.Records {
+		if !r.EnqueuedAt.IsZero() {
+			o.in.latency.Record(ctx, max(now.Sub(r.EnqueuedAt).Seconds(), 0), o.own.rec...)
+		}
+	}
+}
+
+func (o *relayObserver) Failed(ctx context.Context, e *outbox.FailureEvent) {
+	if e.Parked {
+		o.in.messages.Add(ctx, 1, o.parked.add...)
+	} else {
+		o.in.messages.Add(ctx, 1, o.failed.add...)
+	}
+}
+
+func (o *relayObserver) Stats(_ context.Context, st *outbox.Stats) {
+	c := *st
+	o.mu.Lock()
+	o.last = &c
+	o.mu.Unlock()
+}

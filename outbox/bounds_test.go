@@ -8,6 +8,7 @@ import (
 
 	"github.com/idemkit/idemkit/internal/pgsession"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/outbox"
 )
 
@@ -36,7 +37,7 @@ func TestDispatcherRoundStartsNoHandlerAfterItsTime(t *testing.T) {
 	d, err := outbox.NewDispatcher(db.Pool, store, &outbox.DispatcherConfig{
 		Handlers: map[string]outbox.Handler{"h": slow}, HandlerTimeout: 200 * time.Millisecond,
 		PollInterval: 20 * time.Millisecond, Logger: testLogger(t),
-		Hooks: outbox.Hooks{Published: func(recs []outbox.Record) {
+		Observers: []outbox.Observer{&testobs.Outbox{OnPublished: func(recs []outbox.Record) {
 			mu.Lock()
 			defer mu.Unlock()
 			var vals []string
@@ -47,7 +48,7 @@ func TestDispatcherRoundStartsNoHandlerAfterItsTime(t *testing.T) {
 			if countVals(rounds) >= 3 {
 				once.Do(func() { close(done) })
 			}
-		}},
+		}}},
 	})
 	if err != nil {
 		t.Fatal(err)

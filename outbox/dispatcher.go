@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemkit/idemkit"
 	"github.com/idemkit/idemkit/internal/pgsession"
+	"github.com/idemkit/idemkit/retry"
 )
 
 // Handler performs one non-Kafka side effect: send an e-mail, call a payment
@@ -41,15 +42,12 @@ type DispatcherConfig struct {
 	BatchSize int
 	// HandlerTimeout bounds one handler call. Defaults to 30s.
 	HandlerTimeout time.Duration
-	// PollInterval, RetryInitial, RetryMax, ParkAfter, Retention,
-	// CleanupInterval, CleanupBatch, StatsInterval, DisableListen and
-	// MaxOutage mean what they mean in RelayConfig, with the same defaults
-	// (MaxOutage concerns PostgreSQL only). Every handler failure counts
-	// towards ParkAfter.
+	// PollInterval, Retry, Retention, CleanupInterval, CleanupBatch,
+	// StatsInterval, DisableListen and MaxOutage mean what they mean in
+	// RelayConfig, with the same defaults (MaxOutage concerns PostgreSQL
+	// only). Every handler failure counts towards Retry.MaxAttempts.
 	PollInterval    time.Duration
-	RetryInitial    time.Duration
-	RetryMax        time.Duration
-	ParkAfter       int
+	Retry           retry.Policy
 	Retention       time.Duration
 	CleanupInterval time.Duration
 	CleanupBatch    int
@@ -59,8 +57,9 @@ type DispatcherConfig struct {
 
 	// Logger receives structured logs. Defaults to slog.Default().
 	Logger *slog.Logger
-	// Hooks observe the dispatcher; Published means handled.
-	Hooks Hooks
+	// Observers watch the dispatcher, as RelayConfig.Observers the relay;
+	// a PublishEvent's records were handled.
+	Observers []Observer
 }
 
 // Dispatcher runs registered handlers for outbox messages enqueued with
@@ -102,10 +101,10 @@ func NewDispatcher(pool *pgxpool.Pool, store *Store, cfg *DispatcherConfig) (*Di
 	if d.timeout <= 0 {
 		return nil, fmt.Errorf("%w: HandlerTimeout %v <= 0", ErrInvalidConfig, d.timeout)
 	}
-	rc := RelayConfig{BatchSize: cfg.BatchSize, PollInterval: cfg.PollInterval, RetryInitial: cfg.RetryInitial,
-		RetryMax: cfg.RetryMax, ParkAfter: cfg.ParkAfter, Retention: cfg.Retention,
-		CleanupInterval: cfg.CleanupInterval, CleanupBatch: cfg.CleanupBatch, StatsInterval: cfg.StatsInterval,
-		DisableListen: cfg.DisableListen, MaxOutage: cfg.MaxOutage, Logger: cfg.Logger, Hooks: cfg.Hooks}
+	rc := RelayConfig{BatchSize: cfg.BatchSize, PollInterval: cfg.PollInterval, Retry: cfg.Retry,
+		Retention: cfg.Retention, CleanupInterval: cfg.CleanupInterval, CleanupBatch: cfg.CleanupBatch,
+		StatsInterval: cfg.StatsInterval, DisableListen: cfg.DisableListen, MaxOutage: cfg.MaxOutage,
+		Logger: cfg.Logger, Observers: cfg.Observers}
 	l, err := rc.loop()
 	if err != nil {
 		return nil, err

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/outbox"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -51,9 +52,7 @@ func TestDispatcher(t *testing.T) {
 	pub := newPublished()
 	d, err := outbox.NewDispatcher(db.Pool, store, &outbox.DispatcherConfig{
 		Handlers:     map[string]outbox.Handler{"email": email},
-		PollInterval: 50 * time.Millisecond, RetryInitial: 20 * time.Millisecond, RetryMax: 50 * time.Millisecond,
-		ParkAfter: 2, Logger: testLogger(t), Hooks: outbox.Hooks{Published: pub.hook},
-	})
+		PollInterval: 50 * time.Millisecond, Logger: testLogger(t), Observers: []outbox.Observer{&testobs.Outbox{OnPublished: pub.hook}}, Retry: retry.Policy{InitialInterval: 20 * time.Millisecond, MaxInterval: 50 * time.Millisecond, MaxAttempts: 2}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +177,7 @@ func TestDispatcherReplacesReadOnlySession(t *testing.T) {
 	pub := newPublished()
 	d, err := outbox.NewDispatcher(pool, store, &outbox.DispatcherConfig{
 		Handlers:     map[string]outbox.Handler{"email": outbox.HandlerFunc(func(context.Context, *outbox.Record) error { return nil })},
-		PollInterval: 50 * time.Millisecond, Logger: testLogger(t), Hooks: outbox.Hooks{Published: pub.hook},
+		PollInterval: 50 * time.Millisecond, Logger: testLogger(t), Observers: []outbox.Observer{&testobs.Outbox{OnPublished: pub.hook}},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -33,9 +33,9 @@
 //   - A message with NotBefore is not delivered before that time (database
 //     clock), and neither are the later messages of its key; other keys do
 //     not wait for it, however many messages its key holds.
-//   - Failures are retried with jittered exponential backoff (RetryInitial
-//     up to RetryMax, per message). A message that keeps failing is parked
-//     after ParkAfter attempts, at once for errors that cannot succeed
+//   - Failures are retried with jittered exponential backoff (Retry, per
+//     message). A message that keeps failing is parked after
+//     Retry.MaxAttempts attempts, at once for errors that cannot succeed
 //     (too large for MaxBatchBytes, an invalid topic, a handler error wrapped
 //     with retry.Permanent). Broker outages (network errors, timeouts,
 //     leader elections) are retried without end and never park. A parked
@@ -88,7 +88,7 @@
 // is held behind it — deferred (blocked_by set) behind a row that waits for
 // a time, parked behind a parked row — and leaves the ready index. Waiting
 // rows whose time has come are made ready again by the relay (at most
-// every min(PollInterval, RetryInitial), and at once when a retry it
+// every min(PollInterval, Retry.InitialInterval), and at once when a retry it
 // scheduled is due), together with the rows deferred behind them; Retry
 // does it for a parked row and the rows parked behind it. A ready row that
 // is not due (written by an older EnqueueTx) is made waiting on sight and
@@ -180,11 +180,12 @@
 //
 // # Metrics
 //
-// Hooks.Published, Failed and Parked report each round's outcome;
-// Hooks.Stats reports, every StatsInterval, the backlog (pending messages),
-// the age of the oldest one, and the number of parked messages (also
-// available on demand with Store.Stats). Hooks.AfterPublish runs between
-// delivery and the commit of the marks, the point where a crash causes a
-// redelivery; the fault tests kill the process there. Hooks.Published runs
-// once the marks are committed.
+// Config.Observers take a round's events: a PublishObserver its records
+// once their marks are committed, a FailureObserver each failure (to be
+// tried again, or parked), a StatsObserver, every StatsInterval, the
+// backlog (pending messages), the age of the oldest one, and the number of
+// parked messages (also available on demand with Store.Stats). A
+// DeliveryObserver sees the records between their delivery and the commit
+// of their marks, the point where a crash causes a redelivery; the fault
+// tests kill the process there.
 package outbox

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -36,28 +37,6 @@ type Record struct {
 	Attempt int
 	// EnqueuedAt is when the enqueuing statement ran, by the database clock.
 	EnqueuedAt time.Time
-}
-
-// Hooks observe a Relay or a Dispatcher: metrics, tracing and tests. Every
-// field is optional. They run synchronously on the delivery goroutine (Stats
-// on its own): keep them fast.
-type Hooks struct {
-	// AfterPublish runs after records were delivered (acknowledged by every
-	// in-sync replica, or handled) and before their marks are committed in
-	// the database. A crash here delivers them again later, with the same
-	// IDs.
-	AfterPublish func(ctx context.Context, recs []Record)
-	// Published runs after the delivered records were marked and committed.
-	Published func(recs []Record)
-	// Failed runs after a failed attempt was recorded, for each record that
-	// will be tried again.
-	Failed func(rec Record, err error)
-	// Parked runs after a record was parked because its own delivery failed
-	// for good (not for the records parked behind it).
-	Parked func(rec Record, err error)
-	// Stats runs every StatsInterval with the outbox's backlog: pending
-	// count, oldest pending age, parked count.
-	Stats func(Stats)
 }
 
 // errNotAttempted is the error a deliverer reports for a record it left for
@@ -129,9 +108,8 @@ type loopConfig struct {
 	name            string // "relay" or "dispatcher", for errors and logs
 	batchSize       int
 	pollInterval    time.Duration
-	retryInitial    time.Duration
-	retryMax        time.Duration
-	parkAfter       int
+	retry           retry.Policy // the schedule of a failing row's attempts
+	parkAfter       int          // failed attempts that park a row; negative: never
 	retention       time.Duration
 	cleanupInterval time.Duration
 	cleanupBatch    int
@@ -139,7 +117,7 @@ type loopConfig struct {
 	disableListen   bool
 	maxOutage       time.Duration
 	logger          *slog.Logger
-	hooks           Hooks
+	obs             observers
 	// txBudget is how long a round's transaction may legitimately sit
 	// idle (publishing, running handlers): its
 	// idle_in_transaction_session_timeout is that plus pgsession.Margin,
@@ -203,7 +181,7 @@ func (e *engine) run(ctx context.Context) error {
 	if e.cfg.retention > 0 {
 		wg.Go(func() { e.cleanupLoop(ctx) })
 	}
-	if e.cfg.hooks.Stats != nil {
+	if len(e.cfg.obs.stats) > 0 {
 		wg.Go(func() { e.statsLoop(ctx) })
 	}
 	err := e.deliverLoop(ctx, wake)
@@ -212,21 +190,31 @@ func (e *engine) run(ctx context.Context) error {
 	return err
 }
 
-// newBackOff is the relay's retry schedule: retry.Policy's jittered
-// exponential backoff, unbounded (failures are counted per row, see
-// ParkAfter).
+// newBackOff is the relay's retry schedule: Retry's jittered exponential
+// backoff, unbounded (failures are counted per row, see parkAfter).
 func (e *engine) newBackOff() *retry.Schedule {
-	p := &retry.Policy{InitialInterval: e.cfg.retryInitial, MaxInterval: e.cfg.retryMax,
-		MaxAttempts: -1, MaxElapsedTime: -1}
+	p := e.cfg.retry
+	p.MaxAttempts, p.MaxElapsedTime = -1, -1
 	return p.Schedule()
 }
+
+// retryInitial and retryMax are Retry's first and largest waits.
+func (l *loopConfig) retryInitial() time.Duration {
+	return cmp.Or(l.retry.InitialInterval, retry.InitialIntervalDefault)
+}
+
+func (l *loopConfig) retryMax() time.Duration { return l.retry.MaxIntervalOrDefault() }
+
+// parks reports whether a row whose attempt-th delivery failed (a failure
+// that counts) is parked.
+func (l *loopConfig) parks(attempt int) bool { return l.parkAfter > 0 && attempt >= l.parkAfter }
 
 // rowDelay is the wait after a record's attempt-th failure: the attempt-th
 // step of the jittered exponential schedule.
 func (e *engine) rowDelay(attempt int) time.Duration {
 	b := e.newBackOff()
 	d, _ := b.Next() // unbounded: it never gives up
-	for i := 1; i < min(attempt, 64) && d < e.cfg.retryMax; i++ {
+	for i := 1; i < min(attempt, 64) && d < e.cfg.retryMax(); i++ {
 		d, _ = b.Next()
 	}
 	return d
@@ -434,11 +422,6 @@ func (e *engine) round(ctx context.Context) (res roundResult, err error) {
 	var done []Record
 	doneSeqs := make([]int64, 0, len(deliverable))
 	failed := map[int64]update{} // by key: the failure that holds the rest
-	type failure struct {
-		rec    Record
-		err    error
-		parked bool
-	}
 	var failures []failure
 	allTransient := len(deliverable) > 0
 	for i, r := range deliverable {
@@ -477,7 +460,7 @@ func (e *engine) round(ctx context.Context) (res roundResult, err error) {
 				res.err = err
 			}
 		}
-		park := v == permanentFailure || v == countedFailure && r.rec.Attempt >= e.cfg.parkAfter
+		park := v == permanentFailure || v == countedFailure && e.cfg.parks(r.rec.Attempt)
 		u := update{seq: r.seq, add: 1, err: pgtype.Text{String: pgtext.Text(err.Error(), maxErrorText), Valid: true}, park: park}
 		if !park {
 			u.delayUS = e.rowDelay(r.rec.Attempt).Microseconds()
@@ -486,9 +469,7 @@ func (e *engine) round(ctx context.Context) (res roundResult, err error) {
 		failed[r.lockKey] = update{delayUS: u.delayUS, park: park, blockedBy: pgtype.Text{String: r.rec.ID, Valid: true}}
 		failures = append(failures, failure{rec: r.rec, err: err, parked: park})
 	}
-	if h := e.cfg.hooks.AfterPublish; h != nil && len(done) > 0 {
-		h(ctx, done)
-	}
+	e.cfg.obs.delivered(ctx, done)
 
 	// Delivered: record it even if the run is being cancelled.
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.dbTimeout())
@@ -510,25 +491,8 @@ func (e *engine) round(ctx context.Context) (res roundResult, err error) {
 	res.delivered = len(done)
 	res.attempted = len(deliverable) > 0 && !cancelled
 	res.stalled = allTransient && !cancelled
-	if h := e.cfg.hooks.Published; h != nil && len(done) > 0 {
-		h(done)
-	}
-	if len(failures) > 0 && !res.stalled { // a stalled round is an outage: deliverLoop logs it once
-		e.log.Warn("delivery failed", "failed", len(failures), "delivered", len(done),
-			"message_id", failures[0].rec.ID, "topic", failures[0].rec.Topic, "attempt", failures[0].rec.Attempt,
-			"err", failures[0].err)
-	}
-	for _, f := range failures {
-		if f.parked {
-			e.log.Error("message parked", "message_id", f.rec.ID, "topic", f.rec.Topic, "handler", f.rec.Handler,
-				"attempt", f.rec.Attempt, "err", f.err)
-			if h := e.cfg.hooks.Parked; h != nil {
-				h(f.rec, f.err)
-			}
-		} else if h := e.cfg.hooks.Failed; h != nil {
-			h(f.rec, f.err)
-		}
-	}
+	e.cfg.obs.published(ctx, done)
+	e.report(ctx, failures, len(done), res.stalled)
 	return res, nil
 }
 
@@ -710,7 +674,7 @@ func (e *engine) statsLoop(ctx context.Context) {
 	for {
 		st, err := e.store.Stats(ctx, e.pool)
 		if err == nil {
-			e.cfg.hooks.Stats(st)
+			e.cfg.obs.statsOf(ctx, st)
 		} else if ctx.Err() == nil {
 			e.logUnlessOutage(err, "stats failed", "err", err)
 		}

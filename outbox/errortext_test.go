@@ -9,7 +9,9 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/outbox"
+	"github.com/idemkit/idemkit/retry"
 )
 
 // TestDispatcherErrorTextIsStored: a handler error whose text cannot
@@ -42,9 +44,7 @@ func TestDispatcherErrorTextIsStored(t *testing.T) {
 			pub := newPublished()
 			d, err := outbox.NewDispatcher(db.Pool, store, &outbox.DispatcherConfig{
 				Handlers:     map[string]outbox.Handler{"email": h},
-				PollInterval: 50 * time.Millisecond, RetryInitial: 20 * time.Millisecond, RetryMax: 50 * time.Millisecond,
-				ParkAfter: 2, Logger: testLogger(t), Hooks: outbox.Hooks{Published: pub.hook},
-			})
+				PollInterval: 50 * time.Millisecond, Logger: testLogger(t), Observers: []outbox.Observer{&testobs.Outbox{OnPublished: pub.hook}}, Retry: retry.Policy{InitialInterval: 20 * time.Millisecond, MaxInterval: 50 * time.Millisecond, MaxAttempts: 2}})
 			if err != nil {
 				t.Fatal(err)
 			}

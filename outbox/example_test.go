@@ -12,6 +12,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/idemtest"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/outbox"
 )
@@ -55,8 +56,8 @@ func ExampleStore_EnqueueTx() {
 
 	published := make(chan []outbox.Record, 1)
 	relay, err := outbox.NewRelay(pool, store, &outbox.RelayConfig{
-		Kafka: kafkaconn.Config{Brokers: brokers},
-		Hooks: outbox.Hooks{Published: func(recs []outbox.Record) { published <- recs }},
+		Kafka:     kafkaconn.Config{Brokers: brokers},
+		Observers: []outbox.Observer{&testobs.Outbox{OnPublished: func(recs []outbox.Record) { published <- recs }}},
 	})
 	if err != nil {
 		panic(err)

@@ -10,6 +10,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/outbox"
 )
 
@@ -32,7 +33,7 @@ func TestContextHeaders(t *testing.T) {
 	}
 	topic := testenv.NewTopic(t, 1)
 	pub := newPublished()
-	run(t, newRelay(t, db, store, outbox.RelayConfig{Hooks: outbox.Hooks{Published: pub.hook}}))
+	run(t, newRelay(t, db, store, outbox.RelayConfig{Observers: []outbox.Observer{&testobs.Outbox{OnPublished: pub.hook}}}))
 
 	ctx := context.WithValue(context.Background(), requestKey{}, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
 	var ids []string

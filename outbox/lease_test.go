@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/outbox"
 )
 
@@ -35,7 +36,7 @@ func TestTwoRelaysOverlappingTransactions(t *testing.T) {
 	pub := newPublished()
 	for range 2 {
 		// Small batches: many rounds, pipelined and not, on both relays.
-		run(t, newRelay(t, db, store, outbox.RelayConfig{BatchSize: 7, Hooks: outbox.Hooks{Published: pub.hook}}))
+		run(t, newRelay(t, db, store, outbox.RelayConfig{BatchSize: 7, Observers: []outbox.Observer{&testobs.Outbox{OnPublished: pub.hook}}}))
 	}
 
 	// A ticket clock shared by the writers: a transaction's begin ticket is
@@ -194,9 +195,9 @@ func TestRelaysShareShards(t *testing.T) {
 	db, store := newDB(t)
 	topic := testenv.NewTopic(t, 2)
 	pub := newPublished()
-	stopA := run(t, newRelay(t, db, store, outbox.RelayConfig{Hooks: outbox.Hooks{Published: pub.hook}}))
+	stopA := run(t, newRelay(t, db, store, outbox.RelayConfig{Observers: []outbox.Observer{&testobs.Outbox{OnPublished: pub.hook}}}))
 	waitShards(t, db, store, 64)
-	run(t, newRelay(t, db, store, outbox.RelayConfig{Hooks: outbox.Hooks{Published: pub.hook}}))
+	run(t, newRelay(t, db, store, outbox.RelayConfig{Observers: []outbox.Observer{&testobs.Outbox{OnPublished: pub.hook}}}))
 	waitShards(t, db, store, 32, 32)
 	stopA()
 	waitShards(t, db, store, 64)
@@ -217,7 +218,7 @@ func TestBurstOfCommitsCostsOneRound(t *testing.T) {
 	topic := testenv.NewTopic(t, 1)
 	pub := newPublished()
 	r := newRelay(t, db, store, outbox.RelayConfig{WakeDelay: 2 * time.Second, PollInterval: time.Hour,
-		Hooks: outbox.Hooks{Published: pub.hook}})
+		Observers: []outbox.Observer{&testobs.Outbox{OnPublished: pub.hook}}})
 	var rounds atomic.Int64
 	outbox.OnRound(r, func(int) { rounds.Add(1) })
 	run(t, r)
@@ -247,7 +248,7 @@ func TestFailureInFullBatch(t *testing.T) {
 	pub := newPublished()
 	parked := make(chan outbox.Record, 1)
 	run(t, newRelay(t, db, store, outbox.RelayConfig{BatchSize: 4, MaxBatchBytes: 4096,
-		Hooks: outbox.Hooks{Published: pub.hook, Parked: func(rec outbox.Record, _ error) { parked <- rec }}}))
+		Observers: []outbox.Observer{&testobs.Outbox{OnPublished: pub.hook, OnParked: func(rec outbox.Record, _ error) { parked <- rec }}}}))
 	var msgs []outbox.Message
 	want := map[string]int{}
 	for i := range 40 {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemkit/idemkit/internal/outage"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/outbox"
 	"github.com/idemkit/idemkit/retry"
@@ -179,7 +180,7 @@ func TestRelayRidesOutKilledConnections(t *testing.T) {
 	var published atomic.Int64
 	relay, err := outbox.NewRelay(pool, store, &outbox.RelayConfig{
 		Kafka: testenv.Kafka(t), BatchSize: 25, PollInterval: 50 * time.Millisecond,
-		Logger: logger, Hooks: outbox.Hooks{Published: func(recs []outbox.Record) { published.Add(int64(len(recs))) }},
+		Logger: logger, Observers: []outbox.Observer{&testobs.Outbox{OnPublished: func(recs []outbox.Record) { published.Add(int64(len(recs))) }}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -253,7 +254,7 @@ func TestRelayWaitsForPostgresAtStart(t *testing.T) {
 	pub := newPublished()
 	relay, err := outbox.NewRelay(proxy.pool(t), store, &outbox.RelayConfig{
 		Kafka: testenv.Kafka(t), PollInterval: 50 * time.Millisecond, Logger: logger,
-		Hooks: outbox.Hooks{Published: pub.hook},
+		Observers: []outbox.Observer{&testobs.Outbox{OnPublished: pub.hook}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -289,7 +290,7 @@ func TestMaxOutage(t *testing.T) {
 	pub := newPublished()
 	relay, err := outbox.NewRelay(pool, store, &outbox.RelayConfig{
 		Kafka: testenv.Kafka(t), PollInterval: 50 * time.Millisecond, MaxOutage: maxOutage,
-		Logger: testLogger(t), Hooks: outbox.Hooks{Published: pub.hook},
+		Logger: testLogger(t), Observers: []outbox.Observer{&testobs.Outbox{OnPublished: pub.hook}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -297,7 +298,7 @@ func TestMaxOutage(t *testing.T) {
 	dispatcher, err := outbox.NewDispatcher(pool, store, &outbox.DispatcherConfig{
 		Handlers:     map[string]outbox.Handler{"h": outbox.HandlerFunc(func(context.Context, *outbox.Record) error { return nil })},
 		PollInterval: 50 * time.Millisecond, MaxOutage: maxOutage, Logger: testLogger(t),
-		Hooks: outbox.Hooks{Published: pub.hook},
+		Observers: []outbox.Observer{&testobs.Outbox{OnPublished: pub.hook}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -332,9 +333,7 @@ func TestMaxOutage(t *testing.T) {
 	deadBroker := ln.Addr().String()
 	ln.Close()
 	kafkaRelay, err := outbox.NewRelay(db.Pool, store, &outbox.RelayConfig{
-		Kafka: kafkaconn.Config{Brokers: []string{deadBroker}}, PollInterval: 50 * time.Millisecond, MaxOutage: maxOutage,
-		RetryMax: 200 * time.Millisecond, PublishTimeout: time.Second, Logger: testLogger(t),
-	})
+		Kafka: kafkaconn.Config{Brokers: []string{deadBroker}}, PollInterval: 50 * time.Millisecond, MaxOutage: maxOutage, PublishTimeout: time.Second, Logger: testLogger(t), Retry: retry.Policy{MaxInterval: 200 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,19 +17,20 @@ import (
 	"github.com/idemkit/idemkit"
 	"github.com/idemkit/idemkit/internal/pgsession"
 	"github.com/idemkit/idemkit/kafkaconn"
+	"github.com/idemkit/idemkit/retry"
 )
 
 // Defaults of RelayConfig and DispatcherConfig.
 const (
-	BatchSizeDefault       = 500
-	MaxBatchBytesDefault   = 1 << 20 // kafka-go's and Kafka's default limit
-	PollIntervalDefault    = 500 * time.Millisecond
-	WakeDelayDefault       = 5 * time.Millisecond
-	PublishTimeoutDefault  = 10 * time.Second
-	MetadataTTLDefault     = 2 * time.Second
-	HandlerTimeoutDefault  = 30 * time.Second
-	RetryInitialDefault    = 100 * time.Millisecond
-	RetryMaxDefault        = 10 * time.Second
+	BatchSizeDefault      = 500
+	MaxBatchBytesDefault  = 1 << 20 // kafka-go's and Kafka's default limit
+	PollIntervalDefault   = 500 * time.Millisecond
+	WakeDelayDefault      = 5 * time.Millisecond
+	PublishTimeoutDefault = 10 * time.Second
+	MetadataTTLDefault    = 2 * time.Second
+	HandlerTimeoutDefault = 30 * time.Second
+	// ParkAfterDefault is the failed attempts that park a message when
+	// Retry.MaxAttempts is zero.
 	ParkAfterDefault       = 10
 	RetentionDefault       = 24 * time.Hour
 	CleanupIntervalDefault = time.Minute
@@ -77,15 +78,15 @@ type RelayConfig struct {
 	WakeDelay time.Duration
 	// PublishTimeout bounds one round's Kafka writes. Defaults to 10s.
 	PublishTimeout time.Duration
-	// RetryInitial is the wait after a message's first failed attempt; it
-	// doubles (with jitter) up to RetryMax. Defaults to 100ms.
-	RetryInitial time.Duration
-	// RetryMax caps the wait between attempts. Defaults to 10s.
-	RetryMax time.Duration
-	// ParkAfter is how many failed attempts park a message. Failures of
-	// the connection to Kafka (broker down, leader elections, timeouts) are
-	// retried without end and never park. Defaults to 10.
-	ParkAfter int
+	// Retry paces a failing message's attempts: InitialInterval after the
+	// first failure, growing by Multiplier (with RandomizationFactor's
+	// jitter) up to MaxInterval, as for the consumer; MaxAttempts failed
+	// attempts park the message (negative: never). Failures of the
+	// connection to Kafka (broker down, leader elections, timeouts) are
+	// retried without end and never park. MaxElapsedTime and Classifier are
+	// not used. Defaults to the zero Policy's 100ms to 10s, and 10
+	// attempts (ParkAfterDefault).
+	Retry retry.Policy
 	// Retention is how long published rows are kept before cleanup deletes
 	// them. Negative disables cleanup in this relay. Defaults to 24h.
 	Retention time.Duration
@@ -95,8 +96,8 @@ type RelayConfig struct {
 	// CleanupBatch is the most rows one cleanup statement deletes.
 	// Defaults to 1000.
 	CleanupBatch int
-	// StatsInterval is how often Hooks.Stats runs (only when set). Defaults
-	// to 10s.
+	// StatsInterval is how often StatsObservers get the backlog (only when
+	// there are any). Defaults to 10s.
 	StatsInterval time.Duration
 	// DisableListen turns off LISTEN/NOTIFY wake-ups: the relay only polls.
 	// Defaults to false.
@@ -111,8 +112,9 @@ type RelayConfig struct {
 
 	// Logger receives structured logs. Defaults to slog.Default().
 	Logger *slog.Logger
-	// Hooks observe the relay; every field is optional.
-	Hooks Hooks
+	// Observers watch the relay (metrics, tracing, tests): each takes the
+	// events of the observer interfaces it implements (see Observer).
+	Observers []Observer
 }
 
 func (c *RelayConfig) loop() (loopConfig, error) {
@@ -120,9 +122,8 @@ func (c *RelayConfig) loop() (loopConfig, error) {
 		name:            "relay",
 		batchSize:       cmp.Or(c.BatchSize, BatchSizeDefault),
 		pollInterval:    cmp.Or(c.PollInterval, PollIntervalDefault),
-		retryInitial:    cmp.Or(c.RetryInitial, RetryInitialDefault),
-		retryMax:        cmp.Or(c.RetryMax, RetryMaxDefault),
-		parkAfter:       cmp.Or(c.ParkAfter, ParkAfterDefault),
+		retry:           c.Retry,
+		parkAfter:       cmp.Or(c.Retry.MaxAttempts, ParkAfterDefault),
 		retention:       cmp.Or(c.Retention, RetentionDefault),
 		cleanupInterval: cmp.Or(c.CleanupInterval, CleanupIntervalDefault),
 		cleanupBatch:    cmp.Or(c.CleanupBatch, CleanupBatchDefault),
@@ -130,8 +131,12 @@ func (c *RelayConfig) loop() (loopConfig, error) {
 		disableListen:   c.DisableListen,
 		maxOutage:       c.MaxOutage,
 		logger:          cmp.Or(c.Logger, slog.Default()),
-		hooks:           c.Hooks,
 	}
+	obs, err := newObservers(c.Observers)
+	if err != nil {
+		return l, err
+	}
+	l.obs = obs
 	return l, l.validate()
 }
 
@@ -144,10 +149,8 @@ func (l loopConfig) validate() error {
 		return invalid("BatchSize %d < 1", l.batchSize)
 	case l.pollInterval <= 0:
 		return invalid("PollInterval %v <= 0", l.pollInterval)
-	case l.retryInitial <= 0 || l.retryMax < l.retryInitial:
-		return invalid("need 0 < RetryInitial (%v) <= RetryMax (%v)", l.retryInitial, l.retryMax)
-	case l.parkAfter < 1:
-		return invalid("ParkAfter %d < 1", l.parkAfter)
+	case l.retry.Validate() != nil:
+		return invalid("Retry: %v", l.retry.Validate())
 	case l.cleanupInterval <= 0:
 		return invalid("CleanupInterval %v <= 0", l.cleanupInterval)
 	case l.cleanupBatch < 1:
@@ -224,7 +227,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	pgsession.Check(ctx, r.pool, log, "outbox relay")
 	e := &engine{pool: r.pool, store: r.store, cfg: r.loop, log: log}
 	e.rounds = &relayRounds{e: e, wakeDelay: r.cfg.WakeDelay, onRound: r.onRound,
-		promoteEvery: min(r.loop.pollInterval, r.loop.retryInitial),
+		promoteEvery: min(r.loop.pollInterval, r.loop.retryInitial()),
 		k: &kafkaDeliverer{transport: transport, addr: r.cfg.Kafka.Addr(), kafka: &r.cfg.Kafka, maxBytes: r.cfg.MaxBatchBytes,
 			timeout: r.cfg.PublishTimeout}}
 	return e.run(ctx)

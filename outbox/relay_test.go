@@ -16,8 +16,10 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
+	"github.com/idemkit/idemkit/retry"
 )
 
 func TestHeaderIDIsTheConsumersDefault(t *testing.T) {
@@ -35,7 +37,7 @@ func TestRollbackPublishesNothingCommitPublishesOnce(t *testing.T) {
 	db, store := newDB(t)
 	topic := testenv.NewTopic(t, 3)
 	pub := newPublished()
-	newRelayRun := newRelay(t, db, store, outbox.RelayConfig{Hooks: outbox.Hooks{Published: pub.hook}})
+	newRelayRun := newRelay(t, db, store, outbox.RelayConfig{Observers: []outbox.Observer{&testobs.Outbox{OnPublished: pub.hook}}})
 	run(t, newRelayRun)
 
 	// Rolled back: the business write and the outbox rows go together.
@@ -167,7 +169,7 @@ func TestLateCommitIsNotSkipped(t *testing.T) {
 	db, store := newDB(t)
 	topic := testenv.NewTopic(t, 1)
 	pub := newPublished()
-	run(t, newRelay(t, db, store, outbox.RelayConfig{Hooks: outbox.Hooks{Published: pub.hook}}))
+	run(t, newRelay(t, db, store, outbox.RelayConfig{Observers: []outbox.Observer{&testobs.Outbox{OnPublished: pub.hook}}}))
 
 	slow, err := db.Pool.Begin(ctx)
 	if err != nil {
@@ -210,7 +212,7 @@ func TestNotBefore(t *testing.T) {
 	db, store := newDB(t)
 	topic := testenv.NewTopic(t, 1)
 	pub := newPublished()
-	run(t, newRelay(t, db, store, outbox.RelayConfig{Hooks: outbox.Hooks{Published: pub.hook}}))
+	run(t, newRelay(t, db, store, outbox.RelayConfig{Observers: []outbox.Observer{&testobs.Outbox{OnPublished: pub.hook}}}))
 
 	var dbNow time.Time
 	if err := db.Pool.QueryRow(context.Background(), `SELECT now()`).Scan(&dbNow); err != nil {
@@ -249,14 +251,14 @@ func TestThreeRelaysKeepPerKeyOrder(t *testing.T) {
 	var mu sync.Mutex
 	byRelay := map[int]int{}
 	for i := range 3 {
-		r := newRelay(t, db, store, outbox.RelayConfig{BatchSize: 1000, Hooks: outbox.Hooks{
-			Published: func(recs []outbox.Record) {
+		r := newRelay(t, db, store, outbox.RelayConfig{BatchSize: 1000, Observers: []outbox.Observer{&testobs.Outbox{
+			OnPublished: func(recs []outbox.Record) {
 				published.Add(int64(len(recs)))
 				mu.Lock()
 				byRelay[i] += len(recs)
 				mu.Unlock()
 			},
-		}})
+		}}})
 		run(t, r)
 	}
 
@@ -320,12 +322,11 @@ func TestPoisonIsParkedAndRetried(t *testing.T) {
 	parkedHook := make(chan outbox.Record, 10)
 	// Metadata cached for less than the retry schedule: once the topic is
 	// created, the retried message sees it.
-	run(t, newRelay(t, db, store, outbox.RelayConfig{ParkAfter: 3, RetryInitial: 50 * time.Millisecond,
-		RetryMax: 100 * time.Millisecond, MaxBatchBytes: 64 << 10, MetadataTTL: 50 * time.Millisecond,
-		Hooks: outbox.Hooks{Published: pub.hook, Parked: func(r outbox.Record, err error) {
+	run(t, newRelay(t, db, store, outbox.RelayConfig{MaxBatchBytes: 64 << 10, MetadataTTL: 50 * time.Millisecond,
+		Observers: []outbox.Observer{&testobs.Outbox{OnPublished: pub.hook, OnParked: func(r outbox.Record, err error) {
 			parked.Add(1)
 			parkedHook <- r
-		}}}))
+		}}}, Retry: retry.Policy{InitialInterval: 50 * time.Millisecond, MaxInterval: 100 * time.Millisecond, MaxAttempts: 3}}))
 
 	poison := enqueue(t, db.Pool, store,
 		outbox.Message{Topic: missing, Key: []byte("p"), Value: []byte("p/0")},
@@ -436,12 +437,12 @@ func TestCleanupAndStats(t *testing.T) {
 	pub := newPublished()
 	run(t, newRelay(t, db, store, outbox.RelayConfig{Retention: 50 * time.Millisecond, CleanupInterval: 100 * time.Millisecond,
 		CleanupBatch: 1, StatsInterval: 50 * time.Millisecond,
-		Hooks: outbox.Hooks{Published: pub.hook, Stats: func(s outbox.Stats) {
+		Observers: []outbox.Observer{&testobs.Outbox{OnPublished: pub.hook, OnStats: func(s outbox.Stats) {
 			select {
 			case stats <- s:
 			default:
 			}
-		}}}))
+		}}}}))
 	pub.wait(t, 30*time.Second, ids...)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -485,8 +486,8 @@ func TestRelayIgnoresRepeatableReadDefault(t *testing.T) {
 	for range 3 {
 		r, err := outbox.NewRelay(rrPool, store, &outbox.RelayConfig{
 			Kafka: testenv.Kafka(t), BatchSize: 100, PollInterval: 20 * time.Millisecond,
-			Logger: testLogger(t),
-			Hooks:  outbox.Hooks{Published: func(recs []outbox.Record) { published.Add(int64(len(recs))) }},
+			Logger:    testLogger(t),
+			Observers: []outbox.Observer{&testobs.Outbox{OnPublished: func(recs []outbox.Record) { published.Add(int64(len(recs))) }}},
 		})
 		if err != nil {
 			t.Fatal(err)

@@ -219,14 +219,12 @@ func (r *relayRounds) queue(b *pgx.Batch, o *outcome) int {
 	return n
 }
 
-// committed runs the Published hook for the rows of the transaction that
-// just committed.
+// committed reports the rows of the transaction that just committed to
+// the PublishObservers.
 func (r *relayRounds) committed() {
 	recs := r.unreported
 	r.unreported = nil
-	if h := r.e.cfg.hooks.Published; h != nil && len(recs) > 0 {
-		h(recs)
-	}
+	r.e.cfg.obs.published(context.Background(), recs)
 }
 
 // exchange is a round's round trip: commit the open transaction, begin
@@ -279,7 +277,7 @@ func (r *relayRounds) exchange(ctx context.Context, o *outcome) ([]*readRow, err
 }
 
 // promoteDue reports whether this read should wake the waiting rows whose
-// time has come: at most every min(PollInterval, RetryInitial), sooner when
+// time has come: at most every min(PollInterval, Retry.InitialInterval), sooner when
 // a retry this relay scheduled is due. (A read of a full batch always
 // does.) Waiting rows therefore become ready at most that late.
 func (r *relayRounds) promoteDue() bool {
@@ -436,7 +434,7 @@ func (r *relayRounds) round(ctx context.Context) (roundResult, error) {
 		if r.onRound != nil {
 			r.onRound(len(done))
 		}
-		r.e.report(failures, len(done), res.stalled)
+		r.e.report(ctx, failures, len(done), res.stalled)
 		return res, nil
 	}
 	r.unreported = done
@@ -485,7 +483,7 @@ func (r *relayRounds) evaluate(ctx context.Context, deliverable []*row, errs []e
 				res.err = err
 			}
 		}
-		park := v == permanentFailure || v == countedFailure && w.rec.Attempt >= r.e.cfg.parkAfter
+		park := v == permanentFailure || v == countedFailure && r.e.cfg.parks(w.rec.Attempt)
 		u := update{seq: w.seq, add: 1, err: pgtype.Text{String: pgtext.Text(err.Error(), maxErrorText), Valid: true}, park: park}
 		if !park {
 			d := r.e.rowDelay(w.rec.Attempt)
@@ -495,9 +493,7 @@ func (r *relayRounds) evaluate(ctx context.Context, deliverable []*row, errs []e
 		out.fails = append(out.fails, u)
 		failures = append(failures, failure{rec: w.rec, err: err, parked: park})
 	}
-	if h := r.e.cfg.hooks.AfterPublish; h != nil && len(done) > 0 {
-		h(ctx, done)
-	}
+	r.e.cfg.obs.delivered(ctx, done)
 	res.delivered = len(done)
 	res.attempted = len(deliverable) > 0 && !cancelled
 	res.stalled = allTransient && !cancelled
@@ -531,7 +527,7 @@ func (r *relayRounds) last(ctx context.Context, rows []*readRow, deliverable []*
 	if r.onRound != nil && len(rows) > 0 {
 		r.onRound(len(done))
 	}
-	r.e.report(failures, len(done), res.stalled)
+	r.e.report(ctx, failures, len(done), res.stalled)
 	return res, nil
 }
 
@@ -587,8 +583,9 @@ type failure struct {
 	parked bool
 }
 
-// report logs a round's failures and runs the Failed and Parked hooks.
-func (e *engine) report(failures []failure, delivered int, stalled bool) {
+// report logs a round's failures and reports them to the
+// FailureObservers.
+func (e *engine) report(ctx context.Context, failures []failure, delivered int, stalled bool) {
 	if len(failures) > 0 && !stalled { // a stalled round is an outage: deliverLoop logs it once
 		e.log.Warn("delivery failed", "failed", len(failures), "delivered", delivered,
 			"message_id", failures[0].rec.ID, "topic", failures[0].rec.Topic, "attempt", failures[0].rec.Attempt,
@@ -598,12 +595,8 @@ func (e *engine) report(failures []failure, delivered int, stalled bool) {
 		if f.parked {
 			e.log.Error("message parked", "message_id", f.rec.ID, "topic", f.rec.Topic, "handler", f.rec.Handler,
 				"attempt", f.rec.Attempt, "err", f.err)
-			if h := e.cfg.hooks.Parked; h != nil {
-				h(f.rec, f.err)
-			}
-		} else if h := e.cfg.hooks.Failed; h != nil {
-			h(f.rec, f.err)
 		}
+		e.cfg.obs.failed(ctx, f.rec, f.err, f.parked)
 	}
 }
 
@@ -672,7 +665,7 @@ func (r *relayRounds) lease(ctx context.Context) error {
 		// one longer than the relay ever waits between rounds (a poll, a
 		// backoff, a round); server-side TCP keepalives end it when the
 		// peer's host is gone.
-		idle := max(r.e.cfg.pollInterval, r.e.cfg.retryMax, 5*time.Second) + r.e.cfg.txBudget
+		idle := max(r.e.cfg.pollInterval, r.e.cfg.retryMax(), 5*time.Second) + r.e.cfg.txBudget
 		if err := pgsession.SetSession(ctx, conn, r.e.cfg.txBudget, pgsession.Timeout(idle)); err != nil {
 			return err
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
 )
@@ -222,7 +223,7 @@ func TestWaitingKeyDoesNotStarveOthers(t *testing.T) {
 	db, store := newDB(t)
 	topic := testenv.NewTopic(t, 1)
 	pub := newPublished()
-	run(t, newRelay(t, db, store, outbox.RelayConfig{BatchSize: 50, Hooks: outbox.Hooks{Published: pub.hook}}))
+	run(t, newRelay(t, db, store, outbox.RelayConfig{BatchSize: 50, Observers: []outbox.Observer{&testobs.Outbox{OnPublished: pub.hook}}}))
 	var dbNow time.Time
 	if err := db.Pool.QueryRow(context.Background(), `SELECT now()`).Scan(&dbNow); err != nil {
 		t.Fatal(err)

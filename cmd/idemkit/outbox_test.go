@@ -10,8 +10,10 @@ import (
 
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
+	"github.com/idemkit/idemkit/retry"
 )
 
 // TestCLIOutboxAndDedup drives `idemkit outbox stats|parked|retry` and
@@ -41,12 +43,11 @@ func TestCLIOutboxAndDedup(t *testing.T) {
 
 	parked := make(chan struct{}, 1)
 	published := make(chan struct{}, 1)
-	relay, err := outbox.NewRelay(db.Pool, store, &outbox.RelayConfig{Kafka: testenv.Kafka(t), MetadataTTL: 50 * time.Millisecond,
-		ParkAfter: 2, RetryInitial: 20 * time.Millisecond, RetryMax: 50 * time.Millisecond, PollInterval: 50 * time.Millisecond,
-		Hooks: outbox.Hooks{ // signals only: a hook must never block the relay
-			Parked:    func(outbox.Record, error) { notify(parked) },
-			Published: func([]outbox.Record) { notify(published) },
-		}})
+	relay, err := outbox.NewRelay(db.Pool, store, &outbox.RelayConfig{Kafka: testenv.Kafka(t), MetadataTTL: 50 * time.Millisecond, PollInterval: 50 * time.Millisecond,
+		Observers: []outbox.Observer{&testobs.Outbox{ // signals only: a hook must never block the relay
+			OnParked:    func(outbox.Record, error) { notify(parked) },
+			OnPublished: func([]outbox.Record) { notify(published) },
+		}}, Retry: retry.Policy{InitialInterval: 20 * time.Millisecond, MaxInterval: 50 * time.Millisecond, MaxAttempts: 2}})
 	if err != nil {
 		t.Fatal(err)
 	}

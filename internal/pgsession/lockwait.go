@@ -3,6 +3,7 @@ package pgsession
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
@@ -57,53 +58,90 @@ const LockWaitMsg = "a statement waits for another session's lock; an orphaned t
 	"(blocking_state idle in transaction) holds it until the server ends it or someone does: " +
 	"SELECT pg_terminate_backend(blocking_pid)"
 
-// WatchLockWait watches a statement that session pid runs: once it has
-// run for threshold, it reads the sessions that block it through db (see
-// Blockers) and, when there are any, logs one Warn with the first of them
+// LockWatch watches the statements of one goroutine, one at a time, for
+// waiting on another session's lock: once a statement has run for
+// Threshold, it reads the sessions that block it through DB (see Blockers)
+// and, when there are any, logs one Warn with the first of them
 // (blocking_pid, blocking_state, blocking_idle, blocking_application,
 // blocking_client), how many there are and how long the statement has
-// waited, with attrs. stop ends the watch and returns how long the
-// statement ran and whether it was found waiting for a lock; it returns
-// once the look-up, if one started, is over. Call stop when the statement
-// returns. Until threshold nothing runs but a timer (time.AfterFunc): cheap
-// enough for every claim.
-func WatchLockWait(ctx context.Context, db pgexec.DB, pid uint32, threshold time.Duration, log *slog.Logger,
-	attrs ...any) (stop func() (ran time.Duration, blocked bool)) {
-	start := time.Now()
-	w := &lockWatch{done: make(chan struct{})}
-	lctx, cancel := context.WithCancel(ctx)
-	w.t = time.AfterFunc(threshold, func() {
-		defer close(w.done)
-		bs, err := Blockers(lctx, db, pid)
-		if err != nil {
-			if lctx.Err() == nil {
-				log.Debug("could not read the sessions that block a statement", "pid", pid, "err", err)
-			}
-			return
-		}
-		if len(bs) == 0 {
-			return
-		}
-		w.blocked = true
-		b := bs[0]
-		log.Warn(LockWaitMsg, append([]any{"pid", pid, "waited", time.Since(start).Round(time.Millisecond),
-			"blocking_pid", b.PID, "blocking_state", b.State, "blocking_idle", b.Idle.Round(time.Millisecond),
-			"blocking_application", b.Application, "blocking_client", b.Client, "blockers", len(bs)}, attrs...)...)
-	})
-	return func() (time.Duration, bool) {
-		ran := time.Since(start)
-		if w.t.Stop() {
-			cancel()
-			return ran, false // never fired
-		}
-		cancel() // a look-up under way gives up
-		<-w.done
-		return ran, w.blocked
+// waited. Until Threshold nothing runs but one timer, reused from statement
+// to statement: cheap enough for every claim. Its fields are set before
+// the first Start.
+type LockWatch struct {
+	DB        pgexec.DB
+	Threshold time.Duration
+	Log       *slog.Logger
+
+	t       *time.Timer
+	wg      sync.WaitGroup // the look-up of the statement watched, if one started
+	mu      sync.Mutex
+	ctx     context.Context
+	pid     uint32
+	start   time.Time
+	blocked bool
+	cancel  context.CancelFunc // of the look-up under way
+}
+
+// Start watches the statement session pid runs from now on, until Stop.
+func (w *LockWatch) Start(ctx context.Context, pid uint32) {
+	w.mu.Lock()
+	w.ctx, w.pid, w.start, w.blocked = ctx, pid, time.Now(), false
+	w.mu.Unlock()
+	w.wg.Add(1)
+	if w.t == nil {
+		w.t = time.AfterFunc(w.Threshold, w.fire)
+	} else {
+		w.t.Reset(w.Threshold)
 	}
 }
 
-type lockWatch struct {
-	t       *time.Timer
-	done    chan struct{}
-	blocked bool // written before done closes
+// Stop ends the watch of the statement Start began and returns how long it
+// ran and whether it was found waiting for a lock; it returns once the
+// look-up, if one started, is over (cancelled).
+func (w *LockWatch) Stop() (ran time.Duration, blocked bool) {
+	if w.t.Stop() {
+		w.wg.Done() // never fired
+		return time.Since(w.start), false
+	}
+	w.mu.Lock()
+	if w.cancel != nil {
+		w.cancel()
+	}
+	w.mu.Unlock()
+	w.wg.Wait()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return time.Since(w.start), w.blocked
+}
+
+func (w *LockWatch) fire() {
+	defer w.wg.Done()
+	w.mu.Lock()
+	ctx, cancel := context.WithCancel(w.ctx)
+	w.cancel = cancel
+	pid, start := w.pid, w.start
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		w.cancel = nil
+		w.mu.Unlock()
+		cancel()
+	}()
+	bs, err := Blockers(ctx, w.DB, pid)
+	if err != nil {
+		if ctx.Err() == nil {
+			w.Log.Debug("could not read the sessions that block a statement", "pid", pid, "err", err)
+		}
+		return
+	}
+	if len(bs) == 0 {
+		return
+	}
+	w.mu.Lock()
+	w.blocked = true
+	w.mu.Unlock()
+	b := bs[0]
+	w.Log.Warn(LockWaitMsg, "pid", pid, "waited", time.Since(start).Round(time.Millisecond),
+		"blocking_pid", b.PID, "blocking_state", b.State, "blocking_idle", b.Idle.Round(time.Millisecond),
+		"blocking_application", b.Application, "blocking_client", b.Client, "blockers", len(bs))
 }

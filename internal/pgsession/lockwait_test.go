@@ -27,10 +27,11 @@ func (h onWarn) Handle(ctx context.Context, r slog.Record) error {
 	return h.Handler.Handle(ctx, r)
 }
 
-// TestWatchLockWait: a statement that waits for the lock of a transaction
-// left idle is reported once, naming the blocking session, its state and
-// how long it has been idle; a statement that waits for nothing is not.
-func TestWatchLockWait(t *testing.T) {
+// TestLockWatch: a statement that waits for the lock of a transaction left
+// idle is reported once, naming the blocking session, its state and how
+// long it has been idle; the next statement watched, which waits for
+// nothing, is not.
+func TestLockWatch(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	url := testenv.DatabaseURL(t)
@@ -62,7 +63,8 @@ func TestWatchLockWait(t *testing.T) {
 	warned := make(chan struct{})
 	log = slog.New(onWarn{Handler: log.Handler(), once: new(sync.Once), ch: warned})
 
-	stop := pgsession.WatchLockWait(ctx, pool, waiter.PgConn().PID(), 50*time.Millisecond, log, "op", "claim")
+	w := &pgsession.LockWatch{DB: pool, Threshold: 50 * time.Millisecond, Log: log}
+	w.Start(ctx, waiter.PgConn().PID())
 	done := make(chan error, 1)
 	go func() {
 		_, err := waiter.Exec(ctx, "SELECT pg_advisory_lock($1), pg_advisory_unlock($1)", key)
@@ -81,24 +83,24 @@ func TestWatchLockWait(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	ran, blocked := stop()
+	ran, blocked := w.Stop()
 	if !blocked {
 		t.Fatal("stop says the statement was not blocked")
 	}
 	n := logs.CountFunc(pgsession.LockWaitMsg, func(rec map[string]any) bool {
 		return rec["blocking_pid"] == float64(holder.PgConn().PID()) && rec["blocking_state"] == "idle in transaction" &&
-			rec["op"] == "claim" && rec["pid"] == float64(waiter.PgConn().PID())
+			rec["pid"] == float64(waiter.PgConn().PID())
 	})
 	if n != 1 {
 		t.Fatalf("%d warnings naming the idle holder, want 1", n)
 	}
 	t.Logf("the statement ran %v", ran)
 
-	stop = pgsession.WatchLockWait(ctx, pool, waiter.PgConn().PID(), 50*time.Millisecond, log)
+	w.Start(ctx, waiter.PgConn().PID())
 	if _, err := waiter.Exec(ctx, "SELECT pg_sleep(0.2)"); err != nil {
 		t.Fatal(err)
 	}
-	if _, blocked := stop(); blocked {
+	if _, blocked := w.Stop(); blocked {
 		t.Fatal("a statement that waited for no lock was reported blocked")
 	}
 	if n := logs.Count(pgsession.LockWaitMsg, ""); n != 1 {

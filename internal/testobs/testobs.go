@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/outbox"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -128,5 +129,55 @@ func (h *Hooks) OutageStarted(_ context.Context, e *consumer.OutageEvent) {
 func (h *Hooks) OutageEnded(_ context.Context, e *consumer.OutageEvent) {
 	if h.OnOutageEnded != nil {
 		h.OnOutageEnded(e.Op, e.Duration)
+	}
+}
+
+// Outbox is a test's outbox observer: one optional function per event,
+// registered with OutboxOf or listed in a config's Observers.
+type Outbox struct {
+	OnAfterPublish func(ctx context.Context, recs []outbox.Record) // delivered, marks not committed yet
+	OnPublished    func(recs []outbox.Record)
+	OnFailed       func(rec outbox.Record, err error) // to be tried again
+	OnParked       func(rec outbox.Record, err error)
+	OnStats        func(st outbox.Stats)
+}
+
+// OutboxOf returns the Outbox observer in *observers, registering a new one
+// when there is none.
+func OutboxOf(observers *[]outbox.Observer) *Outbox {
+	for _, o := range *observers {
+		if h, ok := o.(*Outbox); ok {
+			return h
+		}
+	}
+	h := &Outbox{}
+	*observers = append(*observers, h)
+	return h
+}
+
+func (h *Outbox) Delivered(ctx context.Context, e *outbox.DeliveryEvent) {
+	if h.OnAfterPublish != nil {
+		h.OnAfterPublish(ctx, e.Records)
+	}
+}
+
+func (h *Outbox) Published(_ context.Context, e *outbox.PublishEvent) {
+	if h.OnPublished != nil {
+		h.OnPublished(e.Records)
+	}
+}
+
+func (h *Outbox) Failed(_ context.Context, e *outbox.FailureEvent) {
+	switch {
+	case e.Parked && h.OnParked != nil:
+		h.OnParked(e.Record, e.Err)
+	case !e.Parked && h.OnFailed != nil:
+		h.OnFailed(e.Record, e.Err)
+	}
+}
+
+func (h *Outbox) Stats(_ context.Context, st *outbox.Stats) {
+	if h.OnStats != nil {
+		h.OnStats(*st)
 	}
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/outbox"
+	"github.com/idemkit/idemkit/retry"
 	"github.com/idemkit/idemkit/test/internal/faultplan"
 	"github.com/idemkit/idemkit/test/internal/kafkaproc"
 	"github.com/idemkit/idemkit/test/internal/pgproc"
@@ -334,8 +335,8 @@ func run(t *testing.T, sc scenario) {
 		wg.Go(func() { exits <- exit{name: name, err: r.Run(runCtx)} })
 	}
 	rl, err := outbox.NewRelay(pools[relay], a.outbox, &outbox.RelayConfig{Kafka: kafkaconn.Config{Brokers: brokers},
-		PollInterval: 100 * time.Millisecond, PublishTimeout: 5 * time.Second, RetryMax: 2 * time.Second,
-		Logger: loggers[relay]})
+		PollInterval: 100 * time.Millisecond, PublishTimeout: 5 * time.Second,
+		Logger: loggers[relay], Retry: retry.Policy{MaxInterval: 2 * time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}

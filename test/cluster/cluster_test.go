@@ -22,6 +22,7 @@ import (
 	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/outbox"
+	"github.com/idemkit/idemkit/retry"
 	"github.com/idemkit/idemkit/test/internal/kafkaproc"
 )
 
@@ -224,15 +225,15 @@ func run(t *testing.T, c *kafkaproc.Cluster, sc scenario) {
 	)
 	for _, name := range relays {
 		rl, err := outbox.NewRelay(testenv.PartPool(t, ctx, url, name, 4), store, &outbox.RelayConfig{Kafka: kc,
-			PollInterval: 100 * time.Millisecond, PublishTimeout: 5 * time.Second, RetryMax: 2 * time.Second,
-			Logger: loggers[name], Hooks: outbox.Hooks{AfterPublish: func(_ context.Context, recs []outbox.Record) {
+			PollInterval: 100 * time.Millisecond, PublishTimeout: 5 * time.Second,
+			Logger: loggers[name], Observers: []outbox.Observer{&testobs.Outbox{OnAfterPublish: func(_ context.Context, recs []outbox.Record) {
 				deliveredMu.Lock()
 				for _, r := range recs {
 					delivered[r.ID] = true
 				}
 				deliveredMu.Unlock()
 				nDelivered.Add(int64(len(recs)))
-			}}})
+			}}}, Retry: retry.Policy{MaxInterval: 2 * time.Second}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -15,8 +15,10 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/outbox"
+	"github.com/idemkit/idemkit/retry"
 	"github.com/idemkit/idemkit/test/internal/faultplan"
 	"github.com/idemkit/idemkit/test/internal/kafkaproc"
 )
@@ -68,22 +70,22 @@ func belowMinISR(t *testing.T, c *kafkaproc.Cluster) {
 		parked    atomic.Int64
 	)
 	relay, err := outbox.NewRelay(db.Pool, store, &outbox.RelayConfig{Kafka: kafkaconn.Config{Brokers: c.Addrs()},
-		MetadataTTL: time.Second, PollInterval: 100 * time.Millisecond, PublishTimeout: 3 * time.Second, RetryMax: time.Second,
-		Logger: logger, Hooks: outbox.Hooks{
-			AfterPublish: func(_ context.Context, recs []outbox.Record) {
+		MetadataTTL: time.Second, PollInterval: 100 * time.Millisecond, PublishTimeout: 3 * time.Second,
+		Logger: logger, Observers: []outbox.Observer{&testobs.Outbox{
+			OnAfterPublish: func(_ context.Context, recs []outbox.Record) {
 				mu.Lock()
 				for _, r := range recs {
 					delivered = append(delivered, r.ID)
 				}
 				mu.Unlock()
 			},
-			Failed: func(_ outbox.Record, err error) {
+			OnFailed: func(_ outbox.Record, err error) {
 				mu.Lock()
 				failures = append(failures, err)
 				mu.Unlock()
 			},
-			Parked: func(outbox.Record, error) { parked.Add(1) },
-		}})
+			OnParked: func(outbox.Record, error) { parked.Add(1) },
+		}}, Retry: retry.Policy{MaxInterval: time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -169,8 +169,8 @@ func run(t *testing.T, sc scenario) {
 		l, logger := testenv.NewLogs(t)
 		logs[name] = l
 		rl, err := outbox.NewRelay(pools[name], a.outbox, &outbox.RelayConfig{Kafka: kafkaconn.Config{Brokers: brokers},
-			PollInterval: 100 * time.Millisecond, PublishTimeout: 5 * time.Second, RetryMax: 2 * time.Second,
-			Logger: logger.With("part", name)})
+			PollInterval: 100 * time.Millisecond, PublishTimeout: 5 * time.Second,
+			Logger: logger.With("part", name), Retry: retry.Policy{MaxInterval: 2 * time.Second}})
 		if err != nil {
 			t.Fatal(err)
 		}

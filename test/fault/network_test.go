@@ -28,6 +28,7 @@ import (
 	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/outbox"
+	"github.com/idemkit/idemkit/retry"
 )
 
 // newFaultProxy starts a fault proxy to target, closed at cleanup.
@@ -200,8 +201,8 @@ func TestRelayPostgresStranded(t *testing.T) {
 	relay, err := outbox.NewRelay(pool, f.store, &outbox.RelayConfig{
 		Kafka: testenv.Kafka(t), BatchSize: 50, PollInterval: 50 * time.Millisecond, PublishTimeout: 2 * time.Second,
 		Logger: log,
-		Hooks: outbox.Hooks{
-			AfterPublish: func(_ context.Context, recs []outbox.Record) {
+		Observers: []outbox.Observer{&testobs.Outbox{
+			OnAfterPublish: func(_ context.Context, recs []outbox.Record) {
 				prog.mu.Lock()
 				past := prog.published >= n/4
 				prog.mu.Unlock()
@@ -211,8 +212,8 @@ func TestRelayPostgresStranded(t *testing.T) {
 					t.Logf("stranded %d PostgreSQL connections after %d published, mid-round", c, n/4)
 				}
 			},
-			Published: prog.hook,
-		},
+			OnPublished: prog.hook,
+		}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -269,10 +270,10 @@ func TestRelayKafkaStrandedAndBlackholed(t *testing.T) {
 	_, log := testenv.NewLogs(t)
 	relay, err := outbox.NewRelay(f.db.Pool, f.store, &outbox.RelayConfig{
 		Kafka:     kafkaconn.Config{Brokers: []string{proxy.Addr()}, Dial: dial, DialTimeout: 2 * time.Second},
-		BatchSize: 50, PollInterval: 50 * time.Millisecond, PublishTimeout: 2 * time.Second, RetryMax: time.Second,
+		BatchSize: 50, PollInterval: 50 * time.Millisecond, PublishTimeout: 2 * time.Second,
 		Logger: log,
-		Hooks: outbox.Hooks{
-			AfterPublish: func(_ context.Context, recs []outbox.Record) {
+		Observers: []outbox.Observer{&testobs.Outbox{
+			OnAfterPublish: func(_ context.Context, recs []outbox.Record) {
 				prog.ackedAfterFault()
 				prog.mu.Lock()
 				past := prog.published >= n/4
@@ -283,8 +284,8 @@ func TestRelayKafkaStrandedAndBlackholed(t *testing.T) {
 					t.Logf("stranded %d broker connections after %d published", c, n/4)
 				}
 			},
-			Published: prog.hook,
-			Failed: func(_ outbox.Record, err error) {
+			OnPublished: prog.hook,
+			OnFailed: func(_ outbox.Record, err error) {
 				if stranded.Load() && !failedAfterStrand.Swap(true) {
 					t.Logf("a produce on a stranded connection failed: %v", err)
 				}
@@ -293,8 +294,7 @@ func TestRelayKafkaStrandedAndBlackholed(t *testing.T) {
 				default:
 				}
 			},
-		},
-	})
+		}}, Retry: retry.Policy{MaxInterval: time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -370,8 +370,8 @@ func TestRelayPostgresFaults(t *testing.T) {
 			relay, err := outbox.NewRelay(pool, f.store, &outbox.RelayConfig{
 				Kafka: testenv.Kafka(t), BatchSize: 50, PollInterval: 50 * time.Millisecond, PublishTimeout: 2 * time.Second,
 				Logger: log,
-				Hooks: outbox.Hooks{
-					AfterPublish: func(context.Context, []outbox.Record) {
+				Observers: []outbox.Observer{&testobs.Outbox{
+					OnAfterPublish: func(context.Context, []outbox.Record) {
 						prog.mu.Lock()
 						past := prog.published >= n/4
 						prog.mu.Unlock()
@@ -381,8 +381,8 @@ func TestRelayPostgresFaults(t *testing.T) {
 							close(faulted)
 						}
 					},
-					Published: prog.hook,
-				},
+					OnPublished: prog.hook,
+				}},
 			})
 			if err != nil {
 				t.Fatal(err)

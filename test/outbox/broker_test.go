@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemkit/idemkit/internal/outage"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/outbox"
 	"github.com/idemkit/idemkit/retry"
@@ -55,13 +56,12 @@ func TestBrokerStoppedRelayRecovers(t *testing.T) {
 	var published, failedAttempts atomic.Int64
 	relay, err := outbox.NewRelay(db.Pool, store, &outbox.RelayConfig{
 		Kafka: kafkaconn.Config{Brokers: brokers, DialTimeout: 2 * time.Second}, MetadataTTL: time.Second, PollInterval: 100 * time.Millisecond,
-		PublishTimeout: 3 * time.Second, RetryMax: 2 * time.Second,
-		Logger: logger,
-		Hooks: outbox.Hooks{
-			Published: func(recs []outbox.Record) { published.Add(int64(len(recs))) },
-			Failed:    func(outbox.Record, error) { failedAttempts.Add(1) },
-		},
-	})
+		PublishTimeout: 3 * time.Second,
+		Logger:         logger,
+		Observers: []outbox.Observer{&testobs.Outbox{
+			OnPublished: func(recs []outbox.Record) { published.Add(int64(len(recs))) },
+			OnFailed:    func(outbox.Record, error) { failedAttempts.Add(1) },
+		}}, Retry: retry.Policy{MaxInterval: 2 * time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,8 +128,7 @@ func TestBrokerStoppedRelayRecovers(t *testing.T) {
 	db2, store2 := newDB(t)
 	bounded, err := outbox.NewRelay(db2.Pool, store2, &outbox.RelayConfig{
 		Kafka: kafkaconn.Config{Brokers: brokers, DialTimeout: 2 * time.Second}, MetadataTTL: time.Second, PollInterval: 100 * time.Millisecond, MaxOutage: 2 * time.Second,
-		PublishTimeout: time.Second, RetryMax: 300 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
-	})
+		PublishTimeout: time.Second, Logger: slog.New(slog.DiscardHandler), Retry: retry.Policy{MaxInterval: 300 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -59,8 +59,8 @@ func child() int {
 	relay, err := outbox.NewRelay(pool, store, &outbox.RelayConfig{
 		Kafka:     kafkaconn.Config{Brokers: strings.Split(os.Getenv(testenv.EnvKafkaBrokers), ",")},
 		BatchSize: batch, PollInterval: 50 * time.Millisecond,
-		Hooks: outbox.Hooks{
-			AfterPublish: func(_ context.Context, recs []outbox.Record) {
+		Observers: []outbox.Observer{&testobs.Outbox{
+			OnAfterPublish: func(_ context.Context, recs []outbox.Record) {
 				for _, r := range recs {
 					if crash != "" && string(r.Value) == crash {
 						fmt.Printf("crash %s\n", r.ID)
@@ -70,7 +70,7 @@ func child() int {
 					}
 				}
 			},
-			Published: func(recs []outbox.Record) {
+			OnPublished: func(recs []outbox.Record) {
 				for _, r := range recs {
 					fmt.Printf("published %s\n", r.ID)
 				}
@@ -79,7 +79,7 @@ func child() int {
 					stop()
 				}
 			},
-		},
+		}},
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)

@@ -50,6 +50,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/internal/topicscan"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
@@ -787,13 +788,13 @@ func child(args []string) error {
 	}
 	relay, err := outbox.NewRelay(pool, store, &outbox.RelayConfig{Kafka: kafkaconn.Config{Brokers: brokers}, BatchSize: *batch, WakeDelay: *wakeDelay,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		Hooks: outbox.Hooks{AfterPublish: func(_ context.Context, recs []outbox.Record) {
+		Observers: []outbox.Observer{&testobs.Outbox{OnAfterPublish: func(_ context.Context, recs []outbox.Record) {
 			ids := make([]string, len(recs))
 			for i, r := range recs {
 				ids[i] = r.ID
 			}
 			report(ids)
-		}}})
+		}}}})
 	if err != nil {
 		return err
 	}
