@@ -118,6 +118,13 @@ func NewWithBackend(b Backend, cfg *Config) (*Middleware, error) {
 	return m, nil
 }
 
+// Validate reports what New would refuse in c: a missing or contradictory
+// field, a value out of range. The error wraps ErrInvalidConfig.
+func (c *Config) Validate() error {
+	_, err := validate(c)
+	return err
+}
+
 func validate(cfg *Config) (Config, error) {
 	if cfg == nil {
 		return Config{}, fmt.Errorf("%w: nil Config (Account is required)", ErrInvalidConfig)

@@ -493,3 +493,27 @@ func TestParseKey(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigValidate: Validate refuses what New refuses, without a pool,
+// and accepts a complete configuration.
+func TestConfigValidate(t *testing.T) {
+	t.Parallel()
+	ok := idemhttp.Config{Account: accountFromHeader, FingerprintKeys: testKeys}
+	if err := ok.Validate(); err != nil {
+		t.Fatalf("Validate of a complete config: %v", err)
+	}
+	for name, c := range map[string]idemhttp.Config{
+		"no account":     {FingerprintKeys: testKeys},
+		"no fingerprint": {Account: accountFromHeader},
+		"short key":      {Account: accountFromHeader, FingerprintKeys: [][]byte{[]byte("short")}},
+		"negative TTL":   {Account: accountFromHeader, FingerprintKeys: testKeys, TTL: -time.Second},
+	} {
+		if err := c.Validate(); !errors.Is(err, idemhttp.ErrInvalidConfig) {
+			t.Errorf("%s: Validate = %v, want ErrInvalidConfig", name, err)
+		}
+	}
+	var nilCfg *idemhttp.Config
+	if err := nilCfg.Validate(); !errors.Is(err, idemhttp.ErrInvalidConfig) {
+		t.Errorf("nil config: Validate = %v, want ErrInvalidConfig", err)
+	}
+}

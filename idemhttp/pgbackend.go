@@ -33,7 +33,8 @@ type pgBackend struct {
 	store *Store
 	log   *slog.Logger
 	// checked: the pool's session settings were checked (pgsession.Check),
-	// once, at the first reservation (New does not touch the database).
+	// once, on the first connection a reservation took (New does not touch
+	// the database).
 	checked sync.Once
 }
 
@@ -64,6 +65,9 @@ func (b *pgBackend) acquire(ctx context.Context) (*pgxpool.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("idemhttp: reserve: acquire a connection: %w", err)
 	}
+	// Once, on the first connection taken: the pool's session settings
+	// (it takes no other connection than the one the request holds).
+	b.checked.Do(func() { pgsession.Check(actx, conn, b.log, "idemhttp") })
 	return conn, nil
 }
 
@@ -96,7 +100,6 @@ func (s *Store) Backend(pool *pgxpool.Pool) (Backend, error) {
 }
 
 func (b *pgBackend) Reserve(ctx context.Context, req *Request) (Reservation, error) {
-	b.checked.Do(func() { pgsession.Check(ctx, b.pool, b.log, "idemhttp") })
 	if req.NoTx || req.NoTakeover {
 		return b.reserveRecord(ctx, req)
 	}

@@ -176,6 +176,37 @@ type Relay struct {
 	onRound func(delivered int)
 }
 
+// Validate reports what NewRelay would refuse in c: a missing or
+// contradictory field, a value out of range. The error wraps
+// ErrInvalidConfig.
+func (c *RelayConfig) Validate() error {
+	_, _, err := c.withDefaults()
+	return err
+}
+
+// withDefaults checks c and returns it with its defaults applied, and the
+// loop's configuration.
+func (c *RelayConfig) withDefaults() (RelayConfig, loopConfig, error) {
+	if c == nil {
+		return RelayConfig{}, loopConfig{}, fmt.Errorf("%w: nil config", ErrInvalidConfig)
+	}
+	if err := c.Kafka.Validate(); err != nil {
+		return RelayConfig{}, loopConfig{}, fmt.Errorf("%w: Kafka: %w", ErrInvalidConfig, err)
+	}
+	r := *c
+	r.MaxBatchBytes = cmp.Or(r.MaxBatchBytes, MaxBatchBytesDefault)
+	r.PublishTimeout = cmp.Or(r.PublishTimeout, PublishTimeoutDefault)
+	r.WakeDelay = cmp.Or(r.WakeDelay, WakeDelayDefault)
+	if r.MaxBatchBytes < 1024 {
+		return r, loopConfig{}, fmt.Errorf("%w: MaxBatchBytes %d < 1024", ErrInvalidConfig, r.MaxBatchBytes)
+	}
+	if r.PublishTimeout <= 0 {
+		return r, loopConfig{}, fmt.Errorf("%w: PublishTimeout %v <= 0", ErrInvalidConfig, r.PublishTimeout)
+	}
+	l, err := r.loop()
+	return r, l, err
+}
+
 // NewRelay validates cfg, applies its defaults and returns a Relay. It does
 // not connect to anything.
 func NewRelay(pool *pgxpool.Pool, store *Store, cfg *RelayConfig) (*Relay, error) {
@@ -184,22 +215,8 @@ func NewRelay(pool *pgxpool.Pool, store *Store, cfg *RelayConfig) (*Relay, error
 		return nil, fmt.Errorf("%w: nil pool", ErrInvalidConfig)
 	case store == nil:
 		return nil, fmt.Errorf("%w: nil store", ErrInvalidConfig)
-	case cfg == nil:
-		return nil, fmt.Errorf("%w: nil config", ErrInvalidConfig)
-	case cfg.Kafka.Validate() != nil:
-		return nil, fmt.Errorf("%w: Kafka: %w", ErrInvalidConfig, cfg.Kafka.Validate())
 	}
-	c := *cfg
-	c.MaxBatchBytes = cmp.Or(c.MaxBatchBytes, MaxBatchBytesDefault)
-	c.PublishTimeout = cmp.Or(c.PublishTimeout, PublishTimeoutDefault)
-	c.WakeDelay = cmp.Or(c.WakeDelay, WakeDelayDefault)
-	if c.MaxBatchBytes < 1024 {
-		return nil, fmt.Errorf("%w: MaxBatchBytes %d < 1024", ErrInvalidConfig, c.MaxBatchBytes)
-	}
-	if c.PublishTimeout <= 0 {
-		return nil, fmt.Errorf("%w: PublishTimeout %v <= 0", ErrInvalidConfig, c.PublishTimeout)
-	}
-	l, err := c.loop()
+	c, l, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/internal/testobs"
+	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
 	"github.com/idemkit/idemkit/retry"
@@ -601,5 +602,28 @@ func TestRetryIgnoresRepeatableReadDefault(t *testing.T) {
 	parked, err := store.Parked(ctx, db.Pool)
 	if err != nil || len(parked) != 0 {
 		t.Fatalf("still parked after Retry: %+v, %v", parked, err)
+	}
+}
+
+// TestRelayConfigValidate: Validate refuses what NewRelay refuses, before
+// anything connects, and accepts a complete configuration.
+func TestRelayConfigValidate(t *testing.T) {
+	t.Parallel()
+	ok := outbox.RelayConfig{Kafka: kafkaconn.Config{Brokers: []string{"127.0.0.1:9092"}}}
+	if err := ok.Validate(); err != nil {
+		t.Fatalf("Validate of a complete config: %v", err)
+	}
+	for name, mutate := range map[string]func(*outbox.RelayConfig){
+		"no brokers":      func(c *outbox.RelayConfig) { c.Kafka.Brokers = nil },
+		"small batch":     func(c *outbox.RelayConfig) { c.MaxBatchBytes = 10 },
+		"bad retry":       func(c *outbox.RelayConfig) { c.Retry.Multiplier = 0.5 },
+		"negative outage": func(c *outbox.RelayConfig) { c.MaxOutage = -time.Second },
+		"bad observer":    func(c *outbox.RelayConfig) { c.Observers = []outbox.Observer{42} },
+	} {
+		c := ok
+		mutate(&c)
+		if err := c.Validate(); !errors.Is(err, outbox.ErrInvalidConfig) {
+			t.Errorf("%s: Validate = %v, want ErrInvalidConfig", name, err)
+		}
 	}
 }
