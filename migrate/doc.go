@@ -16,6 +16,9 @@
 //     schema name, then re-checks whether its version is applied. Any number
 //     of processes may call Up at once (for example every replica at start):
 //     each version is applied exactly once and the others wait, then skip it.
+//   - Up refuses a server older than PostgreSQL 14 (MinServerVersion) with
+//     a *ServerVersionError that names both versions, before it creates or
+//     changes anything.
 //   - Up creates the schema and the migrations table when missing. No other
 //     DDL runs outside a versioned migration, and nothing else in idemkit runs
 //     DDL: call Up from your deployment or your program's start, on purpose.

@@ -152,6 +152,9 @@ type Migrator struct {
 	qSchema    string // quoted
 	migrations string // qualified and quoted
 	steps      []step
+	// serverVersion reads the server's version (readServerVersion on db;
+	// tests replace it).
+	serverVersion func(ctx context.Context) (num int, server string, err error)
 }
 
 // New returns a Migrator for the tables cfg names. cfg may be nil, meaning
@@ -191,6 +194,7 @@ func New(db *pgxpool.Pool, cfg *Config) (*Migrator, error) {
 		qSchema:    data.Schema,
 		migrations: pgx.Identifier{c.Schema, c.Tables.Migrations}.Sanitize(),
 	}
+	m.serverVersion = func(ctx context.Context) (int, string, error) { return readServerVersion(ctx, db) }
 	for _, mig := range all {
 		up, err := render(mig.up, data)
 		if err != nil {
@@ -286,8 +290,13 @@ func (m *Migrator) bookkeepingExists(ctx context.Context, q querier) (bool, erro
 // transaction together with its row in the migrations table, and returns the
 // versions it applied (none when the schema was up to date). It creates the
 // schema and the migrations table first when they are missing. Concurrent
-// calls, from any number of processes, apply each version once.
+// calls, from any number of processes, apply each version once. A server
+// older than MinServerVersion is refused with a *ServerVersionError before
+// anything is created or changed.
 func (m *Migrator) Up(ctx context.Context) (applied []int, err error) {
+	if err := m.checkServer(ctx); err != nil {
+		return nil, fmt.Errorf("migrate: up: %w", err)
+	}
 	if err := m.ensureBookkeeping(ctx); err != nil {
 		return nil, fmt.Errorf("migrate: up: %w", err)
 	}
