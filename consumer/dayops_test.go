@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/kafkaoffsets"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/migrate"
@@ -27,11 +28,25 @@ import (
 
 // recreateTopic deletes the env's topic and creates it again under the same
 // name with the given partitions (testenv's cleanup deletes it at the end).
+// It returns once the broker serves the new topic: every partition's log is
+// empty. The controller acknowledges the deletion and the creation before
+// the broker applies them, and the broker lists a topic in its metadata
+// before its partitions take writes, so a writer that only waited for the
+// metadata could still append to the old topic's partition, whose records
+// the deletion then drops. The old topic must hold a record, so that the
+// two are told apart.
 func (e *env) recreateTopic(partitions int) {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	client := testenv.Client(e.t)
+	old, err := kafkaoffsets.LogRange(ctx, client, e.topic)
+	if err != nil {
+		e.t.Fatalf("log range of the topic to delete: %v", err)
+	}
+	if old[0].End == 0 {
+		e.t.Fatal("recreateTopic: the topic to delete holds no record: its partition 0 could not be told from the new one's")
+	}
 	res, err := client.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{e.topic}})
 	if err == nil {
 		err = res.Errors[e.topic]
@@ -55,6 +70,21 @@ func (e *env) recreateTopic(partitions int) {
 	}
 	if err := testenv.WaitTopic(ctx, client, e.topic, partitions); err != nil {
 		e.t.Fatal(err)
+	}
+	for {
+		lr, err := kafkaoffsets.LogRange(ctx, client, e.topic)
+		empty := err == nil && len(lr) == partitions
+		for _, r := range lr {
+			empty = empty && r.Start == 0 && r.End == 0
+		}
+		if empty {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			e.t.Fatalf("the recreated topic is not served empty: log ranges %v, %v", lr, err)
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 }
 
@@ -164,7 +194,11 @@ func TestRecreatedTopicWithMoreMessages(t *testing.T) {
 				fresh = append(fresh, msg(fmt.Sprintf("new-%d", i), "k", 1))
 			}
 			e.produce(fresh...)
-			err := runErr(t, e.db.Pool, e.config(md, nil))
+			lr, err := kafkaoffsets.LogRange(context.Background(), testenv.Client(t), e.topic, 0)
+			if err != nil || lr[0].Start != 0 || lr[0].End != 6 {
+				t.Fatalf("the recreated topic's log range is %v (%v), want 0 to 6", lr, err)
+			}
+			err = runErr(t, e.db.Pool, e.config(md, nil))
 			var perr *consumer.PositionError
 			if !errors.As(err, &perr) || !errors.Is(err, consumer.ErrTopicRecreated) {
 				t.Fatalf("Run = %v, want ErrTopicRecreated", err)

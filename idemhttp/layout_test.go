@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -18,8 +19,8 @@ import (
 // one INSERT of the COMPLETED record with COMMIT and no UPDATE; with a
 // record of its own (NoLeaseTakeover) the completion changes no indexed
 // column, so PostgreSQL makes it a HOT update. The middleware runs on a
-// pool of one connection, so that this test can flush that backend's
-// statistics.
+// pool of one connection, so that this test knows which backend's
+// statistics to wait for.
 func TestCompletionIsHOT(t *testing.T) {
 	t.Parallel()
 	t.Run("lock", func(t *testing.T) { t.Parallel(); testCompletionWrites(t, false) })
@@ -70,15 +71,35 @@ func testCompletionWrites(t *testing.T, record bool) {
 		}
 		want(t, r, http.StatusCreated, false)
 	}
-	// The pool's one backend ran every completion: flush its statistics,
-	// then read them in a new transaction on it.
-	if _, err := pool.Exec(ctx, "SELECT pg_catalog.pg_stat_force_next_flush()"); err != nil {
+	// The pool's one backend ran every completion. A backend sends its
+	// statistics at the end of a transaction, at most every half second (14)
+	// or second (15 on), so they reach pg_stat_user_tables late. One more
+	// insert into payments on that backend marks the end: its counts travel
+	// with (or after) every count of the records, so once payments shows
+	// n+1 inserts the records' counts are complete. Each read on the backend
+	// ends a transaction, which sends what is pending once the interval has
+	// passed. (pg_stat_force_next_flush would do it at once, but PostgreSQL
+	// 14 has none.)
+	if _, err := pool.Exec(ctx, "INSERT INTO "+db.Table("payments")+
+		" (account, order_id, amount) VALUES ('acct-sentinel', 'o', 1)"); err != nil {
 		t.Fatal(err)
 	}
-	var ins, upd, hot int64
-	if err := pool.QueryRow(ctx, `SELECT n_tup_ins, n_tup_upd, n_tup_hot_upd FROM pg_catalog.pg_stat_user_tables
-		WHERE relid = $1::regclass`, db.Table("idempotency_records")).Scan(&ins, &upd, &hot); err != nil {
-		t.Fatal(err)
+	var ins, upd, hot, marks int64
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if err := pool.QueryRow(ctx, `SELECT r.n_tup_ins, r.n_tup_upd, r.n_tup_hot_upd, p.n_tup_ins
+			FROM pg_catalog.pg_stat_user_tables r, pg_catalog.pg_stat_user_tables p
+			WHERE r.relid = $1::regclass AND p.relid = $2::regclass`,
+			db.Table("idempotency_records"), db.Table("payments")).Scan(&ins, &upd, &hot, &marks); err != nil {
+			t.Fatal(err)
+		}
+		if marks == n+1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pg_stat_user_tables shows %d inserts into payments after 30s, want %d: the statistics did not arrive", marks, n+1)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	wantUpd := int64(0)
 	if record {

@@ -19,6 +19,9 @@
 //   - Up waits out a server that is starting, refuses connections or cannot
 //     be reached, logging when it starts and stops waiting, until its
 //     context ends: a service may call it at start while PostgreSQL restarts.
+//   - Up refuses a server older than PostgreSQL 14 (MinServerVersion) with
+//     a *ServerVersionError that names both versions, before it creates or
+//     changes anything.
 //   - Up creates the schema and the migrations table when missing. No other
 //     DDL runs outside a versioned migration, and nothing else in idemkit runs
 //     DDL: call Up from your deployment or your program's start, on purpose.

@@ -160,6 +160,9 @@ type Migrator struct {
 	migrations string // qualified and quoted
 	steps      []step
 	log        *slog.Logger
+	// serverVersion reads the server's version (readServerVersion on db;
+	// tests replace it).
+	serverVersion func(ctx context.Context) (num int, server string, err error)
 }
 
 // New returns a Migrator for the tables cfg names. cfg may be nil, meaning
@@ -201,6 +204,7 @@ func New(db *pgxpool.Pool, cfg *Config) (*Migrator, error) {
 		migrations: pgx.Identifier{c.Schema, c.Tables.Migrations}.Sanitize(),
 		log:        cmp.Or(c.Logger, slog.Default()),
 	}
+	m.serverVersion = func(ctx context.Context) (int, string, error) { return readServerVersion(ctx, db) }
 	for _, mig := range all {
 		up, err := render(mig.up, data)
 		if err != nil {
@@ -296,7 +300,9 @@ func (m *Migrator) bookkeepingExists(ctx context.Context, q querier) (bool, erro
 // transaction together with its row in the migrations table, and returns the
 // versions it applied (none when the schema was up to date). It creates the
 // schema and the migrations table first when they are missing. Concurrent
-// calls, from any number of processes, apply each version once.
+// calls, from any number of processes, apply each version once. A server
+// older than MinServerVersion is refused with a *ServerVersionError before
+// anything is created or changed.
 //
 // Up waits out a server that cannot be reached, refuses connections or is
 // starting up or shutting down (SQLSTATE class 08, 57P01-57P03, ...): it logs
@@ -307,6 +313,9 @@ func (m *Migrator) bookkeepingExists(ctx context.Context, q querier) (bool, erro
 func (m *Migrator) Up(ctx context.Context) (applied []int, err error) {
 	w := &outage.Waiter{Op: "migrate up " + m.schema, Log: m.log}
 	defer w.Stop()
+	if err := waitOut(ctx, w, m.checkServer); err != nil {
+		return nil, fmt.Errorf("migrate: up: %w", err)
+	}
 	if err := waitOut(ctx, w, m.ensureBookkeeping); err != nil {
 		return nil, fmt.Errorf("migrate: up: %w", err)
 	}

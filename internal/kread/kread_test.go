@@ -55,15 +55,17 @@ func produce(t *testing.T, topic string, c kafka.Compression, from, n int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	recs := make([]kafka.Record, n)
-	for i := range recs {
-		id := strconv.Itoa(from + i)
-		recs[i] = kafka.Record{Key: kafka.NewBytes([]byte("k" + id)), Value: kafka.NewBytes([]byte("v" + id)),
-			Time:    time.UnixMilli(int64(1_700_000_000_000 + from + i)),
-			Headers: []kafka.Header{{Key: "message-id", Value: []byte("m" + id)}, {Key: "empty"}}}
-	}
 	var res *kafka.ProduceResponse
 	for {
+		// Records made for each attempt: an attempt reads their keys and
+		// values to the end.
+		recs := make([]kafka.Record, n)
+		for i := range recs {
+			id := strconv.Itoa(from + i)
+			recs[i] = kafka.Record{Key: kafka.NewBytes([]byte("k" + id)), Value: kafka.NewBytes([]byte("v" + id)),
+				Time:    time.UnixMilli(int64(1_700_000_000_000 + from + i)),
+				Headers: []kafka.Header{{Key: "message-id", Value: []byte("m" + id)}, {Key: "empty"}}}
+		}
 		var err error
 		res, err = testenv.Client(t).Produce(ctx, &kafka.ProduceRequest{Topic: topic, RequiredAcks: kafka.RequireAll,
 			Compression: c, Records: kafka.NewRecordReader(recs...)})

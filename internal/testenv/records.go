@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"testing"
 	"time"
 
@@ -97,14 +98,21 @@ func DeleteRecords(tb testing.TB, topic string, partition int, offset int64) {
 }
 
 // Produce writes records to topic's partition, acknowledged by every
-// in-sync replica, and returns the offset of the first one.
+// in-sync replica, and returns the offset of the first one. It tries again
+// while the broker answers with a retriable error (a topic just created may
+// not take records for a moment). An attempt reads the records' keys and
+// values to their end, so each is rewound before every attempt: one that
+// cannot be (not an io.Seeker) fails the test when a second attempt is
+// needed, rather than being sent empty.
 func Produce(tb testing.TB, topic string, partition int, records ...kafka.Record) int64 {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	client := Client(tb)
-	for {
-		// A topic just created may not take records for a moment.
+	for attempt := 0; ; attempt++ {
+		if err := rewind(records, attempt > 0); err != nil {
+			tb.Fatalf("testenv: produce to %s/%d again: %v", topic, partition, err)
+		}
 		resp, err := client.Produce(ctx, &kafka.ProduceRequest{Topic: topic, Partition: partition,
 			RequiredAcks: kafka.RequireAll, Records: kafka.NewRecordReader(records...)})
 		if err == nil {
@@ -119,4 +127,27 @@ func Produce(tb testing.TB, topic string, partition int, records ...kafka.Record
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// rewind seeks every key and value of records back to its start; one that
+// cannot seek is an error when must is set.
+func rewind(records []kafka.Record, must bool) error {
+	for i := range records {
+		for _, b := range []kafka.Bytes{records[i].Key, records[i].Value} {
+			if b == nil {
+				continue
+			}
+			s, ok := b.(io.Seeker)
+			if !ok && !must {
+				continue
+			}
+			if !ok {
+				return fmt.Errorf("record %d: its key or value (%T) cannot be read again", i, b)
+			}
+			if _, err := s.Seek(0, io.SeekStart); err != nil {
+				return fmt.Errorf("record %d: rewind: %w", i, err)
+			}
+		}
+	}
+	return nil
 }

@@ -102,13 +102,15 @@ func produce(t *testing.T, topic string, partition int, c kafka.Compression, ids
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	recs := make([]kafka.Record, len(ids))
-	for i, id := range ids {
-		recs[i] = kafka.Record{Key: kafka.NewBytes([]byte("k-" + id)), Value: kafka.NewBytes([]byte("value of " + id)),
-			Headers: []kafka.Header{{Key: "message-id", Value: []byte(id)}}}
-	}
 	var res *kafka.ProduceResponse
 	for {
+		// Records made for each attempt: an attempt reads their keys and
+		// values to the end.
+		recs := make([]kafka.Record, len(ids))
+		for i, id := range ids {
+			recs[i] = kafka.Record{Key: kafka.NewBytes([]byte("k-" + id)), Value: kafka.NewBytes([]byte("value of " + id)),
+				Headers: []kafka.Header{{Key: "message-id", Value: []byte(id)}}}
+		}
 		var err error
 		res, err = testenv.Client(t).Produce(ctx, &kafka.ProduceRequest{Topic: topic, Partition: partition,
 			RequiredAcks: kafka.RequireAll, Compression: c, Records: kafka.NewRecordReader(recs...)})

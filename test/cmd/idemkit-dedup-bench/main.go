@@ -316,11 +316,23 @@ FROM r`, v.next, v.next+n-1, d)
 	return err
 }
 
+// flushStats sends a backend's pending statistics at once where the server
+// can (pg_stat_force_next_flush, PostgreSQL 15 on); PostgreSQL 14 sends them
+// through its statistics collector within half a second.
+func flushStats(ctx context.Context, pool *pgxpool.Pool) error {
+	var can bool
+	if err := pool.QueryRow(ctx, `SELECT current_setting('server_version_num')::int >= 150000`).Scan(&can); err != nil || !can {
+		return err
+	}
+	_, err := pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`)
+	return err
+}
+
 // awaitAutovacuum waits up to limit for autovacuum to vacuum the table;
 // it returns whether it did and the dead rows' share after.
 func (v *variant) awaitAutovacuum(ctx context.Context, pool *pgxpool.Pool, limit time.Duration) (bool, float64, error) {
 	stats := func() (runs, live, dead int64, err error) {
-		if _, err = pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
+		if err = flushStats(ctx, pool); err != nil {
 			return
 		}
 		err = pool.QueryRow(ctx, `SELECT autovacuum_count, n_live_tup, n_dead_tup FROM pg_stat_user_tables WHERE relid = $1::regclass`,
@@ -730,7 +742,7 @@ func (v *variant) retention(ctx context.Context, pool *pgxpool.Pool, fraction fl
 		v.rows -= r.purged
 		return nil // no dead rows: nothing to vacuum
 	}
-	if _, err := pool.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
+	if err := flushStats(ctx, pool); err != nil {
 		return err
 	}
 	var live, dead int64
