@@ -796,3 +796,126 @@ func TestConsumerPostgresFaults(t *testing.T) {
 		})
 	}
 }
+
+// TestConsumerKafkaFaults: with default settings, every broker connection
+// of a consumer is reset, blackholed for 15s, or slowed down by 100ms each
+// way for a while, in the middle of consuming; in each case every message
+// is applied once, in order, and the test prints how long after the fault
+// (or its end) the first message produced after it was applied.
+func TestConsumerKafkaFaults(t *testing.T) {
+	t.Parallel()
+	for _, fault := range []faultproxy.Mode{faultproxy.Reset, faultproxy.Blackhole, faultproxy.Latency} {
+		t.Run(fault.String(), func(t *testing.T) {
+			t.Parallel()
+			const half, partitions = 300, 3
+			db := newDB(t)
+			topic := testenv.NewTopic(t, partitions)
+			store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+			if err != nil {
+				t.Fatal(err)
+			}
+			table := db.Table("effects")
+			proxy := newFaultProxy(t, testenv.Brokers(t)[0])
+			proxy.SetLatency(100 * time.Millisecond)
+			dial := func(ctx context.Context, network, _ string) (net.Conn, error) {
+				var d net.Dialer
+				return d.DialContext(ctx, network, proxy.Addr())
+			}
+			_, logger := testenv.NewLogs(t)
+			var (
+				mu         sync.Mutex
+				since      time.Time // the fault, or its end
+				firstAfter time.Duration
+				afterFault = make(chan struct{})
+			)
+			cfg := consumer.Config{
+				Kafka: kafkaconn.Config{Brokers: []string{proxy.Addr()}, Dial: dial},
+				Topic: topic, GroupID: testenv.Name(t, "g"), Store: store, Logger: logger,
+				Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+					if strings.HasPrefix(m.ID, "late-") {
+						mu.Lock()
+						if firstAfter == 0 {
+							firstAfter = time.Since(since)
+							close(afterFault)
+						}
+						mu.Unlock()
+					}
+					return applyEffect(ctx, tx, table, m)
+				}),
+			}
+			r, err := consumer.New(db.Pool, &cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- r.Run(ctx) }()
+			defer func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("consumer: %v", err)
+				}
+			}()
+			count := func() int {
+				var n int
+				if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+table).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+			waitCount := func(n int, what string) {
+				deadline := time.Now().Add(3 * time.Minute)
+				for count() < n {
+					if time.Now().After(deadline) {
+						t.Fatalf("%s: %d of %d applied after 3 minutes", what, count(), n)
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+			}
+			produce(t, topic, "early-", 0, half, 30)
+			waitCount(half, "before the fault")
+			mu.Lock()
+			since = time.Now()
+			mu.Unlock()
+			proxy.Set(fault)
+			produce(t, topic, "late-", 0, half, 30) // straight to the broker
+			switch fault {
+			case faultproxy.Reset:
+				proxy.Set(faultproxy.Pass) // the open connections were reset; new ones pass
+			case faultproxy.Blackhole:
+				time.Sleep(15 * time.Second) // the fault's length: what it lasts, not a wait for a result
+				mu.Lock()
+				since = time.Now()
+				mu.Unlock()
+				proxy.Set(faultproxy.Pass)
+			case faultproxy.Latency:
+				select {
+				case <-afterFault:
+				case <-time.After(3 * time.Minute):
+					t.Fatal("nothing produced after the fault was applied with latency within 3 minutes")
+				}
+				proxy.Set(faultproxy.Pass)
+			}
+			select {
+			case <-afterFault:
+			case <-time.After(3 * time.Minute):
+				t.Fatal("no message produced after the fault was applied within 3 minutes")
+			}
+			waitCount(2*half, "after the fault")
+			runs := effectRuns(t, db)
+			for id, n := range runs {
+				if n != 1 {
+					t.Fatalf("%s applied %d times", id, n)
+				}
+			}
+			if len(runs) != 2*half {
+				t.Fatalf("%d messages applied, want %d", len(runs), 2*half)
+			}
+			checkOrder(t, db)
+			mu.Lock()
+			defer mu.Unlock()
+			t.Logf("%s: the first message produced after the fault applied %v after it (blackhole: after its end); %d messages, each applied once, in order",
+				fault, firstAfter.Round(time.Millisecond), 2*half)
+		})
+	}
+}
