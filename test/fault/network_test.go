@@ -437,97 +437,146 @@ func TestRelayPostgresFaults(t *testing.T) {
 // them applied.
 func TestConsumerKafkaStranded(t *testing.T) {
 	t.Parallel()
-	const half, partitions = 500, 3
-	db := newDB(t)
-	topic := testenv.NewTopic(t, partitions)
-	store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	const half = 500
+	f := newKafkaFaultConsumer(t, 3, func(cfg *consumer.Config) {
+		cfg.Kafka.DialTimeout, cfg.SessionTimeout = 2*time.Second, 6*time.Second
+	})
+	f.produce("early-", half)
+	f.waitApplied(half, "before the strand")
+	f.mark()
+	c := f.proxy.Strand()
+	f.produce("late-", half) // straight to the broker
+	f.waitLate("the strand")
+	f.waitApplied(2*half, "after the strand")
+	f.check(2 * half)
+	t.Logf("stranded %d broker connections; the first message produced after the strand applied %v after it; %d messages, each applied once",
+		c, f.firstLate().Round(time.Millisecond), 2*half)
+}
+
+// kafkaFaultConsumer is a consumer whose broker connections all go through
+// a fault proxy, applying the effects of the messages of its topic; it
+// measures when the first "late-" message (produced after a fault) is
+// applied.
+type kafkaFaultConsumer struct {
+	t     *testing.T
+	db    *testenv.DB
+	topic string
+	table string
+	proxy *faultproxy.Proxy
+	mu    sync.Mutex
+	since time.Time // the fault (or its end): see mark
+	first time.Duration
+	late  chan struct{} // closed when the first late message is applied
+}
+
+// newKafkaFaultConsumer starts a consumer (default settings but for what
+// tune changes) on a new topic of partitions partitions, stopped at cleanup.
+func newKafkaFaultConsumer(t *testing.T, partitions int, tune func(*consumer.Config)) *kafkaFaultConsumer {
+	t.Helper()
+	f := &kafkaFaultConsumer{t: t, db: newDB(t), topic: testenv.NewTopic(t, partitions), late: make(chan struct{})}
+	f.table = f.db.Table("effects")
+	store, err := dedup.New(&dedup.Config{Schema: f.db.Schema})
 	if err != nil {
 		t.Fatal(err)
 	}
-	table := db.Table("effects")
-	proxy := newFaultProxy(t, testenv.Brokers(t)[0])
+	f.proxy = newFaultProxy(t, testenv.Brokers(t)[0])
+	f.proxy.SetLatency(100 * time.Millisecond)
 	dial := func(ctx context.Context, network, _ string) (net.Conn, error) {
 		var d net.Dialer
-		return d.DialContext(ctx, network, proxy.Addr())
+		return d.DialContext(ctx, network, f.proxy.Addr())
 	}
 	_, logger := testenv.NewLogs(t)
-	var (
-		mu          sync.Mutex
-		strandAt    time.Time
-		firstAfter  time.Duration
-		afterStrand = make(chan struct{})
-	)
 	cfg := consumer.Config{
-		Kafka: kafkaconn.Config{Brokers: []string{proxy.Addr()}, Dial: dial, DialTimeout: 2 * time.Second},
-		Topic: topic, GroupID: testenv.Name(t, "g"), Store: store, SessionTimeout: 6 * time.Second, Logger: logger,
+		Kafka: kafkaconn.Config{Brokers: []string{f.proxy.Addr()}, Dial: dial},
+		Topic: f.topic, GroupID: testenv.Name(t, "g"), Store: store, Logger: logger,
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			if strings.HasPrefix(m.ID, "late-") {
-				mu.Lock()
-				if firstAfter == 0 {
-					firstAfter = time.Since(strandAt)
-					close(afterStrand)
+				f.mu.Lock()
+				if f.first == 0 {
+					f.first = time.Since(f.since)
+					close(f.late)
 				}
-				mu.Unlock()
+				f.mu.Unlock()
 			}
-			return applyEffect(ctx, tx, table, m)
+			return applyEffect(ctx, tx, f.table, m)
 		}),
 	}
-	r, err := consumer.New(db.Pool, &cfg)
+	if tune != nil {
+		tune(&cfg)
+	}
+	r, err := consumer.New(f.db.Pool, &cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	defer func() {
+	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("consumer: %v", err)
 		}
-	}()
-	count := func() int {
-		var n int
-		if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+table).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	waitCount := func(n int, what string) {
-		deadline := time.Now().Add(3 * time.Minute)
-		for count() < n {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: %d of %d applied after 3 minutes", what, count(), n)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-	produce(t, topic, "early-", 0, half, 50)
-	waitCount(half, "before the strand")
-	mu.Lock()
-	strandAt = time.Now()
-	mu.Unlock()
-	c := proxy.Strand()
-	produce(t, topic, "late-", 0, half, 50) // straight to the broker
+	})
+	return f
+}
+
+func (f *kafkaFaultConsumer) produce(prefix string, n int) { produce(f.t, f.topic, prefix, 0, n, 30) }
+
+// mark sets the time firstLate counts from: the fault, or its end.
+func (f *kafkaFaultConsumer) mark() {
+	f.mu.Lock()
+	f.since = time.Now()
+	f.mu.Unlock()
+}
+
+func (f *kafkaFaultConsumer) firstLate() time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.first
+}
+
+// waitLate waits until the first late message is applied.
+func (f *kafkaFaultConsumer) waitLate(what string) {
+	f.t.Helper()
 	select {
-	case <-afterStrand:
+	case <-f.late:
 	case <-time.After(3 * time.Minute):
-		t.Fatal("no message produced after the strand was applied within 3 minutes")
+		f.t.Fatalf("no message produced after %s was applied within 3 minutes", what)
 	}
-	waitCount(2*half, "after the strand")
-	runs := effectRuns(t, db)
-	for id, n := range runs {
-		if n != 1 {
-			t.Fatalf("%s applied %d times", id, n)
+}
+
+// waitApplied waits until n messages are applied.
+func (f *kafkaFaultConsumer) waitApplied(n int, what string) {
+	f.t.Helper()
+	count := func() int {
+		var c int
+		if err := f.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+f.table).Scan(&c); err != nil {
+			f.t.Fatal(err)
+		}
+		return c
+	}
+	deadline := time.Now().Add(3 * time.Minute)
+	for count() < n {
+		if time.Now().After(deadline) {
+			f.t.Fatalf("%s: %d of %d applied after 3 minutes", what, count(), n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// check says that n messages were applied, each once, in order per key.
+func (f *kafkaFaultConsumer) check(n int) {
+	f.t.Helper()
+	runs := effectRuns(f.t, f.db)
+	for id, c := range runs {
+		if c != 1 {
+			f.t.Fatalf("%s applied %d times", id, c)
 		}
 	}
-	if len(runs) != 2*half {
-		t.Fatalf("%d messages applied, want %d", len(runs), 2*half)
+	if len(runs) != n {
+		f.t.Fatalf("%d messages applied, want %d", len(runs), n)
 	}
-	checkOrder(t, db)
-	mu.Lock()
-	defer mu.Unlock()
-	t.Logf("stranded %d broker connections; the first message produced after the strand applied %v after it; %d messages, each applied once",
-		c, firstAfter.Round(time.Millisecond), 2*half)
+	checkOrder(f.t, f.db)
 }
 
 // TestConsumerPostgresStranded: the consumer's PostgreSQL connections are
@@ -807,115 +856,29 @@ func TestConsumerKafkaFaults(t *testing.T) {
 	for _, fault := range []faultproxy.Mode{faultproxy.Reset, faultproxy.Blackhole, faultproxy.Latency} {
 		t.Run(fault.String(), func(t *testing.T) {
 			t.Parallel()
-			const half, partitions = 300, 3
-			db := newDB(t)
-			topic := testenv.NewTopic(t, partitions)
-			store, err := dedup.New(&dedup.Config{Schema: db.Schema})
-			if err != nil {
-				t.Fatal(err)
-			}
-			table := db.Table("effects")
-			proxy := newFaultProxy(t, testenv.Brokers(t)[0])
-			proxy.SetLatency(100 * time.Millisecond)
-			dial := func(ctx context.Context, network, _ string) (net.Conn, error) {
-				var d net.Dialer
-				return d.DialContext(ctx, network, proxy.Addr())
-			}
-			_, logger := testenv.NewLogs(t)
-			var (
-				mu         sync.Mutex
-				since      time.Time // the fault, or its end
-				firstAfter time.Duration
-				afterFault = make(chan struct{})
-			)
-			cfg := consumer.Config{
-				Kafka: kafkaconn.Config{Brokers: []string{proxy.Addr()}, Dial: dial},
-				Topic: topic, GroupID: testenv.Name(t, "g"), Store: store, Logger: logger,
-				Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-					if strings.HasPrefix(m.ID, "late-") {
-						mu.Lock()
-						if firstAfter == 0 {
-							firstAfter = time.Since(since)
-							close(afterFault)
-						}
-						mu.Unlock()
-					}
-					return applyEffect(ctx, tx, table, m)
-				}),
-			}
-			r, err := consumer.New(db.Pool, &cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- r.Run(ctx) }()
-			defer func() {
-				cancel()
-				if err := <-done; err != nil {
-					t.Errorf("consumer: %v", err)
-				}
-			}()
-			count := func() int {
-				var n int
-				if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+table).Scan(&n); err != nil {
-					t.Fatal(err)
-				}
-				return n
-			}
-			waitCount := func(n int, what string) {
-				deadline := time.Now().Add(3 * time.Minute)
-				for count() < n {
-					if time.Now().After(deadline) {
-						t.Fatalf("%s: %d of %d applied after 3 minutes", what, count(), n)
-					}
-					time.Sleep(50 * time.Millisecond)
-				}
-			}
-			produce(t, topic, "early-", 0, half, 30)
-			waitCount(half, "before the fault")
-			mu.Lock()
-			since = time.Now()
-			mu.Unlock()
-			proxy.Set(fault)
-			produce(t, topic, "late-", 0, half, 30) // straight to the broker
+			const half = 300
+			f := newKafkaFaultConsumer(t, 3, nil)
+			f.produce("early-", half)
+			f.waitApplied(half, "before the fault")
+			f.mark()
+			f.proxy.Set(fault)
+			f.produce("late-", half) // straight to the broker
 			switch fault {
 			case faultproxy.Reset:
-				proxy.Set(faultproxy.Pass) // the open connections were reset; new ones pass
+				f.proxy.Set(faultproxy.Pass) // the open connections were reset; new ones pass
 			case faultproxy.Blackhole:
 				time.Sleep(15 * time.Second) // the fault's length: what it lasts, not a wait for a result
-				mu.Lock()
-				since = time.Now()
-				mu.Unlock()
-				proxy.Set(faultproxy.Pass)
+				f.mark()
+				f.proxy.Set(faultproxy.Pass)
 			case faultproxy.Latency:
-				select {
-				case <-afterFault:
-				case <-time.After(3 * time.Minute):
-					t.Fatal("nothing produced after the fault was applied with latency within 3 minutes")
-				}
-				proxy.Set(faultproxy.Pass)
+				f.waitLate("the fault, with latency")
+				f.proxy.Set(faultproxy.Pass)
 			}
-			select {
-			case <-afterFault:
-			case <-time.After(3 * time.Minute):
-				t.Fatal("no message produced after the fault was applied within 3 minutes")
-			}
-			waitCount(2*half, "after the fault")
-			runs := effectRuns(t, db)
-			for id, n := range runs {
-				if n != 1 {
-					t.Fatalf("%s applied %d times", id, n)
-				}
-			}
-			if len(runs) != 2*half {
-				t.Fatalf("%d messages applied, want %d", len(runs), 2*half)
-			}
-			checkOrder(t, db)
-			mu.Lock()
-			defer mu.Unlock()
+			f.waitLate("the fault")
+			f.waitApplied(2*half, "after the fault")
+			f.check(2 * half)
 			t.Logf("%s: the first message produced after the fault applied %v after it (blackhole: after its end); %d messages, each applied once, in order",
-				fault, firstAfter.Round(time.Millisecond), 2*half)
+				fault, f.firstLate().Round(time.Millisecond), 2*half)
 		})
 	}
 }
