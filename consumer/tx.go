@@ -17,9 +17,8 @@ import (
 // BEGIN, and its body once they answered.
 type txSteps interface {
 	claims(b *pgx.Batch) error
-	// body gets the transaction's bounded context (ctx, with the
-	// transaction's deadline) besides tx.
-	body(tx pgx.Tx, ctx context.Context) error
+	// body runs with the transaction's bounded context.
+	body(ctx context.Context, tx pgx.Tx) error
 }
 
 // runTx runs one transaction of a partition: BEGIN, the transaction's
@@ -71,7 +70,7 @@ func (w *worker) runTx(ctx context.Context, t txSteps) error {
 		_ = tx.Rollback(detached)
 		return err
 	}
-	err = t.body(tx, bounded)
+	err = t.body(bounded, tx)
 	// Made once the body returned: the handler's own time does not count
 	// against the commit's.
 	detached, cancelDetached := detach(ctx)

@@ -88,7 +88,7 @@ type testSteps struct {
 }
 
 func (s testSteps) claims(b *pgx.Batch) error               { return s.first(b) }
-func (s testSteps) body(tx pgx.Tx, _ context.Context) error { return s.f(tx) }
+func (s testSteps) body(_ context.Context, tx pgx.Tx) error { return s.f(tx) }
 
 // TestCommitAfterLongHandler: a handler that runs longer than commitTimeout
 // does not leave its commit an expired context (which pgx would not even

@@ -1018,7 +1018,7 @@ func (t *txRun) claims(b *pgx.Batch) error {
 
 // body runs in the transaction once its claims are done: idemkit's own
 // writes, then the handler.
-func (t *txRun) body(tx pgx.Tx, ctx context.Context) error {
+func (t *txRun) body(ctx context.Context, tx pgx.Tx) error {
 	w, msgs, live, parking, res, outcomes := t.w, t.msgs, t.live, t.parking, &t.res, t.outcomes
 	cfg := &w.r.cfg
 	dup := res.dup
