@@ -128,6 +128,16 @@
 // itself: one that does (tx.Rollback, a ROLLBACK statement) and returns nil
 // fails with an error wrapping pgx.ErrTxClosed.
 //
+// A transaction is bounded on both ends, so that a connection that goes
+// silent (a NAT or firewall that forgot the flow) never holds a partition
+// for long: the handler calls get Config.HandlerTimeout; the runner gives
+// the transaction up after HandlerTimeout plus 10s (the COMMIT after 10s)
+// and runs it again on a new connection; and PostgreSQL ends it once idle
+// that long (SET LOCAL idle_in_transaction_session_timeout, sent with
+// BEGIN), releasing the locks of its claims. A claim that waits 5s for
+// another session's lock logs that session at WARN, and the TxEndEvent
+// says how long it waited. See docs/network-faults.md.
+//
 // # Failures
 //
 // Handler errors roll back the effect together with the claim: nothing is
