@@ -494,3 +494,65 @@ func TestNewReprocessorRejectsBadConfig(t *testing.T) {
 		t.Errorf("writer without Group or Consumer: %v", err)
 	}
 }
+
+// TestConfigValidate: the configs' Validate refuses what NewWriter and
+// NewReprocessor refuse, before anything connects, and accepts a complete
+// configuration.
+func TestConfigValidate(t *testing.T) {
+	t.Parallel()
+	kc := kafkaconn.Config{Brokers: []string{"127.0.0.1:9092"}}
+	w := dlq.WriterConfig{Kafka: kc, Group: "g"}
+	if err := w.Validate(); err != nil {
+		t.Fatalf("WriterConfig.Validate of a complete config: %v", err)
+	}
+	for name, mutate := range map[string]func(*dlq.WriterConfig){
+		"no brokers":      func(c *dlq.WriterConfig) { c.Kafka.Brokers = nil },
+		"no name":         func(c *dlq.WriterConfig) { c.Group = "" },
+		"negative outage": func(c *dlq.WriterConfig) { c.MaxOutage = -time.Second },
+		"route, no match": func(c *dlq.WriterConfig) { c.Routes = []dlq.Route{{Topic: "t.dlq"}} },
+		"bad retry":       func(c *dlq.WriterConfig) { c.Retry.Multiplier = 0.5 },
+		"bad table": func(c *dlq.WriterConfig) {
+			c.Pool = &pgxpool.Pool{}
+			c.Tables.DLQValues = "values\x00"
+		},
+	} {
+		c := w
+		mutate(&c)
+		if err := c.Validate(); !errors.Is(err, dlq.ErrInvalidConfig) {
+			t.Errorf("WriterConfig %s: Validate = %v, want ErrInvalidConfig", name, err)
+		}
+		if _, err := dlq.NewWriter(&c); !errors.Is(err, dlq.ErrInvalidConfig) {
+			t.Errorf("WriterConfig %s: NewWriter = %v, want ErrInvalidConfig", name, err)
+		}
+	}
+
+	r := dlq.ReprocessorConfig{Kafka: kc, Topic: "t.dlq", Mode: dlq.Republish}
+	if err := r.Validate(); err != nil {
+		t.Fatalf("ReprocessorConfig.Validate of a complete config: %v", err)
+	}
+	for name, mutate := range map[string]func(*dlq.ReprocessorConfig){
+		"no brokers":          func(c *dlq.ReprocessorConfig) { c.Kafka.Brokers = nil },
+		"no topic":            func(c *dlq.ReprocessorConfig) { c.Topic = "" },
+		"redrive, no handler": func(c *dlq.ReprocessorConfig) { c.Mode = dlq.Redrive },
+		"negative timeout":    func(c *dlq.ReprocessorConfig) { c.HandlerTimeout = -time.Second },
+		"bad retry":           func(c *dlq.ReprocessorConfig) { c.Retry.Multiplier = 0.5 },
+		"bad schema":          func(c *dlq.ReprocessorConfig) { c.Schema = "s\x00" },
+		"same tables": func(c *dlq.ReprocessorConfig) {
+			c.Tables.DLQReplays, c.Tables.DLQValues = "dlq", "dlq"
+		},
+	} {
+		c := r
+		mutate(&c)
+		if err := c.Validate(); !errors.Is(err, dlq.ErrInvalidConfig) {
+			t.Errorf("ReprocessorConfig %s: Validate = %v, want ErrInvalidConfig", name, err)
+		}
+		if _, err := dlq.NewReprocessor(&pgxpool.Pool{}, &c); !errors.Is(err, dlq.ErrInvalidConfig) {
+			t.Errorf("ReprocessorConfig %s: NewReprocessor = %v, want ErrInvalidConfig", name, err)
+		}
+	}
+	var nilw *dlq.WriterConfig
+	var nilr *dlq.ReprocessorConfig
+	if !errors.Is(nilw.Validate(), dlq.ErrInvalidConfig) || !errors.Is(nilr.Validate(), dlq.ErrInvalidConfig) {
+		t.Errorf("a nil config validates")
+	}
+}

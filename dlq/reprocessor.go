@@ -280,55 +280,76 @@ type Reprocessor struct {
 	closeClient func()
 }
 
+// Validate reports what NewReprocessor would refuse in c: a missing or
+// contradictory field, a value out of range, a table name that is not one.
+// The error wraps ErrInvalidConfig.
+func (c *ReprocessorConfig) Validate() error {
+	_, err := c.withDefaults()
+	return err
+}
+
+// withDefaults checks c and returns it with its defaults applied.
+func (c *ReprocessorConfig) withDefaults() (ReprocessorConfig, error) {
+	if c == nil {
+		return ReprocessorConfig{}, fmt.Errorf("%w: nil config", ErrInvalidConfig)
+	}
+	invalid := func(msg string) error { return fmt.Errorf("%w: %s", ErrInvalidConfig, msg) }
+	if err := c.Kafka.Validate(); err != nil {
+		return ReprocessorConfig{}, fmt.Errorf("%w: Kafka: %w", ErrInvalidConfig, err)
+	}
+	switch {
+	case c.Topic == "":
+		return ReprocessorConfig{}, invalid("Topic is empty")
+	case c.Mode != Redrive && c.Mode != Republish:
+		return ReprocessorConfig{}, invalid("Mode must be Redrive or Republish")
+	case c.Mode == Redrive && c.Handler == nil:
+		return ReprocessorConfig{}, invalid("Redrive needs a Handler")
+	case c.Rate < 0:
+		return ReprocessorConfig{}, invalid("Rate must not be negative")
+	case c.ReplayLimit < 0:
+		return ReprocessorConfig{}, invalid("ReplayLimit must not be negative")
+	case c.MaxOutage < 0:
+		return ReprocessorConfig{}, invalid("MaxOutage must not be negative")
+	case c.Retention < 0:
+		return ReprocessorConfig{}, invalid("Retention must not be negative")
+	case c.OnBeyondHorizon != consumer.HorizonFail && c.OnBeyondHorizon != consumer.HorizonApply:
+		return ReprocessorConfig{}, invalid("OnBeyondHorizon must be consumer.HorizonFail or consumer.HorizonApply")
+	case c.HandlerTimeout < 0:
+		return ReprocessorConfig{}, invalid("HandlerTimeout must not be negative")
+	}
+	r := *c
+	r.HandlerTimeout = cmp.Or(r.HandlerTimeout, HandlerTimeoutDefault)
+	r.ReplayLimit = cmp.Or(r.ReplayLimit, ReplayLimitDefault)
+	r.ReplayedBy = cmp.Or(r.ReplayedBy, whoami())
+	if reflect.ValueOf(r.Retry).IsZero() {
+		// The zero Policy's bounds, said out loud: the writer's zero means
+		// no bound.
+		r.Retry = retry.Policy{MaxAttempts: retry.MaxAttemptsDefault}
+	}
+	if err := r.Retry.Validate(); err != nil {
+		return ReprocessorConfig{}, fmt.Errorf("%w: Retry: %v", ErrInvalidConfig, err)
+	}
+	if r.Logger == nil {
+		r.Logger = slog.Default()
+	}
+	if err := (migrate.Config{Schema: r.Schema, Tables: r.Tables}).WithDefaults().Validate(); err != nil {
+		return ReprocessorConfig{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return r, nil
+}
+
 // NewReprocessor validates cfg and returns a Reprocessor whose dedup and
 // replay records live in pool. Close it when done.
 func NewReprocessor(pool *pgxpool.Pool, cfg *ReprocessorConfig) (*Reprocessor, error) {
-	switch {
-	case pool == nil:
+	if pool == nil {
 		return nil, fmt.Errorf("%w: nil pool", ErrInvalidConfig)
-	case cfg == nil:
-		return nil, fmt.Errorf("%w: nil config", ErrInvalidConfig)
 	}
-	c := *cfg
-	c.pool = pool
-	invalid := func(msg string) error { return fmt.Errorf("%w: %s", ErrInvalidConfig, msg) }
-	switch {
-	case c.Kafka.Validate() != nil:
-		return nil, fmt.Errorf("%w: Kafka: %w", ErrInvalidConfig, c.Kafka.Validate())
-	case c.Topic == "":
-		return nil, invalid("Topic is empty")
-	case c.Mode != Redrive && c.Mode != Republish:
-		return nil, invalid("Mode must be Redrive or Republish")
-	case c.Mode == Redrive && c.Handler == nil:
-		return nil, invalid("Redrive needs a Handler")
-	case c.Rate < 0:
-		return nil, invalid("Rate must not be negative")
-	case c.ReplayLimit < 0:
-		return nil, invalid("ReplayLimit must not be negative")
-	case c.MaxOutage < 0:
-		return nil, invalid("MaxOutage must not be negative")
-	case c.Retention < 0:
-		return nil, invalid("Retention must not be negative")
-	case c.OnBeyondHorizon != consumer.HorizonFail && c.OnBeyondHorizon != consumer.HorizonApply:
-		return nil, invalid("OnBeyondHorizon must be consumer.HorizonFail or consumer.HorizonApply")
-	case c.HandlerTimeout < 0:
-		return nil, invalid("HandlerTimeout must not be negative")
-	}
-	c.HandlerTimeout = cmp.Or(c.HandlerTimeout, HandlerTimeoutDefault)
-	c.ReplayLimit = cmp.Or(c.ReplayLimit, ReplayLimitDefault)
-	c.ReplayedBy = cmp.Or(c.ReplayedBy, whoami())
-	if reflect.ValueOf(c.Retry).IsZero() {
-		// The zero Policy's bounds, said out loud: the writer's zero means
-		// no bound.
-		c.Retry = retry.Policy{MaxAttempts: retry.MaxAttemptsDefault}
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	tables := migrate.Config{Schema: c.Schema, Tables: c.Tables}.WithDefaults()
-	if err := tables.Validate(); err != nil {
+	c, err := cfg.withDefaults()
+	if err != nil {
 		return nil, err
 	}
+	c.pool = pool
+	tables := migrate.Config{Schema: c.Schema, Tables: c.Tables}.WithDefaults()
 	store, err := dedup.New(&dedup.Config{Schema: tables.Schema, Tables: tables.Tables})
 	if err != nil {
 		return nil, err

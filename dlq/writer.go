@@ -204,45 +204,75 @@ var ErrInvalidConfig = fmt.Errorf("dlq: %w", idemkit.ErrInvalidConfig)
 
 // NewWriter validates cfg and returns a Writer. Close it when done.
 func NewWriter(cfg *WriterConfig) (*Writer, error) {
-	if cfg != nil {
-		if err := dedup.ValidateID("Group or Consumer", cmp.Or(cfg.Consumer, cfg.Group)); err != nil {
-			// The reprocessor replays a letter under this name: without one
-			// it could not look up or claim anything.
-			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
-		}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	return newWriter(cfg)
+}
+
+// Validate reports what NewWriter would refuse in c: a missing or
+// contradictory field, a value out of range, a table name that is not one.
+// The error wraps ErrInvalidConfig.
+func (c *WriterConfig) Validate() error {
+	if c == nil {
+		return fmt.Errorf("%w: nil config", ErrInvalidConfig)
+	}
+	if err := dedup.ValidateID("Group or Consumer", cmp.Or(c.Consumer, c.Group)); err != nil {
+		// The reprocessor replays a letter under this name: without one
+		// it could not look up or claim anything.
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	_, err := c.withDefaults()
+	return err
+}
+
+// withDefaults checks c, except for the names a Reprocessor's own writer
+// takes from each letter, and returns it with its defaults applied.
+func (c *WriterConfig) withDefaults() (WriterConfig, error) {
+	if c == nil {
+		return WriterConfig{}, fmt.Errorf("%w: nil config", ErrInvalidConfig)
+	}
+	if err := c.Kafka.Validate(); err != nil {
+		return WriterConfig{}, fmt.Errorf("%w: Kafka: %w", ErrInvalidConfig, err)
+	}
+	if c.MaxOutage < 0 {
+		return WriterConfig{}, fmt.Errorf("%w: MaxOutage must not be negative", ErrInvalidConfig)
+	}
+	for i, r := range c.Routes {
+		if r.Topic == "" || r.Match == nil {
+			return WriterConfig{}, fmt.Errorf("%w: Routes[%d] needs a Topic and a Match", ErrInvalidConfig, i)
+		}
+	}
+	w := *c
+	w.Routes = slices.Clone(w.Routes)
+	w.Consumer = cmp.Or(w.Consumer, w.Group)
+	if reflect.ValueOf(w.Retry).IsZero() {
+		w.Retry = retry.Policy{MaxAttempts: -1, MaxElapsedTime: -1}
+	}
+	if err := w.Retry.Validate(); err != nil {
+		return WriterConfig{}, fmt.Errorf("%w: Retry: %v", ErrInvalidConfig, err)
+	}
+	if w.Pool != nil {
+		if err := (migrate.Config{Schema: w.Schema, Tables: w.Tables}).WithDefaults().Validate(); err != nil {
+			return WriterConfig{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+	}
+	if w.Logger == nil {
+		w.Logger = slog.Default()
+	}
+	return w, nil
 }
 
 // newWriter is NewWriter for the reprocessor's own writer, which writes
 // letters back under the names they carry.
 func newWriter(cfg *WriterConfig) (*Writer, error) {
-	if cfg == nil {
-		return nil, fmt.Errorf("%w: nil config", ErrInvalidConfig)
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
 	}
-	transport, err := cfg.Kafka.Transport() // validates cfg.Kafka
+	transport, err := c.Kafka.Transport()
 	if err != nil {
 		return nil, fmt.Errorf("%w: Kafka: %w", ErrInvalidConfig, err)
-	}
-	if cfg.MaxOutage < 0 {
-		return nil, fmt.Errorf("%w: MaxOutage must not be negative", ErrInvalidConfig)
-	}
-	for i, r := range cfg.Routes {
-		if r.Topic == "" || r.Match == nil {
-			return nil, fmt.Errorf("%w: Routes[%d] needs a Topic and a Match", ErrInvalidConfig, i)
-		}
-	}
-	c := *cfg
-	c.Routes = slices.Clone(c.Routes)
-	c.Consumer = cmp.Or(c.Consumer, c.Group)
-	if reflect.ValueOf(c.Retry).IsZero() {
-		c.Retry = retry.Policy{MaxAttempts: -1, MaxElapsedTime: -1}
-	}
-	if err := c.Retry.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
 	}
 	var values *valueStore
 	if c.Pool != nil {
