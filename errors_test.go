@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/idemhttp"
+	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
@@ -110,6 +111,50 @@ func TestErrInvalidConfigEverywhere(t *testing.T) {
 		"kafkaconn": kafkaconn.ErrInvalidConfig} {
 		if want := name + ": invalid config"; err.Error() != want {
 			t.Errorf("%s.ErrInvalidConfig = %q, want %q", name, err, want)
+		}
+	}
+}
+
+// On a schema with nothing migrated, each store's error matches its
+// package's ErrNotMigrated and idemkit.ErrNotMigrated, names its package
+// once (one prefix per layer) and says how to migrate.
+func TestNotMigratedErrorText(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.NewDB(t) // no migrations
+	ds, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ob, err := outbox.New(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs, err := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, dedupErr := ds.Processed(ctx, db.Pool, "billing", "m")
+	_, outboxErr := ob.Stats(ctx, db.Pool)
+	_, httpErr := hs.Get(ctx, db.Pool, "acct", "POST /payments", "k")
+	_, parkedErr := consumer.ListParked(ctx, db.Pool, ds, consumer.ParkedQuery{Consumer: "billing", Topic: "orders"})
+	for _, c := range []struct {
+		pkg           string
+		err, sentinel error
+	}{
+		{"dedup", dedupErr, dedup.ErrNotMigrated},
+		{"outbox", outboxErr, outbox.ErrNotMigrated},
+		{"idemhttp", httpErr, idemhttp.ErrNotMigrated},
+		{"consumer", parkedErr, consumer.ErrNotMigrated},
+	} {
+		if !errors.Is(c.err, c.sentinel) || !errors.Is(c.err, idemkit.ErrNotMigrated) {
+			t.Errorf("%s: %v: want it to match %s.ErrNotMigrated and idemkit.ErrNotMigrated", c.pkg, c.err, c.pkg)
+			continue
+		}
+		msg := c.err.Error()
+		if !strings.HasPrefix(msg, c.pkg+": ") || strings.Count(msg, c.pkg+":") != 1 ||
+			strings.Count(msg, "idemkit:") != 0 || !strings.Contains(msg, "run migrate.Up or idemkit migrate up") {
+			t.Errorf("%s: %q: want one %q prefix and the way to migrate", c.pkg, msg, c.pkg+":")
 		}
 	}
 }

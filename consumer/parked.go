@@ -5,13 +5,13 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
 
+	"github.com/idemkit/idemkit/internal/pgexec"
+
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/dedup"
@@ -256,9 +256,5 @@ func scanParked(row pgx.Row, pm *ParkedMessage, extra ...any) error {
 
 // parkedErr wraps err for op, marking a schema that is not migrated.
 func parkedErr(op string, err error) error {
-	var pg *pgconn.PgError
-	if errors.As(err, &pg) && (pg.Code == "42P01" || pg.Code == "42703") {
-		return fmt.Errorf("consumer: %s: %w: %w", op, ErrNotMigrated, err)
-	}
-	return fmt.Errorf("consumer: %s: %w", op, err)
+	return fmt.Errorf("consumer: %s: %w", op, pgexec.NotMigrated(ErrNotMigrated, err))
 }

@@ -13,7 +13,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -620,9 +619,5 @@ var ErrNotMigrated = fmt.Errorf("dedup: tables missing: %w", idemkit.ErrNotMigra
 
 // fail wraps err for op, marking a schema that is not migrated.
 func fail(op string, err error) error {
-	var pg *pgconn.PgError
-	if errors.As(err, &pg) && (pg.Code == "42P01" || pg.Code == "42703") {
-		return fmt.Errorf("dedup: %s: %w: %w", op, ErrNotMigrated, err)
-	}
-	return fmt.Errorf("dedup: %s: %w", op, err)
+	return fmt.Errorf("dedup: %s: %w", op, pgexec.NotMigrated(ErrNotMigrated, err))
 }

@@ -14,6 +14,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/idemkit/idemkit/internal/pgexec"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -450,20 +452,8 @@ func (r *Reprocessor) Run(ctx context.Context) (Summary, error) {
 		}
 		return nil
 	})
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
-		err = notMigratedError{err}
-	}
-	return tl.summary(), err
+	return tl.summary(), pgexec.NotMigrated(ErrNotMigrated, err)
 }
-
-// notMigratedError is err, a missing table, matching ErrNotMigrated.
-type notMigratedError struct{ err error }
-
-func (e notMigratedError) Error() string {
-	return e.err.Error() + " (schema not migrated: run migrate.Up, idemkit migrate up)"
-}
-func (e notMigratedError) Unwrap() []error { return []error{ErrNotMigrated, e.err} }
 
 // ErrNotMigrated is wrapped by Reprocessor.Run's error when the replay
 // records table (or dedup's, in Redrive mode) is missing: run migrate.Up

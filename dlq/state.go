@@ -2,13 +2,13 @@ package dlq
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
 
+	"github.com/idemkit/idemkit/internal/pgexec"
+
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
@@ -312,9 +312,5 @@ func readReplays(ctx context.Context, pool *pgxpool.Pool, table string, msgs []O
 }
 
 func replaysError(err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
-		return notMigratedError{fmt.Errorf("dlq: read replay records: %w", err)}
-	}
-	return fmt.Errorf("dlq: read replay records: %w", err)
+	return fmt.Errorf("dlq: read replay records: %w", pgexec.NotMigrated(ErrNotMigrated, err))
 }

@@ -220,10 +220,9 @@
 //
 // # Tables
 //
-// The table is created by package migrate (version 3, with version 11's
-// fillfactor 70 and version 13's layout: the primary key only, no index on
-// expiry or on stuck records, so Store.FindStuck and Store.Purge read the
-// whole table); StoreConfig and migrate.Config must name the same schema and
+// The table is created by package migrate (fillfactor 70, the primary key
+// only: no index on expiry or on stuck records, so Store.FindStuck and
+// Store.Purge read the whole table); StoreConfig and migrate.Config must name the same schema and
 // table. Nothing in this package runs DDL: without the table, Store methods
 // return errors matching ErrNotMigrated, and the middleware answers 503
 // store_unavailable and logs that error.

@@ -39,7 +39,7 @@ func TestNotMigrated(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantError(t, r, http.StatusServiceUnavailable, idemhttp.CodeStoreUnavailable)
-	if !strings.Contains(logs.String(), idemhttp.ErrNotMigrated.Error()) {
+	if !strings.Contains(logs.String(), "schema not migrated") {
 		t.Fatalf("the log does not say the table is missing:\n%s", logs.String())
 	}
 

@@ -34,18 +34,14 @@ const (
 var ErrNotFound = errors.New("idemhttp: record not found")
 
 // ErrNotMigrated means the records table does not exist: run package
-// migrate (version 3 or later; `idemkit migrate up`) with the same Schema
+// migrate (`idemkit migrate up`) with the same Schema
 // and table name. Every Store method wraps it then, and the middleware
 // answers 503 store_unavailable and logs it.
 var ErrNotMigrated = fmt.Errorf("idemhttp: table missing: %w", idemkit.ErrNotMigrated)
 
 // translate maps a missing table to ErrNotMigrated.
 func translate(err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
-		return fmt.Errorf("%w: %w", ErrNotMigrated, err)
-	}
-	return err
+	return pgexec.NotMigrated(ErrNotMigrated, err)
 }
 
 // State is the state of a record.
@@ -71,7 +67,7 @@ const (
 type DBTX = pgexec.DB
 
 // StoreConfig says where records live and which clock measures leases and
-// expiry. The table is created by package migrate (version 3), which must
+// expiry. The table is created by package migrate, which must
 // be given the same Schema and Tables (the two fields every package says
 // where its tables live with).
 type StoreConfig struct {
@@ -227,8 +223,8 @@ WHERE ` + key + ` AND token = $9 AND state = 'PROCESSING' AND locked_until <= $6
 
 		// The completion changes no indexed column when it comes within the
 		// lease: the reservation set expires_at to the lease end plus the TTL,
-		// which GREATEST keeps. So it is a HOT update (migration 11 dropped
-		// the index on state and locked_until).
+		// which GREATEST keeps. So it is a HOT update (the table has no
+		// index on state or locked_until for this reason).
 		completeSQL: `UPDATE ` + t + ` SET ` + completeSet + `
 WHERE ` + key + ` AND token = $4 AND state = 'PROCESSING'`,
 
@@ -267,8 +263,8 @@ LIMIT $2`,
 SELECT (SELECT count(*) FROM del) + (SELECT count(*) FROM upd)`,
 
 		// Purges walk the heap in ranges of purgePages pages (a TID range
-		// scan, no index: migration 13 dropped the one on expires_at, whose
-		// right-most page every first request wrote to), $2 and $3 the
+		// scan, no index: one on expires_at would have its right-most page
+		// written by every first request), $2 and $3 the
 		// range's first and end page, at most $4 rows per statement.
 		purgeSQL: `DELETE FROM ` + t + ` WHERE ctid = ANY (ARRAY(
 	SELECT ctid FROM ` + t + `
@@ -381,7 +377,7 @@ func (s *Store) Get(ctx context.Context, db DBTX, account, operation, key string
 
 // FindStuck returns up to limit records still PROCESSING after their lease
 // ended, longest overdue first (limit <= 0 means FindLimitDefault). Their
-// holder crashed, hung, or is slow; see Reconcile. Since migration 11 no
+// holder crashed, hung, or is slow; see Reconcile. No
 // index tells PROCESSING records apart (it would stop completions from
 // being HOT updates), so it reads the whole table: call it every few
 // minutes, not per request. Only requests that hold their key with a

@@ -13,7 +13,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
@@ -484,13 +483,7 @@ func jsonbArgs(docs [][]byte) []pgtype.Text {
 }
 
 // translate maps a missing table to ErrNotMigrated.
-func translate(err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
-		return fmt.Errorf("%w: %w", ErrNotMigrated, err)
-	}
-	return err
-}
+func translate(err error) error { return pgexec.NotMigrated(ErrNotMigrated, err) }
 
 // ParkedMessage is a message the relay or a dispatcher gave up on, or one
 // held behind such a message of the same key.

@@ -5,6 +5,7 @@ package pgexec
 
 import (
 	"context"
+	"errors"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -45,3 +46,23 @@ func DeleteInBatches(ctx context.Context, db DB, sql string, batch int, args ...
 		}
 	}
 }
+
+// NotMigrated returns err unchanged unless PostgreSQL answered that a table
+// or a column does not exist: then it returns err saying so, matching both
+// err and sentinel (the package's ErrNotMigrated) but with no text of the
+// sentinel's, so that the caller's one prefix stays the only one.
+func NotMigrated(sentinel, err error) error {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) && (pg.Code == "42P01" || pg.Code == "42703") { // undefined_table, undefined_column
+		return &notMigratedError{sentinel: sentinel, err: err}
+	}
+	return err
+}
+
+type notMigratedError struct{ sentinel, err error }
+
+func (e *notMigratedError) Error() string {
+	return e.err.Error() + " (schema not migrated: run migrate.Up or idemkit migrate up)"
+}
+
+func (e *notMigratedError) Unwrap() []error { return []error{e.sentinel, e.err} }
