@@ -9,12 +9,11 @@ import (
 	"slices"
 	"time"
 
-	"github.com/idemkit/idemkit/internal/pgexec"
-
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/pgexec"
 )
 
 // ParkedQuery selects the messages a consumer parked in NonBlocking mode

@@ -14,8 +14,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/idemkit/idemkit/internal/pgexec"
-
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -25,6 +23,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/outage"
+	"github.com/idemkit/idemkit/internal/pgexec"
 	"github.com/idemkit/idemkit/internal/pgsession"
 	"github.com/idemkit/idemkit/internal/pgtext"
 	"github.com/idemkit/idemkit/internal/topicscan"

@@ -6,12 +6,11 @@ import (
 	"slices"
 	"time"
 
-	"github.com/idemkit/idemkit/internal/pgexec"
-
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemkit/idemkit/internal/pgexec"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
 )
