@@ -157,6 +157,9 @@ func start(tb testing.TB, args ...string) *Server {
 	if err := s.Start(ctx); err != nil {
 		tb.Fatal(err)
 	}
+	// Which server a test ran on is part of what it proves.
+	ver, _ := exec.CommandContext(ctx, filepath.Join(s.bin, "postgres"), "--version").Output()
+	tb.Logf("pgproc: %s on port %d (%s)", strings.TrimSpace(string(ver)), s.port, s.bin)
 	return s
 }
 
