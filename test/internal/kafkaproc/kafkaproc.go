@@ -104,7 +104,19 @@ func Start(tb testing.TB) *Broker {
 	if err := b.Start(ctx); err != nil {
 		tb.Fatal(err)
 	}
+	// Which broker a test ran on is part of what it proves.
+	tb.Logf("kafkaproc: Kafka %s at %s (%s)", libsVersion(libs), b.Addr, libs)
 	return b
+}
+
+// libsVersion is the version in the name of libs' kafka-server jar, or
+// "unknown".
+func libsVersion(libs string) string {
+	jars, _ := filepath.Glob(filepath.Join(libs, "kafka-server-[0-9]*.jar"))
+	if len(jars) == 0 {
+		return "unknown"
+	}
+	return strings.TrimSuffix(strings.TrimPrefix(filepath.Base(jars[0]), "kafka-server-"), ".jar")
 }
 
 // singleSettings are the settings of a single-node broker: every internal
