@@ -77,6 +77,9 @@ type Proxy struct {
 	dropped  atomic.Int64 // bytes dropped
 	swallows atomic.Int64 // ends (EOF, errors) not passed on
 
+	armMu    sync.Mutex
+	strandOn func([]byte) bool // armed by StrandOn; nil once it matched
+
 	mu     sync.Mutex
 	links  map[*link]struct{}
 	closed bool
@@ -163,6 +166,31 @@ func (p *Proxy) Close() error {
 	return err
 }
 
+// StrandOn arms the proxy: the first chunk of bytes a client sends, on a
+// connection open now or later, for which match returns true strands that
+// connection before the chunk reaches the server, as Strand does. It
+// strands one connection, then disarms. A test uses it to strand exactly
+// the connection that carries a given request, whichever connection of a
+// pool the client picks for it. match is called from the proxy's
+// goroutines, one call at a time.
+func (p *Proxy) StrandOn(match func(chunk []byte) bool) {
+	p.armMu.Lock()
+	p.strandOn = match
+	p.armMu.Unlock()
+}
+
+// strandsOn reports whether the client chunk b strands l, and disarms
+// StrandOn when it does.
+func (p *Proxy) strandsOn(b []byte) bool {
+	p.armMu.Lock()
+	defer p.armMu.Unlock()
+	if p.strandOn == nil || !p.strandOn(b) {
+		return false
+	}
+	p.strandOn = nil
+	return true
+}
+
 func (p *Proxy) each(f func(*link) bool) int {
 	p.mu.Lock()
 	links := make([]*link, 0, len(p.links))
@@ -222,7 +250,7 @@ func (l *link) run() {
 		l.mu.Lock()
 		l.stranded = true
 		l.mu.Unlock()
-		l.pump(l.client, nil) // drops what the client sends until it leaves or Close
+		l.pump(l.client, nil, false) // drops what the client sends until it leaves or Close
 		l.park()
 		return
 	}
@@ -243,9 +271,9 @@ func (l *link) run() {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		l.pump(server, l.client)
+		l.pump(server, l.client, false)
 	}()
-	l.pump(l.client, server)
+	l.pump(l.client, server, true)
 	wg.Wait()
 	l.park()
 }
@@ -268,12 +296,16 @@ func (l *link) forget() {
 	l.p.mu.Unlock()
 }
 
-// pump relays src to dst (nil: nowhere) chunk by chunk, as the mode says.
+// pump relays src to dst (nil: nowhere) chunk by chunk, as the mode says;
+// fromClient says src is the client, whose chunks StrandOn looks at.
 // At src's end it half-closes dst, unless the link is stranded.
-func (l *link) pump(src, dst net.Conn) {
+func (l *link) pump(src, dst net.Conn, fromClient bool) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
+		if n > 0 && fromClient && !l.isStranded() && l.p.strandsOn(buf[:n]) {
+			l.strand()
+		}
 		if n > 0 && !l.forward(dst, buf[:n]) {
 			l.p.dropped.Add(int64(n))
 		}
@@ -327,6 +359,12 @@ func (l *link) forward(dst net.Conn, b []byte) bool {
 	}
 	_, err := dst.Write(b)
 	return err == nil
+}
+
+func (l *link) isStranded() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.stranded
 }
 
 // strand makes the link silent for good; it reports whether it was open.

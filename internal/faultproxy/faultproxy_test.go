@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -256,6 +257,45 @@ func TestStrand(t *testing.T) {
 	write(t, c2, "new")
 	if got := read(t, c2, 3); got != "new" {
 		t.Fatalf("a new connection after a strand: %q", got)
+	}
+}
+
+// TestStrandOn: StrandOn strands the one connection whose client sends a
+// matching chunk, before the chunk reaches the server, and then disarms.
+func TestStrandOn(t *testing.T) {
+	t.Parallel()
+	s := newServer(t)
+	p := newProxy(t, s)
+	c1 := dial(t, p)
+	s1 := s.accept(t)
+	c2 := dial(t, p)
+	s2 := s.accept(t)
+	var calls int
+	p.StrandOn(func(b []byte) bool {
+		calls++
+		return strings.HasPrefix(string(b), "produce")
+	})
+	write(t, c1, "fetch")
+	if got := read(t, s1, 5); got != "fetch" {
+		t.Fatalf("a chunk that does not match: %q", got)
+	}
+	write(t, c2, "produce")
+	waitFor(t, func() bool { return p.Dropped() == 7 }, "the matching chunk dropped")
+	silent(t, s2, 200*time.Millisecond, "server side of the connection stranded on its request")
+	write(t, s2, "late")
+	silent(t, c2, 200*time.Millisecond, "client side of the connection stranded on its request")
+	write(t, c1, "produce")
+	if got := read(t, s1, 7); got != "produce" {
+		t.Fatalf("after StrandOn matched once, another connection: %q", got)
+	}
+	c3 := dial(t, p)
+	echo(t, s.accept(t))
+	write(t, c3, "produce")
+	if got := read(t, c3, 7); got != "produce" {
+		t.Fatalf("a new connection after StrandOn matched: %q", got)
+	}
+	if calls != 2 {
+		t.Fatalf("match called %d times, want 2 (it disarms once it matched)", calls)
 	}
 }
 

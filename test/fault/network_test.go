@@ -9,6 +9,7 @@ package fault
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"net"
@@ -247,7 +248,13 @@ func TestRelayPostgresStranded(t *testing.T) {
 		resumed.Round(time.Millisecond), n, dups, orphans, logs.Count("server unreachable; waiting it out", ""))
 }
 
-// TestRelayKafkaStrandedAndBlackholed: the relay's broker connections are
+// isProduceRequest reports whether chunk starts a Kafka Produce request:
+// a 4-byte size, then API key 0.
+func isProduceRequest(chunk []byte) bool {
+	return len(chunk) >= 6 && binary.BigEndian.Uint32(chunk) > 0 && binary.BigEndian.Uint16(chunk[4:]) == 0
+}
+
+// TestRelayKafkaStrandedAndBlackholed: the relay's broker connection is
 // stranded in the middle of a produce, and later blackholed for a while.
 // Each produce on a silent connection is abandoned at PublishTimeout and
 // done again on a new connection: nothing is lost.
@@ -279,9 +286,16 @@ func TestRelayKafkaStrandedAndBlackholed(t *testing.T) {
 				past := prog.published >= n/4
 				prog.mu.Unlock()
 				if past && !stranded.Swap(true) {
-					c := proxy.Strand()
-					prog.fault()
-					t.Logf("stranded %d broker connections after %d published", c, n/4)
+					// Strand the connection that carries the next
+					// produce, whichever one the client picks.
+					proxy.StrandOn(func(chunk []byte) bool {
+						if !isProduceRequest(chunk) {
+							return false
+						}
+						prog.fault()
+						return true
+					})
+					t.Logf("stranding the connection of the next produce, after %d published", n/4)
 				}
 			},
 			OnPublished: prog.hook,
