@@ -86,7 +86,13 @@ func TestLeaseExpiryReconcileAllowRetry(t *testing.T) {
 	if stuck, err := e.store.FindStuck(ctx, e.db.Pool, 0); err != nil || len(stuck) != 0 {
 		t.Fatalf("FindStuck within the lease = %v, %v; want none", stuck, err)
 	}
+	if n, err := e.store.CountStuck(ctx, e.db.Pool); err != nil || n != 0 {
+		t.Fatalf("CountStuck within the lease = %d, %v; want 0", n, err)
+	}
 	e.clock.Advance(31 * time.Second)
+	if n, err := e.store.CountStuck(ctx, e.db.Pool); err != nil || n != 1 {
+		t.Fatalf("CountStuck past the lease = %d, %v; want 1", n, err)
+	}
 	var seen []idemhttp.Record
 	n, err := e.store.Reconcile(ctx, e.db.Pool, idemhttp.ReconcilerFunc(
 		func(_ context.Context, rec idemhttp.Record) (idemhttp.Decision, error) {

@@ -47,6 +47,8 @@ func TestNotMigrated(t *testing.T) {
 	wantNotMigrated(t, "Get", err)
 	_, err = store.FindStuck(ctx, db.Pool, 0)
 	wantNotMigrated(t, "FindStuck", err)
+	_, err = store.CountStuck(ctx, db.Pool)
+	wantNotMigrated(t, "CountStuck", err)
 	_, err = store.Reconcile(ctx, db.Pool, idemhttp.ReconcilerFunc(
 		func(context.Context, idemhttp.Record) (idemhttp.Decision, error) { return idemhttp.AllowRetry, nil }), 0)
 	wantNotMigrated(t, "Reconcile", err)

@@ -102,6 +102,7 @@ type Store struct {
 	releaseSQL         string
 	getSQL             string
 	stuckSQL           string
+	countStuckSQL      string
 	resolveSQL         string
 	purgeSQL           string
 	pagesSQL           string
@@ -250,6 +251,8 @@ WHERE state = 'PROCESSING' AND locked_until <= $1
 ORDER BY locked_until
 LIMIT $2`,
 
+		countStuckSQL: `SELECT count(*) FROM ` + t + ` WHERE state = 'PROCESSING' AND locked_until <= $1`,
+
 		// $5: the new state, or NULL to delete the record.
 		resolveSQL: `WITH del AS (
 	DELETE FROM ` + t + ` WHERE ` + key + ` AND token = $4 AND state IN ('PROCESSING', 'UNKNOWN')
@@ -385,6 +388,17 @@ func (s *Store) Get(ctx context.Context, db DBTX, account, operation, key string
 // records: in the default transaction mode a request in flight has no
 // record, a crashed one leaves nothing, and one past its lease is fenced
 // out by the middleware.
+// CountStuck counts the records FindStuck would list, without a limit and
+// without reading them out: for gauges and probes. Like FindStuck it scans
+// the table.
+func (s *Store) CountStuck(ctx context.Context, db DBTX) (int64, error) {
+	var n int64
+	if err := db.QueryRow(ctx, s.countStuckSQL, s.now()).Scan(&n); err != nil {
+		return 0, fmt.Errorf("idemhttp: count stuck: %w", translate(err))
+	}
+	return n, nil
+}
+
 func (s *Store) FindStuck(ctx context.Context, db DBTX, limit int) ([]Record, error) {
 	if limit <= 0 {
 		limit = FindLimitDefault

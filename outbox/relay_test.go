@@ -390,8 +390,8 @@ func TestPoisonIsParkedAndRetried(t *testing.T) {
 		t.Fatalf("Parked hook ran %d times, want 2 (blocked messages do not count)", n)
 	}
 	st, err := store.Stats(ctx, db.Pool)
-	if err != nil || st.Parked != 5 || st.Backlog != 0 {
-		t.Fatalf("stats = %+v, %v; want 5 parked, no backlog", st, err)
+	if err != nil || st.Parked != 5 || st.Held != 3 || st.Backlog != 0 {
+		t.Fatalf("stats = %+v, %v; want 5 parked (3 held behind the 2 that failed), no backlog", st, err)
 	}
 
 	// Fix the cause, then retry by command.

@@ -296,7 +296,8 @@ WHERE published_at IS NULL
 	WHERE published_at IS NULL AND parked_at IS NULL AND handler IS NOT NULL
 )
 SELECT k.n + h.n, COALESCE(EXTRACT(EPOCH FROM now() - LEAST(k.oldest, h.oldest)), 0),
-	(SELECT count(*) FROM ` + t + ` WHERE parked_at IS NOT NULL AND published_at IS NULL)
+	(SELECT count(*) FROM ` + t + ` WHERE parked_at IS NOT NULL AND published_at IS NULL),
+	(SELECT count(*) FROM ` + t + ` WHERE parked_at IS NOT NULL AND published_at IS NULL AND blocked_by IS NOT NULL)
 FROM k, h`,
 
 		cleanup: `DELETE FROM ` + t + ` WHERE seq IN (
@@ -585,15 +586,21 @@ type Stats struct {
 	// OldestAge is how long the oldest of them has waited, by the database
 	// clock; zero when Backlog is zero.
 	OldestAge time.Duration
-	// Parked is the number of parked messages.
+	// Parked is the number of parked messages: those that failed for
+	// good, and the later messages of their keys, parked behind them.
 	Parked int64
+	// Held is how many of Parked are parked behind an earlier message of
+	// their key rather than for a failure of their own: they are published
+	// once that message is retried (Retry) and published.
+	Held int64
 }
 
-// Stats counts the backlog and the parked messages.
+// Stats counts the backlog, the parked messages and, of those, the ones
+// held behind an earlier message of their key, in one statement.
 func (s *Store) Stats(ctx context.Context, db DBTX) (Stats, error) {
 	var st Stats
 	var age float64
-	if err := db.QueryRow(ctx, s.sql.stats).Scan(&st.Backlog, &age, &st.Parked); err != nil {
+	if err := db.QueryRow(ctx, s.sql.stats).Scan(&st.Backlog, &age, &st.Parked, &st.Held); err != nil {
 		return Stats{}, fmt.Errorf("outbox: stats: %w", translate(err))
 	}
 	st.OldestAge = time.Duration(age * float64(time.Second))

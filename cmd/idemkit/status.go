@@ -18,11 +18,10 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/dlq"
-	"github.com/idemkit/idemkit/idemhttp"
 	"github.com/idemkit/idemkit/internal/kafkaoffsets"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
-	"github.com/idemkit/idemkit/outbox"
+	"github.com/idemkit/idemkit/monitor"
 )
 
 const statusHelp = `One screen on everything idemkit keeps: per consumer and topic, the
@@ -111,11 +110,12 @@ type outboxStatus struct {
 	Backlog          int64   `json:"backlog"`
 	OldestAgeSeconds float64 `json:"oldest_age_seconds"`
 	Parked           int64   `json:"parked"`
+	Held             int64   `json:"held"`
 }
 
 type recordsStatus struct {
 	Table string `json:"table"`
-	Stuck int    `json:"stuck"`
+	Stuck int64  `json:"stuck"`
 }
 
 func statusCmd(ctx context.Context, cmd *command, args []string, out io.Writer) error {
@@ -156,16 +156,10 @@ func statusCmd(ctx context.Context, cmd *command, args []string, out io.Writer) 
 
 	rep := &statusReport{Time: time.Now().UTC(), Consumers: []consumerStatus{}, DeadLetters: []deadLetterTopic{},
 		Notes: []string{}, Crossed: []string{}}
-	if err := f.consumers(ctx, pool, client, rep); err != nil {
+	if err := f.collect(ctx, kc, pool, rep); err != nil {
 		return err
 	}
 	if err := f.deadLetters(ctx, kc, pool, client, rep); err != nil {
-		return err
-	}
-	if err := f.outbox(ctx, pool, rep); err != nil {
-		return err
-	}
-	if err := f.records(ctx, pool, rep); err != nil {
 		return err
 	}
 	if rep.Outbox == nil && rep.Idempotency == nil && len(rep.Consumers) == 0 && f.noPositions {
@@ -195,133 +189,58 @@ func missingTable(err error) bool {
 
 func (f *statusFlags) table(name string) string { return pgx.Identifier{f.schema, name}.Sanitize() }
 
-// consumers reads the positions, the parked messages and the oldest
-// records, and the topics' log ends.
-func (f *statusFlags) consumers(ctx context.Context, pool *pgxpool.Pool, client *kafka.Client, rep *statusReport) error {
-	type key struct{ consumer, topic string }
-	rows, err := pool.Query(ctx, `SELECT consumer, topic, kafka_partition, next_offset FROM `+
-		f.table(migrate.ConsumerPositionsDefault)+` ORDER BY consumer, topic, kafka_partition`)
+// collect reads the consumers, the outbox and the idempotency records
+// with package monitor.
+func (f *statusFlags) collect(ctx context.Context, kc kafkaconn.Config, pool *pgxpool.Pool, rep *statusReport) error {
+	m, err := monitor.New(&monitor.Config{Kafka: kc, Schema: f.schema,
+		Tables: migrate.Tables{Outbox: f.outboxTable, IdempotencyRecords: f.recordsTable}, OldestRecordTimeout: oldestRecordTimeout})
 	if err != nil {
-		if missingTable(err) {
+		return usagef("%v", err)
+	}
+	defer m.Close()
+	snap, err := m.Collect(ctx, pool)
+	if err != nil {
+		return err
+	}
+	tables := m.Tables().Tables
+	for _, c := range snap.Consumers {
+		cs := consumerStatus{Consumer: c.Name, Topic: c.Topic, Partitions: []partitionStatus{}, Lag: c.Lag, Parked: c.Parked,
+			OldestParkedAgeSeconds: seconds(c.OldestParkedAge), OldestRecordAgeSeconds: seconds(c.OldestRecordAge)}
+		for _, p := range c.Partitions {
+			cs.Partitions = append(cs.Partitions, partitionStatus{Partition: p.Partition, Position: p.Position,
+				StableEnd: p.StableEnd, Lag: p.Lag, Note: p.Note})
+		}
+		rep.Consumers = append(rep.Consumers, cs)
+	}
+	if o := snap.Outbox; o != nil {
+		rep.Outbox = &outboxStatus{Table: o.Table, Backlog: o.Backlog, OldestAgeSeconds: o.OldestAge.Seconds(),
+			Parked: o.Parked, Held: o.Held}
+	}
+	if r := snap.Idempotency; r != nil {
+		rep.Idempotency = &recordsStatus{Table: r.Table, Stuck: r.Stuck}
+	}
+	for _, t := range snap.Missing {
+		switch t {
+		case tables.ConsumerPositions:
 			rep.Notes = append(rep.Notes, "no consumer positions table: run idemkit migrate up")
 			f.noPositions = true
-			return nil
-		}
-		return fmt.Errorf("read consumer positions: %w", err)
-	}
-	byKey := map[key]*consumerStatus{}
-	var order []key
-	var consumerName, topic string
-	var partition int
-	var next int64
-	if _, err := pgx.ForEachRow(rows, []any{&consumerName, &topic, &partition, &next}, func() error {
-		k := key{consumerName, topic}
-		cs := byKey[k]
-		if cs == nil {
-			cs = &consumerStatus{Consumer: consumerName, Topic: topic, Partitions: []partitionStatus{}}
-			byKey[k] = cs
-			order = append(order, k)
-		}
-		cs.Partitions = append(cs.Partitions, partitionStatus{Partition: partition, Position: next})
-		return nil
-	}); err != nil {
-		return fmt.Errorf("read consumer positions: %w", err)
-	}
-
-	// Parked messages per consumer and topic (none when the table is missing).
-	rows, err = pool.Query(ctx, `SELECT consumer, topic, count(*), extract(epoch FROM now() - min(parked_at))::float8 FROM `+
-		f.table(migrate.ParkedMessagesDefault)+` GROUP BY consumer, topic`)
-	switch {
-	case missingTable(err):
-	case err != nil:
-		return fmt.Errorf("read parked messages: %w", err)
-	default:
-		var n int64
-		var age float64
-		if _, err := pgx.ForEachRow(rows, []any{&consumerName, &topic, &n, &age}, func() error {
-			k := key{consumerName, topic}
-			cs := byKey[k]
-			if cs == nil { // parked before the consumer wrote any position
-				cs = &consumerStatus{Consumer: consumerName, Topic: topic, Partitions: []partitionStatus{}}
-				byKey[k] = cs
-				order = append(order, k)
-			}
-			cs.Parked, cs.OldestParkedAgeSeconds = n, ptr(age)
-			return nil
-		}); err != nil {
-			return fmt.Errorf("read parked messages: %w", err)
+		case tables.Outbox:
+			rep.Notes = append(rep.Notes, "no outbox table "+t)
+		case tables.IdempotencyRecords:
+			rep.Notes = append(rep.Notes, "no idempotency records table "+t)
 		}
 	}
-
-	// The oldest processed-message record of each consumer: the processed_at
-	// index gives it without reading the table.
-	oldest := map[string]*float64{}
-	for _, k := range order {
-		if _, done := oldest[k.consumer]; done {
-			continue
-		}
-		// The index is on processed_at alone: behind other consumers' older
-		// records the walk can be long. Bounded, and reported unknown.
-		var age *float64
-		qctx, cancel := context.WithTimeout(ctx, oldestRecordTimeout)
-		err := pool.QueryRow(qctx, `SELECT extract(epoch FROM now() - processed_at)::float8 FROM `+
-			f.table(migrate.ProcessedMessagesDefault)+` WHERE consumer = $1 ORDER BY processed_at LIMIT 1`, k.consumer).Scan(&age)
-		cancel()
-		switch {
-		case err == nil, errors.Is(err, pgx.ErrNoRows):
-		case qctx.Err() != nil && ctx.Err() == nil:
-			rep.Notes = append(rep.Notes, fmt.Sprintf("the oldest processed record of %s took longer than %s to find: not shown", k.consumer, oldestRecordTimeout))
-		default:
-			return fmt.Errorf("read the oldest processed record of %s: %w", k.consumer, err)
-		}
-		oldest[k.consumer] = age
-	}
-
-	ends := map[string]map[int]kafkaoffsets.Range{}
-	for _, k := range order {
-		cs := byKey[k]
-		cs.OldestRecordAgeSeconds = oldest[k.consumer]
-		r, ok := ends[k.topic]
-		if !ok {
-			parts, err := kafkaoffsets.Partitions(ctx, client, k.topic)
-			switch {
-			case errors.Is(err, kafkaoffsets.ErrNoTopic):
-			case err != nil:
-				return fmt.Errorf("partitions of %s: %w", k.topic, err)
-			default:
-				if r, err = kafkaoffsets.LogRange(ctx, client, k.topic, parts...); err != nil {
-					return fmt.Errorf("log range of %s: %w", k.topic, err)
-				}
-			}
-			ends[k.topic] = r
-		}
-		// Partitions of the topic without a position row yet (nothing
-		// committed there: a first message stuck in its handler, or never
-		// read) wait from the log start.
-		for id, rg := range r {
-			if !slices.ContainsFunc(cs.Partitions, func(p partitionStatus) bool { return p.Partition == id }) {
-				cs.Partitions = append(cs.Partitions, partitionStatus{Partition: id, Position: rg.Start,
-					Note: "no position yet: counted from the log start"})
-			}
-		}
-		slices.SortFunc(cs.Partitions, func(a, b partitionStatus) int { return a.Partition - b.Partition })
-		for i := range cs.Partitions {
-			p := &cs.Partitions[i]
-			rg, ok := r[p.Partition]
-			if !ok {
-				p.Note = "not in the topic"
-				continue
-			}
-			lag := max(rg.Stable-p.Position, 0)
-			p.StableEnd, p.Lag = ptr(rg.Stable), ptr(lag)
-			cs.Lag += lag
-			if p.Position > rg.End {
-				p.Note = "past the log end (topic recreated?)"
-			}
-		}
-		rep.Consumers = append(rep.Consumers, *cs)
-	}
+	rep.Notes = append(rep.Notes, snap.Notes...)
 	return nil
+}
+
+// seconds returns d in seconds, nil for nil.
+func seconds(d *time.Duration) *float64 {
+	if d == nil {
+		return nil
+	}
+	s := d.Seconds()
+	return &s
 }
 
 // deadLetters sums the messages of each dead-letter topic (those named
@@ -403,49 +322,11 @@ func (f *statusFlags) deadLetters(ctx context.Context, kc kafkaconn.Config, pool
 	return nil
 }
 
-func (f *statusFlags) outbox(ctx context.Context, pool *pgxpool.Pool, rep *statusReport) error {
-	store, err := outbox.New(&outbox.Config{Schema: f.schema, Tables: migrate.Tables{Outbox: f.outboxTable}})
-	if err != nil {
-		return usagef("%v", err)
-	}
-	st, err := store.Stats(ctx, pool)
-	if errors.Is(err, outbox.ErrNotMigrated) {
-		rep.Notes = append(rep.Notes, "no outbox table "+f.outboxTable)
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	rep.Outbox = &outboxStatus{Table: f.outboxTable, Backlog: int64(st.Backlog), OldestAgeSeconds: st.OldestAge.Seconds(),
-		Parked: int64(st.Parked)}
-	return nil
-}
-
 // noReplaysNote says why dead letters have no state.
 const noReplaysNote = "no dead-letter replay records table: every dead-lettered message counted as unresolved (run idemkit migrate up)"
 
 // oldestRecordTimeout bounds the search for a consumer's oldest record.
 const oldestRecordTimeout = 5 * time.Second
-
-// stuckLimit bounds the stuck records counted.
-const stuckLimit = 10000
-
-func (f *statusFlags) records(ctx context.Context, pool *pgxpool.Pool, rep *statusReport) error {
-	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: f.schema, Tables: migrate.Tables{IdempotencyRecords: f.recordsTable}})
-	if err != nil {
-		return usagef("%v", err)
-	}
-	stuck, err := store.FindStuck(ctx, pool, stuckLimit)
-	if errors.Is(err, idemhttp.ErrNotMigrated) {
-		rep.Notes = append(rep.Notes, "no idempotency records table "+f.recordsTable)
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	rep.Idempotency = &recordsStatus{Table: f.recordsTable, Stuck: len(stuck)}
-	return nil
-}
 
 // check compares the report with the thresholds.
 func (f *statusFlags) check(rep *statusReport) {
@@ -469,7 +350,7 @@ func (f *statusFlags) check(rep *statusReport) {
 	if o := rep.Outbox; o != nil && f.maxOutboxAge >= 0 && o.Backlog > 0 && o.OldestAgeSeconds > f.maxOutboxAge.Seconds() {
 		cross("outbox %s: oldest unpublished message %s old > %s", o.Table, secs(o.OldestAgeSeconds), f.maxOutboxAge)
 	}
-	if r := rep.Idempotency; r != nil && f.maxStuck >= 0 && r.Stuck > f.maxStuck {
+	if r := rep.Idempotency; r != nil && f.maxStuck >= 0 && r.Stuck > int64(f.maxStuck) {
 		cross("idempotency records %s: %d stuck in flight > %d", r.Table, r.Stuck, f.maxStuck)
 	}
 }
@@ -512,7 +393,8 @@ func printStatus(out io.Writer, rep *statusReport) error {
 	}
 	fmt.Fprintln(w)
 	if o := rep.Outbox; o != nil {
-		fmt.Fprintf(w, "outbox %s: backlog %d, oldest %s, parked %d\n", o.Table, o.Backlog, secs(o.OldestAgeSeconds), o.Parked)
+		fmt.Fprintf(w, "outbox %s: backlog %d, oldest %s, parked %d (%d of them held behind an earlier message of their key)\n",
+			o.Table, o.Backlog, secs(o.OldestAgeSeconds), o.Parked, o.Held)
 	}
 	if r := rep.Idempotency; r != nil {
 		fmt.Fprintf(w, "idempotency records %s: %d stuck in flight\n", r.Table, r.Stuck)

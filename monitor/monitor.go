@@ -1,0 +1,445 @@
+// Package monitor reads the state idemkit keeps in PostgreSQL and Kafka
+// into one Snapshot: each consumer's position per partition against the
+// partition's log end (its lag), its parked messages and its oldest
+// processed-message record; the outbox backlog and its parked messages;
+// the HTTP idempotency records stuck in flight; the days of daily dedup
+// partitions ahead.
+//
+// It reads the tables and the topics, not a running process: what it
+// reports holds whichever process runs the consumers and relays, and
+// whether any runs at all. A consumer that stopped still shows its lag
+// growing; a relay that stopped still shows its backlog ageing.
+// `idemkit status` prints a Snapshot; idemotel's Monitor collects one on a
+// schedule and exports it as gauges.
+package monitor
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/idemkit"
+	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/idemhttp"
+	"github.com/idemkit/idemkit/internal/kafkaoffsets"
+	"github.com/idemkit/idemkit/internal/pgexec"
+	"github.com/idemkit/idemkit/kafkaconn"
+	"github.com/idemkit/idemkit/migrate"
+	"github.com/idemkit/idemkit/outbox"
+)
+
+// ErrInvalidConfig is wrapped by every configuration error of the package.
+var ErrInvalidConfig = fmt.Errorf("monitor: %w", idemkit.ErrInvalidConfig)
+
+// OldestRecordTimeoutDefault bounds the search for one consumer's oldest
+// processed-message record.
+const OldestRecordTimeoutDefault = 5 * time.Second
+
+// DB is what Collect reads with: a *pgx.Conn, a *pgxpool.Pool, a pgx.Tx.
+type DB = pgexec.DB
+
+// Config says where the tables and the topics are.
+type Config struct {
+	// Kafka is how to reach the cluster whose log ends the lag is measured
+	// against. Brokers is required.
+	Kafka kafkaconn.Config
+	// Schema and Tables say where idemkit's tables live, as in package
+	// migrate. Default: schema "public", every table's default name.
+	Schema string
+	Tables migrate.Tables
+	// OldestRecordTimeout bounds the search for each consumer's oldest
+	// processed-message record (an index walk that other consumers'
+	// older records can make long); past it the age is reported unknown.
+	// Defaults to OldestRecordTimeoutDefault.
+	OldestRecordTimeout time.Duration
+}
+
+// Monitor reads Snapshots. It is safe for concurrent use.
+type Monitor struct {
+	kafka     kafkaconn.Config
+	client    *kafka.Client
+	closeIdle func()
+	timeout   time.Duration
+	sql       statements
+	outbox    *outbox.Store
+	idem      *idemhttp.Store
+	dedup     *dedup.Store
+	tables    migrate.Config
+}
+
+// statements are the Monitor's queries, one per name.
+type statements struct {
+	positions    string // consumer, topic, partition, next offset
+	parked       string // consumer, topic, count, oldest age
+	oldestRecord string // $1 consumer: the age of its oldest record
+	today        string // the database's date, UTC
+}
+
+// New validates cfg and returns a Monitor. It does not connect.
+func New(cfg *Config) (*Monitor, error) {
+	if cfg == nil {
+		return nil, fmt.Errorf("%w: nil config", ErrInvalidConfig)
+	}
+	if len(cfg.Kafka.Brokers) == 0 {
+		return nil, fmt.Errorf("%w: Kafka.Brokers is required", ErrInvalidConfig)
+	}
+	if cfg.OldestRecordTimeout < 0 {
+		return nil, fmt.Errorf("%w: OldestRecordTimeout must not be negative", ErrInvalidConfig)
+	}
+	tables := migrate.Config{Schema: cfg.Schema, Tables: cfg.Tables}.WithDefaults()
+	if err := tables.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	t, err := cfg.Kafka.Transport()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	m := &Monitor{
+		kafka:     cfg.Kafka,
+		client:    &kafka.Client{Addr: cfg.Kafka.Addr(), Timeout: 10 * time.Second, Transport: t},
+		closeIdle: t.CloseIdleConnections,
+		timeout:   cmp.Or(cfg.OldestRecordTimeout, OldestRecordTimeoutDefault),
+		tables:    tables,
+	}
+	id := func(name string) string { return pgx.Identifier{tables.Schema, name}.Sanitize() }
+	m.sql = statements{
+		positions: `SELECT consumer, topic, kafka_partition, next_offset FROM ` + id(tables.Tables.ConsumerPositions) +
+			` ORDER BY consumer, topic, kafka_partition`,
+		parked: `SELECT consumer, topic, count(*), extract(epoch FROM now() - min(parked_at))::float8 FROM ` +
+			id(tables.Tables.ParkedMessages) + ` GROUP BY consumer, topic`,
+		oldestRecord: `SELECT extract(epoch FROM now() - processed_at)::float8 FROM ` + id(tables.Tables.ProcessedMessages) +
+			` WHERE consumer = $1 ORDER BY processed_at LIMIT 1`,
+		today: `SELECT (now() AT TIME ZONE 'UTC')::date`,
+	}
+	if m.outbox, err = outbox.New(&outbox.Config{Schema: tables.Schema, Tables: tables.Tables}); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if m.idem, err = idemhttp.NewStore(&idemhttp.StoreConfig{Schema: tables.Schema, Tables: tables.Tables}); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if m.dedup, err = dedup.New(&dedup.Config{Schema: tables.Schema, Tables: tables.Tables}); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return m, nil
+}
+
+// Close closes the Monitor's idle Kafka connections.
+func (m *Monitor) Close() { m.closeIdle() }
+
+// Tables returns where the Monitor reads, defaults applied.
+func (m *Monitor) Tables() migrate.Config { return m.tables }
+
+// Snapshot is the state read by one Collect.
+type Snapshot struct {
+	// Time is when the collection began.
+	Time time.Time
+	// Consumers has one entry per consumer name and topic that has a
+	// position or a parked message, sorted by name and topic.
+	Consumers []Consumer
+	// Outbox is nil when the outbox table does not exist.
+	Outbox *Outbox
+	// Idempotency is nil when the HTTP idempotency records table does not
+	// exist.
+	Idempotency *Idempotency
+	// DailyPartitionsAhead is, with the daily dedup layout, how many days
+	// after today (UTC, the database's clock) have partitions without a gap
+	// (days before DailyFrom need none); -1 when today has none. Below 1,
+	// claims dated tomorrow will fail. Nil with the flat layout.
+	DailyPartitionsAhead *int
+	// Missing names the tables that do not exist (not migrated, or
+	// another schema or name): what they would tell is left out.
+	Missing []string
+	// Notes say what else could not be read, and why.
+	Notes []string
+}
+
+// Consumer is one consumer name on one topic.
+type Consumer struct {
+	Name, Topic string
+	// Partitions are the topic's partitions and those with a position, by
+	// partition number.
+	Partitions []Partition
+	// Lag sums the partitions' lag.
+	Lag int64
+	// Parked counts the consumer's messages in the parked table;
+	// OldestParkedAge is the age of the oldest (nil when none).
+	Parked          int64
+	OldestParkedAge *time.Duration
+	// OldestRecordAge is the age of the consumer name's oldest
+	// processed-message record (nil when it has none, or the search took
+	// longer than OldestRecordTimeout: then a note says so).
+	OldestRecordAge *time.Duration
+}
+
+// Partition is a consumer's position on one partition.
+type Partition struct {
+	Partition int
+	// Position is the next offset the consumer processes: its row in the
+	// positions table, or the log start when it has none (nothing
+	// committed there yet).
+	Position int64
+	// StableEnd is the partition's last stable offset (what a
+	// read_committed consumer can read up to); nil when unknown.
+	StableEnd *int64
+	// Lag is StableEnd - Position, never below 0; nil when unknown.
+	Lag *int64
+	// Note says what is odd: no position yet, not in the topic, past the
+	// log end.
+	Note string
+}
+
+// Outbox is the outbox table's state.
+type Outbox struct {
+	Table string
+	outbox.Stats
+}
+
+// Idempotency is the HTTP idempotency records table's state.
+type Idempotency struct {
+	Table string
+	// Stuck counts the records in flight past their lease
+	// (idemhttp.Store.CountStuck).
+	Stuck int64
+}
+
+// Collect reads a Snapshot through db and the Monitor's Kafka client. A
+// missing table is a note, not an error; an error (the database or Kafka
+// failing) comes with what was read before it.
+func (m *Monitor) Collect(ctx context.Context, db DB) (*Snapshot, error) {
+	s := &Snapshot{Time: time.Now(), Consumers: []Consumer{}, Missing: []string{}, Notes: []string{}}
+	if err := m.consumers(ctx, db, s); err != nil {
+		return s, err
+	}
+	if err := m.outboxState(ctx, db, s); err != nil {
+		return s, err
+	}
+	if err := m.records(ctx, db, s); err != nil {
+		return s, err
+	}
+	if err := m.daily(ctx, db, s); err != nil {
+		return s, err
+	}
+	return s, nil
+}
+
+// missingTable reports whether err is PostgreSQL's undefined_table.
+func missingTable(err error) bool {
+	var pg *pgconn.PgError
+	return errors.As(err, &pg) && pg.Code == "42P01"
+}
+
+func (m *Monitor) consumers(ctx context.Context, db DB, s *Snapshot) error {
+	type key struct{ name, topic string }
+	byKey := map[key]*Consumer{}
+	var order []key
+	get := func(name, topic string) *Consumer {
+		k := key{name, topic}
+		c := byKey[k]
+		if c == nil {
+			c = &Consumer{Name: name, Topic: topic, Partitions: []Partition{}}
+			byKey[k] = c
+			order = append(order, k)
+		}
+		return c
+	}
+	var name, topic string
+	var partition int
+	var next int64
+	rows, err := db.Query(ctx, m.sql.positions)
+	if err == nil {
+		_, err = pgx.ForEachRow(rows, []any{&name, &topic, &partition, &next}, func() error {
+			c := get(name, topic)
+			c.Partitions = append(c.Partitions, Partition{Partition: partition, Position: next})
+			return nil
+		})
+	}
+	switch {
+	case missingTable(err):
+		s.Missing = append(s.Missing, m.tables.Tables.ConsumerPositions)
+		return nil
+	case err != nil:
+		return fmt.Errorf("monitor: read consumer positions: %w", err)
+	}
+
+	var n int64
+	var age float64
+	rows, err = db.Query(ctx, m.sql.parked)
+	if err == nil {
+		_, err = pgx.ForEachRow(rows, []any{&name, &topic, &n, &age}, func() error {
+			c := get(name, topic) // parked before the consumer wrote any position
+			c.Parked, c.OldestParkedAge = n, durationPtr(age)
+			return nil
+		})
+	}
+	switch {
+	case missingTable(err):
+		s.Missing = append(s.Missing, m.tables.Tables.ParkedMessages)
+	case err != nil:
+		return fmt.Errorf("monitor: read parked messages: %w", err)
+	}
+
+	oldest := map[string]*time.Duration{}
+	for _, k := range order {
+		if _, done := oldest[k.name]; done {
+			continue
+		}
+		var age *float64
+		qctx, cancel := context.WithTimeout(ctx, m.timeout)
+		err := db.QueryRow(qctx, m.sql.oldestRecord, k.name).Scan(&age)
+		cancel()
+		switch {
+		case err == nil, errors.Is(err, pgx.ErrNoRows):
+		case qctx.Err() != nil && ctx.Err() == nil:
+			s.Notes = append(s.Notes, fmt.Sprintf("the oldest processed record of %s took longer than %s to find: unknown", k.name, m.timeout))
+		default:
+			return fmt.Errorf("monitor: read the oldest processed record of %s: %w", k.name, err)
+		}
+		if age != nil {
+			oldest[k.name] = durationPtr(*age)
+		} else {
+			oldest[k.name] = nil
+		}
+	}
+
+	ends := map[string]map[int]kafkaoffsets.Range{}
+	var kafkaErr error
+	for _, k := range order {
+		c := byKey[k]
+		c.OldestRecordAge = oldest[k.name]
+		r, ok := ends[k.topic]
+		if !ok && kafkaErr == nil {
+			r, kafkaErr = m.logEnds(ctx, k.topic)
+			if kafkaErr == nil {
+				ends[k.topic] = r
+			}
+		}
+		// Partitions without a position row (nothing committed there: a
+		// first message stuck in its handler, or never read) wait from
+		// the log start.
+		for id, rg := range r {
+			if !slices.ContainsFunc(c.Partitions, func(p Partition) bool { return p.Partition == id }) {
+				c.Partitions = append(c.Partitions, Partition{Partition: id, Position: rg.Start,
+					Note: "no position yet: counted from the log start"})
+			}
+		}
+		slices.SortFunc(c.Partitions, func(a, b Partition) int { return a.Partition - b.Partition })
+		for i := range c.Partitions {
+			p := &c.Partitions[i]
+			if r == nil {
+				continue // Kafka did not answer: the lag is unknown
+			}
+			rg, ok := r[p.Partition]
+			if !ok {
+				p.Note = "not in the topic"
+				continue
+			}
+			lag := max(rg.Stable-p.Position, 0)
+			p.StableEnd, p.Lag = &rg.Stable, &lag
+			c.Lag += lag
+			if p.Position > rg.End {
+				p.Note = "past the log end (topic recreated?)"
+			}
+		}
+	}
+	slices.SortFunc(order, func(a, b key) int { return cmp.Or(cmp.Compare(a.name, b.name), cmp.Compare(a.topic, b.topic)) })
+	for _, k := range order {
+		s.Consumers = append(s.Consumers, *byKey[k])
+	}
+	return kafkaErr
+}
+
+// logEnds reads topic's partitions' log ranges; a topic that does not
+// exist has none.
+func (m *Monitor) logEnds(ctx context.Context, topic string) (map[int]kafkaoffsets.Range, error) {
+	parts, err := kafkaoffsets.Partitions(ctx, m.client, topic)
+	switch {
+	case errors.Is(err, kafkaoffsets.ErrNoTopic):
+		return map[int]kafkaoffsets.Range{}, nil
+	case err != nil:
+		return nil, fmt.Errorf("monitor: partitions of %s: %w", topic, m.kafka.Wrap(err))
+	}
+	r, err := kafkaoffsets.LogRange(ctx, m.client, topic, parts...)
+	if err != nil {
+		return nil, fmt.Errorf("monitor: log range of %s: %w", topic, m.kafka.Wrap(err))
+	}
+	return r, nil
+}
+
+func (m *Monitor) outboxState(ctx context.Context, db DB, s *Snapshot) error {
+	st, err := m.outbox.Stats(ctx, db)
+	switch {
+	case errors.Is(err, outbox.ErrNotMigrated):
+		s.Missing = append(s.Missing, m.tables.Tables.Outbox)
+		return nil
+	case err != nil:
+		return fmt.Errorf("monitor: %w", err)
+	}
+	s.Outbox = &Outbox{Table: m.tables.Tables.Outbox, Stats: st}
+	return nil
+}
+
+func (m *Monitor) records(ctx context.Context, db DB, s *Snapshot) error {
+	n, err := m.idem.CountStuck(ctx, db)
+	switch {
+	case errors.Is(err, idemhttp.ErrNotMigrated):
+		s.Missing = append(s.Missing, m.tables.Tables.IdempotencyRecords)
+		return nil
+	case err != nil:
+		return fmt.Errorf("monitor: %w", err)
+	}
+	s.Idempotency = &Idempotency{Table: m.tables.Tables.IdempotencyRecords, Stuck: n}
+	return nil
+}
+
+// daily counts the days of daily partitions ahead of today, with the
+// daily layout.
+func (m *Monitor) daily(ctx context.Context, db DB, s *Snapshot) error {
+	l, err := m.dedup.Layout(ctx, db)
+	switch {
+	case errors.Is(err, dedup.ErrNotMigrated):
+		return nil // the positions table is missing too
+	case err != nil:
+		return fmt.Errorf("monitor: %w", err)
+	}
+	if !l.Daily() {
+		return nil
+	}
+	parts, err := m.dedup.Partitions(ctx, db)
+	if err != nil {
+		return fmt.Errorf("monitor: %w", err)
+	}
+	var today time.Time
+	if err := db.QueryRow(ctx, m.sql.today).Scan(&today); err != nil {
+		return fmt.Errorf("monitor: read the date: %w", err)
+	}
+	// The last day covered without a gap from the first day that needs a
+	// partition (today, or DailyFrom while it is ahead): a hole before the
+	// newest partition is where claims would fail first.
+	have := make(map[time.Time]bool, len(parts))
+	for _, p := range parts {
+		have[p.Day] = true
+	}
+	now := time.Date(today.Year(), today.Month(), today.Day(), 0, 0, 0, 0, time.UTC)
+	day := now
+	if l.DailyFrom.After(day) {
+		day = l.DailyFrom
+	}
+	for have[day] {
+		day = day.AddDate(0, 0, 1)
+	}
+	ahead := int(day.Sub(now)/(24*time.Hour)) - 1
+	s.DailyPartitionsAhead = &ahead
+	return nil
+}
+
+func durationPtr(seconds float64) *time.Duration {
+	d := time.Duration(max(seconds, 0) * float64(time.Second))
+	return &d
+}

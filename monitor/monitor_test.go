@@ -1,0 +1,189 @@
+package monitor_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/kafkaconn"
+	"github.com/idemkit/idemkit/monitor"
+	"github.com/idemkit/idemkit/outbox"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m, nil) }
+
+func newMonitor(t *testing.T, cfg monitor.Config) *monitor.Monitor {
+	t.Helper()
+	m, err := monitor.New(&cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	return m
+}
+
+func produce(t *testing.T, topic string, partition, n int) {
+	t.Helper()
+	recs := make([]kafka.Record, n)
+	for i := range recs {
+		recs[i] = kafka.Record{Value: kafka.NewBytes([]byte(fmt.Sprint(i)))}
+	}
+	testenv.Produce(t, topic, partition, recs...)
+}
+
+// TestCollectWithNoProcessRunning: everything Collect reports comes from
+// the tables and the topic, with no consumer or relay running: the lag of
+// a partition with a position and of one without, the parked messages, the
+// oldest processed record, the outbox backlog and its parked messages.
+func TestCollectWithNoProcessRunning(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.NewDB(t, testenv.Migrate)
+	topic := testenv.NewTopic(t, 2)
+	produce(t, topic, 0, 30)
+	produce(t, topic, 1, 10)
+
+	store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Consumer "billing" processed partition 0 up to offset 12 (exclusive).
+	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		if _, err := store.ClaimTx(ctx, tx, dedup.Claim{Consumer: "billing", MessageID: "m-11", Topic: topic, Partition: 0, Offset: 11}); err != nil {
+			return err
+		}
+		return store.SavePositionTx(ctx, tx, "billing", topic, 0, 12, time.Time{}, 0)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, sql, args...); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	id := func(table string) string { return pgx.Identifier{db.Schema, table}.Sanitize() }
+	exec(`UPDATE ` + id("processed_messages") + ` SET processed_at = now() - interval '2 hours'`)
+	exec(`INSERT INTO `+id("idemkit_parked_messages")+` (consumer, topic, kafka_partition, kafka_offset, message_key, message_id, parked_at)
+		VALUES ('billing', $1, 1, 3, 'k', 'm-3', now() - interval '90 minutes')`, topic)
+
+	ob, err := outbox.New(&outbox.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		_, err := ob.EnqueueTx(ctx, tx, outbox.Message{Topic: topic, Key: []byte("a"), Value: []byte("1")},
+			outbox.Message{Topic: topic, Key: []byte("b"), Value: []byte("2")},
+			outbox.Message{Topic: topic, Key: []byte("b"), Value: []byte("3")})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	exec(`UPDATE ` + id("idemkit_outbox") + ` SET created_at = now() - interval '10 minutes' WHERE msg_key = 'a'`)
+	// Key b's first message failed for good, its second waits behind it.
+	exec(`UPDATE ` + id("idemkit_outbox") + ` SET parked_at = now() WHERE msg_key = 'b' AND value = '2'`)
+	exec(`UPDATE `+id("idemkit_outbox")+` SET parked_at = now(), blocked_by = (SELECT id FROM `+id("idemkit_outbox")+
+		` WHERE value = '2') WHERE value = '3'`)
+
+	m := newMonitor(t, monitor.Config{Kafka: testenv.Kafka(t), Schema: db.Schema})
+	s, err := m.Collect(ctx, db.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Consumers) != 1 {
+		t.Fatalf("consumers = %+v, want billing", s.Consumers)
+	}
+	c := s.Consumers[0]
+	if c.Name != "billing" || c.Topic != topic || c.Lag != 18+10 || len(c.Partitions) != 2 {
+		t.Fatalf("billing = %+v, want lag 28 (18 on partition 0, 10 on 1) over 2 partitions", c)
+	}
+	if p := c.Partitions[0]; p.Position != 12 || p.Lag == nil || *p.Lag != 18 || *p.StableEnd != 30 || p.Note != "" {
+		t.Fatalf("partition 0 = %+v", p)
+	}
+	if p := c.Partitions[1]; p.Position != 0 || p.Lag == nil || *p.Lag != 10 || p.Note == "" {
+		t.Fatalf("partition 1 (no position) = %+v, want lag 10 from the log start, with a note", p)
+	}
+	if c.Parked != 1 || c.OldestParkedAge == nil || *c.OldestParkedAge < 89*time.Minute || *c.OldestParkedAge > 91*time.Minute {
+		t.Fatalf("parked = %d, oldest %v; want 1, about 90 minutes", c.Parked, c.OldestParkedAge)
+	}
+	if a := c.OldestRecordAge; a == nil || *a < 119*time.Minute || *a > 121*time.Minute {
+		t.Fatalf("oldest record age = %v, want about 2 hours", a)
+	}
+	o := s.Outbox
+	if o == nil || o.Backlog != 1 || o.Parked != 2 || o.Held != 1 || o.OldestAge < 9*time.Minute || o.OldestAge > 11*time.Minute {
+		t.Fatalf("outbox = %+v, want backlog 1 about 10 minutes old, 2 parked of which 1 held", o)
+	}
+	if s.Idempotency == nil || s.Idempotency.Stuck != 0 {
+		t.Fatalf("idempotency = %+v, want 0 stuck", s.Idempotency)
+	}
+	if s.DailyPartitionsAhead != nil || len(s.Missing) != 0 {
+		t.Fatalf("daily partitions ahead %v, missing %v: want none with the flat layout, all tables there", s.DailyPartitionsAhead, s.Missing)
+	}
+}
+
+// TestCollectNotMigrated: a schema without idemkit's tables is reported as
+// such, without an error.
+func TestCollectNotMigrated(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	m := newMonitor(t, monitor.Config{Kafka: testenv.Kafka(t), Schema: db.Schema})
+	s, err := m.Collect(context.Background(), db.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, table := range []string{"consumer_positions", "idemkit_outbox", "idempotency_records"} {
+		if !slices.Contains(s.Missing, table) {
+			t.Errorf("missing = %v, want %s in it", s.Missing, table)
+		}
+	}
+	if len(s.Consumers) != 0 || s.Outbox != nil || s.Idempotency != nil {
+		t.Fatalf("snapshot of an empty schema = %+v", s)
+	}
+}
+
+// TestCollectKafkaDown: without Kafka the lag is unknown and Collect says
+// why; what PostgreSQL holds is still there.
+func TestCollectKafkaDown(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.NewDB(t, testenv.Migrate)
+	store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		return store.SavePositionTx(ctx, tx, "billing", "orders", 0, 5, time.Time{}, 0)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	m := newMonitor(t, monitor.Config{Kafka: kafkaconn.Config{Brokers: []string{"127.0.0.1:1"}, DialTimeout: time.Second}, Schema: db.Schema})
+	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	s, err := m.Collect(qctx, db.Pool)
+	var ne *net.OpError
+	if !errors.As(err, &ne) || !strings.Contains(err.Error(), "orders") {
+		t.Fatalf("Collect without Kafka: %v, want the dial error, naming the topic", err)
+	}
+	if len(s.Consumers) != 1 || s.Consumers[0].Partitions[0].Position != 5 || s.Consumers[0].Partitions[0].Lag != nil {
+		t.Fatalf("snapshot = %+v, want billing's position 5 with the lag unknown", s.Consumers)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	for _, cfg := range []*monitor.Config{nil, {}, {Kafka: kafkaconn.Config{Brokers: []string{"x:1"}}, OldestRecordTimeout: -1},
+		{Kafka: kafkaconn.Config{Brokers: []string{"x:1"}}, Schema: "a\x00b"}} {
+		if _, err := monitor.New(cfg); !errors.Is(err, monitor.ErrInvalidConfig) {
+			t.Errorf("New(%+v) = %v, want ErrInvalidConfig", cfg, err)
+		}
+	}
+}
