@@ -92,7 +92,7 @@ func TestCollectWithNoProcessRunning(t *testing.T) {
 	exec(`UPDATE ` + id("idemkit_outbox") + ` SET created_at = now() - interval '10 minutes' WHERE msg_key = 'a'`)
 	// Key b's first message failed for good, its second waits behind it.
 	exec(`UPDATE ` + id("idemkit_outbox") + ` SET parked_at = now() WHERE msg_key = 'b' AND value = '2'`)
-	exec(`UPDATE `+id("idemkit_outbox")+` SET parked_at = now(), blocked_by = (SELECT id FROM `+id("idemkit_outbox")+
+	exec(`UPDATE ` + id("idemkit_outbox") + ` SET parked_at = now(), blocked_by = (SELECT id FROM ` + id("idemkit_outbox") +
 		` WHERE value = '2') WHERE value = '3'`)
 
 	m := newMonitor(t, monitor.Config{Kafka: testenv.Kafka(t), Schema: db.Schema})
