@@ -71,7 +71,7 @@ func TestHandlerTimeoutIsAnAttempt(t *testing.T) {
 // prefetch buffer is full, counting every message that arrives behind it
 // (LastStable is also read from the log end, not only from fetches that
 // fit in the buffer). Otherwise idemkit_consumer_lag would under-report
-// exactly when a partition is stuck, and IdemkitConsumerLagGrowing would
+// exactly when a partition is stuck, and IdemkitConsumerLagHigh would
 // never fire for it.
 func TestLagWhileStuck(t *testing.T) {
 	t.Parallel()

@@ -200,9 +200,9 @@ type OutageObserver interface {
 	OutageEnded(ctx context.Context, e *OutageEvent)
 }
 
-// OutageEvent is an outage: Op names what could not reach its server
-// ("postgres …" or "kafka …" for the runner's own loops, "partition N" for a
-// partition's transactions, "fetch partition N" for its reads).
+// OutageEvent is an outage: Op names the server and what could not reach
+// it ("postgres …" or "kafka …": "postgres partition N" for a partition's
+// transactions, "kafka fetch partition N" for its reads).
 type OutageEvent struct {
 	Op string
 	// Err is the error that started the outage (OutageStarted).

@@ -117,7 +117,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	// The runner bounds its own transactions; what else uses the pool
 	// (the handler's own sessions, other code) depends on its settings.
 	pgsession.Check(ctx, r.cfg.pool, log, "consumer "+r.cfg.GroupID+"/"+r.cfg.Topic)
-	if err := r.waiter("dedup layout").Do(ctx, func(ctx context.Context) error {
+	if err := r.waiter("postgres dedup layout").Do(ctx, func(ctx context.Context) error {
 		_, err := r.claims.Layout(ctx, r.cfg.pool)
 		return err
 	}); err != nil {
@@ -500,7 +500,7 @@ func (r *Runner) starts(ctx context.Context, client *kafka.Client, assigned []ka
 		positions = map[int]dedup.Position{}
 		ranges    map[int]kafkaoffsets.Range
 	)
-	err := r.do(ctx, "read positions", func(ctx context.Context) error {
+	err := r.do(ctx, "postgres read positions", func(ctx context.Context) error {
 		list, err := r.cfg.Store.ListPositions(ctx, r.cfg.pool, r.cfg.Name, r.cfg.Topic)
 		for _, p := range list {
 			positions[p.Partition] = p
@@ -511,7 +511,7 @@ func (r *Runner) starts(ctx context.Context, client *kafka.Client, assigned []ka
 		return nil, fmt.Errorf("consumer: read positions: %w", err)
 	}
 	unknownSince := time.Time{}
-	err = r.do(ctx, "list offsets", func(ctx context.Context) error {
+	err = r.do(ctx, "kafka list offsets", func(ctx context.Context) error {
 		for {
 			var err error
 			ranges, err = kafkaoffsets.LogRange(ctx, client, r.cfg.Topic, partitions...)
@@ -539,7 +539,7 @@ func (r *Runner) starts(ctx context.Context, client *kafka.Client, assigned []ka
 	for _, a := range assigned {
 		pos, ok := positions[a.ID]
 		var st partitionStart
-		err := r.do(ctx, "check position", func(ctx context.Context) error {
+		err := r.do(ctx, "postgres and kafka check position", func(ctx context.Context) error {
 			var err error
 			st, err = r.checkStart(ctx, client, a.ID, pos, ok, a.Offset, ranges[a.ID])
 			return err

@@ -68,7 +68,7 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	w.state = newPartitionState(w.partition, w.start)
 	w.r.states.add(w.state)
 	defer w.r.states.remove(w.state)
-	w.outage = w.r.waiter(fmt.Sprintf("partition %d", w.partition))
+	w.outage = w.r.waiter(fmt.Sprintf("postgres partition %d", w.partition))
 	defer w.outage.Stop() // a rebalance may end the worker in an outage
 	// Each partition has its own connections: a broker answers the
 	// requests of one connection in turn, and a fetch waiting for records
@@ -245,7 +245,7 @@ func (w *worker) loadParked(ctx context.Context) error {
 func (w *worker) prefetch(ctx context.Context, reader *kread.Reader) {
 	defer close(w.prefetched)
 	cfg := &w.r.cfg
-	fetches := w.r.waiter(fmt.Sprintf("fetch partition %d", w.partition))
+	fetches := w.r.waiter(fmt.Sprintf("kafka fetch partition %d", w.partition))
 	defer fetches.Stop()
 	sent := w.start // the offset after the last item sent
 	var heldSince time.Time

@@ -20,9 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idemkit/consumer"
-	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/dlq"
-	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -88,9 +86,6 @@ type Consumer struct {
 
 	mu         sync.Mutex // guards reg
 	reg        metric.Registration
-	oldest     ageQuery
-	parkedAge  ageQuery
-	ahead      aheadQuery
 	partMu     sync.Mutex
 	partitions map[int]attrOpts // consumer, topic, partition
 }
@@ -160,22 +155,6 @@ func (t *Telemetry) Consumer(cfg *consumer.Config) (*Consumer, error) {
 		retries:      map[int]retryNote{},
 		partitions:   map[int]attrOpts{},
 	}
-	tables := migrate.Config{}.WithDefaults()
-	if cfg.Store != nil {
-		tables = cfg.Store.Tables()
-	}
-	c.oldest = ageQuery{what: "oldest processed record",
-		sql: "SELECT extract(epoch FROM now() - min(processed_at))::float8 FROM " +
-			pgx.Identifier{tables.Schema, tables.Tables.ProcessedMessages}.Sanitize() + " WHERE consumer = $1",
-		args: []any{name}}
-	if store, err := dedup.New(&dedup.Config{Schema: tables.Schema, Tables: tables.Tables}); err == nil {
-		c.ahead.store = store
-	}
-	c.parkedAge = ageQuery{what: "oldest parked message",
-		sql: "SELECT extract(epoch FROM now() - min(parked_at))::float8 FROM " +
-			pgx.Identifier{tables.Schema, tables.Tables.ParkedMessages}.Sanitize() + " WHERE consumer = $1 AND topic = $2",
-		args: []any{name, cfg.Topic}}
-
 	in := &t.consumer
 	ctx := context.Background()
 	for _, o := range []consumer.Outcome{consumer.Applied, consumer.Duplicate, consumer.Failed, consumer.Parked} {
@@ -304,8 +283,9 @@ func (o observer) OutageEnded(ctx context.Context, _ *consumer.OutageEvent) {
 
 // opLabel is an outage op without what the labels already say (the
 // runner's "consumer <group>/<topic>: " prefix) and without a partition
-// number, so that the label has few values: "postgres schema", "kafka
-// consumer group", "partition", "fetch partition".
+// number, so that the label has few values and names the server:
+// "postgres schema", "kafka consumer group", "postgres partition", "kafka
+// fetch partition".
 func (c *Consumer) opLabel(op string) string {
 	op = strings.TrimPrefix(op, c.opPrefix)
 	if i := strings.LastIndexByte(op, ' '); i > 0 {

@@ -13,6 +13,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/otel"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -42,11 +43,7 @@ func TestDeadLetterStates(t *testing.T) {
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	g, err := e.tel.ObserveDeadLetters(e.db.Pool, &dlq.ListConfig{Kafka: testenv.Kafka(t), Topics: []string{dead}, Schema: e.db.Schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
+	g := e.runMonitor(idemotel.MonitorConfig{DeadLetterTopics: []string{dead}})
 	want := func(unresolved, replayed float64) map[string]float64 {
 		m := map[string]float64{}
 		for _, s := range []string{"unresolved", "replayed", "applied", "exhausted", "superseded", "beyond-horizon"} {
@@ -56,9 +53,7 @@ func TestDeadLetterStates(t *testing.T) {
 		m[lbl("dlq_topic", dead, "state", "replayed")] = replayed
 		return m
 	}
-	if got := points(t, e.collect(), "idemkit.dlq.messages"); !maps.Equal(got, want(2, 0)) {
-		t.Fatalf("before the replay: %v, want %v", got, want(2, 0))
-	}
+	e.eventually("idemkit.dlq.messages", fmt.Sprint(want(2, 0)), func(got map[string]float64) bool { return maps.Equal(got, want(2, 0)) })
 	r, err := dlq.NewReprocessor(e.db.Pool, &dlq.ReprocessorConfig{Kafka: testenv.Kafka(t), Topic: dead,
 		Mode: dlq.Republish, Schema: e.db.Schema})
 	if err != nil {
@@ -68,9 +63,7 @@ func TestDeadLetterStates(t *testing.T) {
 	if _, err := r.Run(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := points(t, e.collect(), "idemkit.dlq.messages"); !maps.Equal(got, want(0, 2)) {
-		t.Fatalf("after the replay: %v, want %v", got, want(0, 2))
-	}
+	e.eventually("idemkit.dlq.messages", fmt.Sprint(want(0, 2)), func(got map[string]float64) bool { return maps.Equal(got, want(0, 2)) })
 	if err := g.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -12,10 +12,12 @@
 //	c, err := tel.Consumer(&cfg)      // spans, counters, histograms
 //	cfg.OnFailure = c.DeadLetters(w)  // optional: count dead letters of a dlq.Writer
 //	r, err := consumer.New(pool, &cfg)
-//	err = c.Observe(r)                // gauges: lag, position, parked, ages, retention
+//	err = c.Observe(r)                // gauges of the partitions r holds
 //	defer c.Close()
+//	err = tel.Relay(store, &relayCfg) // outbox relay counters
 //	err = tel.Reprocessor(&rcfg)      // optional: count replays of a dlq.Reprocessor
-//	d, err := tel.ObserveDeadLetters(pool, &lcfg) // optional: a dead-letter topic's messages per state
+//	m, err := tel.Monitor(pool, &mcfg) // gauges from the tables and topics
+//	go m.Run(ctx)                     // collects every 15s in the background
 //
 // TracerProvider and MeterProvider default to the global providers; a
 // no-op provider turns traces or metrics off.
@@ -75,21 +77,35 @@
 //	idemkit_consumer_handler_duration_seconds{consumer,topic}  histogram
 //	idemkit_consumer_transaction_duration_seconds{consumer,topic,result}  commit, rollback
 //	idemkit_consumer_batch_messages{consumer,topic}            histogram
-//	idemkit_consumer_lag{consumer,topic,partition}             gauge
-//	idemkit_consumer_position{consumer,topic,partition}        gauge
-//	idemkit_consumer_parked_messages{consumer,topic}           gauge
-//	idemkit_consumer_parked_oldest_age_seconds{consumer,topic} gauge
+//	idemkit_consumer_lag{consumer,topic,partition}             gauge (runner, Monitor)
+//	idemkit_consumer_position{consumer,topic,partition}        gauge (runner, Monitor)
+//	idemkit_consumer_parked_messages{consumer,topic}           gauge (runner, Monitor)
+//	idemkit_consumer_partitions_held{consumer,topic}           gauge (runner)
+//	idemkit_consumer_parked_oldest_age_seconds{consumer,topic} gauge (Monitor)
 //	idemkit_consumer_rebalances_total{consumer}
 //	idemkit_consumer_outages_total{consumer,op}
 //	idemkit_consumer_outage_active{consumer}                   gauge
 //	idemkit_consumer_offset_commit_failures_total{consumer}
 //	idemkit_consumer_beyond_horizon_total{consumer,topic,action}  failed, applied (with Retention)
-//	idemkit_dedup_oldest_record_age_seconds{consumer}          gauge
-//	idemkit_dedup_retention_seconds{consumer}                  gauge
-//	idemkit_dedup_daily_partitions_ahead_days{consumer}        gauge (daily layout only)
+//	idemkit_lock_wait_seconds{consumer,topic}                  histogram
+//	idemkit_dedup_oldest_record_age_seconds{consumer}          gauge (Monitor)
+//	idemkit_dedup_retention_seconds{consumer}                  gauge (Monitor)
+//	idemkit_dedup_daily_partitions_ahead_days{consumer}        gauge (Monitor, daily layout only)
 //	idemkit_dlq_writes_total{consumer,topic,dlq_topic}
 //	idemkit_dlq_replayed_total{dlq_topic,outcome}
-//	idemkit_dlq_messages{dlq_topic,state}                      gauge (ObserveDeadLetters)
+//	idemkit_dead_letter_write_failures_total{consumer,topic,dlq_topic}
+//	idemkit_dlq_messages{dlq_topic,state}                      gauge (Monitor with DeadLetterTopics)
+//	idemkit_outbox_messages_total{table,outcome}               published, failed, parked
+//	idemkit_outbox_publish_latency_seconds{table}              histogram
+//	idemkit_outbox_backlog_messages{table}                     gauge (Monitor)
+//	idemkit_outbox_oldest_age_seconds{table}                   gauge (Monitor)
+//	idemkit_outbox_parked_messages{table}                      gauge (Monitor)
+//	idemkit_outbox_held_messages{table}                        gauge (Monitor)
+//	idemkit_http_requests_total{operation,outcome}
+//	idemkit_http_request_duration_seconds{operation,outcome}   histogram
+//	idemkit_http_stuck_records{table}                          gauge (Monitor)
+//	idemkit_monitor_collections_total{outcome}                 ok, failed
+//	idemkit_monitor_snapshot_age_seconds                       gauge (Monitor)
 //
 // The exporter adds otel_scope_name, otel_scope_version and
 // otel_scope_schema_url labels (ScopeName, "", the semconv schema) unless it
@@ -98,14 +114,18 @@
 // its GroupID). Counters of a consumer's known label sets start at zero when
 // Consumer is called, so that increase() sees their first event.
 //
-// The gauges are read at each collection. Lag, position and parked messages
-// come from consumer.Runner.Partitions, without I/O. The two ages query
-// PostgreSQL — a min() over the dedup table's processed_at index and over
-// the parked table's primary key, for this consumer only — at most once per
-// Config.QueryInterval whatever the scrape rate, each bounded by
-// Config.QueryTimeout; between queries the age grows with the clock. A
-// failed query leaves its gauge out of that collection and goes to
-// otel.Handle.
+// A runner's gauges (Consumer.Observe) are read at each collection from
+// consumer.Runner.Partitions, without I/O, and vanish with the runner. A
+// Monitor's gauges are what package monitor reads from PostgreSQL and Kafka
+// in the background every MonitorConfig.Interval, on a connection of its
+// own: they hold whichever process holds the partitions, and whether any
+// runs; a scrape serves the last collection, never queries. Lag, position
+// and parked messages come from both where both run: aggregate them with
+// max per partition (the alert rules do).
+//
+// The operation label of the HTTP metrics is bounded (the method and the
+// ServeMux pattern, or unmatched); an idemhttp.Config.Operation of your own
+// must keep its values few: a path with IDs in it makes a series per ID.
 //
 // # Cost
 //

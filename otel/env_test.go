@@ -62,7 +62,7 @@ func newEnv(t *testing.T, partitions int) *env {
 		_ = e.tp.Shutdown(context.Background())
 		_ = mp.Shutdown(context.Background())
 	})
-	e.tel, err = idemotel.New(&idemotel.Config{TracerProvider: e.tp, MeterProvider: mp, QueryInterval: time.Millisecond})
+	e.tel, err = idemotel.New(&idemotel.Config{TracerProvider: e.tp, MeterProvider: mp})
 	if err != nil {
 		t.Fatal(err)
 	}

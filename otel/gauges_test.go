@@ -11,6 +11,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testobs"
+	"github.com/idemkit/idemkit/otel"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -56,7 +57,6 @@ func TestLagAndPositionFollowABlockedHandler(t *testing.T) {
 		return e.effect(ctx, tx, m)
 	})
 	cfg.BatchSize = 1
-	cfg.Retention = time.Hour
 	oc := newOutcomes(5)
 	testobs.Of(cfg).OnOutcome = oc.hook
 	c, err := e.tel.Consumer(cfg)
@@ -88,22 +88,17 @@ func TestLagAndPositionFollowABlockedHandler(t *testing.T) {
 	if got := points(t, rm, "idemkit.consumer.position"); got[part] != 5 {
 		t.Errorf("position after = %v, want 5", got)
 	}
-	consumerOnly := lbl("consumer", e.group)
-	if got := points(t, rm, "idemkit.dedup.retention"); got[consumerOnly] != 3600 {
-		t.Errorf("retention = %v, want 3600", got)
-	}
-	if got, ok := points(t, rm, "idemkit.dedup.oldest_record_age")[consumerOnly]; !ok || got <= 0 || got > 60 {
-		t.Errorf("oldest record age = %v (present %v), want a few seconds", got, ok)
-	}
-	if got := points(t, rm, "idemkit.dedup.daily_partitions_ahead"); len(got) != 0 {
-		t.Errorf("daily partitions ahead with the flat layout = %v, want nothing", got)
-	}
 	base := lbl("consumer", e.group, "topic", e.topic)
 	if got := points(t, rm, "idemkit.consumer.parked_messages"); got[base] != 0 || len(got) != 1 {
 		t.Errorf("parked = %v, want 0", got)
 	}
-	if got, ok := points(t, rm, "idemkit.consumer.parked_oldest_age")[base]; !ok || got != 0 {
-		t.Errorf("parked oldest age = %v (present %v), want 0", got, ok)
+	if got := points(t, rm, "idemkit.consumer.partitions_held"); got[base] != 1 || len(got) != 1 {
+		t.Errorf("partitions held = %v, want 1", got)
+	}
+	for _, name := range []string{"idemkit.dedup.retention", "idemkit.dedup.oldest_record_age", "idemkit.consumer.parked_oldest_age"} {
+		if got := points(t, rm, name); len(got) != 0 {
+			t.Errorf("%s from a runner = %v, want nothing (a Monitor's)", name, got)
+		}
 	}
 	if err := stop(); err != nil {
 		t.Fatal(err)
@@ -111,7 +106,7 @@ func TestLagAndPositionFollowABlockedHandler(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"idemkit.consumer.lag", "idemkit.dedup.retention", "idemkit.dedup.oldest_record_age"} {
+	for _, name := range []string{"idemkit.consumer.lag", "idemkit.consumer.partitions_held"} {
 		if got := points(t, e.collect(), name); len(got) != 0 {
 			t.Errorf("%s after Close = %v, want nothing", name, got)
 		}
@@ -158,10 +153,12 @@ func TestParkedGauges(t *testing.T) {
 
 	base := lbl("consumer", e.group, "topic", e.topic)
 	e.eventually("idemkit.consumer.parked_messages", "2 parked", func(m map[string]float64) bool { return m[base] == 2 })
-	time.Sleep(10 * time.Millisecond)
-	if got := points(t, e.collect(), "idemkit.consumer.parked_oldest_age")[base]; got <= 0 || got > 60 {
-		t.Errorf("parked oldest age = %v, want a few seconds", got)
+	if err := c.Close(); err != nil { // the runner's gauges; now the Monitor's
+		t.Fatal(err)
 	}
+	e.runMonitor(idemotel.MonitorConfig{})
+	e.eventually("idemkit.consumer.parked_oldest_age", "a few seconds", func(m map[string]float64) bool { return m[base] > 0 && m[base] < 60 })
+	e.eventually("idemkit.consumer.parked_messages", "2 parked, from the table", func(m map[string]float64) bool { return m[base] == 2 })
 	rm := e.collect()
 	want := map[string]float64{
 		lbl("consumer", e.group, "topic", e.topic, "outcome", "parked"):    2,
@@ -178,7 +175,7 @@ func TestParkedGauges(t *testing.T) {
 	}
 }
 
-// TestDailyPartitionsAheadGauge: with the daily layout, the gauge says how
+// TestDailyPartitionsAheadGauge: with the daily layout, a Monitor's gauge says how
 // many days of partitions lie ahead, and drops when the newest goes.
 func TestDailyPartitionsAheadGauge(t *testing.T) {
 	t.Parallel()
@@ -191,19 +188,13 @@ func TestDailyPartitionsAheadGauge(t *testing.T) {
 	if _, err := store.EnableDaily(ctx, e.db.Pool, dedup.DailyConfig{AheadDays: 2}); err != nil {
 		t.Fatal(err)
 	}
-	cfg := e.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error { return e.effect(ctx, tx, m) })
-	c, err := e.tel.Consumer(cfg)
-	if err != nil {
+	// A consumer with a position: the gauge is per consumer.
+	if err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
+		return store.SavePositionTx(ctx, tx, e.group, e.topic, 0, 0, time.Time{}, 0)
+	}); err != nil {
 		t.Fatal(err)
 	}
-	r, err := consumer.New(e.db.Pool, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Observe(r); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = c.Close() }()
+	e.runMonitor(idemotel.MonitorConfig{})
 	consumerOnly := lbl("consumer", e.group)
 	e.eventually("idemkit.dedup.daily_partitions_ahead", "2 days", func(m map[string]float64) bool { return m[consumerOnly] == 2 })
 	parts, err := store.Partitions(ctx, e.db.Pool)

@@ -6,10 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
-	"time"
-
-	"github.com/jackc/pgx/v5/pgxpool"
-	"go.opentelemetry.io/otel"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -104,50 +100,3 @@ func (t *Telemetry) HTTP(cfg *idemhttp.Config) (func(http.Handler) http.Handler,
 		})
 	}, nil
 }
-
-// Idempotency observes an idempotency records store: the gauge
-// idemkit_http_stuck_records counts the records in flight past their lease
-// (idemhttp.Store.FindStuck, up to 10,000), queried at most every
-// Config.QueryInterval within Config.QueryTimeout, whatever the scrapes.
-// Close stops it.
-type Idempotency struct {
-	reg metric.Registration
-}
-
-// stuckLimit bounds the stuck records counted.
-const stuckLimit = 10000
-
-// Idempotency registers the stuck-records gauge of store on pool.
-func (t *Telemetry) Idempotency(store *idemhttp.Store, pool *pgxpool.Pool) (*Idempotency, error) {
-	if store == nil || pool == nil {
-		return nil, fmt.Errorf("%w: nil store or pool", ErrInvalidConfig)
-	}
-	var mu sync.Mutex
-	var at time.Time
-	var n int64
-	var ok bool
-	reg, err := t.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
-		mu.Lock()
-		defer mu.Unlock()
-		if at.IsZero() || time.Since(at) >= t.cfg.QueryInterval {
-			qctx, cancel := context.WithTimeout(ctx, t.cfg.QueryTimeout)
-			stuck, err := store.FindStuck(qctx, pool, stuckLimit)
-			cancel()
-			at, ok, n = time.Now(), err == nil, int64(len(stuck))
-			if err != nil {
-				otel.Handle(fmt.Errorf("idemotel: count stuck idempotency records: %w", err))
-			}
-		}
-		if ok {
-			o.ObserveInt64(t.http.stuck, n)
-		}
-		return nil
-	}, t.http.stuck)
-	if err != nil {
-		return nil, fmt.Errorf("idemotel: stuck records gauge: %w", err)
-	}
-	return &Idempotency{reg: reg}, nil
-}
-
-// Close unregisters the gauge.
-func (i *Idempotency) Close() error { return i.reg.Unregister() }

@@ -1,9 +1,7 @@
 package idemotel
 
 import (
-	"cmp"
 	"fmt"
-	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
@@ -18,15 +16,6 @@ import (
 // ScopeName is the instrumentation scope of every tracer and meter the
 // package uses (the otel_scope_name label of its Prometheus series).
 const ScopeName = "github.com/idemkit/idemkit/otel"
-
-// Defaults of Config.
-const (
-	// QueryIntervalDefault is how long a gauge that reads the database
-	// reuses its answer.
-	QueryIntervalDefault = 10 * time.Second
-	// QueryTimeoutDefault bounds each query of such a gauge.
-	QueryTimeoutDefault = 2 * time.Second
-)
 
 // ErrInvalidConfig is wrapped by every configuration error of the package.
 var ErrInvalidConfig = fmt.Errorf("idemotel: %w", idemkit.ErrInvalidConfig)
@@ -49,16 +38,6 @@ type Config struct {
 	// Defaults to W3C Trace Context and W3C Baggage (headers "traceparent",
 	// "tracestate", "baggage").
 	Propagator propagation.TextMapPropagator
-	// QueryInterval is how long a gauge that reads PostgreSQL (the oldest
-	// processed record, the oldest parked message) reuses its answer, so
-	// that scrapes, however frequent or many, cost the database at most one
-	// query per gauge and consumer per interval. The age reported meanwhile
-	// keeps growing with the clock. Defaults to 10s.
-	QueryInterval time.Duration
-	// QueryTimeout bounds each of those queries; a query that fails or times
-	// out leaves its gauge out of that collection and is reported to
-	// otel.Handle. Defaults to 2s.
-	QueryTimeout time.Duration
 }
 
 // Telemetry holds the tracer, the propagator and the instruments that the
@@ -78,6 +57,7 @@ type Telemetry struct {
 	dlq      dlqInstruments
 	outbox   outboxInstruments
 	http     httpInstruments
+	monitor  monitorInstruments
 }
 
 // New validates cfg (nil means every default), creates the instruments and
@@ -87,11 +67,6 @@ func New(cfg *Config) (*Telemetry, error) {
 	if cfg != nil {
 		c = *cfg
 	}
-	if c.QueryInterval < 0 || c.QueryTimeout < 0 {
-		return nil, fmt.Errorf("%w: QueryInterval and QueryTimeout must not be negative", ErrInvalidConfig)
-	}
-	c.QueryInterval = cmp.Or(c.QueryInterval, QueryIntervalDefault)
-	c.QueryTimeout = cmp.Or(c.QueryTimeout, QueryTimeoutDefault)
 	if c.TracerProvider == nil {
 		c.TracerProvider = otel.GetTracerProvider()
 	}
@@ -120,6 +95,9 @@ func New(cfg *Config) (*Telemetry, error) {
 	}
 	if t.http, err = newHTTPInstruments(t.meter); err != nil {
 		return nil, fmt.Errorf("idemotel: http instruments: %w", err)
+	}
+	if t.monitor, err = newMonitorInstruments(t.meter); err != nil {
+		return nil, fmt.Errorf("idemotel: monitor instruments: %w", err)
 	}
 	return t, nil
 }

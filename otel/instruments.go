@@ -38,7 +38,8 @@ type consumerInstruments struct {
 	beyondHorizon   metric.Int64Counter       // idemkit_consumer_beyond_horizon_total
 	lockWait        metric.Float64Histogram   // idemkit_lock_wait_seconds
 
-	// Observed by each Consumer's callback (see Consumer.Observe).
+	// Observed by each Consumer's callback (Consumer.Observe) and by a
+	// Monitor (Telemetry.Monitor), or by a Monitor alone.
 	lag             metric.Int64ObservableGauge   // idemkit_consumer_lag
 	position        metric.Int64ObservableGauge   // idemkit_consumer_position
 	parked          metric.Int64ObservableGauge   // idemkit_consumer_parked_messages
@@ -46,11 +47,12 @@ type consumerInstruments struct {
 	oldestRecordAge metric.Float64ObservableGauge // idemkit_dedup_oldest_record_age_seconds
 	retention       metric.Float64ObservableGauge // idemkit_dedup_retention_seconds
 	partitionsAhead metric.Int64ObservableGauge   // idemkit_dedup_daily_partitions_ahead_days
+	held            metric.Int64ObservableGauge   // idemkit_consumer_partitions_held
 }
 
 func newConsumerInstruments(m metric.Meter) (consumerInstruments, error) {
 	var in consumerInstruments
-	var errs [18]error
+	var errs [19]error
 	in.lockWait, errs[17] = m.Float64Histogram("idemkit.lock_wait", metric.WithUnit("s"),
 		metric.WithDescription("Claims that waited for another session's lock for 5s or more, by how long (an orphaned transaction, most often: see the runner's WARN for the session)."),
 		metric.WithExplicitBucketBoundaries(5, 10, 20, 30, 60, 120, 300, 600))
@@ -76,21 +78,23 @@ func newConsumerInstruments(m metric.Meter) (consumerInstruments, error) {
 	in.commitFailures, errs[8] = m.Int64Counter("idemkit.consumer.offset_commit_failures", metric.WithUnit("{commit}"),
 		metric.WithDescription("Kafka offset commits that failed."))
 	in.lag, errs[9] = m.Int64ObservableGauge("idemkit.consumer.lag", metric.WithUnit("{message}"),
-		metric.WithDescription("Last stable offset minus the PostgreSQL position, per held partition."))
+		metric.WithDescription("Last stable offset minus the PostgreSQL position, per partition (a runner's: those it holds; a Monitor's: all)."))
 	in.position, errs[10] = m.Int64ObservableGauge("idemkit.consumer.position", metric.WithUnit("{offset}"),
-		metric.WithDescription("The next offset to process (the PostgreSQL position), per held partition."))
+		metric.WithDescription("The next offset to process (the PostgreSQL position), per partition (a runner's: those it holds; a Monitor's: all)."))
 	in.parked, errs[11] = m.Int64ObservableGauge("idemkit.consumer.parked_messages", metric.WithUnit("{message}"),
-		metric.WithDescription("Messages parked behind a failure of their key (NonBlocking), in the partitions held."))
+		metric.WithDescription("Messages in the parked table (NonBlocking): each failing message and the later ones of its key (a runner's: in the partitions it holds; a Monitor's: all)."))
 	in.parkedOldestAge, errs[12] = m.Float64ObservableGauge("idemkit.consumer.parked_oldest_age", metric.WithUnit("s"),
 		metric.WithDescription("Age of the consumer's oldest parked message on the topic (0 when none)."))
 	in.oldestRecordAge, errs[13] = m.Float64ObservableGauge("idemkit.dedup.oldest_record_age", metric.WithUnit("s"),
 		metric.WithDescription("Age of the consumer's oldest processed-message record (0 when none)."))
 	in.retention, errs[14] = m.Float64ObservableGauge("idemkit.dedup.retention", metric.WithUnit("s"),
-		metric.WithDescription("The consumer's configured retention of processed-message records (absent when it purges nothing)."))
+		metric.WithDescription("The retention of processed-message records the purge promises (a Monitor's MonitorConfig.Retention)."))
 	in.beyondHorizon, errs[15] = m.Int64Counter("idemkit.consumer.beyond_horizon", metric.WithUnit("{message}"),
 		metric.WithDescription("Messages older than the dedup horizon whose claim was new, by what became of them: failed (handed to OnFailure) or applied (HorizonApply)."))
 	in.partitionsAhead, errs[16] = m.Int64ObservableGauge("idemkit.dedup.daily_partitions_ahead", metric.WithUnit("d"),
 		metric.WithDescription("With the daily dedup layout: days from today (UTC) to the newest daily partition; claims dated past it fail until partitions are created (absent with the flat layout)."))
+	in.held, errs[18] = m.Int64ObservableGauge("idemkit.consumer.partitions_held", metric.WithUnit("{partition}"),
+		metric.WithDescription("Partitions a running runner holds now (0 during a rebalance; absent when no runner runs)."))
 	return in, errors.Join(errs[:]...)
 }
 

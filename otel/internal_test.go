@@ -10,11 +10,11 @@ func TestOpLabel(t *testing.T) {
 	t.Parallel()
 	c := &Consumer{opPrefix: "consumer g/orders: "}
 	for op, want := range map[string]string{
-		"consumer g/orders: partition 3":          "partition",
-		"consumer g/orders: fetch partition 12":   "fetch partition",
-		"consumer g/orders: kafka consumer group": "kafka consumer group",
-		"consumer g/orders: postgres schema":      "postgres schema",
-		"write to orders.dlq: kafka":              "write to orders.dlq: kafka",
+		"consumer g/orders: postgres partition 3":     "postgres partition",
+		"consumer g/orders: kafka fetch partition 12": "kafka fetch partition",
+		"consumer g/orders: kafka consumer group":     "kafka consumer group",
+		"consumer g/orders: postgres schema":          "postgres schema",
+		"write to orders.dlq: kafka":                  "write to orders.dlq: kafka",
 	} {
 		if got := c.opLabel(op); got != want {
 			t.Errorf("opLabel(%q) = %q, want %q", op, got, want)

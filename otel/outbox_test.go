@@ -10,6 +10,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/internal/testobs"
+	"github.com/idemkit/idemkit/otel"
 	"github.com/idemkit/idemkit/outbox"
 )
 
@@ -83,7 +84,7 @@ func TestOutboxCarriesTheTrace(t *testing.T) {
 }
 
 // TestRelayMetrics: a relay wired with Telemetry.Relay counts what it
-// published and reports its backlog, under the names of the docs.
+// published, and a Monitor reports the backlog, under the names of the docs.
 func TestRelayMetrics(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
@@ -94,11 +95,10 @@ func TestRelayMetrics(t *testing.T) {
 	rcfg := &outbox.RelayConfig{Kafka: testenv.Kafka(t), StatsInterval: 20 * time.Millisecond}
 	published := make(chan int, 16)
 	testobs.OutboxOf(&rcfg.Observers).OnPublished = func(recs []outbox.Record) { published <- len(recs) } // the user's own hook
-	rel, err := e.tel.Relay(store, rcfg)
-	if err != nil {
+	if err := e.tel.Relay(store, rcfg); err != nil {
 		t.Fatal(err)
 	}
-	defer rel.Close()
+	e.runMonitor(idemotel.MonitorConfig{})
 	relay, err := outbox.NewRelay(e.db.Pool, store, rcfg)
 	if err != nil {
 		t.Fatal(err)

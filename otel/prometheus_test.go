@@ -28,6 +28,7 @@ import (
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/internal/testobs"
+	"github.com/idemkit/idemkit/monitor"
 	"github.com/idemkit/idemkit/otel"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -37,8 +38,13 @@ import (
 // (the outbox's and idemhttp's come later).
 func ours(name string) bool {
 	return strings.HasPrefix(name, "idemkit_consumer_") || strings.HasPrefix(name, "idemkit_dedup_") ||
-		strings.HasPrefix(name, "idemkit_dlq_") || strings.HasPrefix(name, "idemkit_dead_letter_")
+		strings.HasPrefix(name, "idemkit_dlq_") || strings.HasPrefix(name, "idemkit_dead_letter_") ||
+		strings.HasPrefix(name, "idemkit_monitor_") || slices.Contains(monitorGauges, name)
 }
+
+// monitorGauges are the outbox and HTTP gauges a Monitor exports.
+var monitorGauges = []string{"idemkit_outbox_backlog_messages", "idemkit_outbox_oldest_age_seconds",
+	"idemkit_outbox_parked_messages", "idemkit_outbox_held_messages", "idemkit_http_stuck_records"}
 
 // alertMetrics returns the idemkit_ metric names used by the expressions of
 // the alert rules.
@@ -175,7 +181,7 @@ func TestPrometheusNames(t *testing.T) {
 	// An outage, as the runner reports one (its op names the consumer, the
 	// topic and a partition; the label keeps what was waited for).
 	outages := cfg.Observers[0].(consumer.OutageObserver)
-	op := "consumer " + e.group + "/" + e.topic + ": partition 1"
+	op := "consumer " + e.group + "/" + e.topic + ": postgres partition 1"
 	outages.OutageStarted(context.Background(), &consumer.OutageEvent{Op: op, Err: errors.New("connection refused")})
 	outages.OutageEnded(context.Background(), &consumer.OutageEvent{Op: op, Duration: time.Second})
 	r, err := consumer.New(e.db.Pool, cfg)
@@ -204,12 +210,18 @@ func TestPrometheusNames(t *testing.T) {
 	if _, err := rp.Run(ctx); err != nil {
 		t.Fatal(err)
 	}
-	dl, err := tel.ObserveDeadLetters(e.db.Pool, &dlq.ListConfig{Kafka: testenv.Kafka(t), Topics: []string{dlqTopic},
-		Schema: e.store.Tables().Schema, Tables: e.store.Tables().Tables})
+	// A Monitor, with an outbox and an idempotency record table in the
+	// schema, for the gauges it exports.
+	mon, err := tel.Monitor(e.db.Pool, &idemotel.MonitorConfig{Config: monitor.Config{Kafka: testenv.Kafka(t),
+		Schema: e.store.Tables().Schema, Tables: e.store.Tables().Tables}, DeadLetterTopics: []string{dlqTopic}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer dl.Close()
+	defer mon.Close()
+	mctx, stopMonitor := context.WithCancel(context.Background())
+	monitorDone := make(chan error, 1)
+	go func() { monitorDone <- mon.Run(mctx) }()
+	defer func() { stopMonitor(); <-monitorDone }()
 
 	// Wait until the runner holds both partitions (lag and position per
 	// partition), then scrape.
@@ -219,14 +231,21 @@ func TestPrometheusNames(t *testing.T) {
 	}
 	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	defer srv.Close()
-	resp, err := http.Get(srv.URL + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil {
-		t.Fatal(err)
+	var body []byte
+	// Scrape until the Monitor's first collection is in it.
+	for !strings.Contains(string(body), "idemkit_monitor_snapshot_age_seconds") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no Monitor collection in 30s:\n%s", body)
+		}
+		resp, err := http.Get(srv.URL + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
 	parser := expfmt.NewTextParser(model.LegacyValidation)
 	families, err := parser.TextToMetricFamilies(strings.NewReader(string(body)))
@@ -273,8 +292,8 @@ func TestPrometheusNames(t *testing.T) {
 	}
 	if f := families["idemkit_consumer_outages_total"]; f != nil {
 		for _, l := range f.GetMetric()[0].GetLabel() {
-			if l.GetName() == "op" && l.GetValue() != "partition" {
-				t.Errorf("outage op label %q, want %q", l.GetValue(), "partition")
+			if l.GetName() == "op" && l.GetValue() != "postgres partition" {
+				t.Errorf("outage op label %q, want %q", l.GetValue(), "postgres partition")
 			}
 		}
 	}
