@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -38,9 +39,15 @@ import (
 // ErrInvalidConfig is wrapped by every configuration error of the package.
 var ErrInvalidConfig = fmt.Errorf("monitor: %w", idemkit.ErrInvalidConfig)
 
-// OldestRecordTimeoutDefault bounds the search for one consumer's oldest
-// processed-message record.
-const OldestRecordTimeoutDefault = 5 * time.Second
+// Defaults of Config.
+const (
+	// OldestRecordTimeoutDefault bounds the search for one consumer's
+	// oldest processed-message record.
+	OldestRecordTimeoutDefault = 5 * time.Second
+	// StuckIntervalDefault is how often a Monitor counts the stuck
+	// idempotency records.
+	StuckIntervalDefault = time.Minute
+)
 
 // DB is what Collect reads with: a *pgx.Conn, a *pgxpool.Pool, a pgx.Tx.
 type DB = pgexec.DB
@@ -59,19 +66,29 @@ type Config struct {
 	// older records can make long); past it the age is reported unknown.
 	// Defaults to OldestRecordTimeoutDefault.
 	OldestRecordTimeout time.Duration
+	// StuckInterval is how often Collect counts the idempotency records
+	// stuck in flight: no index tells them apart, the count scans the
+	// table, so a Collect within StuckInterval of the last count reports
+	// that count again. Defaults to StuckIntervalDefault.
+	StuckInterval time.Duration
 }
 
 // Monitor reads Snapshots. It is safe for concurrent use.
 type Monitor struct {
-	kafka     kafkaconn.Config
-	client    *kafka.Client
-	closeIdle func()
-	timeout   time.Duration
-	sql       statements
-	outbox    *outbox.Store
-	idem      *idemhttp.Store
-	dedup     *dedup.Store
-	tables    migrate.Config
+	kafka      kafkaconn.Config
+	client     *kafka.Client
+	closeIdle  func()
+	timeout    time.Duration
+	sql        statements
+	outbox     *outbox.Store
+	idem       *idemhttp.Store
+	dedup      *dedup.Store
+	tables     migrate.Config
+	stuckEvery time.Duration
+
+	mu      sync.Mutex // guards the last count of stuck records
+	stuck   *Idempotency
+	stuckAt time.Time
 }
 
 // statements are the Monitor's queries, one per name.
@@ -90,8 +107,8 @@ func New(cfg *Config) (*Monitor, error) {
 	if len(cfg.Kafka.Brokers) == 0 {
 		return nil, fmt.Errorf("%w: Kafka.Brokers is required", ErrInvalidConfig)
 	}
-	if cfg.OldestRecordTimeout < 0 {
-		return nil, fmt.Errorf("%w: OldestRecordTimeout must not be negative", ErrInvalidConfig)
+	if cfg.OldestRecordTimeout < 0 || cfg.StuckInterval < 0 {
+		return nil, fmt.Errorf("%w: OldestRecordTimeout and StuckInterval must not be negative", ErrInvalidConfig)
 	}
 	tables := migrate.Config{Schema: cfg.Schema, Tables: cfg.Tables}.WithDefaults()
 	if err := tables.Validate(); err != nil {
@@ -102,11 +119,12 @@ func New(cfg *Config) (*Monitor, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	m := &Monitor{
-		kafka:     cfg.Kafka,
-		client:    &kafka.Client{Addr: cfg.Kafka.Addr(), Timeout: 10 * time.Second, Transport: t},
-		closeIdle: t.CloseIdleConnections,
-		timeout:   cmp.Or(cfg.OldestRecordTimeout, OldestRecordTimeoutDefault),
-		tables:    tables,
+		kafka:      cfg.Kafka,
+		client:     &kafka.Client{Addr: cfg.Kafka.Addr(), Timeout: 10 * time.Second, Transport: t},
+		closeIdle:  t.CloseIdleConnections,
+		timeout:    cmp.Or(cfg.OldestRecordTimeout, OldestRecordTimeoutDefault),
+		stuckEvery: cmp.Or(cfg.StuckInterval, StuckIntervalDefault),
+		tables:     tables,
 	}
 	id := func(name string) string { return pgx.Identifier{tables.Schema, name}.Sanitize() }
 	m.sql = statements{
@@ -205,7 +223,8 @@ type Outbox struct {
 type Idempotency struct {
 	Table string
 	// Stuck counts the records in flight past their lease
-	// (idemhttp.Store.CountStuck).
+	// (idemhttp.Store.CountStuck), as of the last count (see
+	// Config.StuckInterval).
 	Stuck int64
 }
 
@@ -386,15 +405,30 @@ func (m *Monitor) outboxState(ctx context.Context, db DB, s *Snapshot) error {
 }
 
 func (m *Monitor) records(ctx context.Context, db DB, s *Snapshot) error {
+	m.mu.Lock()
+	last, at := m.stuck, m.stuckAt
+	m.mu.Unlock()
+	if !at.IsZero() && time.Since(at) < m.stuckEvery {
+		s.Idempotency = last
+		if last == nil {
+			s.Missing = append(s.Missing, m.tables.Tables.IdempotencyRecords)
+		}
+		return nil
+	}
 	n, err := m.idem.CountStuck(ctx, db)
+	var rec *Idempotency
 	switch {
 	case errors.Is(err, idemhttp.ErrNotMigrated):
 		s.Missing = append(s.Missing, m.tables.Tables.IdempotencyRecords)
-		return nil
 	case err != nil:
 		return fmt.Errorf("monitor: %w", err)
+	default:
+		rec = &Idempotency{Table: m.tables.Tables.IdempotencyRecords, Stuck: n}
 	}
-	s.Idempotency = &Idempotency{Table: m.tables.Tables.IdempotencyRecords, Stuck: n}
+	m.mu.Lock()
+	m.stuck, m.stuckAt = rec, time.Now()
+	m.mu.Unlock()
+	s.Idempotency = rec
 	return nil
 }
 

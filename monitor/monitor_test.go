@@ -187,3 +187,38 @@ func TestConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestStuckCountedEveryInterval: the stuck records are counted at most
+// once per StuckInterval; a Collect in between reports the last count.
+func TestStuckCountedEveryInterval(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.NewDB(t, testenv.Migrate)
+	m := newMonitor(t, monitor.Config{Kafka: testenv.Kafka(t), Schema: db.Schema, StuckInterval: 300 * time.Millisecond})
+	stuck := func() int64 {
+		t.Helper()
+		s, err := m.Collect(ctx, db.Pool)
+		if err != nil || s.Idempotency == nil {
+			t.Fatalf("Collect: %+v, %v", s, err)
+		}
+		return s.Idempotency.Stuck
+	}
+	if n := stuck(); n != 0 {
+		t.Fatalf("stuck before = %d, want 0", n)
+	}
+	counted := time.Now()
+	now := time.Now()
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO `+db.Table("idempotency_records")+` (account, operation,
+		idempotency_key, fingerprint, state, token, locked_until, created_at, updated_at, expires_at)
+		VALUES ('acct-1', 'POST /payments', 'k-1', '\x00', 'PROCESSING', 7, $1, $2, $2, $3)`,
+		now.Add(-time.Minute), now.Add(-2*time.Minute), now.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if n := stuck(); n != 0 && time.Since(counted) < 300*time.Millisecond {
+		t.Fatalf("stuck within the interval = %d, want the last count, 0", n)
+	}
+	time.Sleep(time.Until(counted.Add(300 * time.Millisecond)))
+	if n := stuck(); n != 1 {
+		t.Fatalf("stuck after the interval = %d, want 1", n)
+	}
+}

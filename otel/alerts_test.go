@@ -193,7 +193,8 @@ func (a *alertEnv) runner(t *testing.T, cfg *consumer.Config) (stop func() error
 // startMonitor runs a Monitor of schema until the returned function stops it.
 func startMonitor(t *testing.T, tel *idemotel.Telemetry, pool *pgxpool.Pool, schema string, dead []string) (stop func()) {
 	t.Helper()
-	m, err := tel.Monitor(pool, &idemotel.MonitorConfig{Config: monitor.Config{Kafka: testenv.Kafka(t), Schema: schema},
+	m, err := tel.Monitor(pool, &idemotel.MonitorConfig{Config: monitor.Config{Kafka: testenv.Kafka(t), Schema: schema,
+		StuckInterval: 500 * time.Millisecond},
 		Interval: 500 * time.Millisecond, Retention: time.Hour, DeadLetterTopics: dead})
 	if err != nil {
 		t.Fatal(err)

@@ -25,6 +25,7 @@ func (e *env) runMonitor(cfg idemotel.MonitorConfig) *idemotel.Monitor {
 	if cfg.Interval == 0 {
 		cfg.Interval = 20 * time.Millisecond
 	}
+	cfg.StuckInterval = cfg.Interval
 	m, err := e.tel.Monitor(e.db.Pool, &cfg)
 	if err != nil {
 		e.t.Fatal(err)
