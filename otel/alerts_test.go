@@ -363,10 +363,10 @@ func (a *alertEnv) claimsBlocked(t *testing.T) {
 	a.watch.check(t, "IdemkitClaimsBlocked", match, "a claim waited 7s for another session's lock", fired, func() { <-released })
 }
 
-// deadLetters: a message fails for good and is dead-lettered; a replay
-// applies it.
-func (a *alertEnv) deadLetters(t *testing.T, deadTopic string) {
-	sc := a.scenario(t, "dead")
+// deadLettering runs a consumer of sc whose every message fails for good
+// into a dead-letter writer wired with the telemetry, and produces one.
+func (a *alertEnv) deadLettering(t *testing.T, sc *env) {
+	t.Helper()
 	cfg := sc.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		return retry.Permanent(errors.New("rejected"))
 	})
@@ -382,7 +382,7 @@ func (a *alertEnv) deadLetters(t *testing.T, deadTopic string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer w.Close()
+	t.Cleanup(func() { _ = w.Close() })
 	cfg.OnFailure = c.DeadLetters(w)
 	r, err := consumer.New(sc.db.Pool, cfg)
 	if err != nil {
@@ -390,6 +390,13 @@ func (a *alertEnv) deadLetters(t *testing.T, deadTopic string) {
 	}
 	run(t, r)
 	sc.produce(msg("bad", "k"))
+}
+
+// deadLetters: a message fails for good and is dead-lettered; a replay
+// applies it.
+func (a *alertEnv) deadLetters(t *testing.T, deadTopic string) {
+	sc := a.scenario(t, "dead")
+	a.deadLettering(t, sc)
 	match := map[string]string{"dlq_topic": deadTopic}
 	fired := a.watch.wait(t, "IdemkitDeadLetters", match, true, time.Minute)
 	unresolved := a.watch.wait(t, "IdemkitDeadLettersUnresolved", match, true, time.Minute)
@@ -417,29 +424,7 @@ func (a *alertEnv) deadLetters(t *testing.T, deadTopic string) {
 // alert fired.
 func (a *alertEnv) deadLetterWritesFailing(t *testing.T) {
 	sc := a.scenario(t, "dlqmissing")
-	cfg := sc.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		return retry.Permanent(errors.New("rejected"))
-	})
-	c, err := a.tel.Consumer(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wcfg := &dlq.WriterConfig{Kafka: testenv.Kafka(t), Group: sc.group}
-	if err := c.DeadLetterWriter(wcfg); err != nil {
-		t.Fatal(err)
-	}
-	w, err := dlq.NewWriter(wcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	cfg.OnFailure = c.DeadLetters(w)
-	r, err := consumer.New(sc.db.Pool, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	run(t, r)
-	sc.produce(msg("bad", "k"))
+	a.deadLettering(t, sc)
 	match := map[string]string{"consumer": sc.group}
 	fired := a.watch.wait(t, "IdemkitDeadLetterWriteFailing", match, true, time.Minute)
 	a.watch.check(t, "IdemkitDeadLetterWriteFailing", match, "dead-letter topic missing; created", fired, func() {
