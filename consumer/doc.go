@@ -180,7 +180,7 @@
 // goes without retries to Config.OnFailure (or stops the runner) with a
 // *HorizonError matching ErrBeyondHorizon and retry.IsPermanent; with
 // HorizonApply it is applied as new. Either way its OutcomeEvent carries
-// the *HorizonError (the otel module exports idemkit_consumer_beyond_horizon_total). An old
+// the *HorizonError (the idemotel module exports idemkit_consumer_beyond_horizon_total). An old
 // message whose claim finds its record is a duplicate as always; messages
 // without a timestamp, messages released from parking (NonBlocking; they
 // were checked when first handled), and every message of a runner without
@@ -203,7 +203,7 @@
 // # Observing it
 //
 // The package depends on no metrics or tracing library; it offers seams that
-// adapters (the module github.com/idemkit/idemkit/otel) and your own code
+// adapters (the module github.com/idemkit/idemkit/idemotel) and your own code
 // use. Config.Middleware and Config.BatchMiddleware wrap the handler inside
 // the transaction. Config.Observers take the runner's events, each through
 // the interfaces it implements (several observers coexist): a TxObserver's

@@ -142,7 +142,7 @@
 // per origin message, whose state is that of its latest round. The copies
 // and rounds of one message count once: Listing.Count says how many
 // messages wait for a decision (`idemkit dlq list`, `idemkit status
-// -max-dlq`, and the otel module's idemkit_dlq_messages gauge use it).
+// -max-dlq`, and the idemotel module's idemkit_dlq_messages gauge use it).
 //
 // # Outages
 //

@@ -4,7 +4,7 @@ go 1.26.0
 
 require (
 	github.com/idemkit/idemkit v0.0.0
-	github.com/idemkit/idemkit/redis v0.0.0
+	github.com/idemkit/idemkit/idemredis v0.0.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/redis/go-redis/v9 v9.23.0
@@ -37,7 +37,7 @@ require (
 
 require (
 	github.com/cenkalti/backoff/v4 v4.3.0 // indirect
-	github.com/idemkit/idemkit/otel v0.0.0
+	github.com/idemkit/idemkit/idemotel v0.0.0
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
@@ -50,6 +50,6 @@ require (
 
 replace github.com/idemkit/idemkit => ../
 
-replace github.com/idemkit/idemkit/otel => ../otel
+replace github.com/idemkit/idemkit/idemotel => ../idemotel
 
-replace github.com/idemkit/idemkit/redis => ../redis
+replace github.com/idemkit/idemkit/idemredis => ../idemredis

@@ -12,7 +12,7 @@ import (
 
 // Backend is where the middleware keeps its records: the contract between
 // the middleware and a store. This package's PostgreSQL store is one
-// (New wires it); the module github.com/idemkit/idemkit/redis has one on
+// (New wires it); the module github.com/idemkit/idemkit/idemredis has one on
 // Redis (NewWithBackend). Every Backend passes the same conformance
 // suite (package idemhttp/idemhttptest).
 //

@@ -95,7 +95,7 @@ type Config struct {
 
 	// Operation names what a request does, the second part of the scope. It
 	// is also the operation label of the metrics (module
-	// github.com/idemkit/idemkit/otel): return one of a bounded set of names,
+	// github.com/idemkit/idemkit/idemotel): return one of a bounded set of names,
 	// never something taken from the request as the client wrote it. The
 	// fingerprint covers the request's method and path whatever this
 	// returns, so that one key on two resources of an operation
@@ -211,7 +211,7 @@ type Config struct {
 	// after the answer, with what it did (Event: scope, Outcome, status,
 	// duration) and the request's context, which carries the span a tracing
 	// middleware in front started: metrics, logs and traces (see the module
-	// github.com/idemkit/idemkit/otel). It must not block.
+	// github.com/idemkit/idemkit/idemotel). It must not block.
 	Observe func(ctx context.Context, e Event)
 
 	// Logger receives what the middleware cannot tell the client: failed
@@ -244,7 +244,7 @@ const OperationOther = "OTHER"
 // that is not standard counts as OperationOther. So the operations are a
 // bounded set, whatever the client sends: the patterns you register times
 // ten methods, or ten without patterns (the operation is a label of the
-// metrics of module github.com/idemkit/idemkit/otel). The request's own
+// metrics of module github.com/idemkit/idemkit/idemotel). The request's own
 // method and path are in its fingerprint, whatever the operation.
 func OperationDefault(r *http.Request) string {
 	m := r.Method

@@ -215,7 +215,7 @@
 // The middleware keeps its records through the Backend interface: New wires
 // the PostgreSQL store of this package (the only one whose records commit
 // with the handler's writes), NewWithBackend another, such as the Redis
-// store of module github.com/idemkit/idemkit/redis, whose contract its own
+// store of module github.com/idemkit/idemkit/idemredis, whose contract its own
 // documentation states.
 //
 // # Tables

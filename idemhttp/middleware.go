@@ -97,7 +97,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Middleware, error) {
 }
 
 // NewWithBackend returns a Middleware whose records live in b, for example
-// the Redis store of module github.com/idemkit/idemkit/redis. Handlers run
+// the Redis store of module github.com/idemkit/idemkit/idemredis. Handlers run
 // in a transaction only if b's holds have one; cfg.Store must be nil. It
 // validates cfg (the error wraps ErrInvalidConfig) and does not touch b.
 func NewWithBackend(b Backend, cfg *Config) (*Middleware, error) {

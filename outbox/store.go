@@ -105,7 +105,7 @@ type Config struct {
 	// context; the headers it returns are added to every message enqueued
 	// (after the message's own, skipping a key the message already has):
 	// the current trace context, for example (see the module
-	// github.com/idemkit/idemkit/otel), so that the relay publishes it and
+	// github.com/idemkit/idemkit/idemotel), so that the relay publishes it and
 	// the consumer continues the trace. A header named HeaderID is an
 	// error of EnqueueTx.
 	ContextHeaders func(ctx context.Context) []kafka.Header

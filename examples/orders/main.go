@@ -23,7 +23,7 @@
 //	cd examples && go run ./orders [-database-url URL] [-brokers host:port,...] [-metrics ADDR] [-linger D]
 //
 // It serves its metrics on http://127.0.0.1:9464/metrics (OpenTelemetry's
-// Prometheus exporter, via the module github.com/idemkit/idemkit/otel) while
+// Prometheus exporter, via the module github.com/idemkit/idemkit/idemotel) while
 // it runs, -linger longer, and prints the trace of one event at the end.
 //
 // The flags default to IDEMKIT_DATABASE_URL and IDEMKIT_KAFKA_BROKERS (as

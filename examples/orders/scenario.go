@@ -23,7 +23,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
-	"github.com/idemkit/idemkit/otel"
+	"github.com/idemkit/idemkit/idemotel"
 )
 
 // order is one of the demo's orders, pending until its OrderPaid event is

@@ -10,7 +10,7 @@
 // waits in the outbox for a relay.
 //
 // With -store redis the idempotency records live in Redis (module
-// github.com/idemkit/idemkit/redis; -redis URL, default $IDEMKIT_REDIS_URL
+// github.com/idemkit/idemkit/idemredis; -redis URL, default $IDEMKIT_REDIS_URL
 // or the development server of scripts/dev redis): the payment and its
 // event then commit in a transaction of the handler's own, and the record
 // is written after it (see that package for what this cannot promise).
@@ -45,9 +45,9 @@ import (
 
 	"github.com/idemkit/idemkit/idemhttp"
 	"github.com/idemkit/idemkit/migrate"
-	"github.com/idemkit/idemkit/otel"
+	"github.com/idemkit/idemkit/idemotel"
 	"github.com/idemkit/idemkit/outbox"
-	idemredis "github.com/idemkit/idemkit/redis"
+	"github.com/idemkit/idemkit/idemredis"
 )
 
 func main() {

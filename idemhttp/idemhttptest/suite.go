@@ -2,7 +2,7 @@
 // contract: the behaviour every record store must show through the
 // middleware, run the same way against each (the PostgreSQL store of
 // package idemhttp, the Redis store of module
-// github.com/idemkit/idemkit/redis, or yours).
+// github.com/idemkit/idemkit/idemredis, or yours).
 //
 // Run starts a real HTTP server (httptest, on 127.0.0.1) per test, with the
 // middleware on a handler whose effect is counted in memory per key, and

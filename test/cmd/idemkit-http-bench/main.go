@@ -71,7 +71,7 @@ import (
 
 	"github.com/idemkit/idemkit/idemhttp"
 	"github.com/idemkit/idemkit/migrate"
-	idemredis "github.com/idemkit/idemkit/redis"
+	"github.com/idemkit/idemkit/idemredis"
 )
 
 type options struct {

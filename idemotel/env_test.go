@@ -20,7 +20,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testenv"
-	"github.com/idemkit/idemkit/otel"
+	"github.com/idemkit/idemkit/idemotel"
 	"github.com/idemkit/idemkit/retry"
 )
 

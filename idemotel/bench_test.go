@@ -24,7 +24,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/internal/testobs"
-	"github.com/idemkit/idemkit/otel"
+	"github.com/idemkit/idemkit/idemotel"
 )
 
 var (
@@ -49,7 +49,7 @@ func (discard) Shutdown(context.Context) error                             { ret
 // (joining the group is left out). Each iteration is one off and one on run;
 // the reported on/off is the ratio of the total throughputs:
 //
-//	go test -run '^$' -bench Overhead -benchtime 5x ./otel
+//	go test -run '^$' -bench Overhead -benchtime 5x ./idemotel
 func BenchmarkOverhead(b *testing.B) {
 	for _, mode := range []struct {
 		name  string

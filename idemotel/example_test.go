@@ -25,7 +25,7 @@ import (
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/idemtest"
 	"github.com/idemkit/idemkit/kafkaconn"
-	"github.com/idemkit/idemkit/otel"
+	"github.com/idemkit/idemkit/idemotel"
 )
 
 // A consumer with metrics on /metrics (OpenTelemetry's Prometheus exporter)

@@ -16,7 +16,7 @@ import (
 	"github.com/idemkit/idemkit/idemhttp"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/internal/testobs"
-	"github.com/idemkit/idemkit/otel"
+	"github.com/idemkit/idemkit/idemotel"
 	"github.com/idemkit/idemkit/outbox"
 )
 

@@ -14,7 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idemkit/idemhttp"
-	idemredis "github.com/idemkit/idemkit/redis"
+	"github.com/idemkit/idemkit/idemredis"
 )
 
 // TestWaitersShareOneSubscription: requests waiting on keys in flight

@@ -1,4 +1,4 @@
-module github.com/idemkit/idemkit/otel
+module github.com/idemkit/idemkit/idemotel
 
 go 1.26.0
 

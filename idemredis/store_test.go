@@ -24,7 +24,7 @@ import (
 	"github.com/idemkit/idemkit/idemhttp"
 	"github.com/idemkit/idemkit/idemhttp/idemhttptest"
 	"github.com/idemkit/idemkit/internal/testenv"
-	idemredis "github.com/idemkit/idemkit/redis"
+	"github.com/idemkit/idemkit/idemredis"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m, nil) }

@@ -18,7 +18,7 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/internal/testobs"
-	"github.com/idemkit/idemkit/otel"
+	"github.com/idemkit/idemkit/idemotel"
 )
 
 // produced is a message produced inside a span of its own, with the span's

@@ -1,4 +1,4 @@
-module github.com/idemkit/idemkit/redis
+module github.com/idemkit/idemkit/idemredis
 
 go 1.26.0
 

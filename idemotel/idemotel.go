@@ -15,7 +15,7 @@ import (
 
 // ScopeName is the instrumentation scope of every tracer and meter the
 // package uses (the otel_scope_name label of its Prometheus series).
-const ScopeName = "github.com/idemkit/idemkit/otel"
+const ScopeName = "github.com/idemkit/idemkit/idemotel"
 
 // ErrInvalidConfig is wrapped by every configuration error of the package.
 var ErrInvalidConfig = fmt.Errorf("idemotel: %w", idemkit.ErrInvalidConfig)

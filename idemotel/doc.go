@@ -1,5 +1,5 @@
 // Package idemotel turns idemkit's seams into OpenTelemetry traces and
-// metrics. It lives in a module of its own (github.com/idemkit/idemkit/otel),
+// metrics. It lives in a module of its own (github.com/idemkit/idemkit/idemotel),
 // so that the library's module depends on no telemetry library.
 //
 // # Installing it
@@ -140,5 +140,5 @@
 // test servers with telemetry on and off, in interleaved runs over the same
 // messages:
 //
-//	go test -run '^$' -bench Overhead -benchtime 5x ./otel
+//	go test -run '^$' -bench Overhead -benchtime 5x ./idemotel
 package idemotel

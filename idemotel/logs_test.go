@@ -16,7 +16,7 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/internal/testobs"
-	"github.com/idemkit/idemkit/otel"
+	"github.com/idemkit/idemkit/idemotel"
 )
 
 type lockedBuffer struct {
