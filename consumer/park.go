@@ -50,10 +50,10 @@ var parkedRetryDefault = retry.Policy{InitialInterval: time.Second, MaxInterval:
 // parker keeps a partition's parked messages in the non-blocking mode. It is
 // used only by its worker's goroutine.
 type parker struct {
-	w     *worker
-	table string
-	keys  map[string]int // parked messages per key
-	due   time.Time      // when to look for due parked messages next
+	w    *worker
+	sql  *parkSQL
+	keys map[string]int // parked messages per key
+	due  time.Time      // when to look for due parked messages next
 }
 
 // header is a parked message's header as stored (jsonb). Kafka header keys
@@ -76,16 +76,13 @@ func keyBytes(k []byte) []byte {
 }
 
 func newParker(w *worker) *parker {
-	t := w.r.cfg.Store.Tables()
-	return &parker{w: w, table: pgx.Identifier{t.Schema, t.Tables.ParkedMessages}.Sanitize(), keys: map[string]int{}}
+	return &parker{w: w, sql: &w.r.parkSQL, keys: map[string]int{}}
 }
 
 // load reads which keys of the partition have parked messages.
 func (p *parker) load(ctx context.Context) error {
 	cfg := &p.w.r.cfg
-	rows, err := cfg.pool.Query(ctx, `SELECT message_key, count(*) FROM `+p.table+`
-		WHERE consumer = $1 AND topic = $2 AND kafka_partition = $3 GROUP BY message_key`,
-		cfg.Name, cfg.Topic, p.w.partition)
+	rows, err := cfg.pool.Query(ctx, p.sql.keys, cfg.Name, cfg.Topic, p.w.partition)
 	if err != nil {
 		return fmt.Errorf("consumer: read parked keys: %w", err)
 	}
@@ -137,13 +134,7 @@ func (p *parker) insert(ctx context.Context, tx pgx.Tx, msgs []*Message, f *fail
 			s := pgtext.Text(f.err.Error(), 2000)
 			lastErr = &s
 		}
-		// A conflict is the same record parked again (a redelivery): its
-		// coordinates, incarnation included, identify it.
-		_, err = tx.Exec(ctx, `INSERT INTO `+p.table+` (consumer, topic, kafka_partition, kafka_offset, message_key,
-			message_id, value, headers, message_time, attempts, first_failed_at, last_failed_at, last_error, next_attempt_at,
-			incarnation)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, now() + $14::bigint * interval '1 microsecond', $15)
-			ON CONFLICT DO NOTHING`,
+		_, err = tx.Exec(ctx, p.sql.insert,
 			cfg.Name, m.Topic, m.Partition, m.Offset, keyBytes(m.Key), m.ID, m.Value, js, m.Time, attempts, first, last, lastErr, wait.Microseconds(),
 			m.Incarnation)
 		if err != nil {
@@ -210,10 +201,7 @@ func (p *parker) head(ctx context.Context, key []byte) (*parkedMsg, error) {
 		mtime *time.Time
 	)
 	var incarnation int64
-	err := cfg.pool.QueryRow(ctx, `SELECT incarnation, kafka_offset, message_id, value, headers, message_time, attempts,
-		first_failed_at, next_attempt_at <= now() FROM `+p.table+`
-		WHERE consumer = $1 AND topic = $2 AND kafka_partition = $3 AND message_key = $4
-		ORDER BY incarnation, kafka_offset LIMIT 1`, cfg.Name, cfg.Topic, p.w.partition, key).
+	err := cfg.pool.QueryRow(ctx, p.sql.head, cfg.Name, cfg.Topic, p.w.partition, key).
 		Scan(&incarnation, &m.Offset, &id, &m.Value, &js, &mtime, &pm.attempts, &pm.first, &pm.due)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
@@ -250,11 +238,7 @@ func (p *parker) releaseDue(ctx context.Context) error {
 	// One statement finds the keys whose head is due; each of those is then
 	// released as far as it goes.
 	cfg := &p.w.r.cfg
-	rows, err := cfg.pool.Query(ctx, `SELECT message_key FROM (
-		SELECT DISTINCT ON (message_key) message_key, next_attempt_at FROM `+p.table+`
-		WHERE consumer = $1 AND topic = $2 AND kafka_partition = $3
-		ORDER BY message_key, incarnation, kafka_offset) heads
-		WHERE next_attempt_at <= now()`, cfg.Name, cfg.Topic, p.w.partition)
+	rows, err := cfg.pool.Query(ctx, p.sql.dueKeys, cfg.Name, cfg.Topic, p.w.partition)
 	if err != nil {
 		return fmt.Errorf("consumer: find due parked messages: %w", err)
 	}
@@ -336,8 +320,7 @@ func (p *parker) releaseKey(ctx context.Context, key []byte) error {
 
 func (p *parker) remove(ctx context.Context, db dedup.DBTX, m *Message) error {
 	cfg := &p.w.r.cfg
-	_, err := db.Exec(ctx, `DELETE FROM `+p.table+` WHERE consumer = $1 AND topic = $2 AND kafka_partition = $3
-		AND incarnation = $4 AND kafka_offset = $5`, cfg.Name, m.Topic, m.Partition, m.Incarnation, m.Offset)
+	_, err := db.Exec(ctx, p.sql.remove, cfg.Name, m.Topic, m.Partition, m.Incarnation, m.Offset)
 	return err
 }
 
@@ -368,10 +351,7 @@ func (p *parker) failed(ctx, tctx context.Context, pm *parkedMsg, err error) (do
 	}
 	p.w.log.WarnContext(f.logCtx(ctx), "parked message failed again", "offset", pm.msg.Offset, "message_id", pm.msg.ID,
 		"attempts", f.attempts, "retry_in", delay, "err", err)
-	_, uerr := cfg.pool.Exec(ctx, `UPDATE `+p.table+` SET attempts = $5, first_failed_at = coalesce(first_failed_at, $6),
-		last_failed_at = $7, last_error = $8, next_attempt_at = now() + $9::bigint * interval '1 microsecond'
-		WHERE consumer = $1 AND topic = $2 AND kafka_partition = $3 AND kafka_offset = $4 AND incarnation = $10`,
-		cfg.Name, pm.msg.Topic, pm.msg.Partition, pm.msg.Offset, f.attempts, f.first, f.last, pgtext.Text(err.Error(), 2000), delay.Microseconds(),
+	_, uerr := cfg.pool.Exec(ctx, p.sql.failed, cfg.Name, pm.msg.Topic, pm.msg.Partition, pm.msg.Offset, f.attempts, f.first, f.last, pgtext.Text(err.Error(), 2000), delay.Microseconds(),
 		pm.msg.Incarnation)
 	if uerr != nil {
 		return false, fmt.Errorf("consumer: record parked failure: %w", uerr)

@@ -94,15 +94,6 @@ func (q *ParkedQuery) validate(op string) error {
 	return nil
 }
 
-// parkedFilter is the WHERE clause both functions share: $1 consumer, $2
-// topic, $3 partitions (NULL: all), $4 keys (NULL: all).
-const parkedFilter = `consumer = $1 AND topic = $2
-	AND ($3::int[] IS NULL OR kafka_partition = ANY($3))
-	AND ($4::bytea[] IS NULL OR message_key = ANY($4))`
-
-const parkedColumns = `consumer, topic, kafka_partition, incarnation, kafka_offset, message_key, message_id, value, headers,
-	message_time, attempts, first_failed_at, last_failed_at, last_error, next_attempt_at, parked_at`
-
 func (q *ParkedQuery) args() []any {
 	var parts []int32
 	if q.Partitions != nil {
@@ -121,11 +112,6 @@ func (q *ParkedQuery) args() []any {
 	return []any{q.Consumer, q.Topic, parts, keys}
 }
 
-func parkedTable(store *dedup.Store) string {
-	t := store.Tables()
-	return pgx.Identifier{t.Schema, t.Tables.ParkedMessages}.Sanitize()
-}
-
 // ListParked returns the messages the consumer parked on the topic (its
 // NonBlocking mode), in partition, incarnation and offset order, at most
 // q.Limit of them; each key's head is marked. It only reads. store names the
@@ -139,12 +125,7 @@ func ListParked(ctx context.Context, db dedup.DBTX, store *dedup.Store, q Parked
 	if limit == 0 {
 		limit = ParkedListLimitDefault
 	}
-	rows, err := db.Query(ctx, `SELECT `+parkedColumns+`, head, behind, next_attempt_at <= now() FROM (
-		SELECT `+parkedColumns+`,
-			row_number() OVER w = 1 AS head, count(*) OVER (PARTITION BY kafka_partition, message_key) - 1 AS behind
-		FROM `+parkedTable(store)+` WHERE `+parkedFilter+`
-		WINDOW w AS (PARTITION BY kafka_partition, message_key ORDER BY incarnation, kafka_offset)) p
-		ORDER BY kafka_partition, incarnation, kafka_offset LIMIT $5`, append(q.args(), limit)...)
+	rows, err := db.Query(ctx, newParkSQL(store.Tables()).list, append(q.args(), limit)...)
 	if err != nil {
 		return nil, parkedErr("list parked", err)
 	}
@@ -180,21 +161,9 @@ func RetryParked(ctx context.Context, db dedup.DBTX, store *dedup.Store, q Parke
 	if err := q.validate("retry parked"); err != nil {
 		return nil, err
 	}
-	table := parkedTable(store)
 	// The heads are found and updated by their primary key in one statement;
 	// now() is the database clock, as next_attempt_at's default.
-	rows, err := db.Query(ctx, `WITH heads AS (
-			SELECT DISTINCT ON (kafka_partition, message_key) kafka_partition, incarnation, kafka_offset, next_attempt_at,
-				count(*) OVER (PARTITION BY kafka_partition, message_key) - 1 AS behind
-			FROM `+table+` WHERE `+parkedFilter+`
-			ORDER BY kafka_partition, message_key, incarnation, kafka_offset)
-		UPDATE `+table+` t SET next_attempt_at = least(t.next_attempt_at, now())
-		FROM heads h
-		WHERE t.consumer = $1 AND t.topic = $2 AND t.kafka_partition = h.kafka_partition
-			AND t.incarnation = h.incarnation AND t.kafka_offset = h.kafka_offset
-		RETURNING t.consumer, t.topic, t.kafka_partition, t.incarnation, t.kafka_offset, t.message_key, t.message_id,
-			t.value, t.headers, t.message_time, t.attempts, t.first_failed_at, t.last_failed_at, t.last_error,
-			t.next_attempt_at, t.parked_at, h.behind, h.next_attempt_at, t.next_attempt_at <= now()`, q.args()...)
+	rows, err := db.Query(ctx, newParkSQL(store.Tables()).retry, q.args()...)
 	if err != nil {
 		return nil, parkedErr("retry parked", err)
 	}

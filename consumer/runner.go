@@ -50,6 +50,7 @@ type Runner struct {
 	claims dedupq.Queuer // Store's claims, queued after BEGIN
 	// setLocal bounds a transaction on the server (see runTx).
 	setLocal string
+	parkSQL  parkSQL // the parked-messages table's statements
 	outages  *outage.Tracker
 	states   partitionStates
 	// now is the runner's clock, for its own timers only: when parked
@@ -80,7 +81,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Runner{cfg: c, obs: obs, claims: dedupq.Of(c.Store), setLocal: pgsession.SetLocal(c.HandlerTimeout), sem: make(chan struct{}, c.MaxPartitions), now: time.Now, maintain: make(chan struct{}, 1)}
+	r := &Runner{cfg: c, obs: obs, claims: dedupq.Of(c.Store), setLocal: pgsession.SetLocal(c.HandlerTimeout),
+		parkSQL: newParkSQL(c.Store.Tables()), sem: make(chan struct{}, c.MaxPartitions), now: time.Now, maintain: make(chan struct{}, 1)}
 	r.outages = &outage.Tracker{Log: c.Logger.With("topic", c.Topic, "group", c.GroupID)}
 	if len(obs.outage) > 0 {
 		r.outages.OnStart, r.outages.OnEnd = obs.outageStarted, obs.outageEnded
