@@ -76,7 +76,7 @@ func TestErrInvalidConfigEverywhere(t *testing.T) {
 		"dlq.NewWriter": {dlq.ErrInvalidConfig, func() error { _, err := dlq.NewWriter(&dlq.WriterConfig{}); return err }()},
 		"migrate.New":   {migrate.ErrInvalidConfig, nilPool(migrate.New(nil, nil))},
 		"dedup.New": {migrate.ErrInvalidConfig, func() error {
-			_, err := dedup.New(&dedup.Config{Schema: strings.Repeat("s", 64)})
+			_, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: strings.Repeat("s", 64)}})
 			return err
 		}()},
 		"outbox.NewRelay": {outbox.ErrInvalidConfig, func() error {
@@ -122,15 +122,15 @@ func TestNotMigratedErrorText(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.NewDB(t) // no migrations
-	ds, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	ds, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ob, err := outbox.New(&outbox.Config{Schema: db.Schema})
+	ob, err := outbox.New(&outbox.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs, err := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: db.Schema})
+	hs, err := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

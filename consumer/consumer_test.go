@@ -49,7 +49,7 @@ func newEnv(t *testing.T, partitions int) *env {
 			id text PRIMARY KEY, runs int NOT NULL, amount bigint NOT NULL, seq bigserial)`)
 		return err
 	})
-	store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

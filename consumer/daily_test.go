@@ -64,7 +64,7 @@ func TestDailyLayoutWhileRunning(t *testing.T) {
 			// The switch, by another store (as `idemkit dedup daily enable`
 			// would): the runner's store still holds the flat layout. Then,
 			// as if it had been enabled ten days ago, keeping 3 days.
-			other, err := dedup.New(&dedup.Config{Schema: e.db.Schema})
+			other, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: e.db.Schema}})
 			if err != nil {
 				t.Fatal(err)
 			}

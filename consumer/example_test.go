@@ -96,7 +96,7 @@ func ExampleRunner_Run() {
 		log.Fatal(err)
 	}
 	defer dropTopic(ctx)
-	store, err := dedup.New(&dedup.Config{Schema: s.Name})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: s.Name}})
 	if err != nil {
 		log.Fatal(err)
 	}

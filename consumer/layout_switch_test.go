@@ -33,7 +33,7 @@ func TestSwitchPendingIsWaitedOut(t *testing.T) {
 	if err := e.db.Pool.QueryRow(ctx, `SELECT (now() AT TIME ZONE 'UTC')::date`).Scan(&today); err != nil {
 		t.Fatal(err)
 	}
-	other, err := dedup.New(&dedup.Config{Schema: e.db.Schema})
+	other, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: e.db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +105,7 @@ func TestSwitchPendingIsWaitedOut(t *testing.T) {
 	if got := e.runs()[id]; got != 1 {
 		t.Fatalf("effect ran %d times, want 1", got)
 	}
-	fresh, err := dedup.New(&dedup.Config{Schema: e.db.Schema})
+	fresh, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: e.db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

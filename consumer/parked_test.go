@@ -16,6 +16,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/internal/testobs"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -178,7 +179,7 @@ func testListAndRetryParked(t *testing.T, skew time.Duration) {
 func TestParkedNotMigrated(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t)
-	store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

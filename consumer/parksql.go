@@ -44,8 +44,8 @@ const parkedFilter = `consumer = $1 AND topic = $2
 	AND ($3::int[] IS NULL OR kafka_partition = ANY($3))
 	AND ($4::bytea[] IS NULL OR message_key = ANY($4))`
 
-func newParkSQL(t migrate.Config) parkSQL {
-	table := pgx.Identifier{t.Schema, t.Tables.ParkedMessages}.Sanitize()
+func newParkSQL(t migrate.Tables) parkSQL {
+	table := pgx.Identifier{t.Schema, t.ParkedMessages}.Sanitize()
 	return parkSQL{
 		keys: `SELECT message_key, count(*) FROM ` + table + `
 	WHERE consumer = $1 AND topic = $2 AND kafka_partition = $3 GROUP BY message_key`,

@@ -339,7 +339,7 @@ var schemaVersions = []int{1}
 // an error at start rather than at the first message that needs it.
 func (r *Runner) requireSchema(ctx context.Context) error {
 	tables := r.cfg.Store.Tables()
-	m, err := migrate.New(r.cfg.pool, &tables)
+	m, err := migrate.New(r.cfg.pool, &migrate.Config{Tables: tables})
 	if err != nil {
 		return fmt.Errorf("consumer: %w", err)
 	}

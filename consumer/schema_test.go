@@ -27,7 +27,7 @@ func TestSchemaMigratedDownFailsAtStart(t *testing.T) {
 		t.Run(md.name, func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, 1)
-			m, err := migrate.New(e.db.Pool, &migrate.Config{Schema: e.db.Schema})
+			m, err := migrate.New(e.db.Pool, &migrate.Config{Tables: migrate.Tables{Schema: e.db.Schema}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -67,7 +67,7 @@ func TestUnmigratedSchemaError(t *testing.T) {
 		t.Run(md.name, func(t *testing.T) {
 			t.Parallel()
 			db := testenv.NewDB(t, func(context.Context, *pgxpool.Pool, string) error { return nil })
-			store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+			store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -101,8 +101,8 @@ type dailyNames struct {
 	processed string // the flat table, unquoted
 }
 
-func newDailyNames(mc migrate.Config) dailyNames {
-	p := mc.Tables.ProcessedMessages
+func newDailyNames(mc migrate.Tables) dailyNames {
+	p := mc.ProcessedMessages
 	return dailyNames{
 		table:     pgx.Identifier{mc.Schema, migrate.DerivedName(p, "_daily")}.Sanitize(),
 		rawTable:  migrate.DerivedName(p, "_daily"),

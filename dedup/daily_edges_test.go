@@ -34,7 +34,7 @@ func TestQueuedClaimAfterConcurrentForget(t *testing.T) {
 	if _, err := dedupq.Of(s).Layout(ctx, db.Pool); err != nil {
 		t.Fatal(err)
 	}
-	other, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	other, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func TestDroppedDayStaysDropped(t *testing.T) {
 	if _, err := s.MaintainPartitions(ctx, db.Pool); err != nil {
 		t.Fatal(err)
 	}
-	s2, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	s2, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +158,7 @@ func TestEnableDailyWaitsOutLongClaims(t *testing.T) {
 	if _, err := s.ClaimTx(ctx, tx, dedup.Claim{Consumer: "c", MessageID: "order-1", Topic: "t"}); err != nil {
 		t.Fatal(err)
 	}
-	admin, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	admin, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

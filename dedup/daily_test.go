@@ -133,7 +133,7 @@ func TestDailyLayout(t *testing.T) {
 	first := today.AddDate(0, 0, 2) // DailyFrom: the day after tomorrow
 
 	// A store that reads the flat layout before the switch and keeps it.
-	stale, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	stale, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,7 +337,7 @@ func TestDailyRetention(t *testing.T) {
 	if len(ch.Created) != 12 || !ch.Created[0].Equal(today.AddDate(0, 0, -10)) || len(ch.Dropped) != 0 {
 		t.Fatalf("MaintainPartitions created %v, dropped %v; want the 12 days from %s", ch.Created, ch.Dropped, today.AddDate(0, 0, -10))
 	}
-	s2, err := dedup.New(&dedup.Config{Schema: db.Schema}) // reads the new layout
+	s2, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}}) // reads the new layout
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -423,7 +423,7 @@ func TestEnableDailyRefused(t *testing.T) {
 	if _, err := s.EnableDaily(ctx, db.Pool, dedup.DailyConfig{}); !errors.Is(err, dedup.ErrDailyRefused) {
 		t.Fatalf("EnableDaily: %v, want ErrDailyRefused", err)
 	}
-	s2, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	s2, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -449,7 +449,7 @@ func TestProcessedSeesASwitchByAnother(t *testing.T) {
 	if ok, err := s.Processed(ctx, db.Pool, "c", id); err != nil || ok {
 		t.Fatalf("Processed before: %v %v", ok, err)
 	}
-	other, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	other, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

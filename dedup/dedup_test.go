@@ -547,7 +547,7 @@ func TestNewConfig(t *testing.T) {
 		t.Fatalf("New(nil): %v", err)
 	}
 	for _, cfg := range []dedup.Config{
-		{Schema: strings.Repeat("s", 64)},
+		{Tables: migrate.Tables{Schema: strings.Repeat("s", 64)}},
 		{Tables: migrate.Tables{ProcessedMessages: "a\x00"}},
 		{Tables: migrate.Tables{ConsumerPositions: "\xff"}},
 		{Tables: migrate.Tables{ProcessedMessages: "x", ConsumerPositions: "x"}},
@@ -563,14 +563,17 @@ func TestCustomTables(t *testing.T) {
 	ctx := context.Background()
 	tables := migrate.Tables{ProcessedMessages: `Odd "Name"`, ConsumerPositions: `pos'itions`, Migrations: "m"}
 	db := testenv.NewDB(t, func(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-		m, err := migrate.New(pool, &migrate.Config{Schema: schema, Tables: tables})
+		tables := tables
+		tables.Schema = schema
+		m, err := migrate.New(pool, &migrate.Config{Tables: tables})
 		if err != nil {
 			return err
 		}
 		_, err = m.Up(ctx)
 		return err
 	})
-	s, err := dedup.New(&dedup.Config{Schema: db.Schema, Tables: tables})
+	tables.Schema = db.Schema
+	s, err := dedup.New(&dedup.Config{Tables: tables})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/migrate"
 )
 
 // A handler's transaction claims the message ID first and writes its effects
@@ -18,7 +19,7 @@ func ExampleStore_ClaimTx() {
 	pool, schema, drop := exampleDB() // a pgxpool.Pool and a migrated schema on the test server
 	defer drop()
 
-	store, err := dedup.New(&dedup.Config{Schema: schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: schema}})
 	if err != nil {
 		panic(err)
 	}
@@ -56,7 +57,7 @@ func ExampleStore_ClaimBatchTx() {
 	pool, schema, drop := exampleDB()
 	defer drop()
 
-	store, err := dedup.New(&dedup.Config{Schema: schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: schema}})
 	if err != nil {
 		panic(err)
 	}
@@ -97,7 +98,7 @@ func ExampleStore_Purge() {
 	pool, schema, drop := exampleDB()
 	defer drop()
 
-	store, err := dedup.New(&dedup.Config{Schema: schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: schema}})
 	if err != nil {
 		panic(err)
 	}
@@ -135,7 +136,7 @@ func ExampleStore_SeekTx() {
 	pool, schema, drop := exampleDB()
 	defer drop()
 
-	store, err := dedup.New(&dedup.Config{Schema: schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: schema}})
 	if err != nil {
 		panic(err)
 	}

@@ -17,7 +17,7 @@ func TestMain(m *testing.M) { testenv.Main(m, nil) }
 // migrated is a testenv setup function: idemkit's migrations with default
 // table names in the test's schema.
 func migrated(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-	m, err := migrate.New(pool, &migrate.Config{Schema: schema})
+	m, err := migrate.New(pool, &migrate.Config{Tables: migrate.Tables{Schema: schema}})
 	if err != nil {
 		return err
 	}
@@ -29,7 +29,7 @@ func migrated(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 func newStore(t *testing.T) (*testenv.DB, *dedup.Store) {
 	t.Helper()
 	db := testenv.NewDB(t, migrated)
-	s, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	s, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatalf("dedup.New: %v", err)
 	}

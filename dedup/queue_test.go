@@ -182,7 +182,7 @@ func TestNotMigrated(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.NewDB(t) // a schema with nothing migrated
-	s, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	s, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

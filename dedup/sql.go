@@ -33,14 +33,14 @@ type statements struct {
 
 // newStatements renders every statement for the tables of mc (with
 // defaults applied) and daily.
-func newStatements(mc migrate.Config, daily dailyNames) (statements, error) {
+func newStatements(mc migrate.Tables, daily dailyNames) (statements, error) {
 	quoted := func(name string) func() string {
 		q := pgx.Identifier{mc.Schema, name}.Sanitize()
 		return func() string { return q }
 	}
 	t, err := template.New("dedup").Option("missingkey=error").Funcs(template.FuncMap{
-		"processed": quoted(mc.Tables.ProcessedMessages),
-		"positions": quoted(mc.Tables.ConsumerPositions),
+		"processed": quoted(mc.ProcessedMessages),
+		"positions": quoted(mc.ConsumerPositions),
 		"daily":     func() string { return daily.table },
 		"layout":    func() string { return daily.layout },
 	}).ParseFS(sqlFiles, "sql/*.sql")

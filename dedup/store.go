@@ -44,12 +44,10 @@ func invalid(format string, args ...any) error {
 }
 
 // Config says where the store's tables live. They are created by package
-// migrate, which must be given the same Schema and Tables.
+// migrate, which must be given the same migrate.Tables.
 type Config struct {
-	// Schema holds the tables. Defaults to "public".
-	Schema string
-	// Tables names the tables inside Schema; each name defaults as documented
-	// on migrate.Tables (Migrations is not used by the store).
+	// Tables says where the tables live (migrate.Tables; the zero value:
+	// schema "public", every default name; Migrations is not used).
 	Tables migrate.Tables
 }
 
@@ -125,7 +123,7 @@ func validatePartition(partition int) error {
 // created by package migrate. It holds no connection; its state is its SQL
 // and the dedup layout it read last: it is safe for concurrent use.
 type Store struct {
-	tables migrate.Config
+	tables migrate.Tables
 	sql    statements
 	daily  dailyNames
 	layout atomic.Pointer[layoutState] // nil: not read yet
@@ -139,7 +137,7 @@ func New(cfg *Config) (*Store, error) {
 	if cfg != nil {
 		c = *cfg
 	}
-	mc := migrate.Config{Schema: c.Schema, Tables: c.Tables}.WithDefaults()
+	mc := c.Tables.WithDefaults()
 	if err := mc.Validate(); err != nil {
 		return nil, fmt.Errorf("dedup: %w", err)
 	}
@@ -153,7 +151,7 @@ func New(cfg *Config) (*Store, error) {
 
 // Tables returns where the store's tables live, with defaults applied:
 // packages that keep their own tables next to the store's use it.
-func (s *Store) Tables() migrate.Config { return s.tables }
+func (s *Store) Tables() migrate.Tables { return s.tables }
 
 // ClaimTx claims c.MessageID for c.Consumer in tx. duplicate is false when
 // the ID is newly claimed: the claim then commits or rolls back with tx.

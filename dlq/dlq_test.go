@@ -46,7 +46,7 @@ func newEnv(t *testing.T, createDLQ bool) *env {
 			id text PRIMARY KEY, runs int NOT NULL)`)
 		return err
 	})
-	store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -301,7 +301,7 @@ func (e *env) reprocessor(mode dlq.Mode, h consumer.HandlerFunc, mutate func(*dl
 func (e *env) reprocessorOn(pool *pgxpool.Pool, mode dlq.Mode, h consumer.HandlerFunc, mutate func(*dlq.ReprocessorConfig)) *dlq.Reprocessor {
 	e.t.Helper()
 	cfg := &dlq.ReprocessorConfig{Kafka: testenv.Kafka(e.t), Topic: e.dlq, Mode: mode,
-		Schema: e.db.Schema, Logger: e.logger, ReplayedBy: "test",
+		Tables: migrate.Tables{Schema: e.db.Schema}, Logger: e.logger, ReplayedBy: "test",
 		Retry: retry.Policy{InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond, MaxAttempts: 2}}
 	if h != nil {
 		cfg.Handler = h
@@ -536,7 +536,7 @@ func TestConfigValidate(t *testing.T) {
 		"redrive, no handler": func(c *dlq.ReprocessorConfig) { c.Mode = dlq.Redrive },
 		"negative timeout":    func(c *dlq.ReprocessorConfig) { c.HandlerTimeout = -time.Second },
 		"bad retry":           func(c *dlq.ReprocessorConfig) { c.Retry.Multiplier = 0.5 },
-		"bad schema":          func(c *dlq.ReprocessorConfig) { c.Schema = "s\x00" },
+		"bad schema":          func(c *dlq.ReprocessorConfig) { c.Tables.Schema = "s\x00" },
 		"same tables": func(c *dlq.ReprocessorConfig) {
 			c.Tables.DLQReplays, c.Tables.DLQValues = "dlq", "dlq"
 		},

@@ -21,7 +21,7 @@ func TestRunErrorSaysDLQOnce(t *testing.T) {
 	e.produce("x")
 	e.consume(1, func(*consumer.Message, int) error { return retry.Permanent(errors.New("bug")) })
 	_, err := e.reprocessor(dlq.Redrive, e.effect, func(c *dlq.ReprocessorConfig) {
-		c.Schema, c.Tables = e.db.Schema, migrate.Tables{DLQReplays: "no_such_table"}
+		c.Tables = migrate.Tables{Schema: e.db.Schema, DLQReplays: "no_such_table"}
 	}).Run(context.Background())
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "42P01" {

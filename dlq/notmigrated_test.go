@@ -29,7 +29,7 @@ func TestReprocessorNotMigrated(t *testing.T) {
 	t.Cleanup(func() {
 		_, _ = e.db.Pool.Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{empty}.Sanitize()+" CASCADE")
 	})
-	r := e.reprocessor(dlq.Republish, nil, func(c *dlq.ReprocessorConfig) { c.Schema = empty })
+	r := e.reprocessor(dlq.Republish, nil, func(c *dlq.ReprocessorConfig) { c.Tables.Schema = empty })
 	_, err := r.Run(ctx)
 	if !errors.Is(err, dlq.ErrNotMigrated) || !errors.Is(err, idemkit.ErrNotMigrated) {
 		t.Fatalf("Run on an empty schema = %v, want dlq.ErrNotMigrated and idemkit.ErrNotMigrated", err)

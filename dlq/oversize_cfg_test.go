@@ -6,6 +6,7 @@ import (
 
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -13,7 +14,7 @@ import (
 // for the dead-letter topic go to the test's schema.
 func oversizeWriterConfig(e *env) *dlq.WriterConfig {
 	return &dlq.WriterConfig{Kafka: testenv.Kafka(e.t), Group: e.group, Logger: e.logger,
-		Pool: e.db.Pool, Schema: e.db.Schema}
+		Pool: e.db.Pool, Tables: migrate.Tables{Schema: e.db.Schema}}
 }
 
 // noPoolWriterConfig is a writer without Pool that calls refused after each

@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/internal/testobs"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -178,7 +179,7 @@ func testOversize(t *testing.T, size int, mode consumer.FailureMode) {
 	// Redrive: the handler gets the original bytes.
 	var got []byte
 	rp, err := dlq.NewReprocessor(e.db.Pool, &dlq.ReprocessorConfig{Kafka: testenv.Kafka(t), Topic: e.dlq,
-		Mode: dlq.Redrive, Schema: e.db.Schema, Logger: e.logger,
+		Mode: dlq.Redrive, Tables: migrate.Tables{Schema: e.db.Schema}, Logger: e.logger,
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			got = bytes.Clone(m.Value)
 			return e.effect(ctx, tx, m)
@@ -208,7 +209,7 @@ func testOversize(t *testing.T, size int, mode consumer.FailureMode) {
 		t.Fatal(err)
 	}
 	rp2, err := dlq.NewReprocessor(e.db.Pool, &dlq.ReprocessorConfig{Kafka: testenv.Kafka(t), Topic: e.dlq,
-		Mode: dlq.Republish, Schema: e.db.Schema, Logger: e.logger})
+		Mode: dlq.Republish, Tables: migrate.Tables{Schema: e.db.Schema}, Logger: e.logger})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -28,7 +29,7 @@ func TestRedriveDeadLetterOfDroppedDay(t *testing.T) {
 	if err := e.db.Pool.QueryRow(ctx, `SELECT (now() AT TIME ZONE 'UTC')::date`).Scan(&today); err != nil {
 		t.Fatal(err)
 	}
-	admin, err := dedup.New(&dedup.Config{Schema: e.db.Schema})
+	admin, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: e.db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

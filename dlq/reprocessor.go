@@ -113,11 +113,9 @@ type ReprocessorConfig struct {
 	// pool is where dedup records and replay records live:
 	// NewReprocessor's argument.
 	pool *pgxpool.Pool
-	// Schema holds the dedup, replay records and stored values tables (see
-	// package migrate). Defaults to "public".
-	Schema string
-	// Tables names the tables inside Schema; each defaults as documented on
-	// migrate.Tables.
+	// Tables says where the dedup, replay records and stored values tables
+	// live (migrate.Tables; the zero value: schema "public", every default
+	// name).
 	Tables migrate.Tables
 
 	// Filter selects which dead letters to replay.
@@ -333,7 +331,7 @@ func (c *ReprocessorConfig) withDefaults() (ReprocessorConfig, error) {
 	if r.Logger == nil {
 		r.Logger = slog.Default()
 	}
-	if err := (migrate.Config{Schema: r.Schema, Tables: r.Tables}).WithDefaults().Validate(); err != nil {
+	if err := r.Tables.Validate(); err != nil {
 		return ReprocessorConfig{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	return r, nil
@@ -350,13 +348,13 @@ func NewReprocessor(pool *pgxpool.Pool, cfg *ReprocessorConfig) (*Reprocessor, e
 		return nil, err
 	}
 	c.pool = pool
-	tables := migrate.Config{Schema: c.Schema, Tables: c.Tables}.WithDefaults()
-	store, err := dedup.New(&dedup.Config{Schema: tables.Schema, Tables: tables.Tables})
+	tables := c.Tables.WithDefaults()
+	store, err := dedup.New(&dedup.Config{Tables: tables})
 	if err != nil {
 		return nil, err
 	}
 	back, err := newWriter(&WriterConfig{Kafka: c.Kafka, Topic: c.Topic, Retry: c.Retry, Logger: c.Logger,
-		MaxOutage: c.MaxOutage, Pool: pool, Schema: tables.Schema, Tables: tables.Tables})
+		MaxOutage: c.MaxOutage, Pool: pool, Tables: tables})
 	if err != nil {
 		return nil, err
 	}
@@ -366,7 +364,7 @@ func NewReprocessor(pool *pgxpool.Pool, cfg *ReprocessorConfig) (*Reprocessor, e
 		return nil, err
 	}
 	return &Reprocessor{cfg: c, store: store, back: back, client: client, closeClient: closeClient,
-		replays: pgx.Identifier{tables.Schema, tables.Tables.DLQReplays}.Sanitize()}, nil
+		replays: pgx.Identifier{tables.Schema, tables.DLQReplays}.Sanitize()}, nil
 }
 
 // Close releases the Kafka writer and connections.

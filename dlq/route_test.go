@@ -13,6 +13,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -51,7 +52,7 @@ func TestRouteByError(t *testing.T) {
 
 	ids := func(topic string) []string {
 		t.Helper()
-		l, err := dlq.List(ctx, e.db.Pool, &dlq.ListConfig{Kafka: testenv.Kafka(t), Topics: []string{topic}, Schema: e.db.Schema})
+		l, err := dlq.List(ctx, e.db.Pool, &dlq.ListConfig{Kafka: testenv.Kafka(t), Topics: []string{topic}, Tables: migrate.Tables{Schema: e.db.Schema}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -76,7 +77,7 @@ func TestRouteByError(t *testing.T) {
 	if got := ids(invalid); len(got) != 1 {
 		t.Fatalf("%s holds %v: the failed-again letter came back to it", invalid, got)
 	}
-	l, err := dlq.List(ctx, e.db.Pool, &dlq.ListConfig{Kafka: testenv.Kafka(t), Topics: w.Topics(e.topic), Schema: e.db.Schema})
+	l, err := dlq.List(ctx, e.db.Pool, &dlq.ListConfig{Kafka: testenv.Kafka(t), Topics: w.Topics(e.topic), Tables: migrate.Tables{Schema: e.db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +163,7 @@ func TestRepublishKeepsLineageAcrossRoutes(t *testing.T) {
 	}
 	e.consumeWith(1, func(*consumer.Message, int) error { return retry.Permanent(errors.New("tax service down")) }, routed)
 
-	l, err := dlq.List(ctx, e.db.Pool, &dlq.ListConfig{Kafka: testenv.Kafka(t), Topics: w.Topics(e.topic), Schema: e.db.Schema})
+	l, err := dlq.List(ctx, e.db.Pool, &dlq.ListConfig{Kafka: testenv.Kafka(t), Topics: w.Topics(e.topic), Tables: migrate.Tables{Schema: e.db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

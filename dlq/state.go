@@ -143,11 +143,8 @@ type ListConfig struct {
 	// the destinations of a Writer with Routes (Writer.Topics), so that the
 	// rounds of a message dead-lettered to several of them group together.
 	Topics []string
-	// Schema holds the replay records table (see package migrate).
-	// Defaults to "public".
-	Schema string
-	// Tables names the tables inside Schema; each defaults as documented on
-	// migrate.Tables.
+	// Tables says where the replay records table lives (migrate.Tables;
+	// the zero value: schema "public", every default name).
 	Tables migrate.Tables
 	// Filter selects dead letters; the state of each comes from every dead
 	// letter of its message, selected or not.
@@ -171,11 +168,11 @@ func List(ctx context.Context, pool *pgxpool.Pool, cfg *ListConfig) (*Listing, e
 	case len(cfg.Topics) == 0 || slices.Contains(cfg.Topics, ""):
 		return nil, fmt.Errorf("%w: Topics is empty or holds an empty name", ErrInvalidConfig)
 	}
-	tables := migrate.Config{Schema: cfg.Schema, Tables: cfg.Tables}.WithDefaults()
+	tables := cfg.Tables.WithDefaults()
 	if err := tables.Validate(); err != nil {
 		return nil, err
 	}
-	replays := pgx.Identifier{tables.Schema, tables.Tables.DLQReplays}.Sanitize()
+	replays := pgx.Identifier{tables.Schema, tables.DLQReplays}.Sanitize()
 	l := &Listing{}
 	for _, t := range cfg.Topics {
 		if !slices.Contains(l.Topics, t) { // a topic named twice is read once

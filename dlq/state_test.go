@@ -11,6 +11,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/migrate"
 )
 
 // TestListStates: List joins the replay records: each dead letter gets its
@@ -54,7 +55,7 @@ func TestListStates(t *testing.T) {
 	}
 	e.deadLetter(w, "new", 5)
 
-	l, err := dlq.List(ctx, e.db.Pool, &dlq.ListConfig{Kafka: testenv.Kafka(t), Topics: []string{e.dlq}, Schema: e.db.Schema})
+	l, err := dlq.List(ctx, e.db.Pool, &dlq.ListConfig{Kafka: testenv.Kafka(t), Topics: []string{e.dlq}, Tables: migrate.Tables{Schema: e.db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +101,7 @@ func TestListStates(t *testing.T) {
 		t.Fatalf("count %v", got)
 	}
 	// A filter selects dead letters; states still come from all of them.
-	l, err = dlq.List(ctx, e.db.Pool, &dlq.ListConfig{Kafka: testenv.Kafka(t), Topics: []string{e.dlq}, Schema: e.db.Schema,
+	l, err = dlq.List(ctx, e.db.Pool, &dlq.ListConfig{Kafka: testenv.Kafka(t), Topics: []string{e.dlq}, Tables: migrate.Tables{Schema: e.db.Schema},
 		Filter: dlq.Filter{MessageID: "again"}, NoPayload: true})
 	if err != nil || len(l.Messages) != 1 || l.Messages[0].State != dlq.StateUnresolved || len(l.Messages[0].Letters) != 2 ||
 		l.Messages[0].Letters[0].Message.Value != nil {

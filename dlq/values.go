@@ -63,12 +63,12 @@ type valueStore struct {
 	table string // quoted
 }
 
-func newValueStore(schema string, tables migrate.Tables) (*valueStore, error) {
-	c := migrate.Config{Schema: schema, Tables: tables}.WithDefaults()
+func newValueStore(tables migrate.Tables) (*valueStore, error) {
+	c := tables.WithDefaults()
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	return &valueStore{table: pgx.Identifier{c.Schema, c.Tables.DLQValues}.Sanitize()}, nil
+	return &valueStore{table: pgx.Identifier{c.Schema, c.DLQValues}.Sanitize()}, nil
 }
 
 // put stores value for the letters of the consumer name's message from o;
@@ -106,14 +106,14 @@ func (s *valueStore) get(ctx context.Context, db dbtx, d *DeadLetter) ([]byte, e
 // reference's size and SHA-256; d.Original then returns the original bytes.
 // A letter without a stored value is left as is. A value that is missing or
 // differs is an error matching ErrValueNotFound.
-func LoadValue(ctx context.Context, pool *pgxpool.Pool, cfg migrate.Config, d *DeadLetter) error {
+func LoadValue(ctx context.Context, pool *pgxpool.Pool, tables migrate.Tables, d *DeadLetter) error {
 	if d.StoredValue == nil || d.valueLoaded {
 		return nil
 	}
 	if pool == nil {
 		return fmt.Errorf("%w: nil pool", ErrInvalidConfig)
 	}
-	s, err := newValueStore(cfg.Schema, cfg.Tables)
+	s, err := newValueStore(tables)
 	if err != nil {
 		return err
 	}

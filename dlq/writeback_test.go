@@ -13,6 +13,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -40,7 +41,7 @@ func (e *env) redrive(fail map[string]bool) (dlq.Summary, []dlq.Item, error) {
 	e.t.Helper()
 	var items []dlq.Item
 	rp, err := dlq.NewReprocessor(e.db.Pool, &dlq.ReprocessorConfig{Kafka: testenv.Kafka(e.t), Topic: e.dlq,
-		Mode: dlq.Redrive, Schema: e.db.Schema, Logger: e.logger,
+		Mode: dlq.Redrive, Tables: migrate.Tables{Schema: e.db.Schema}, Logger: e.logger,
 		Retry:    retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 2},
 		Progress: func(it dlq.Item) { items = append(items, it) },
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
@@ -154,7 +155,7 @@ func TestRepublishFailureIsTheLettersAction(t *testing.T) {
 	e.deadLetterOf(w, testenv.Name(t, "gone"), 0, "a", []byte("k"), []byte("v")) // its origin topic does not exist
 	e.deadLetterOf(w, e.topic, 1, "b", []byte("k"), []byte("v"))
 	rp, err := dlq.NewReprocessor(e.db.Pool, &dlq.ReprocessorConfig{Kafka: testenv.Kafka(t), Topic: e.dlq,
-		Mode: dlq.Republish, Schema: e.db.Schema, Logger: e.logger,
+		Mode: dlq.Republish, Tables: migrate.Tables{Schema: e.db.Schema}, Logger: e.logger,
 		Retry: retry.Policy{InitialInterval: 5 * time.Millisecond, MaxInterval: 10 * time.Millisecond, MaxAttempts: 2}})
 	if err != nil {
 		t.Fatal(err)

@@ -114,10 +114,8 @@ type WriterConfig struct {
 	// OnFailure tries it again under Retry, logging each attempt at ERROR,
 	// until the topic's max.message.bytes is raised. Defaults to nil.
 	Pool *pgxpool.Pool
-	// Schema and Tables say where Pool's table lives, as in package migrate.
-	// Schema defaults to "public", the table as documented on
-	// migrate.Tables.
-	Schema string
+	// Tables says where Pool's table lives (migrate.Tables; the zero
+	// value: schema "public", every default name).
 	Tables migrate.Tables
 	// WriteFailed, when set, runs after each failed attempt to write a dead
 	// letter, whether the writer tries again or gives up (outages it waits
@@ -253,7 +251,7 @@ func (c *WriterConfig) withDefaults() (WriterConfig, error) {
 		return WriterConfig{}, fmt.Errorf("%w: Retry: %v", ErrInvalidConfig, err)
 	}
 	if w.Pool != nil {
-		if err := (migrate.Config{Schema: w.Schema, Tables: w.Tables}).WithDefaults().Validate(); err != nil {
+		if err := w.Tables.Validate(); err != nil {
 			return WriterConfig{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
 	}
@@ -276,7 +274,7 @@ func newWriter(cfg *WriterConfig) (*Writer, error) {
 	}
 	var values *valueStore
 	if c.Pool != nil {
-		if values, err = newValueStore(c.Schema, c.Tables); err != nil {
+		if values, err = newValueStore(c.Tables); err != nil {
 			return nil, err
 		}
 	}

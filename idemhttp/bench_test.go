@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemkit/idemkit/idemhttp"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/migrate"
 )
 
 // BenchmarkMiddleware compares, on the same PostgreSQL, a bare handler that
@@ -24,7 +25,7 @@ import (
 // without the network stack. Each reports p50 and p99 latency.
 func BenchmarkMiddleware(b *testing.B) {
 	db := testenv.NewDB(b, migrated)
-	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: db.Schema})
+	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"github.com/idemkit/idemkit/idemhttp"
 	"github.com/idemkit/idemkit/idemhttp/idemhttptest"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/migrate"
 )
 
 // The PostgreSQL store passes the Backend conformance suite (issue 14), in
@@ -14,7 +15,7 @@ func TestConformance(t *testing.T) {
 	t.Parallel()
 	idemhttptest.Run(t, func(t *testing.T) idemhttp.Backend {
 		db := testenv.NewDB(t, migrated)
-		store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: db.Schema})
+		store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: db.Schema}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idemkit/idemhttp"
+	"github.com/idemkit/idemkit/migrate"
 )
 
 // A payment handler behind the middleware: its insert commits together with
@@ -23,7 +24,7 @@ func ExampleMiddleware() {
 	pool, schema, drop := exampleDB() // a pgxpool.Pool and a migrated schema on the test server
 	defer drop()
 
-	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: schema})
+	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: schema}})
 	if err != nil {
 		panic(err)
 	}
@@ -122,7 +123,7 @@ func ExampleCanonicalJSON() {
 func ExampleStore_Reconcile() {
 	pool, schema, drop := exampleDB()
 	defer drop()
-	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: schema})
+	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: schema}})
 	if err != nil {
 		panic(err)
 	}
@@ -143,7 +144,7 @@ func ExampleConfig_wait() {
 	pool, schema, drop := exampleDB()
 	defer drop()
 
-	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: schema})
+	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: schema}})
 	if err != nil {
 		panic(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemkit/idemkit/idemhttp"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/migrate"
 )
 
 // reviewServer: one middleware per cfg on a shared store, handler h.
@@ -64,7 +65,7 @@ func reviewPool(t *testing.T, maxConns int32, afterConnect func(context.Context,
 func TestFenceWithExhaustedPool(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t, migrated)
-	store, _ := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: db.Schema})
+	store, _ := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: db.Schema}})
 	pool := reviewPool(t, 1, nil)
 	srv, logs := reviewServer(t, pool, store, func(w http.ResponseWriter, r *http.Request) {
 		time.Sleep(1500 * time.Millisecond) // ignores its context (a provider call without ctx)
@@ -93,7 +94,7 @@ func TestFenceWithExhaustedPool(t *testing.T) {
 func TestFenceAfterClientGone(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t, migrated)
-	store, _ := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: db.Schema})
+	store, _ := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: db.Schema}})
 	var runs atomic.Int32
 	srv, _ := reviewServer(t, db.Pool, store, func(w http.ResponseWriter, r *http.Request) {
 		if runs.Add(1) == 1 {
@@ -125,7 +126,7 @@ func TestFenceAfterClientGone(t *testing.T) {
 func TestDefaultModeLeavesNoLeaseTakeoverRecords(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t, migrated)
-	store, _ := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: db.Schema})
+	store, _ := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: db.Schema}})
 	var runs atomic.Int32
 	release := make(chan struct{})
 	defer close(release)
@@ -159,7 +160,7 @@ func TestDefaultModeLeavesNoLeaseTakeoverRecords(t *testing.T) {
 func TestWaitKeepsSessionLockTimeout(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t, migrated)
-	store, _ := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: db.Schema})
+	store, _ := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: db.Schema}})
 	pool := reviewPool(t, 4, func(ctx context.Context, c *pgx.Conn) error {
 		_, err := c.Exec(ctx, `SET lock_timeout = '777ms'`)
 		return err
@@ -186,7 +187,7 @@ func TestWaitKeepsSessionLockTimeout(t *testing.T) {
 func TestWaiterLeaseStartsWithItsHold(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t, migrated)
-	store, _ := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: db.Schema})
+	store, _ := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: db.Schema}})
 	var runs atomic.Int32
 	srv, _ := reviewServer(t, db.Pool, store, func(w http.ResponseWriter, r *http.Request) {
 		if runs.Add(1) == 1 {
@@ -217,7 +218,7 @@ func TestWaiterLeaseStartsWithItsHold(t *testing.T) {
 func TestNoTxLateCompletionKept(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t, migrated)
-	store, _ := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: db.Schema})
+	store, _ := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: db.Schema}})
 	var runs atomic.Int32
 	srv, _ := reviewServer(t, db.Pool, store, func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
@@ -245,7 +246,7 @@ func TestNoTxLateCompletionKept(t *testing.T) {
 func TestWaitUnderRepeatableRead(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t, migrated)
-	store, _ := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: db.Schema})
+	store, _ := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: db.Schema}})
 	pool := reviewPool(t, 4, func(ctx context.Context, c *pgx.Conn) error {
 		_, err := c.Exec(ctx, `SET default_transaction_isolation = 'repeatable read'`)
 		return err

@@ -41,7 +41,7 @@ func testCompletionWrites(t *testing.T, record bool) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: db.Schema})
+	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

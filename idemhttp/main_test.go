@@ -32,7 +32,7 @@ var testKeys = [][]byte{[]byte("idemhttp tests: a fingerprint secret of 32 bytes
 // migrated is a testenv setup function: idemkit's migrations with default
 // table names in the test's schema, plus the tests' business table.
 func migrated(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-	m, err := migrate.New(pool, &migrate.Config{Schema: schema})
+	m, err := migrate.New(pool, &migrate.Config{Tables: migrate.Tables{Schema: schema}})
 	if err != nil {
 		return err
 	}
@@ -124,7 +124,7 @@ func accountFromHeader(r *http.Request) (string, error) {
 func newEnv(t *testing.T, tweaks ...func(*idemhttp.Config)) *env {
 	t.Helper()
 	e := &env{t: t, db: testenv.NewDB(t, migrated), clock: &clock{}, logs: &logBuffer{}}
-	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: e.db.Schema, Now: e.clock.Now})
+	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: e.db.Schema}, Now: e.clock.Now})
 	if err != nil {
 		t.Fatalf("NewStore: %v", err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idemkit/idemhttp"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/migrate"
 )
 
 // On a schema without the records table, the middleware answers 503
@@ -20,7 +21,7 @@ func TestNotMigrated(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.NewDB(t) // no migrations
-	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: db.Schema})
+	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemkit/idemkit/idemhttp"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/migrate"
 )
 
 const (
@@ -59,7 +60,7 @@ func TestHelperServer(t *testing.T) {
 		}
 		now = func() time.Time { return time.Now().Add(ahead) }
 	}
-	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: schema, Now: now})
+	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: schema}, Now: now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +253,7 @@ func TestRestart(t *testing.T) {
 
 	// 31 s later (on an injected clock), the reconciler gets the record.
 	later := &clock{offset: 31 * time.Second}
-	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: db.Schema, Now: later.Now})
+	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: db.Schema}, Now: later.Now})
 	if err != nil {
 		t.Fatal(err)
 	}

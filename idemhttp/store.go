@@ -67,13 +67,12 @@ const (
 type DBTX = pgexec.DB
 
 // StoreConfig says where records live and which clock measures leases and
-// expiry. The table is created by package migrate, which must
-// be given the same Schema and Tables (the two fields every package says
-// where its tables live with).
+// expiry. The table is created by package migrate, which must be given the
+// same migrate.Tables (the one value every package takes to say where its
+// tables live).
 type StoreConfig struct {
-	// Schema holds the table. Defaults to "public".
-	Schema string
-	// Tables names the tables inside Schema; this store uses
+	// Tables says where the tables live (migrate.Tables; the zero value:
+	// schema "public", every default name); this store uses
 	// Tables.IdempotencyRecords, which defaults to "idempotency_records"
 	// (migrate.IdempotencyRecordsDefault).
 	Tables migrate.Tables
@@ -116,11 +115,11 @@ func NewStore(cfg *StoreConfig) (*Store, error) {
 	if cfg != nil {
 		c = *cfg
 	}
-	mc := migrate.Config{Schema: c.Schema, Tables: migrate.Tables{IdempotencyRecords: c.Tables.IdempotencyRecords}}.WithDefaults()
+	mc := c.Tables.WithDefaults()
 	if err := mc.Validate(); err != nil {
 		return nil, fmt.Errorf("idemhttp: %w", err)
 	}
-	t := pgx.Identifier{mc.Schema, mc.Tables.IdempotencyRecords}.Sanitize()
+	t := pgx.Identifier{mc.Schema, mc.IdempotencyRecords}.Sanitize()
 	const key = `account = $1 AND operation = $2 AND idempotency_key = $3`
 	const cols = `account, operation, idempotency_key, state, fingerprint, token, locked_until,
 	response_status, created_at, updated_at, completed_at, expires_at`

@@ -31,12 +31,13 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/idemhttp"
+	"github.com/idemkit/idemkit/idemotel"
 	"github.com/idemkit/idemkit/internal/faultproxy"
 	"github.com/idemkit/idemkit/internal/promtest"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/internal/testobs"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/monitor"
-	"github.com/idemkit/idemkit/idemotel"
 	"github.com/idemkit/idemkit/outbox"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -193,7 +194,7 @@ func (a *alertEnv) runner(t *testing.T, cfg *consumer.Config) (stop func() error
 // startMonitor runs a Monitor of schema until the returned function stops it.
 func startMonitor(t *testing.T, tel *idemotel.Telemetry, pool *pgxpool.Pool, schema string, dead []string) (stop func()) {
 	t.Helper()
-	m, err := tel.Monitor(pool, &idemotel.MonitorConfig{Config: monitor.Config{Kafka: testenv.Kafka(t), Schema: schema,
+	m, err := tel.Monitor(pool, &idemotel.MonitorConfig{Config: monitor.Config{Kafka: testenv.Kafka(t), Tables: migrate.Tables{Schema: schema},
 		StuckInterval: 500 * time.Millisecond},
 		Interval: 500 * time.Millisecond, Retention: time.Hour, DeadLetterTopics: dead})
 	if err != nil {
@@ -404,7 +405,7 @@ func (a *alertEnv) deadLetters(t *testing.T, deadTopic string) {
 	replay := func() {
 		once.Do(func() {
 			rp, err := dlq.NewReprocessor(sc.db.Pool, &dlq.ReprocessorConfig{Kafka: testenv.Kafka(t), Topic: deadTopic,
-				Mode: dlq.Redrive, Handler: consumer.HandlerFunc(sc.effect), Schema: sc.db.Schema})
+				Mode: dlq.Redrive, Handler: consumer.HandlerFunc(sc.effect), Tables: migrate.Tables{Schema: sc.db.Schema}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -491,7 +492,7 @@ func (a *alertEnv) parkedTooLong(t *testing.T) {
 func (a *alertEnv) outbox(t *testing.T) {
 	ctx := context.Background()
 	sc := a.scenario(t, "outbox")
-	store, err := outbox.New(&outbox.Config{Schema: sc.db.Schema})
+	store, err := outbox.New(&outbox.Config{Tables: migrate.Tables{Schema: sc.db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -569,7 +570,7 @@ func (a *alertEnv) stuckRecords(t *testing.T) {
 	match := map[string]string{"table": a.db.Schema + ".idempotency_records"}
 	fired := a.watch.wait(t, "IdemkitIdempotencyRecordsStuck", match, true, time.Minute)
 	a.watch.check(t, "IdemkitIdempotencyRecordsStuck", match, "a record in flight past its lease; resolved (AllowRetry)", fired, func() {
-		store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: a.db.Schema})
+		store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: a.db.Schema}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -613,7 +614,7 @@ func (a *alertEnv) retention(t *testing.T) {
 // dropped; partition maintenance creates them again.
 func (a *alertEnv) dailyPartitions(t *testing.T, db *testenv.DB) {
 	ctx := context.Background()
-	store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -699,7 +700,7 @@ func (a *alertEnv) outage(t *testing.T) {
 // clients retry a key whose request is in flight, 10 a second. Each stops
 // once its alert fired.
 func (a *alertEnv) httpSpikes(t *testing.T) {
-	records, err := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: a.db.Schema})
+	records, err := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: a.db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,9 +22,10 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/idemotel"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/internal/testobs"
-	"github.com/idemkit/idemkit/idemotel"
+	"github.com/idemkit/idemkit/migrate"
 )
 
 var (
@@ -72,7 +73,7 @@ func benchmarkOverhead(b *testing.B, batch, n int) {
 		return err
 	})
 	effects := db.Table("effects")
-	store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		b.Fatal(err)
 	}

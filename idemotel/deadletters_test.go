@@ -12,8 +12,9 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dlq"
-	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/idemotel"
+	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -55,7 +56,7 @@ func TestDeadLetterStates(t *testing.T) {
 	}
 	e.eventually("idemkit.dlq.messages", fmt.Sprint(want(2, 0)), func(got map[string]float64) bool { return maps.Equal(got, want(2, 0)) })
 	r, err := dlq.NewReprocessor(e.db.Pool, &dlq.ReprocessorConfig{Kafka: testenv.Kafka(t), Topic: dead,
-		Mode: dlq.Republish, Schema: e.db.Schema})
+		Mode: dlq.Republish, Tables: migrate.Tables{Schema: e.db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

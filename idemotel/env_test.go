@@ -19,8 +19,9 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
-	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/idemotel"
+	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -50,7 +51,7 @@ func newEnv(t *testing.T, partitions int) *env {
 			id text PRIMARY KEY, runs int NOT NULL)`)
 		return err
 	})
-	store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

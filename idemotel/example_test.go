@@ -23,9 +23,10 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/dlq"
+	"github.com/idemkit/idemkit/idemotel"
 	"github.com/idemkit/idemkit/idemtest"
 	"github.com/idemkit/idemkit/kafkaconn"
-	"github.com/idemkit/idemkit/idemotel"
+	"github.com/idemkit/idemkit/migrate"
 )
 
 // A consumer with metrics on /metrics (OpenTelemetry's Prometheus exporter)
@@ -110,7 +111,7 @@ func ExampleTelemetry_Consumer() {
 		log.Fatal(err)
 	}
 	defer dropTopic(ctx)
-	store, err := dedup.New(&dedup.Config{Schema: s.Name})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: s.Name}})
 	if err != nil {
 		log.Fatal(err)
 	}

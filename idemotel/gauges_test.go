@@ -10,8 +10,9 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
-	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/idemotel"
+	"github.com/idemkit/idemkit/internal/testobs"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -181,7 +182,7 @@ func TestDailyPartitionsAheadGauge(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newEnv(t, 1)
-	store, err := dedup.New(&dedup.Config{Schema: e.db.Schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: e.db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

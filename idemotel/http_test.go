@@ -14,9 +14,10 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/idemhttp"
+	"github.com/idemkit/idemkit/idemotel"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/internal/testobs"
-	"github.com/idemkit/idemkit/idemotel"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
 )
 
@@ -39,7 +40,7 @@ func TestTraceFromHTTPToConsumer(t *testing.T) {
 	e := newEnv(t, 1)
 	ctx := context.Background()
 
-	ocfg := &outbox.Config{Schema: e.db.Schema}
+	ocfg := &outbox.Config{Tables: migrate.Tables{Schema: e.db.Schema}}
 	if err := e.tel.Outbox(ocfg); err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +48,7 @@ func TestTraceFromHTTPToConsumer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	records, err := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: e.db.Schema})
+	records, err := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: e.db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +162,7 @@ func TestTraceFromHTTPToConsumer(t *testing.T) {
 func TestStuckRecordsGauge(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
-	records, err := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: e.db.Schema})
+	records, err := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: e.db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -137,7 +137,7 @@ func TestCountsByOutcome(t *testing.T) {
 
 			// Replaying the dead letter counts it by what was done.
 			rcfg := &dlq.ReprocessorConfig{Kafka: testenv.Kafka(t), Topic: dlqTopic, Mode: dlq.Redrive,
-				Handler: consumer.HandlerFunc(e.effect), Schema: e.store.Tables().Schema, Tables: e.store.Tables().Tables}
+				Handler: consumer.HandlerFunc(e.effect), Tables: e.store.Tables()}
 			if err := e.tel.Reprocessor(rcfg); err != nil {
 				t.Fatal(err)
 			}

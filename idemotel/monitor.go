@@ -194,8 +194,7 @@ func (m *Monitor) collect(ctx context.Context, conn *pgx.Conn) (*pgx.Conn, error
 	}
 	var dead map[string]map[dlq.State]int
 	if len(m.cfg.DeadLetterTopics) > 0 {
-		l, err := dlq.List(ctx, m.pool, &dlq.ListConfig{Kafka: m.cfg.Kafka, Topics: m.cfg.DeadLetterTopics,
-			Schema: m.mon.Tables().Schema, Tables: m.mon.Tables().Tables, NoPayload: true})
+		l, err := dlq.List(ctx, m.pool, &dlq.ListConfig{Kafka: m.cfg.Kafka, Topics: m.cfg.DeadLetterTopics, Tables: m.mon.Tables(), NoPayload: true})
 		if err != nil {
 			return conn, fmt.Errorf("read dead-letter topics: %w", err)
 		}

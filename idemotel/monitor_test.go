@@ -21,7 +21,7 @@ import (
 func (e *env) runMonitor(cfg idemotel.MonitorConfig) *idemotel.Monitor {
 	e.t.Helper()
 	cfg.Kafka = testenv.Kafka(e.t)
-	cfg.Schema = e.db.Schema
+	cfg.Tables.Schema = e.db.Schema
 	if cfg.Interval == 0 {
 		cfg.Interval = 20 * time.Millisecond
 	}

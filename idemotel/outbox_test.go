@@ -8,9 +8,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/idemotel"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/internal/testobs"
-	"github.com/idemkit/idemkit/idemotel"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
 )
 
@@ -20,7 +21,7 @@ import (
 func TestOutboxCarriesTheTrace(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
-	ocfg := &outbox.Config{Schema: e.db.Schema}
+	ocfg := &outbox.Config{Tables: migrate.Tables{Schema: e.db.Schema}}
 	if err := e.tel.Outbox(ocfg); err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +89,7 @@ func TestOutboxCarriesTheTrace(t *testing.T) {
 func TestRelayMetrics(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
-	store, err := outbox.New(&outbox.Config{Schema: e.db.Schema})
+	store, err := outbox.New(&outbox.Config{Tables: migrate.Tables{Schema: e.db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,10 +26,10 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/dlq"
+	"github.com/idemkit/idemkit/idemotel"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/monitor"
-	"github.com/idemkit/idemkit/idemotel"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -196,7 +196,7 @@ func TestPrometheusNames(t *testing.T) {
 	wait(t, oc.done, "5 outcomes")
 
 	rcfg := &dlq.ReprocessorConfig{Kafka: testenv.Kafka(t), Topic: dlqTopic, Mode: dlq.Redrive,
-		Handler: consumer.HandlerFunc(e.effect), Schema: e.store.Tables().Schema, Tables: e.store.Tables().Tables}
+		Handler: consumer.HandlerFunc(e.effect), Tables: e.store.Tables()}
 	if err := tel.Reprocessor(rcfg); err != nil {
 		t.Fatal(err)
 	}
@@ -212,8 +212,7 @@ func TestPrometheusNames(t *testing.T) {
 	}
 	// A Monitor, with an outbox and an idempotency record table in the
 	// schema, for the gauges it exports.
-	mon, err := tel.Monitor(e.db.Pool, &idemotel.MonitorConfig{Config: monitor.Config{Kafka: testenv.Kafka(t),
-		Schema: e.store.Tables().Schema, Tables: e.store.Tables().Tables}, DeadLetterTopics: []string{dlqTopic}})
+	mon, err := tel.Monitor(e.db.Pool, &idemotel.MonitorConfig{Config: monitor.Config{Kafka: testenv.Kafka(t), Tables: e.store.Tables()}, DeadLetterTopics: []string{dlqTopic}})
 	if err != nil {
 		t.Fatal(err)
 	}

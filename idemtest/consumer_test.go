@@ -13,6 +13,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/idemtest"
+	"github.com/idemkit/idemkit/migrate"
 )
 
 // payments is a test's schema with a table of charges per payment.
@@ -27,7 +28,7 @@ func newPayments(t *testing.T) *payments {
 	t.Helper()
 	pool := newPool(t)
 	s := idemtest.NewSchema(t, pool)
-	store, err := dedup.New(&dedup.Config{Schema: s.Name})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: s.Name}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -73,7 +73,7 @@
 //		t.Cleanup(pool.Close)
 //		s := idemtest.NewSchema(t, pool) // idemkit's tables, dropped at the end
 //		createTables(t, pool, s.Name)    // your schema
-//		store, _ := dedup.New(&dedup.Config{Schema: s.Name})
+//		store, _ := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: s.Name}})
 //		c, err := idemtest.NewConsumer(pool, &consumer.Config{Store: store,
 //			Handler: payments.NewHandler(s.Name)})
 //		if err != nil {

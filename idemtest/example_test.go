@@ -13,6 +13,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/idemtest"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
 )
 
@@ -35,7 +36,7 @@ func ExampleConsumer_Deliver() {
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+charges+` (id text PRIMARY KEY, n int NOT NULL)`); err != nil {
 		log.Fatal(err)
 	}
-	store, err := dedup.New(&dedup.Config{Schema: s.Name})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: s.Name}})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -84,7 +85,7 @@ func ExampleEnqueuedTx() {
 		log.Fatal(err)
 	}
 	defer s.Drop(ctx)
-	store, err := outbox.New(&outbox.Config{Schema: s.Name})
+	store, err := outbox.New(&outbox.Config{Tables: migrate.Tables{Schema: s.Name}})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemkit/idemkit/idemhttp"
 	"github.com/idemkit/idemkit/idemtest"
+	"github.com/idemkit/idemkit/migrate"
 )
 
 // TestRequireReplay: behind idemhttp's middleware, a second request with
@@ -19,7 +20,7 @@ func TestRequireReplay(t *testing.T) {
 	t.Parallel()
 	pool := newPool(t)
 	s := idemtest.NewSchema(t, pool)
-	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: s.Name})
+	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: s.Name}})
 	if err != nil {
 		t.Fatal(err)
 	}

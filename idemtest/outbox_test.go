@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/idemtest"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
 )
 
@@ -20,7 +21,7 @@ func TestEnqueuedTx(t *testing.T) {
 	t.Parallel()
 	pool := newPool(t)
 	s := idemtest.NewSchema(t, pool)
-	store, err := outbox.New(&outbox.Config{Schema: s.Name})
+	store, err := outbox.New(&outbox.Config{Tables: migrate.Tables{Schema: s.Name}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +91,7 @@ func TestEnqueuedTx(t *testing.T) {
 func TestEnqueuedSince(t *testing.T) {
 	t.Parallel()
 	p := newPayments(t)
-	ob, err := outbox.New(&outbox.Config{Schema: p.schema.Name})
+	ob, err := outbox.New(&outbox.Config{Tables: migrate.Tables{Schema: p.schema.Name}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,7 +48,7 @@ func CreateSchema(ctx context.Context, pool *pgxpool.Pool) (*Schema, error) {
 	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{s.Name}.Sanitize()); err != nil {
 		return nil, fmt.Errorf("idemtest: create schema %s: %w", s.Name, err)
 	}
-	m, err := migrate.New(pool, &migrate.Config{Schema: s.Name})
+	m, err := migrate.New(pool, &migrate.Config{Tables: migrate.Tables{Schema: s.Name}})
 	if err == nil {
 		_, err = m.Up(ctx)
 	}

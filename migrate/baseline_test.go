@@ -15,7 +15,7 @@ import (
 func TestBaselineStorageAndLayout(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.NewDB(t)
-	m := newMigrator(t, db.Pool, &migrate.Config{Schema: db.Schema})
+	m := newMigrator(t, db.Pool, &migrate.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if _, err := m.Up(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/idemkit/idemkit"
 )
 
-// Defaults of Config.
+// Defaults of Tables.
 const (
 	// SchemaDefault is the schema of every idemkit table.
 	SchemaDefault = "public"
@@ -41,12 +41,19 @@ const (
 // so Validate rejects them.
 const MaxIdentifierLength = 63
 
-// ErrInvalidConfig is wrapped by every error Config.Validate returns.
+// ErrInvalidConfig is wrapped by every error Tables.Validate returns.
 var ErrInvalidConfig = fmt.Errorf("migrate: %w", idemkit.ErrInvalidConfig)
 
-// Tables names idemkit's tables, unqualified. Any string PostgreSQL accepts
-// as a quoted identifier is allowed: names are quoted, never interpolated raw.
+// Tables says where idemkit's tables live: the schema and each table's
+// name inside it. It is the one value every package that touches the tables
+// takes (migrate.Config, dedup.Config, outbox.Config, idemhttp.StoreConfig,
+// the dlq configs, monitor.Config): say it once, pass it everywhere. Any
+// string PostgreSQL accepts as a quoted identifier is allowed: names are
+// quoted, never interpolated raw. The zero value means every default.
 type Tables struct {
+	// Schema holds every idemkit table; Up creates it when missing.
+	// Defaults to "public".
+	Schema string
 	// ProcessedMessages holds one row per claimed (consumer, message ID).
 	// Defaults to "processed_messages".
 	ProcessedMessages string
@@ -73,13 +80,9 @@ type Tables struct {
 	DLQValues string
 }
 
-// Config says where idemkit's tables live.
+// Config configures a Migrator.
 type Config struct {
-	// Schema holds every idemkit table; Up creates it when missing.
-	// Defaults to "public".
-	Schema string
-	// Tables names the tables inside Schema. Each name defaults as documented
-	// on Tables.
+	// Tables says where the tables live (the zero value: every default).
 	Tables Tables
 	// Logger receives a Warn when Up starts waiting for a server that cannot
 	// be reached or is starting, and an Info when the server answers again.
@@ -87,47 +90,46 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// WithDefaults returns a copy of c with every empty field set to its default.
-func (c Config) WithDefaults() Config {
-	c.Schema = cmp.Or(c.Schema, SchemaDefault)
-	c.Tables.ProcessedMessages = cmp.Or(c.Tables.ProcessedMessages, ProcessedMessagesDefault)
-	c.Tables.ConsumerPositions = cmp.Or(c.Tables.ConsumerPositions, ConsumerPositionsDefault)
-	c.Tables.Migrations = cmp.Or(c.Tables.Migrations, MigrationsDefault)
-	c.Tables.Outbox = cmp.Or(c.Tables.Outbox, OutboxDefault)
-	c.Tables.IdempotencyRecords = cmp.Or(c.Tables.IdempotencyRecords, IdempotencyRecordsDefault)
-	c.Tables.ParkedMessages = cmp.Or(c.Tables.ParkedMessages, ParkedMessagesDefault)
-	c.Tables.DLQReplays = cmp.Or(c.Tables.DLQReplays, DLQReplaysDefault)
-	c.Tables.DLQValues = cmp.Or(c.Tables.DLQValues, DLQValuesDefault)
-	return c
+// WithDefaults returns a copy of t with every empty field set to its default.
+func (t Tables) WithDefaults() Tables {
+	t.Schema = cmp.Or(t.Schema, SchemaDefault)
+	t.ProcessedMessages = cmp.Or(t.ProcessedMessages, ProcessedMessagesDefault)
+	t.ConsumerPositions = cmp.Or(t.ConsumerPositions, ConsumerPositionsDefault)
+	t.Migrations = cmp.Or(t.Migrations, MigrationsDefault)
+	t.Outbox = cmp.Or(t.Outbox, OutboxDefault)
+	t.IdempotencyRecords = cmp.Or(t.IdempotencyRecords, IdempotencyRecordsDefault)
+	t.ParkedMessages = cmp.Or(t.ParkedMessages, ParkedMessagesDefault)
+	t.DLQReplays = cmp.Or(t.DLQReplays, DLQReplaysDefault)
+	t.DLQValues = cmp.Or(t.DLQValues, DLQValuesDefault)
+	return t
 }
 
-// Validate reports whether c, with defaults applied, names usable
+// Validate reports whether t, with defaults applied, names usable
 // identifiers: each non-empty, at most MaxIdentifierLength bytes, valid UTF-8
-// without NUL, and the tables distinct. The error wraps
-// ErrInvalidConfig.
-func (c Config) Validate() error {
-	c = c.WithDefaults()
+// without NUL, and the tables distinct. The error wraps ErrInvalidConfig.
+func (t Tables) Validate() error {
+	t = t.WithDefaults()
 	fields := []struct{ name, value string }{
-		{"Schema", c.Schema},
-		{"Tables.ProcessedMessages", c.Tables.ProcessedMessages},
-		{"Tables.ConsumerPositions", c.Tables.ConsumerPositions},
-		{"Tables.Migrations", c.Tables.Migrations},
-		{"Tables.Outbox", c.Tables.Outbox},
-		{"Tables.IdempotencyRecords", c.Tables.IdempotencyRecords},
-		{"Tables.ParkedMessages", c.Tables.ParkedMessages},
-		{"Tables.DLQReplays", c.Tables.DLQReplays},
-		{"Tables.DLQValues", c.Tables.DLQValues},
+		{"Schema", t.Schema},
+		{"ProcessedMessages", t.ProcessedMessages},
+		{"ConsumerPositions", t.ConsumerPositions},
+		{"Migrations", t.Migrations},
+		{"Outbox", t.Outbox},
+		{"IdempotencyRecords", t.IdempotencyRecords},
+		{"ParkedMessages", t.ParkedMessages},
+		{"DLQReplays", t.DLQReplays},
+		{"DLQValues", t.DLQValues},
 	}
 	seen := map[string]string{}
 	for i, f := range fields {
 		if err := validateIdentifier(f.value); err != nil {
-			return fmt.Errorf("%w: %s: %v", ErrInvalidConfig, f.name, err)
+			return fmt.Errorf("%w: Tables.%s: %v", ErrInvalidConfig, f.name, err)
 		}
 		if i == 0 {
 			continue // the schema may share a table's name
 		}
 		if other, ok := seen[f.value]; ok {
-			return fmt.Errorf("%w: %s and %s both name %q: table names must be distinct", ErrInvalidConfig, other, f.name, f.value)
+			return fmt.Errorf("%w: Tables.%s and Tables.%s both name %q: table names must be distinct", ErrInvalidConfig, other, f.name, f.value)
 		}
 		seen[f.value] = f.name
 	}

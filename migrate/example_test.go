@@ -13,7 +13,7 @@ func ExampleMigrator_Up() {
 	pool, schema, drop := exampleDB() // a pgxpool.Pool on the test server
 	defer drop()
 
-	m, err := migrate.New(pool, &migrate.Config{Schema: schema})
+	m, err := migrate.New(pool, &migrate.Config{Tables: migrate.Tables{Schema: schema}})
 	if err != nil {
 		panic(err)
 	}

@@ -179,29 +179,29 @@ func New(db *pgxpool.Pool, cfg *Config) (*Migrator, error) {
 	if cfg != nil {
 		c = *cfg
 	}
-	c = c.WithDefaults()
-	if err := c.Validate(); err != nil {
+	t := c.Tables.WithDefaults()
+	if err := t.Validate(); err != nil {
 		return nil, err
 	}
 	data := templateData{
-		Schema:            pgx.Identifier{c.Schema}.Sanitize(),
-		ProcessedMessages: pgx.Identifier{c.Schema, c.Tables.ProcessedMessages}.Sanitize(),
-		ConsumerPositions: pgx.Identifier{c.Schema, c.Tables.ConsumerPositions}.Sanitize(),
+		Schema:            pgx.Identifier{t.Schema}.Sanitize(),
+		ProcessedMessages: pgx.Identifier{t.Schema, t.ProcessedMessages}.Sanitize(),
+		ConsumerPositions: pgx.Identifier{t.Schema, t.ConsumerPositions}.Sanitize(),
 		ProcessedMessagesProcessedAtIndex: pgx.Identifier{
-			indexName(c.Tables.ProcessedMessages, "_processed_at_idx"),
+			indexName(t.ProcessedMessages, "_processed_at_idx"),
 		}.Sanitize(),
-		Outbox:             pgx.Identifier{c.Schema, c.Tables.Outbox}.Sanitize(),
-		IdempotencyRecords: pgx.Identifier{c.Schema, c.Tables.IdempotencyRecords}.Sanitize(),
-		ParkedMessages:     pgx.Identifier{c.Schema, c.Tables.ParkedMessages}.Sanitize(),
-		DLQReplays:         pgx.Identifier{c.Schema, c.Tables.DLQReplays}.Sanitize(),
-		DLQValues:          pgx.Identifier{c.Schema, c.Tables.DLQValues}.Sanitize(),
-		raw:                c.Tables,
+		Outbox:             pgx.Identifier{t.Schema, t.Outbox}.Sanitize(),
+		IdempotencyRecords: pgx.Identifier{t.Schema, t.IdempotencyRecords}.Sanitize(),
+		ParkedMessages:     pgx.Identifier{t.Schema, t.ParkedMessages}.Sanitize(),
+		DLQReplays:         pgx.Identifier{t.Schema, t.DLQReplays}.Sanitize(),
+		DLQValues:          pgx.Identifier{t.Schema, t.DLQValues}.Sanitize(),
+		raw:                t,
 	}
 	m := &Migrator{
 		db:         db,
-		schema:     c.Schema,
+		schema:     t.Schema,
 		qSchema:    data.Schema,
-		migrations: pgx.Identifier{c.Schema, c.Tables.Migrations}.Sanitize(),
+		migrations: pgx.Identifier{t.Schema, t.Migrations}.Sanitize(),
 		log:        cmp.Or(c.Logger, slog.Default()),
 	}
 	m.serverVersion = func(ctx context.Context) (int, string, error) { return readServerVersion(ctx, db) }

@@ -103,7 +103,7 @@ func TestUpDownUp(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.NewDB(t)
-	m := newMigrator(t, db.Pool, &migrate.Config{Schema: db.Schema})
+	m := newMigrator(t, db.Pool, &migrate.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	processed := db.Table(migrate.ProcessedMessagesDefault)
 	positions := db.Table(migrate.ConsumerPositionsDefault)
 	bookkeeping := db.Table(migrate.MigrationsDefault)
@@ -262,7 +262,7 @@ func TestOutboxIndexes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.NewDB(t)
-	m := newMigrator(t, db.Pool, &migrate.Config{Schema: db.Schema})
+	m := newMigrator(t, db.Pool, &migrate.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	outbox := db.Table(migrate.OutboxDefault)
 	want := map[string]string{
 		"_handler_due_idx": "USING btree (handler, available_at, seq) INCLUDE (lock_key) WHERE ((published_at IS NULL) AND (parked_at IS NULL) AND (handler IS NOT NULL))",
@@ -297,7 +297,8 @@ func TestCustomSchemaAndOddNames(t *testing.T) {
 	// A schema that does not exist yet: Up creates it.
 	schema := db.Schema + `_Odd "S"`
 	dropSchemaAtCleanup(t, db.Pool, schema)
-	cfg := &migrate.Config{Schema: schema, Tables: migrate.Tables{
+	cfg := &migrate.Config{Tables: migrate.Tables{
+		Schema:            schema,
 		ProcessedMessages: `Odd "Name"`,
 		ConsumerPositions: `pos; DROP TABLE x; --`,
 		Migrations:        `Mig.ratioñs`,
@@ -364,7 +365,8 @@ func TestLongTableNamesGetDistinctIndexNames(t *testing.T) {
 		if len(name) != 63 {
 			t.Fatalf("test name is %d bytes, want 63", len(name))
 		}
-		m := newMigrator(t, db.Pool, &migrate.Config{Schema: db.Schema, Tables: migrate.Tables{
+		m := newMigrator(t, db.Pool, &migrate.Config{Tables: migrate.Tables{
+			Schema:            db.Schema,
 			ProcessedMessages: name,
 			ConsumerPositions: "positions_" + string(rune('a'+i)),
 			Migrations:        "migrations_" + string(rune('a'+i)),
@@ -408,7 +410,7 @@ func TestConcurrentUp(t *testing.T) {
 		errs    = make([]error, n)
 	)
 	for i := range n {
-		m := newMigrator(t, db.Pool, &migrate.Config{Schema: schema})
+		m := newMigrator(t, db.Pool, &migrate.Config{Tables: migrate.Tables{Schema: schema}})
 		wg.Go(func() {
 			<-start
 			results[i], errs[i] = m.Up(ctx)
@@ -425,7 +427,7 @@ func TestConcurrentUp(t *testing.T) {
 	}
 	slices.Sort(all) // which migrator applied which version depends on timing
 	wantInts(t, "versions applied by all migrators together", all, migrate.Known()...)
-	v, err := newMigrator(t, db.Pool, &migrate.Config{Schema: schema}).Versions(ctx)
+	v, err := newMigrator(t, db.Pool, &migrate.Config{Tables: migrate.Tables{Schema: schema}}).Versions(ctx)
 	if err != nil {
 		t.Fatalf("Versions: %v", err)
 	}
@@ -436,7 +438,7 @@ func TestDownRejectsUnknownVersionAndNegativeTarget(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.NewDB(t)
-	m := newMigrator(t, db.Pool, &migrate.Config{Schema: db.Schema})
+	m := newMigrator(t, db.Pool, &migrate.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if _, err := m.Up(ctx); err != nil {
 		t.Fatalf("Up: %v", err)
 	}
@@ -468,10 +470,11 @@ func TestDownRejectsUnknownVersionAndNegativeTarget(t *testing.T) {
 	wantInts(t, "Versions", v, append(migrate.Known(), 999)...)
 }
 
-func TestConfig(t *testing.T) {
+func TestTables(t *testing.T) {
 	t.Parallel()
-	got := migrate.Config{}.WithDefaults()
-	want := migrate.Config{Schema: "public", Tables: migrate.Tables{
+	got := migrate.Tables{}.WithDefaults()
+	want := migrate.Tables{
+		Schema:             "public",
 		ProcessedMessages:  "processed_messages",
 		ConsumerPositions:  "consumer_positions",
 		Migrations:         "idemkit_migrations",
@@ -480,28 +483,28 @@ func TestConfig(t *testing.T) {
 		ParkedMessages:     "idemkit_parked_messages",
 		DLQReplays:         "idemkit_dlq_replays",
 		DLQValues:          "idemkit_dlq_values",
-	}}
+	}
 	if got != want {
 		t.Fatalf("WithDefaults = %+v, want %+v", got, want)
 	}
-	custom := migrate.Config{Schema: "s", Tables: migrate.Tables{ProcessedMessages: "p"}}.WithDefaults()
-	if custom.Schema != "s" || custom.Tables.ProcessedMessages != "p" || custom.Tables.ConsumerPositions != "consumer_positions" {
+	custom := migrate.Tables{Schema: "s", ProcessedMessages: "p"}.WithDefaults()
+	if custom.Schema != "s" || custom.ProcessedMessages != "p" || custom.ConsumerPositions != "consumer_positions" {
 		t.Fatalf("WithDefaults overwrote set fields: %+v", custom)
 	}
 
 	tests := []struct {
 		name  string
-		cfg   migrate.Config
+		cfg   migrate.Tables
 		valid bool
 	}{
-		{"zero value", migrate.Config{}, true},
-		{"63 bytes", migrate.Config{Schema: strings.Repeat("s", 63)}, true},
-		{"odd characters", migrate.Config{Tables: migrate.Tables{ProcessedMessages: `a "b"; c`}}, true},
-		{"64 bytes schema", migrate.Config{Schema: strings.Repeat("s", 64)}, false},
-		{"64 bytes table", migrate.Config{Tables: migrate.Tables{Migrations: strings.Repeat("é", 32)}}, false},
-		{"NUL", migrate.Config{Tables: migrate.Tables{ConsumerPositions: "a\x00b"}}, false},
-		{"invalid UTF-8", migrate.Config{Schema: "a\xffb"}, false},
-		{"same tables", migrate.Config{Tables: migrate.Tables{ConsumerPositions: "processed_messages"}}, false},
+		{"zero value", migrate.Tables{}, true},
+		{"63 bytes", migrate.Tables{Schema: strings.Repeat("s", 63)}, true},
+		{"odd characters", migrate.Tables{ProcessedMessages: `a "b"; c`}, true},
+		{"64 bytes schema", migrate.Tables{Schema: strings.Repeat("s", 64)}, false},
+		{"64 bytes table", migrate.Tables{Migrations: strings.Repeat("é", 32)}, false},
+		{"NUL", migrate.Tables{ConsumerPositions: "a\x00b"}, false},
+		{"invalid UTF-8", migrate.Tables{Schema: "a\xffb"}, false},
+		{"same tables", migrate.Tables{ConsumerPositions: "processed_messages"}, false},
 	}
 	for _, tt := range tests {
 		err := tt.cfg.Validate()
@@ -520,7 +523,7 @@ func TestNew(t *testing.T) {
 		t.Fatal("New(nil pool) succeeded")
 	}
 	db := testenv.NewDB(t)
-	if _, err := migrate.New(db.Pool, &migrate.Config{Schema: "a\x00"}); !errors.Is(err, migrate.ErrInvalidConfig) {
+	if _, err := migrate.New(db.Pool, &migrate.Config{Tables: migrate.Tables{Schema: "a\x00"}}); !errors.Is(err, migrate.ErrInvalidConfig) {
 		t.Fatalf("New with NUL in schema: %v, want ErrInvalidConfig", err)
 	}
 	m, err := migrate.New(db.Pool, nil)

@@ -185,7 +185,7 @@ func TestUpWaitsForStartingServer(t *testing.T) {
 	schema := testenv.Name(t, "m")
 	dropSchemaAtCleanup(t, poolOn(t, testenv.DatabaseURL(t)), schema)
 	logs, log, waiting := waitingLogger(t)
-	m, err := migrate.New(pool, &migrate.Config{Schema: schema, Logger: log})
+	m, err := migrate.New(pool, &migrate.Config{Tables: migrate.Tables{Schema: schema}, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +222,7 @@ func TestUpCancelledWhileWaiting(t *testing.T) {
 	t.Parallel()
 	_, u := newStartingServer(t) // never opens
 	_, log, waiting := waitingLogger(t)
-	m, err := migrate.New(poolOn(t, u), &migrate.Config{Schema: testenv.Name(t, "m"), Logger: log})
+	m, err := migrate.New(poolOn(t, u), &migrate.Config{Tables: migrate.Tables{Schema: testenv.Name(t, "m")}, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

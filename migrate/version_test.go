@@ -69,7 +69,7 @@ func TestUpRefusesOldServerFirst(t *testing.T) {
 		return ok
 	}
 
-	m := newMigrator(t, db.Pool, &migrate.Config{Schema: schema})
+	m := newMigrator(t, db.Pool, &migrate.Config{Tables: migrate.Tables{Schema: schema}})
 	migrate.SetServerVersion(m, func(context.Context) (int, string, error) { return 130016, "13.16", nil })
 	applied, err := m.Up(ctx)
 	if !errors.Is(err, migrate.ErrServerTooOld) || len(applied) != 0 {
@@ -82,7 +82,7 @@ func TestUpRefusesOldServerFirst(t *testing.T) {
 		t.Fatal("Up refused the server but created the schema first")
 	}
 
-	applied, err = newMigrator(t, db.Pool, &migrate.Config{Schema: schema}).Up(ctx)
+	applied, err = newMigrator(t, db.Pool, &migrate.Config{Tables: migrate.Tables{Schema: schema}}).Up(ctx)
 	if err != nil || len(applied) != len(migrate.Known()) {
 		t.Fatalf("Up on the test server = %v, %v; want every version applied", applied, err)
 	}

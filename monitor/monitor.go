@@ -57,9 +57,8 @@ type Config struct {
 	// Kafka is how to reach the cluster whose log ends the lag is measured
 	// against. Brokers is required.
 	Kafka kafkaconn.Config
-	// Schema and Tables say where idemkit's tables live, as in package
-	// migrate. Default: schema "public", every table's default name.
-	Schema string
+	// Tables says where idemkit's tables live (the zero value: schema
+	// "public", every default name).
 	Tables migrate.Tables
 	// OldestRecordTimeout bounds the search for each consumer's oldest
 	// processed-message record (an index walk that other consumers'
@@ -83,7 +82,7 @@ type Monitor struct {
 	outbox     *outbox.Store
 	idem       *idemhttp.Store
 	dedup      *dedup.Store
-	tables     migrate.Config
+	tables     migrate.Tables
 	stuckEvery time.Duration
 
 	mu      sync.Mutex // guards the last count of stuck records
@@ -110,7 +109,7 @@ func New(cfg *Config) (*Monitor, error) {
 	if cfg.OldestRecordTimeout < 0 || cfg.StuckInterval < 0 {
 		return nil, fmt.Errorf("%w: OldestRecordTimeout and StuckInterval must not be negative", ErrInvalidConfig)
 	}
-	tables := migrate.Config{Schema: cfg.Schema, Tables: cfg.Tables}.WithDefaults()
+	tables := cfg.Tables.WithDefaults()
 	if err := tables.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
@@ -128,21 +127,21 @@ func New(cfg *Config) (*Monitor, error) {
 	}
 	id := func(name string) string { return pgx.Identifier{tables.Schema, name}.Sanitize() }
 	m.sql = statements{
-		positions: `SELECT consumer, topic, kafka_partition, next_offset FROM ` + id(tables.Tables.ConsumerPositions) +
+		positions: `SELECT consumer, topic, kafka_partition, next_offset FROM ` + id(tables.ConsumerPositions) +
 			` ORDER BY consumer, topic, kafka_partition`,
 		parked: `SELECT consumer, topic, count(*), extract(epoch FROM now() - min(parked_at))::float8 FROM ` +
-			id(tables.Tables.ParkedMessages) + ` GROUP BY consumer, topic`,
-		oldestRecord: `SELECT extract(epoch FROM now() - processed_at)::float8 FROM ` + id(tables.Tables.ProcessedMessages) +
+			id(tables.ParkedMessages) + ` GROUP BY consumer, topic`,
+		oldestRecord: `SELECT extract(epoch FROM now() - processed_at)::float8 FROM ` + id(tables.ProcessedMessages) +
 			` WHERE consumer = $1 ORDER BY processed_at LIMIT 1`,
 		today: `SELECT (now() AT TIME ZONE 'UTC')::date`,
 	}
-	if m.outbox, err = outbox.New(&outbox.Config{Schema: tables.Schema, Tables: tables.Tables}); err != nil {
+	if m.outbox, err = outbox.New(&outbox.Config{Tables: tables}); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	if m.idem, err = idemhttp.NewStore(&idemhttp.StoreConfig{Schema: tables.Schema, Tables: tables.Tables}); err != nil {
+	if m.idem, err = idemhttp.NewStore(&idemhttp.StoreConfig{Tables: tables}); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	if m.dedup, err = dedup.New(&dedup.Config{Schema: tables.Schema, Tables: tables.Tables}); err != nil {
+	if m.dedup, err = dedup.New(&dedup.Config{Tables: tables}); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	return m, nil
@@ -152,7 +151,7 @@ func New(cfg *Config) (*Monitor, error) {
 func (m *Monitor) Close() { m.closeIdle() }
 
 // Tables returns where the Monitor reads, defaults applied.
-func (m *Monitor) Tables() migrate.Config { return m.tables }
+func (m *Monitor) Tables() migrate.Tables { return m.tables }
 
 // Snapshot is the state read by one Collect.
 type Snapshot struct {
@@ -281,7 +280,7 @@ func (m *Monitor) consumers(ctx context.Context, db DB, s *Snapshot) error {
 	}
 	switch {
 	case missingTable(err):
-		s.Missing = append(s.Missing, m.tables.Tables.ConsumerPositions)
+		s.Missing = append(s.Missing, m.tables.ConsumerPositions)
 		return nil
 	case err != nil:
 		return fmt.Errorf("monitor: read consumer positions: %w", err)
@@ -299,7 +298,7 @@ func (m *Monitor) consumers(ctx context.Context, db DB, s *Snapshot) error {
 	}
 	switch {
 	case missingTable(err):
-		s.Missing = append(s.Missing, m.tables.Tables.ParkedMessages)
+		s.Missing = append(s.Missing, m.tables.ParkedMessages)
 	case err != nil:
 		return fmt.Errorf("monitor: read parked messages: %w", err)
 	}
@@ -395,12 +394,12 @@ func (m *Monitor) outboxState(ctx context.Context, db DB, s *Snapshot) error {
 	st, err := m.outbox.Stats(ctx, db)
 	switch {
 	case errors.Is(err, outbox.ErrNotMigrated):
-		s.Missing = append(s.Missing, m.tables.Tables.Outbox)
+		s.Missing = append(s.Missing, m.tables.Outbox)
 		return nil
 	case err != nil:
 		return fmt.Errorf("monitor: %w", err)
 	}
-	s.Outbox = &Outbox{Table: m.tables.Tables.Outbox, Stats: st}
+	s.Outbox = &Outbox{Table: m.tables.Outbox, Stats: st}
 	return nil
 }
 
@@ -411,7 +410,7 @@ func (m *Monitor) records(ctx context.Context, db DB, s *Snapshot) error {
 	if !at.IsZero() && time.Since(at) < m.stuckEvery {
 		s.Idempotency = last
 		if last == nil {
-			s.Missing = append(s.Missing, m.tables.Tables.IdempotencyRecords)
+			s.Missing = append(s.Missing, m.tables.IdempotencyRecords)
 		}
 		return nil
 	}
@@ -419,11 +418,11 @@ func (m *Monitor) records(ctx context.Context, db DB, s *Snapshot) error {
 	var rec *Idempotency
 	switch {
 	case errors.Is(err, idemhttp.ErrNotMigrated):
-		s.Missing = append(s.Missing, m.tables.Tables.IdempotencyRecords)
+		s.Missing = append(s.Missing, m.tables.IdempotencyRecords)
 	case err != nil:
 		return fmt.Errorf("monitor: %w", err)
 	default:
-		rec = &Idempotency{Table: m.tables.Tables.IdempotencyRecords, Stuck: n}
+		rec = &Idempotency{Table: m.tables.IdempotencyRecords, Stuck: n}
 	}
 	m.mu.Lock()
 	m.stuck, m.stuckAt = rec, time.Now()

@@ -16,6 +16,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/kafkaconn"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/monitor"
 	"github.com/idemkit/idemkit/outbox"
 )
@@ -53,7 +54,7 @@ func TestCollectWithNoProcessRunning(t *testing.T) {
 	produce(t, topic, 0, 30)
 	produce(t, topic, 1, 10)
 
-	store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +78,7 @@ func TestCollectWithNoProcessRunning(t *testing.T) {
 	exec(`INSERT INTO `+id("idemkit_parked_messages")+` (consumer, topic, kafka_partition, kafka_offset, message_key, message_id, parked_at)
 		VALUES ('billing', $1, 1, 3, 'k', 'm-3', now() - interval '90 minutes')`, topic)
 
-	ob, err := outbox.New(&outbox.Config{Schema: db.Schema})
+	ob, err := outbox.New(&outbox.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +96,7 @@ func TestCollectWithNoProcessRunning(t *testing.T) {
 	exec(`UPDATE ` + id("idemkit_outbox") + ` SET parked_at = now(), blocked_by = (SELECT id FROM ` + id("idemkit_outbox") +
 		` WHERE value = '2') WHERE value = '3'`)
 
-	m := newMonitor(t, monitor.Config{Kafka: testenv.Kafka(t), Schema: db.Schema})
+	m := newMonitor(t, monitor.Config{Kafka: testenv.Kafka(t), Tables: migrate.Tables{Schema: db.Schema}})
 	s, err := m.Collect(ctx, db.Pool)
 	if err != nil {
 		t.Fatal(err)
@@ -136,7 +137,7 @@ func TestCollectWithNoProcessRunning(t *testing.T) {
 func TestCollectNotMigrated(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t)
-	m := newMonitor(t, monitor.Config{Kafka: testenv.Kafka(t), Schema: db.Schema})
+	m := newMonitor(t, monitor.Config{Kafka: testenv.Kafka(t), Tables: migrate.Tables{Schema: db.Schema}})
 	s, err := m.Collect(context.Background(), db.Pool)
 	if err != nil {
 		t.Fatal(err)
@@ -157,7 +158,7 @@ func TestCollectKafkaDown(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.NewDB(t, testenv.Migrate)
-	store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +167,7 @@ func TestCollectKafkaDown(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	m := newMonitor(t, monitor.Config{Kafka: kafkaconn.Config{Brokers: []string{"127.0.0.1:1"}, DialTimeout: time.Second}, Schema: db.Schema})
+	m := newMonitor(t, monitor.Config{Kafka: kafkaconn.Config{Brokers: []string{"127.0.0.1:1"}, DialTimeout: time.Second}, Tables: migrate.Tables{Schema: db.Schema}})
 	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	s, err := m.Collect(qctx, db.Pool)
@@ -181,7 +182,7 @@ func TestCollectKafkaDown(t *testing.T) {
 
 func TestConfigErrors(t *testing.T) {
 	for _, cfg := range []*monitor.Config{nil, {}, {Kafka: kafkaconn.Config{Brokers: []string{"x:1"}}, OldestRecordTimeout: -1},
-		{Kafka: kafkaconn.Config{Brokers: []string{"x:1"}}, Schema: "a\x00b"}} {
+		{Kafka: kafkaconn.Config{Brokers: []string{"x:1"}}, Tables: migrate.Tables{Schema: "a\x00b"}}} {
 		if _, err := monitor.New(cfg); !errors.Is(err, monitor.ErrInvalidConfig) {
 			t.Errorf("New(%+v) = %v, want ErrInvalidConfig", cfg, err)
 		}
@@ -194,7 +195,7 @@ func TestStuckCountedEveryInterval(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.NewDB(t, testenv.Migrate)
-	m := newMonitor(t, monitor.Config{Kafka: testenv.Kafka(t), Schema: db.Schema, StuckInterval: 300 * time.Millisecond})
+	m := newMonitor(t, monitor.Config{Kafka: testenv.Kafka(t), Tables: migrate.Tables{Schema: db.Schema}, StuckInterval: 300 * time.Millisecond})
 	stuck := func() int64 {
 		t.Helper()
 		s, err := m.Collect(ctx, db.Pool)

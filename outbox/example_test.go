@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/idemkit/idemtest"
 	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
 )
 
@@ -38,7 +39,7 @@ func ExampleStore_EnqueueTx() {
 	}
 	defer dropTopic(ctx)
 
-	store, err := outbox.New(&outbox.Config{Schema: s.Name})
+	store, err := outbox.New(&outbox.Config{Tables: migrate.Tables{Schema: s.Name}})
 	if err != nil {
 		panic(err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/internal/testobs"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
 )
 
@@ -22,7 +23,7 @@ type requestKey struct{}
 func TestContextHeaders(t *testing.T) {
 	t.Parallel()
 	db, _ := newDB(t)
-	store, err := outbox.New(&outbox.Config{Schema: db.Schema, ContextHeaders: func(ctx context.Context) []kafka.Header {
+	store, err := outbox.New(&outbox.Config{Tables: migrate.Tables{Schema: db.Schema}, ContextHeaders: func(ctx context.Context) []kafka.Header {
 		if v, ok := ctx.Value(requestKey{}).(string); ok {
 			return []kafka.Header{{Key: "traceparent", Value: []byte(v)}, {Key: "type", Value: []byte("stamped")}}
 		}
@@ -64,7 +65,7 @@ func TestContextHeaders(t *testing.T) {
 		t.Fatalf("no context: headers %v, want no traceparent", m.Headers)
 	}
 
-	bad, err := outbox.New(&outbox.Config{Schema: db.Schema, ContextHeaders: func(context.Context) []kafka.Header {
+	bad, err := outbox.New(&outbox.Config{Tables: migrate.Tables{Schema: db.Schema}, ContextHeaders: func(context.Context) []kafka.Header {
 		return []kafka.Header{{Key: outbox.HeaderID, Value: []byte("x")}}
 	}})
 	if err != nil {

@@ -24,7 +24,7 @@ func TestMain(m *testing.M) { testenv.Main(m, nil) }
 func newDB(t *testing.T) (*testenv.DB, *outbox.Store) {
 	t.Helper()
 	db := testenv.NewDB(t, migrateUp)
-	store, err := outbox.New(&outbox.Config{Schema: db.Schema})
+	store, err := outbox.New(&outbox.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +32,7 @@ func newDB(t *testing.T) (*testenv.DB, *outbox.Store) {
 }
 
 func migrateUp(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-	m, err := migrate.New(pool, &migrate.Config{Schema: schema})
+	m, err := migrate.New(pool, &migrate.Config{Tables: migrate.Tables{Schema: schema}})
 	if err != nil {
 		return err
 	}

@@ -149,7 +149,7 @@ func TestEnqueueValidation(t *testing.T) {
 func TestNotMigrated(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t)
-	store, err := outbox.New(&outbox.Config{Schema: db.Schema})
+	store, err := outbox.New(&outbox.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -92,13 +92,11 @@ type Message struct {
 }
 
 // Config says where the outbox table lives. It is created by package migrate,
-// which must be given the same Schema and Tables: every package says where
-// its tables live with these two fields (dedup.Config, idemhttp.StoreConfig,
-// dlq.ReprocessorConfig, migrate.Config).
+// which must be given the same migrate.Tables: the one value every package
+// takes to say where its tables live.
 type Config struct {
-	// Schema holds the table. Defaults to "public".
-	Schema string
-	// Tables names the tables inside Schema; this store uses Tables.Outbox,
+	// Tables says where the tables live (migrate.Tables; the zero value:
+	// schema "public", every default name); this store uses Tables.Outbox,
 	// which defaults to "idemkit_outbox" (migrate.OutboxDefault).
 	Tables migrate.Tables
 	// ContextHeaders, when set, is called once per EnqueueTx with its
@@ -155,14 +153,14 @@ func New(cfg *Config) (*Store, error) {
 	if cfg != nil {
 		c = *cfg
 	}
-	mc := migrate.Config{Schema: c.Schema, Tables: migrate.Tables{Outbox: c.Tables.Outbox}}.WithDefaults()
+	mc := c.Tables.WithDefaults()
 	if err := mc.Validate(); err != nil {
 		return nil, fmt.Errorf("outbox: %w", err)
 	}
 	s := &Store{
-		table: pgx.Identifier{mc.Schema, mc.Tables.Outbox}.Sanitize(),
-		name:  mc.Schema + "." + mc.Tables.Outbox,
-		ident: pgx.Identifier{mc.Schema, mc.Tables.Outbox}.Sanitize(),
+		table: pgx.Identifier{mc.Schema, mc.Outbox}.Sanitize(),
+		name:  mc.Schema + "." + mc.Outbox,
+		ident: pgx.Identifier{mc.Schema, mc.Outbox}.Sanitize(),
 		stamp: c.ContextHeaders,
 	}
 	h := fnv.New64a()

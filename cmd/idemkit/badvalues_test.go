@@ -23,7 +23,7 @@ func TestBadFlagValues(t *testing.T) {
 	t.Parallel()
 	bin := binary(t)
 	db := testenv.NewDB(t, func(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-		m, err := migrate.New(pool, &migrate.Config{Schema: schema})
+		m, err := migrate.New(pool, &migrate.Config{Tables: migrate.Tables{Schema: schema}})
 		if err == nil {
 			_, err = m.Up(ctx)
 		}

@@ -129,7 +129,7 @@ func consumerCmd(ctx context.Context, cmd *command, args []string, out io.Writer
 	if err := f.validate(fs, sub); err != nil {
 		return err
 	}
-	store, err := dedup.New(&dedup.Config{Schema: f.schema, Tables: migrate.Tables{ConsumerPositions: f.table}})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: f.schema, ConsumerPositions: f.table}})
 	if err != nil {
 		return usagef("%v", err)
 	}

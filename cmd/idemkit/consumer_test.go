@@ -42,13 +42,13 @@ type seekEnv struct {
 func newSeekEnv(t *testing.T, bin string, partitions int) *seekEnv {
 	t.Helper()
 	db := testenv.NewDB(t, func(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-		m, err := migrate.New(pool, &migrate.Config{Schema: schema})
+		m, err := migrate.New(pool, &migrate.Config{Tables: migrate.Tables{Schema: schema}})
 		if err == nil {
 			_, err = m.Up(ctx)
 		}
 		return err
 	})
-	store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

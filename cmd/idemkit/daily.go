@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/migrate"
 )
 
 const dailyEnableHelp = `Switches the schema's dedup store to the daily layout (dedup.Store.EnableDaily),
@@ -58,7 +59,7 @@ func dailyCmd(ctx context.Context, cmd *command, args []string, out io.Writer) (
 	case sub == "enable" && (ahead < 0 || ahead > 366):
 		return usagef("dedup daily enable: -ahead-days must be within 1 to 366, not %d", ahead)
 	}
-	store, err := dedup.New(&dedup.Config{Schema: c.schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: c.schema}})
 	if err != nil {
 		return usagef("%v", err)
 	}

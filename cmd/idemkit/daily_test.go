@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/migrate"
 )
 
 // TestDedupDaily: `idemkit dedup daily` enables the daily layout, shows it
@@ -53,7 +54,7 @@ func TestDedupDaily(t *testing.T) {
 		t.Fatalf("status -json: %d %q (%v); want daily with 2 partitions", code, out, err)
 	}
 	// A partition gone (say, dropped by hand): maintain makes it again.
-	store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

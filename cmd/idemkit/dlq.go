@@ -290,7 +290,7 @@ func (f *dlqFlags) list(ctx context.Context, kc kafkaconn.Config, out io.Writer)
 		defer pool.Close()
 	}
 	topics := strings.Split(f.topic, ",")
-	lcfg := &dlq.ListConfig{Kafka: kc, Topics: topics, Schema: f.schema, Filter: f.filter, NoPayload: true}
+	lcfg := &dlq.ListConfig{Kafka: kc, Topics: topics, Tables: migrate.Tables{Schema: f.schema}, Filter: f.filter, NoPayload: true}
 	l, err := dlq.List(ctx, pool, lcfg)
 	var unknown string // why the states are unknown
 	switch {
@@ -421,7 +421,7 @@ func (f *dlqFlags) inspect(ctx context.Context, kc kafkaconn.Config, out io.Writ
 					return err
 				}
 			}
-			if err := dlq.LoadValue(ctx, pool, migrate.Config{Schema: f.schema}, d); err != nil {
+			if err := dlq.LoadValue(ctx, pool, migrate.Tables{Schema: f.schema}, d); err != nil {
 				return f.dbErr(err)
 			}
 		}
@@ -501,7 +501,7 @@ func (f *dlqFlags) replay(ctx context.Context, kc kafkaconn.Config, out io.Write
 	items := []replayItemJSON{}
 	r, err := dlq.NewReprocessor(pool, &dlq.ReprocessorConfig{
 		Kafka: kc, Topic: f.topic, Mode: dlq.Republish,
-		Schema: f.schema, Filter: f.filter, DryRun: f.dryRun, Rate: f.rate,
+		Tables: migrate.Tables{Schema: f.schema}, Filter: f.filter, DryRun: f.dryRun, Rate: f.rate,
 		ReplayLimit: f.replayLimit, MaxOutage: f.maxOutage, Retention: f.retention, OnBeyondHorizon: horizonPolicy(f.applyOld),
 		Progress: func(it dlq.Item) {
 			if it.Action == dlq.Skipped {

@@ -12,6 +12,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -25,7 +26,7 @@ func TestCLIInspectStoredValue(t *testing.T) {
 	origin := testenv.NewTopic(t, 1)
 	dead := origin + dlq.TopicSuffixDefault
 	testenv.CreateTopic(t, dead, 1)
-	w, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: testenv.Kafka(t), Group: "billing", Pool: db.Pool, Schema: db.Schema})
+	w, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: testenv.Kafka(t), Group: "billing", Pool: db.Pool, Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

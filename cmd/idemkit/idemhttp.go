@@ -40,7 +40,7 @@ func idemhttpCmd(ctx context.Context, cmd *command, args []string, out io.Writer
 	if *limit <= 0 {
 		return usagef("idemhttp %s: -limit must be at least 1, not %d", sub, *limit)
 	}
-	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: c.schema, Tables: migrate.Tables{IdempotencyRecords: *table}})
+	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: c.schema, IdempotencyRecords: *table}})
 	if err != nil {
 		return usagef("%v", err)
 	}

@@ -18,7 +18,7 @@ import (
 func TestIdemhttpStuck(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.NewDB(t, func(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-		m, err := migrate.New(pool, &migrate.Config{Schema: schema})
+		m, err := migrate.New(pool, &migrate.Config{Tables: migrate.Tables{Schema: schema}})
 		if err == nil {
 			_, err = m.Up(ctx)
 		}

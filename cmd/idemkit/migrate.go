@@ -134,7 +134,7 @@ func migrateCmd(ctx context.Context, cmd *command, args []string, out io.Writer)
 	defer pool.Close()
 	defer func() { err = c.dbErr(err) }()
 	// Up waits out an outage during the migration too, until interrupted.
-	m, err := migrate.New(pool, &migrate.Config{Schema: c.schema, Logger: log})
+	m, err := migrate.New(pool, &migrate.Config{Tables: migrate.Tables{Schema: c.schema}, Logger: log})
 	if err != nil {
 		return err
 	}

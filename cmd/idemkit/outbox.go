@@ -44,7 +44,7 @@ func outboxCmd(ctx context.Context, cmd *command, args []string, out io.Writer) 
 	case sub != "retry" && len(ids) != 0:
 		return usagef("outbox %s takes no arguments", sub)
 	}
-	store, err := outbox.New(&outbox.Config{Schema: c.schema, Tables: migrate.Tables{Outbox: *table}})
+	store, err := outbox.New(&outbox.Config{Tables: migrate.Tables{Schema: c.schema, Outbox: *table}})
 	if err != nil {
 		return usagef("%v", err)
 	}
@@ -148,7 +148,7 @@ func dedupCmd(ctx context.Context, cmd *command, args []string, out io.Writer) e
 	if *batch <= 0 {
 		return usagef("dedup purge: -batch must be at least 1, not %d", *batch)
 	}
-	store, err := dedup.New(&dedup.Config{Schema: c.schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: c.schema}})
 	if err != nil {
 		return usagef("%v", err)
 	}

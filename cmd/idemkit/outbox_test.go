@@ -27,7 +27,7 @@ func TestCLIOutboxAndDedup(t *testing.T) {
 	db := testenv.NewDB(t, testenv.Migrate)
 	env := []string{"IDEMKIT_DATABASE_URL=" + testenv.DatabaseURL(t)}
 	schema := []string{"-schema", db.Schema}
-	store, err := outbox.New(&outbox.Config{Schema: db.Schema})
+	store, err := outbox.New(&outbox.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +89,7 @@ func TestCLIOutboxAndDedup(t *testing.T) {
 	}
 
 	// dedup purge: only records older than the retention go.
-	d, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	d, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

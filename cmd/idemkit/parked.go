@@ -99,7 +99,7 @@ func parkedCmd(ctx context.Context, cmd *command, args []string, out io.Writer) 
 	if err := f.red.init(fs); err != nil {
 		return err
 	}
-	store, err := dedup.New(&dedup.Config{Schema: f.schema, Tables: migrate.Tables{ParkedMessages: f.table}})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: f.schema, ParkedMessages: f.table}})
 	if err != nil {
 		return usagef("%v", err)
 	}

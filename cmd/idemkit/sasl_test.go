@@ -20,6 +20,7 @@ import (
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -153,7 +154,7 @@ func TestSASLConsumeDeadLetterReplayList(t *testing.T) {
 	bin := binary(t)
 	db := testenv.NewDB(t, testenv.Migrate)
 	origin, dead := saslTopics(t, kc)
-	store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,7 +239,7 @@ func TestSASLWrongPassword(t *testing.T) {
 	bin := binary(t)
 	db := testenv.NewDB(t, testenv.Migrate)
 	origin, dead := saslTopics(t, good)
-	store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -192,8 +192,8 @@ func (f *statusFlags) table(name string) string { return pgx.Identifier{f.schema
 // collect reads the consumers, the outbox and the idempotency records
 // with package monitor.
 func (f *statusFlags) collect(ctx context.Context, kc kafkaconn.Config, pool *pgxpool.Pool, rep *statusReport) error {
-	m, err := monitor.New(&monitor.Config{Kafka: kc, Schema: f.schema,
-		Tables: migrate.Tables{Outbox: f.outboxTable, IdempotencyRecords: f.recordsTable}, OldestRecordTimeout: oldestRecordTimeout})
+	m, err := monitor.New(&monitor.Config{Kafka: kc,
+		Tables: migrate.Tables{Schema: f.schema, Outbox: f.outboxTable, IdempotencyRecords: f.recordsTable}, OldestRecordTimeout: oldestRecordTimeout})
 	if err != nil {
 		return usagef("%v", err)
 	}
@@ -202,7 +202,7 @@ func (f *statusFlags) collect(ctx context.Context, kc kafkaconn.Config, pool *pg
 	if err != nil {
 		return err
 	}
-	tables := m.Tables().Tables
+	tables := m.Tables()
 	for _, c := range snap.Consumers {
 		cs := consumerStatus{Consumer: c.Name, Topic: c.Topic, Partitions: []partitionStatus{}, Lag: c.Lag, Parked: c.Parked,
 			OldestParkedAgeSeconds: seconds(c.OldestParkedAge), OldestRecordAgeSeconds: seconds(c.OldestRecordAge)}
@@ -290,7 +290,7 @@ func (f *statusFlags) deadLetters(ctx context.Context, kc kafkaconn.Config, pool
 	}
 	// One listing of them all: a message whose rounds went to several
 	// topics (routes) counts once, in the topic of its latest round.
-	lcfg := &dlq.ListConfig{Kafka: kc, Topics: topics, Schema: f.schema, NoPayload: true}
+	lcfg := &dlq.ListConfig{Kafka: kc, Topics: topics, Tables: migrate.Tables{Schema: f.schema}, NoPayload: true}
 	l, err := dlq.List(ctx, pool, lcfg)
 	noReplays := errors.Is(err, dlq.ErrNotMigrated)
 	if noReplays {

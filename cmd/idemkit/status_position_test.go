@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/migrate"
 )
 
 // TestStatusPartitionWithoutPosition: billing consumes a 2-partition
@@ -30,7 +31,7 @@ func TestStatusPartitionWithoutPosition(t *testing.T) {
 	for range 5 {
 		testenv.Produce(t, topic, 1, kafka.Record{Value: kafka.NewBytes([]byte("m"))})
 	}
-	store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

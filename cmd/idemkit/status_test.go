@@ -54,7 +54,7 @@ func TestStatus(t *testing.T) {
 	}
 	testenv.Produce(t, dead, 0, kafka.Record{Value: kafka.NewBytes([]byte("not a dead letter"))})
 
-	store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +89,7 @@ func TestStatus(t *testing.T) {
 		state, token, locked_until, created_at, updated_at, expires_at)
 		VALUES ('acct-1', 'POST /payments', 'k-1', '\x00', 'PROCESSING', 7, $1, $2, $2, $3)`,
 		now.Add(-time.Minute), now.Add(-2*time.Minute), now.Add(time.Hour))
-	ob, err := outbox.New(&outbox.Config{Schema: db.Schema})
+	ob, err := outbox.New(&outbox.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -182,7 +182,7 @@ func TestCLIParked(t *testing.T) {
 	topic := testenv.NewTopic(t, 1)
 	group := testenv.Name(t, "g")
 	env := []string{"IDEMKIT_DATABASE_URL=" + testenv.DatabaseURL(t)}
-	store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,9 +21,9 @@ import (
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/idemotel"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
-	"github.com/idemkit/idemkit/idemotel"
 )
 
 // order is one of the demo's orders, pending until its OrderPaid event is
@@ -90,7 +90,7 @@ func scenario(ctx context.Context, dbURL string, brokers []string, schema string
 		return nil, fmt.Errorf("set up PostgreSQL schema %s: %w", schema, err)
 	}
 	defer pool.Close()
-	store, err := dedup.New(&dedup.Config{Schema: schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: schema}})
 	if err != nil {
 		return nil, err
 	}
@@ -260,7 +260,7 @@ func setupDB(ctx context.Context, dbURL, schema string, say func(string, ...any)
 		if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
 			return err
 		}
-		m, err := migrate.New(pool, &migrate.Config{Schema: schema})
+		m, err := migrate.New(pool, &migrate.Config{Tables: migrate.Tables{Schema: schema}})
 		if err != nil {
 			return err
 		}

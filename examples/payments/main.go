@@ -44,10 +44,10 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/idemkit/idemkit/idemhttp"
-	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/idemotel"
-	"github.com/idemkit/idemkit/outbox"
 	"github.com/idemkit/idemkit/idemredis"
+	"github.com/idemkit/idemkit/migrate"
+	"github.com/idemkit/idemkit/outbox"
 )
 
 func main() {
@@ -87,7 +87,7 @@ func run(ctx context.Context, dbURL, schema, redisURL string, out io.Writer) err
 	}
 	defer pool.Close()
 
-	m, err := migrate.New(pool, &migrate.Config{Schema: schema})
+	m, err := migrate.New(pool, &migrate.Config{Tables: migrate.Tables{Schema: schema}})
 	if err != nil {
 		return err
 	}
@@ -123,7 +123,7 @@ func run(ctx context.Context, dbURL, schema, redisURL string, out io.Writer) err
 	if err != nil {
 		return err
 	}
-	ocfg := &outbox.Config{Schema: schema}
+	ocfg := &outbox.Config{Tables: migrate.Tables{Schema: schema}}
 	if err := tel.Outbox(ocfg); err != nil { // the request's trace context goes with the event
 		return err
 	}
@@ -241,7 +241,7 @@ func newAPI(pool *pgxpool.Pool, schema string, records idemhttp.Backend, events 
 	if records != nil {
 		mw, err = idemhttp.NewWithBackend(records, cfg)
 	} else {
-		if cfg.Store, err = idemhttp.NewStore(&idemhttp.StoreConfig{Schema: schema}); err != nil {
+		if cfg.Store, err = idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: schema}}); err != nil {
 			return nil, err
 		}
 		mw, err = idemhttp.New(pool, cfg)

@@ -509,7 +509,7 @@ func (l *Logs) CountFunc(msg string, f func(rec map[string]any) bool) int {
 // Migrate is a NewDB setup that applies every idemkit migration to the
 // test's schema: testenv.NewDB(t, testenv.Migrate).
 func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-	m, err := migrate.New(pool, &migrate.Config{Schema: schema})
+	m, err := migrate.New(pool, &migrate.Config{Tables: migrate.Tables{Schema: schema}})
 	if err != nil {
 		return err
 	}

@@ -39,7 +39,7 @@ type app struct {
 }
 
 func newApp(outTopic string) (*app, error) {
-	store, err := outbox.New(&outbox.Config{Schema: schema})
+	store, err := outbox.New(&outbox.Config{Tables: migrate.Tables{Schema: schema}})
 	if err != nil {
 		return nil, err
 	}
@@ -56,7 +56,7 @@ func (a *app) setup(ctx context.Context, pool *pgxpool.Pool, keys []string) erro
 	if _, err := pool.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{schema}.Sanitize()); err != nil {
 		return err
 	}
-	m, err := migrate.New(pool, &migrate.Config{Schema: schema})
+	m, err := migrate.New(pool, &migrate.Config{Tables: migrate.Tables{Schema: schema}})
 	if err != nil {
 		return err
 	}

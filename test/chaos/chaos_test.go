@@ -23,6 +23,7 @@ import (
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
 	"github.com/idemkit/idemkit/retry"
 	"github.com/idemkit/idemkit/test/internal/faultplan"
@@ -308,7 +309,7 @@ func run(t *testing.T, sc scenario) {
 			t.Errorf("parts still running a minute after they were cancelled")
 		}
 	}()
-	store, err := dedup.New(&dedup.Config{Schema: schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: schema}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -343,7 +344,7 @@ func run(t *testing.T, sc scenario) {
 	wg.Go(func() { exits <- exit{name: relay, err: rl.Run(runCtx)} })
 	var replayedItems atomic.Int64
 	rp, err := dlq.NewReprocessor(pools[reprocessor], &dlq.ReprocessorConfig{Kafka: kafkaconn.Config{Brokers: brokers}, Topic: dlqTopic, Mode: dlq.Redrive,
-		Handler: a.handler(reprocessor), Schema: schema,
+		Handler: a.handler(reprocessor), Tables: migrate.Tables{Schema: schema},
 		Rate: sc.replayRate, Logger: loggers[reprocessor],
 		Progress: func(dlq.Item) { replayedItems.Add(1) }})
 	if err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
 	"github.com/idemkit/idemkit/retry"
 	"github.com/idemkit/idemkit/test/internal/kafkaproc"
@@ -138,11 +139,11 @@ func run(t *testing.T, c *kafkaproc.Cluster, sc scenario) {
 	if err := c.CreateTopic(ctx, topic, partitions, 3); err != nil {
 		t.Fatal(err)
 	}
-	store, err := outbox.New(&outbox.Config{Schema: a.db.Schema})
+	store, err := outbox.New(&outbox.Config{Tables: migrate.Tables{Schema: a.db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	claims, err := dedup.New(&dedup.Config{Schema: a.db.Schema})
+	claims, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: a.db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

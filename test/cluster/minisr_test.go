@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
 	"github.com/idemkit/idemkit/retry"
 	"github.com/idemkit/idemkit/test/internal/faultplan"
@@ -58,7 +59,7 @@ func belowMinISR(t *testing.T, c *kafkaproc.Cluster) {
 	}
 
 	db := testenv.NewDB(t, testenv.Migrate)
-	store, err := outbox.New(&outbox.Config{Schema: db.Schema})
+	store, err := outbox.New(&outbox.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

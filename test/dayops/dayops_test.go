@@ -29,6 +29,7 @@ import (
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/test/internal/containers"
 	"github.com/idemkit/idemkit/test/internal/kafkaproc"
 )
@@ -55,7 +56,7 @@ func newFixture(t *testing.T) *fixture {
 			id text PRIMARY KEY, runs int NOT NULL)`)
 		return err
 	})
-	store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/kafkaconn"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 	"github.com/idemkit/idemkit/test/internal/kafkaproc"
 )
@@ -132,7 +133,7 @@ func TestBrokerKilledMidReplay(t *testing.T) {
 	var waits []func()
 	seen0 := 0
 	r, err := dlq.NewReprocessor(db.Pool, &dlq.ReprocessorConfig{Kafka: kafkaconn.Config{Brokers: brokers}, Topic: dead, Mode: dlq.Republish,
-		Schema: db.Schema, Logger: logger, ReplayedBy: "test",
+		Tables: migrate.Tables{Schema: db.Schema}, Logger: logger, ReplayedBy: "test",
 		Progress: func(it dlq.Item) {
 			if it.Raw.Partition != 0 {
 				return

@@ -25,6 +25,7 @@ import (
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -53,7 +54,7 @@ func child() int {
 	}
 	defer pool.Close()
 	schema := os.Getenv(childSchema)
-	store, err := dedup.New(&dedup.Config{Schema: schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: schema}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 2
@@ -353,7 +354,7 @@ func TestCrashAfterDeadLetterWrite(t *testing.T) {
 			}
 			table := db.Table("effects")
 			rp, err := dlq.NewReprocessor(db.Pool, &dlq.ReprocessorConfig{Kafka: testenv.Kafka(t), Topic: topic + dlq.TopicSuffixDefault,
-				Mode: dlq.Redrive, Schema: db.Schema,
+				Mode: dlq.Redrive, Tables: migrate.Tables{Schema: db.Schema},
 				Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 					return applyEffect(ctx, tx, table, m)
 				})})

@@ -13,6 +13,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/migrate"
 )
 
 // TestInstancesJoinAndLeave runs 20,000 messages over 6 partitions through
@@ -37,7 +38,7 @@ func TestInstancesJoinAndLeave(t *testing.T) {
 			db := newDB(t)
 			topic := testenv.NewTopic(t, partitions)
 			group := testenv.Name(t, "g")
-			store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+			store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -28,6 +28,7 @@ import (
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -56,7 +57,7 @@ func newRelayFixture(t *testing.T, n, keys int) *relayFixture {
 	t.Helper()
 	f := &relayFixture{db: testenv.NewDB(t, testenv.Migrate), topic: testenv.NewTopic(t, 3)}
 	var err error
-	if f.store, err = outbox.New(&outbox.Config{Schema: f.db.Schema}); err != nil {
+	if f.store, err = outbox.New(&outbox.Config{Tables: migrate.Tables{Schema: f.db.Schema}}); err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
@@ -489,7 +490,7 @@ func newKafkaFaultConsumer(t *testing.T, partitions int, tune func(*consumer.Con
 	t.Helper()
 	f := &kafkaFaultConsumer{t: t, db: newDB(t), topic: testenv.NewTopic(t, partitions), late: make(chan struct{})}
 	f.table = f.db.Table("effects")
-	store, err := dedup.New(&dedup.Config{Schema: f.db.Schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: f.db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -606,7 +607,7 @@ func TestConsumerPostgresStranded(t *testing.T) {
 	const n, partitions = 600, 3
 	db := newDB(t)
 	topic := testenv.NewTopic(t, partitions)
-	store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -737,7 +738,7 @@ func TestConsumerPostgresFaults(t *testing.T) {
 			const n, partitions = 400, 3
 			db := newDB(t)
 			topic := testenv.NewTopic(t, partitions)
-			store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+			store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 			if err != nil {
 				t.Fatal(err)
 			}

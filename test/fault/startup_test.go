@@ -61,7 +61,7 @@ func TestMigrateUpWaitsForStoppedServer(t *testing.T) {
 	logs, log := testenv.NewLogs(t)
 	waiting := make(chan struct{})
 	log = slog.New(onMessage{Handler: log.Handler(), msg: outage.StartMsg, once: new(sync.Once), ch: waiting})
-	m, err := migrate.New(pool, &migrate.Config{Schema: "idemkit", Logger: log})
+	m, err := migrate.New(pool, &migrate.Config{Tables: migrate.Tables{Schema: "idemkit"}, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
 )
 
@@ -47,7 +48,7 @@ func child() int {
 		return 2
 	}
 	defer pool.Close()
-	store, err := outbox.New(&outbox.Config{Schema: os.Getenv(childSchema)})
+	store, err := outbox.New(&outbox.Config{Tables: migrate.Tables{Schema: os.Getenv(childSchema)}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 2
@@ -131,7 +132,7 @@ func TestCrashAfterPublishChain(t *testing.T) {
 	ctx := context.Background()
 	db, store := newDB(t)
 	in, out := testenv.NewTopic(t, 1), testenv.NewTopic(t, 1)
-	dd, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	dd, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/outbox"
 	"github.com/idemkit/idemkit/test/internal/containers"
 )
@@ -37,7 +38,7 @@ func newDB(t *testing.T) (*testenv.DB, *outbox.Store) {
 			` (id text PRIMARY KEY, runs int NOT NULL)`)
 		return err
 	})
-	store, err := outbox.New(&outbox.Config{Schema: db.Schema})
+	store, err := outbox.New(&outbox.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/internal/testobs"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 	"github.com/idemkit/idemkit/test/internal/txproducer"
 )
@@ -39,7 +40,7 @@ func newConsumerDB(t *testing.T) *consumerDB {
 			id text PRIMARY KEY, runs int NOT NULL, kafka_partition int NOT NULL, kafka_offset bigint NOT NULL)`)
 		return err
 	})
-	store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/test/internal/txproducer"
 )
 
@@ -70,7 +71,7 @@ func child() int {
 	}
 	defer pool.Close()
 	schema := os.Getenv(childSchema)
-	store, err := dedup.New(&dedup.Config{Schema: schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: schema}})
 	if err != nil {
 		return fail(err)
 	}
@@ -375,7 +376,7 @@ func TestCrashInTransactionalPartition(t *testing.T) {
 				}
 			}
 			sorted := committed.sorted()
-			store, err := dedup.New(&dedup.Config{Schema: db.Schema})
+			store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
 			if err != nil {
 				t.Fatal(err)
 			}

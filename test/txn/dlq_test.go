@@ -236,7 +236,7 @@ func TestDeadLettersWrittenTransactionally(t *testing.T) {
 	t.Run("redrive", func(t *testing.T) {
 		db := newConsumerDB(t)
 		cfg := func() *dlq.ReprocessorConfig {
-			return &dlq.ReprocessorConfig{Mode: dlq.Redrive, Schema: db.db.Schema,
+			return &dlq.ReprocessorConfig{Mode: dlq.Redrive, Tables: migrate.Tables{Schema: db.db.Schema},
 				Handler: consumer.HandlerFunc(db.apply)}
 		}
 		sum, seen := replay(db.db.Pool, cfg())
@@ -264,7 +264,7 @@ func TestDeadLettersWrittenTransactionally(t *testing.T) {
 	t.Run("republish", func(t *testing.T) {
 		db := newConsumerDB(t)
 		sum, seen := replay(db.db.Pool, &dlq.ReprocessorConfig{Mode: dlq.Republish,
-			Schema: db.db.Schema})
+			Tables: migrate.Tables{Schema: db.db.Schema}})
 		if !maps.Equal(sum.Records, dlq.Counts{dlq.Republished: n}) {
 			t.Fatalf("republish: %v, want %d republished", sum, n)
 		}
@@ -339,7 +339,7 @@ func TestDeadLettersWrittenTransactionally(t *testing.T) {
 		stableBounds(t, dead, 0)
 		db := newConsumerDB(t)
 		cfg := func() *dlq.ReprocessorConfig {
-			return &dlq.ReprocessorConfig{Mode: dlq.Redrive, Schema: db.db.Schema,
+			return &dlq.ReprocessorConfig{Mode: dlq.Redrive, Tables: migrate.Tables{Schema: db.db.Schema},
 				Handler: consumer.HandlerFunc(db.apply)}
 		}
 		sum, seen := replay(db.db.Pool, cfg())

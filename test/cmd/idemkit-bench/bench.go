@@ -336,7 +336,7 @@ func (b *bench) newSchema(ctx context.Context, scenario string) (string, error) 
 		return "", fmt.Errorf("create schema: %w", err)
 	}
 	b.schemas = append(b.schemas, schema)
-	m, err := migrate.New(b.admin, &migrate.Config{Schema: schema})
+	m, err := migrate.New(b.admin, &migrate.Config{Tables: migrate.Tables{Schema: schema}})
 	if err != nil {
 		return "", err
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/idemkit/idemkit/internal/pgsession"
 	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
+	"github.com/idemkit/idemkit/migrate"
 )
 
 // producedAtHeader carries the produce time (Unix nanoseconds) of a message of
@@ -194,7 +195,7 @@ func runConsumerChild(ctx context.Context, spec *childSpec, sc *scenario) (*chil
 		return nil, err
 	}
 	defer pool.Close()
-	store, err := dedup.New(&dedup.Config{Schema: spec.Schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: spec.Schema}})
 	if err != nil {
 		return nil, err
 	}
@@ -461,7 +462,7 @@ func runPGChild(ctx context.Context, spec *childSpec, sc *scenario) (*childResul
 		return nil, err
 	}
 	defer pool.Close()
-	store, err := dedup.New(&dedup.Config{Schema: spec.Schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: spec.Schema}})
 	if err != nil {
 		return nil, err
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/kafkaconn"
+	"github.com/idemkit/idemkit/migrate"
 )
 
 // childSpec is what a child process runs; the parent passes it as JSON in
@@ -79,7 +80,7 @@ func runChild(ctx context.Context, spec *childSpec, log *slog.Logger) error {
 		return err
 	}
 	defer pool.Close()
-	store, err := dedup.New(&dedup.Config{Schema: spec.Schema})
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: spec.Schema}})
 	if err != nil {
 		return err
 	}

@@ -141,7 +141,7 @@ func (h *harness) newSchema(ctx context.Context, suffix string) (string, error) 
 		return "", fmt.Errorf("create schema: %w", err)
 	}
 	h.schemas = append(h.schemas, schema)
-	m, err := migrate.New(h.admin, &migrate.Config{Schema: schema})
+	m, err := migrate.New(h.admin, &migrate.Config{Tables: migrate.Tables{Schema: schema}})
 	if err != nil {
 		return "", err
 	}

@@ -417,7 +417,7 @@ func newVariant(ctx context.Context, pool *pgxpool.Pool, name string) (*variant,
 	if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{v.schema}.Sanitize()+` CASCADE`); err != nil {
 		return nil, err
 	}
-	cfg := &migrate.Config{Schema: v.schema}
+	cfg := &migrate.Config{Tables: migrate.Tables{Schema: v.schema}}
 	m, err := migrate.New(pool, cfg)
 	if err != nil {
 		return nil, err
@@ -439,7 +439,7 @@ func newVariant(ctx context.Context, pool *pgxpool.Pool, name string) (*variant,
 	v.newID = newUUID
 	switch name {
 	case "uuid", "text", "uuid-av": // UUIDs as uuid; IDs that are no UUID as text
-		s, err := dedup.New(&dedup.Config{Schema: v.schema})
+		s, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: v.schema}})
 		if err != nil {
 			return nil, err
 		}
@@ -464,7 +464,7 @@ func newVariant(ctx context.Context, pool *pgxpool.Pool, name string) (*variant,
 // enableDaily makes v the daily layout, as if enabled more than 30 days
 // ago: the records, spread over the last 30 days, all go to partitions.
 func (v *variant) enableDaily(ctx context.Context, pool *pgxpool.Pool) error {
-	s, err := dedup.New(&dedup.Config{Schema: v.schema})
+	s, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: v.schema}})
 	if err != nil {
 		return err
 	}

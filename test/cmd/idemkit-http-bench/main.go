@@ -70,8 +70,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idemkit/idemhttp"
-	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/idemredis"
+	"github.com/idemkit/idemkit/migrate"
 )
 
 type options struct {
@@ -256,7 +256,7 @@ func newBench(ctx context.Context, o *options) (_ *bench, err error) {
 	if _, err := b.pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{b.schema}.Sanitize()); err != nil {
 		return nil, err
 	}
-	m, err := migrate.New(b.pool, &migrate.Config{Schema: b.schema})
+	m, err := migrate.New(b.pool, &migrate.Config{Tables: migrate.Tables{Schema: b.schema}})
 	if err != nil {
 		return nil, err
 	}
@@ -286,7 +286,7 @@ func newBench(ctx context.Context, o *options) (_ *bench, err error) {
 		return nil, err
 	}
 
-	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Schema: b.schema})
+	store, err := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: b.schema}})
 	if err != nil {
 		return nil, err
 	}

@@ -282,7 +282,7 @@ type bench struct {
 func (b *bench) setup(ctx context.Context, impl string) (store *outbox.Store, schema, topic string, cleanup func(), err error) {
 	suffix := strings.ToLower(rand.Text()[:10])
 	schema, topic = "bench_"+suffix, "idemkit_bench_"+suffix
-	m, err := migrate.New(b.pool, &migrate.Config{Schema: schema})
+	m, err := migrate.New(b.pool, &migrate.Config{Tables: migrate.Tables{Schema: schema}})
 	if err != nil {
 		return nil, "", "", nil, err
 	}
@@ -298,7 +298,7 @@ func (b *bench) setup(ctx context.Context, impl string) (store *outbox.Store, sc
 	if _, err := m.Up(ctx); err != nil {
 		return fail(err)
 	}
-	store, err = outbox.New(&outbox.Config{Schema: schema})
+	store, err = outbox.New(&outbox.Config{Tables: migrate.Tables{Schema: schema}})
 	if err != nil {
 		return fail(err)
 	}
@@ -752,7 +752,7 @@ func child(args []string) error {
 	for pool.Stat().TotalConns() < cfg.MinConns {
 		time.Sleep(time.Millisecond)
 	}
-	store, err := outbox.New(&outbox.Config{Schema: *schema})
+	store, err := outbox.New(&outbox.Config{Tables: migrate.Tables{Schema: *schema}})
 	if err != nil {
 		return err
 	}
