@@ -563,35 +563,49 @@ func (f *kafkaFaultConsumer) waitLate(what string) {
 // waitApplied waits until n messages are applied.
 func (f *kafkaFaultConsumer) waitApplied(n int, what string) {
 	f.t.Helper()
-	count := func() int {
-		var c int
-		if err := f.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+f.table).Scan(&c); err != nil {
-			f.t.Fatal(err)
-		}
-		return c
-	}
-	deadline := time.Now().Add(3 * time.Minute)
-	for count() < n {
-		if time.Now().After(deadline) {
-			f.t.Fatalf("%s: %d of %d applied after 3 minutes", what, count(), n)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitApplied(f.t, f.db, f.table, n, 3*time.Minute, what)
 }
 
 // check says that n messages were applied, each once, in order per key.
 func (f *kafkaFaultConsumer) check(n int) {
 	f.t.Helper()
-	runs := effectRuns(f.t, f.db)
+	checkAppliedOnce(f.t, f.db, n)
+}
+
+// waitApplied waits, at most within, until table holds n rows (n messages
+// applied).
+func waitApplied(t *testing.T, db *testenv.DB, table string, n int, within time.Duration, what string) {
+	t.Helper()
+	count := func() int {
+		var c int
+		if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM `+table).Scan(&c); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	deadline := time.Now().Add(within)
+	for count() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d of %d applied after %v", what, count(), n, within)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// checkAppliedOnce says that n messages were applied, each once, in order
+// per key.
+func checkAppliedOnce(t *testing.T, db *testenv.DB, n int) {
+	t.Helper()
+	runs := effectRuns(t, db)
 	for id, c := range runs {
 		if c != 1 {
-			f.t.Fatalf("%s applied %d times", id, c)
+			t.Fatalf("%s applied %d times", id, c)
 		}
 	}
 	if len(runs) != n {
-		f.t.Fatalf("%d messages applied, want %d", len(runs), n)
+		t.Fatalf("%d messages applied, want %d", len(runs), n)
 	}
-	checkOrder(f.t, f.db)
+	checkOrder(t, db)
 }
 
 // TestConsumerPostgresStranded: the consumer's PostgreSQL connections are
@@ -687,30 +701,8 @@ func TestConsumerPostgresStranded(t *testing.T) {
 	case <-time.After(3 * time.Minute):
 		t.Fatal("the stranded transaction's message was not committed within 3 minutes")
 	}
-	deadline := time.Now().Add(3 * time.Minute)
-	for {
-		var got int
-		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&got); err != nil {
-			t.Fatal(err)
-		}
-		if got == n {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d applied 3 minutes after the strand", got, n)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	runs := effectRuns(t, db)
-	for id, c := range runs {
-		if c != 1 {
-			t.Fatalf("%s applied %d times", id, c)
-		}
-	}
-	if len(runs) != n {
-		t.Fatalf("%d messages applied, want %d", len(runs), n)
-	}
-	checkOrder(t, db)
+	waitApplied(t, db, table, n, 3*time.Minute, "after the strand")
+	checkAppliedOnce(t, db, n)
 	var orphans int
 	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_stat_activity
 		WHERE application_name = 'consumer-pg-strand' AND state LIKE 'idle in transaction%'`).Scan(&orphans); err != nil {
@@ -832,27 +824,8 @@ func TestConsumerPostgresFaults(t *testing.T) {
 			case <-time.After(2 * time.Minute):
 				t.Fatal("the faulted transaction's message was not committed within 2 minutes")
 			}
-			deadline := time.Now().Add(2 * time.Minute)
-			for {
-				var got int
-				if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&got); err != nil {
-					t.Fatal(err)
-				}
-				if got == n {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("%d of %d applied 2 minutes after the fault", got, n)
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
-			runs := effectRuns(t, db)
-			for id, c := range runs {
-				if c != 1 {
-					t.Fatalf("%s applied %d times", id, c)
-				}
-			}
-			checkOrder(t, db)
+			waitApplied(t, db, table, n, 2*time.Minute, "after the fault")
+			checkAppliedOnce(t, db, n)
 			mu.Lock()
 			defer mu.Unlock()
 			t.Logf("%s: noticed after %v; its message committed %v after the fault; %d messages, each applied once, in order; %d outage warnings",
