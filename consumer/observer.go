@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemkit/idemkit/internal/observe"
 	"github.com/idemkit/idemkit/retry"
 )
 
@@ -229,37 +230,9 @@ type observers struct {
 func newObservers(list []Observer) (observers, error) {
 	var o observers
 	for i, v := range list {
-		n := 0
-		if x, ok := v.(TxObserver); ok {
-			o.tx, n = append(o.tx, x), n+1
-		}
-		if x, ok := v.(OutcomeObserver); ok {
-			o.outcome, n = append(o.outcome, x), n+1
-		}
-		if x, ok := v.(RetryObserver); ok {
-			o.retry, n = append(o.retry, x), n+1
-		}
-		if x, ok := v.(RebalanceObserver); ok {
-			o.rebalance, n = append(o.rebalance, x), n+1
-		}
-		if x, ok := v.(AssignObserver); ok {
-			o.assign, n = append(o.assign, x), n+1
-		}
-		if x, ok := v.(PositionObserver); ok {
-			o.position, n = append(o.position, x), n+1
-		}
-		if x, ok := v.(HeldObserver); ok {
-			o.held, n = append(o.held, x), n+1
-		}
-		if x, ok := v.(OffsetObserver); ok {
-			o.offset, n = append(o.offset, x), n+1
-		}
-		if x, ok := v.(PurgeObserver); ok {
-			o.purge, n = append(o.purge, x), n+1
-		}
-		if x, ok := v.(OutageObserver); ok {
-			o.outage, n = append(o.outage, x), n+1
-		}
+		n := observe.Take(v, &o.tx) + observe.Take(v, &o.outcome) + observe.Take(v, &o.retry) +
+			observe.Take(v, &o.rebalance) + observe.Take(v, &o.assign) + observe.Take(v, &o.position) +
+			observe.Take(v, &o.held) + observe.Take(v, &o.offset) + observe.Take(v, &o.purge) + observe.Take(v, &o.outage)
 		if n == 0 {
 			return o, fmt.Errorf("%w: Observers[%d] (%T) implements no observer interface", ErrInvalidConfig, i, v)
 		}

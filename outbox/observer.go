@@ -3,6 +3,8 @@ package outbox
 import (
 	"context"
 	"fmt"
+
+	"github.com/idemkit/idemkit/internal/observe"
 )
 
 // An Observer watches a Relay or a Dispatcher: metrics, tracing, tests. It
@@ -67,19 +69,7 @@ type observers struct {
 func newObservers(list []Observer) (observers, error) {
 	var o observers
 	for i, v := range list {
-		n := 0
-		if x, ok := v.(DeliveryObserver); ok {
-			o.delivery, n = append(o.delivery, x), n+1
-		}
-		if x, ok := v.(PublishObserver); ok {
-			o.publish, n = append(o.publish, x), n+1
-		}
-		if x, ok := v.(FailureObserver); ok {
-			o.failure, n = append(o.failure, x), n+1
-		}
-		if x, ok := v.(StatsObserver); ok {
-			o.stats, n = append(o.stats, x), n+1
-		}
+		n := observe.Take(v, &o.delivery) + observe.Take(v, &o.publish) + observe.Take(v, &o.failure) + observe.Take(v, &o.stats)
 		if n == 0 {
 			return o, fmt.Errorf("%w: Observers[%d] (%T) implements no observer interface", ErrInvalidConfig, i, v)
 		}
