@@ -154,14 +154,19 @@ type ListConfig struct {
 	NoPayload bool
 }
 
+// DBTX runs queries: a *pgxpool.Pool, a *pgx.Conn and a pgx.Tx all
+// satisfy it.
+type DBTX = pgexec.DB
+
 // List reads dead-letter topics, each from its start to the end it has when
-// List reaches it (as Scan), and the replay records of its messages in pool (one
+// List reaches it (as Scan), and the replay records of its messages in db (one
 // query per few thousand origin messages), and returns each dead letter
 // with its state, grouped per origin message. It only reads. A missing
 // topic is ErrNoTopic (naming it); a missing replay records table wraps ErrNotMigrated.
 // It holds what it read in memory (see ListConfig.NoPayload). With a nil
-// pool no replay record is read and every State is left empty: unknown.
-func List(ctx context.Context, pool *pgxpool.Pool, cfg *ListConfig) (*Listing, error) {
+// db (nil: none) no replay record is read and every State is left empty:
+// unknown. db is a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
+func List(ctx context.Context, db DBTX, cfg *ListConfig) (*Listing, error) {
 	switch {
 	case cfg == nil:
 		return nil, fmt.Errorf("%w: nil config", ErrInvalidConfig)
@@ -209,15 +214,18 @@ func List(ctx context.Context, pool *pgxpool.Pool, cfg *ListConfig) (*Listing, e
 		}
 	}
 	var records map[originKey]map[int]*Replay
-	if pool != nil {
+	if p, ok := db.(*pgxpool.Pool); ok && p == nil { // a nil pool is no database
+		db = nil
+	}
+	if db != nil {
 		var err error
-		if records, err = readReplays(ctx, pool, replays, l.Messages); err != nil {
+		if records, err = readReplays(ctx, db, replays, l.Messages); err != nil {
 			return nil, err
 		}
 	}
 	kept := l.Messages[:0]
 	for _, m := range l.Messages {
-		if pool != nil {
+		if db != nil {
 			m.decide(records[keyOf(m.Letters[0].DeadLetter).originKey])
 		}
 		m.Letters = slices.DeleteFunc(m.Letters, func(x Letter) bool { return !cfg.Filter.Match(x.DeadLetter) })
@@ -266,7 +274,7 @@ const replaysChunk = 5000
 
 // readReplays reads the replay records of msgs' origins, per origin and
 // round.
-func readReplays(ctx context.Context, pool *pgxpool.Pool, table string, msgs []OriginMessage) (map[originKey]map[int]*Replay, error) {
+func readReplays(ctx context.Context, db DBTX, table string, msgs []OriginMessage) (map[originKey]map[int]*Replay, error) {
 	out := map[originKey]map[int]*Replay{}
 	for chunk := range slices.Chunk(msgs, replaysChunk) {
 		topics := make([]string, len(chunk))
@@ -277,7 +285,7 @@ func readReplays(ctx context.Context, pool *pgxpool.Pool, table string, msgs []O
 			o := m.Origin
 			topics[i], incarnations[i], partitions[i], offsets[i] = o.Topic, o.Incarnation, int32(o.Partition), o.Offset
 		}
-		rows, err := pool.Query(ctx, `SELECT r.origin_topic, r.origin_incarnation, r.origin_partition, r.origin_offset,
+		rows, err := db.Query(ctx, `SELECT r.origin_topic, r.origin_incarnation, r.origin_partition, r.origin_offset,
 			r.replay_round, r.outcome, coalesce(r.detail, ''), r.dead_letter_topic, r.replayed_by, r.replayed_at
 			FROM `+table+` r JOIN unnest($1::text[], $2::int8[], $3::int4[], $4::int8[]) AS o (topic, incarnation, part, off)
 			ON r.origin_topic = o.topic AND r.origin_incarnation = o.incarnation

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dlq"
@@ -106,5 +107,28 @@ func TestListStates(t *testing.T) {
 	if err != nil || len(l.Messages) != 1 || l.Messages[0].State != dlq.StateUnresolved || len(l.Messages[0].Letters) != 2 ||
 		l.Messages[0].Letters[0].Message.Value != nil {
 		t.Fatalf("filtered: %+v, %v", l, err)
+	}
+	// Read on one connection (as a Monitor does), and without a database:
+	// a nil pool, typed or not, reads no replay record.
+	conn, err := e.db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	cfg := &dlq.ListConfig{Kafka: testenv.Kafka(t), Topics: []string{e.dlq}, Tables: migrate.Tables{Schema: e.db.Schema}}
+	if l, err := dlq.List(ctx, conn.Conn(), cfg); err != nil || !maps.Equal(l.Count(), map[dlq.State]int{dlq.StateApplied: 2,
+		dlq.StateUnresolved: 2, dlq.StateExhausted: 1, dlq.StateReplayed: 1}) {
+		t.Fatalf("on one connection: %v, %v", l, err)
+	}
+	for _, db := range []dlq.DBTX{nil, (*pgxpool.Pool)(nil)} {
+		l, err := dlq.List(ctx, db, cfg)
+		if err != nil || len(l.Messages) != 6 {
+			t.Fatalf("List(%T nil): %v, %v", db, l, err)
+		}
+		for _, m := range l.Messages {
+			if m.State != "" {
+				t.Fatalf("List(%T nil): message %+v in state %q, want unknown", db, m.Origin, m.State)
+			}
+		}
 	}
 }

@@ -66,7 +66,6 @@ type Monitor struct {
 	cfg       MonitorConfig
 	mon       *monitor.Monitor
 	connCfg   *pgx.ConnConfig
-	pool      *pgxpool.Pool
 	retention float64
 
 	ok, failed attrOpts
@@ -104,7 +103,7 @@ func (t *Telemetry) Monitor(pool *pgxpool.Pool, cfg *MonitorConfig) (*Monitor, e
 	}
 	connCfg := pool.Config().ConnConfig.Copy()
 	connCfg.RuntimeParams["application_name"] = "idemkit monitor"
-	m := &Monitor{t: t, cfg: c, mon: mon, connCfg: connCfg, pool: pool, attrCache: map[string]attrOpts{},
+	m := &Monitor{t: t, cfg: c, mon: mon, connCfg: connCfg, attrCache: map[string]attrOpts{},
 		ok: attrs(keyOutcome, "ok"), failed: attrs(keyOutcome, "failed")}
 	if c.Retention > 0 {
 		m.retention = c.Retention.Seconds()
@@ -194,7 +193,7 @@ func (m *Monitor) collect(ctx context.Context, conn *pgx.Conn) (*pgx.Conn, error
 	}
 	var dead map[string]map[dlq.State]int
 	if len(m.cfg.DeadLetterTopics) > 0 {
-		l, err := dlq.List(ctx, m.pool, &dlq.ListConfig{Kafka: m.cfg.Kafka, Topics: m.cfg.DeadLetterTopics, Tables: m.mon.Tables(), NoPayload: true})
+		l, err := dlq.List(ctx, conn, &dlq.ListConfig{Kafka: m.cfg.Kafka, Topics: m.cfg.DeadLetterTopics, Tables: m.mon.Tables(), NoPayload: true})
 		if err != nil {
 			return conn, fmt.Errorf("read dead-letter topics: %w", err)
 		}
