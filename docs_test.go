@@ -13,11 +13,11 @@ import (
 )
 
 // markdownFiles are the repository's Markdown documents a reader follows
-// links in: the front page, the changelog and the guides (recorded
-// benchmark outputs excluded).
+// links in: the front page, the changelog, the contribution and security
+// notes and the guides (recorded benchmark outputs excluded).
 func markdownFiles(t *testing.T) []string {
 	t.Helper()
-	files := []string{"README.md", "CHANGELOG.md"}
+	files := []string{"README.md", "CHANGELOG.md", "CONTRIBUTING.md", "SECURITY.md"}
 	err := filepath.WalkDir("docs", func(path string, d fs.DirEntry, err error) error {
 		switch {
 		case err != nil:
