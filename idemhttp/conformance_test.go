@@ -9,7 +9,7 @@ import (
 	"github.com/idemkit/idemkit/migrate"
 )
 
-// The PostgreSQL store passes the Backend conformance suite (issue 14), in
+// The PostgreSQL store passes the Backend conformance suite, in
 // transaction mode.
 func TestConformance(t *testing.T) {
 	t.Parallel()

@@ -61,7 +61,7 @@ func reviewPool(t *testing.T, maxConns int32, afterConnect func(context.Context,
 // is answered only at ~10 s, the key is not freed at the lease end, and the
 // failed pg_terminate_backend is not logged.
 // A holder past its lease is fenced on time even when the pool is exhausted
-// (the fence uses a connection of its own): hostile review of issue 17.
+// (the fence uses a connection of its own).
 func TestFenceWithExhaustedPool(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t, migrated)
@@ -90,7 +90,7 @@ func TestFenceWithExhaustedPool(t *testing.T) {
 // the handler runs (docs: "A handler still running when its lease ends is
 // fenced out").
 // A holder whose client hung up is still fenced at its lease end: the key
-// is free 1 s later (hostile review of issue 17).
+// is free 1 s later.
 func TestFenceAfterClientGone(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t, migrated)
@@ -122,7 +122,7 @@ func TestFenceAfterClientGone(t *testing.T) {
 // again. Config.NoLeaseTakeover and the CHANGELOG say "never taken over".
 // A middleware of the default mode never takes over a record reserved by a
 // NoLeaseTakeover middleware on the same operation (a rollout mixing both):
-// that record waits for the reconciler (hostile review of issue 17).
+// that record waits for the reconciler.
 func TestDefaultModeLeavesNoLeaseTakeoverRecords(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t, migrated)
@@ -156,7 +156,7 @@ func TestDefaultModeLeavesNoLeaseTakeoverRecords(t *testing.T) {
 // R4: with Wait, SET LOCAL lock_timeout TO DEFAULT drops a session-level
 // lock_timeout (AfterConnect SET): the handler runs with none at all.
 // With Wait, the handler's statements run with the lock_timeout the session
-// had (here set by AfterConnect), not the server default (hostile review).
+// had (here set by AfterConnect), not the server default.
 func TestWaitKeepsSessionLockTimeout(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t, migrated)
@@ -182,8 +182,7 @@ func TestWaitKeepsSessionLockTimeout(t *testing.T) {
 // R5: a waiter's lease starts before its wait: after waiting 900 ms for a
 // holder that released (503), it has 100 ms of its 1 s lease left, and a
 // 300 ms handler is fenced: 409 lease_lost.
-// A waiter's lease starts when it holds the key, not when it began to wait
-// (hostile review of issue 17).
+// A waiter's lease starts when it holds the key, not when it began to wait.
 func TestWaiterLeaseStartsWithItsHold(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t, migrated)
@@ -242,7 +241,7 @@ func TestNoTxLateCompletionKept(t *testing.T) {
 // gets 409 lease_lost (unique violation) instead of the replay.
 // A session whose default isolation is REPEATABLE READ: the waiter still
 // sees what the holder committed and replays it (the middleware's
-// transaction is READ COMMITTED; hostile review of issue 17).
+// transaction is READ COMMITTED).
 func TestWaitUnderRepeatableRead(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t, migrated)

@@ -15,7 +15,7 @@ import (
 	"github.com/idemkit/idemkit/migrate"
 )
 
-// A first request writes its record once (issue 17): in the default layout
+// A first request writes its record once: in the default layout
 // one INSERT of the COMPLETED record with COMMIT and no UPDATE; with a
 // record of its own (NoLeaseTakeover) the completion changes no indexed
 // column, so PostgreSQL makes it a HOT update. The middleware runs on a

@@ -276,7 +276,7 @@ func TestRestart(t *testing.T) {
 	}
 }
 
-// Issue 9, finding 8, with a real crash, in the default layout: a server
+// With a real crash, in the default layout: a server
 // process killed while its handler runs holds its key only as long as its
 // PostgreSQL session lives, and the session ends with the process. So the
 // next request with the key runs at once, long before the lease (30 s)

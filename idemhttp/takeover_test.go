@@ -47,7 +47,7 @@ func (e *env) crashed(key, account, body string) idemhttp.Record {
 	return rec
 }
 
-// Issue 9, finding 8: a holder that crashed does not block its key for the
+// A holder that crashed does not block its key for the
 // TTL. In transaction mode the next request with the key and body takes the
 // record over once its lease ended, runs the handler once, and later
 // requests get the replay.
@@ -93,7 +93,7 @@ func (e *env) awaitTaken(key string) response {
 	}
 }
 
-// A holder still running when its lease ends is fenced out (issue 17, the
+// A holder still running when its lease ends is fenced out (the
 // lock layout): its session is ended, which rolls its transaction back and
 // frees the key, the next request runs, and the old holder, completing
 // late, gets 409 lease_lost with nothing committed.
@@ -365,7 +365,7 @@ func sameRecord(a, b idemhttp.Record) bool {
 		a.UpdatedAt.Equal(b.UpdatedAt) && a.ExpiresAt.Equal(b.ExpiresAt) && bytes.Equal(a.Fingerprint, b.Fingerprint)
 }
 
-// The completion is the backstop of the lock (issue 17): a record that
+// The completion is the backstop of the lock: a record that
 // appeared for the key while a request held its lock (a holder that
 // committed between the snapshot of the reading statement and the grant of
 // the lock; here, written by hand) makes the completion fail on the unique

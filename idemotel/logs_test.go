@@ -15,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idemkit/consumer"
-	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/idemotel"
+	"github.com/idemkit/idemkit/internal/testobs"
 )
 
 type lockedBuffer struct {

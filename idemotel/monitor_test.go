@@ -10,10 +10,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/idemotel"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/monitor"
-	"github.com/idemkit/idemkit/idemotel"
 )
 
 // runMonitor starts a Monitor of the env's schema, collecting every 20ms,

@@ -17,8 +17,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idemkit/consumer"
-	"github.com/idemkit/idemkit/internal/testobs"
 	"github.com/idemkit/idemkit/idemotel"
+	"github.com/idemkit/idemkit/internal/testobs"
 )
 
 // produced is a message produced inside a span of its own, with the span's

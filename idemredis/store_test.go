@@ -23,8 +23,8 @@ import (
 
 	"github.com/idemkit/idemkit/idemhttp"
 	"github.com/idemkit/idemkit/idemhttp/idemhttptest"
-	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/idemredis"
+	"github.com/idemkit/idemkit/internal/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m, nil) }
@@ -68,7 +68,7 @@ func newStore(t testing.TB) *idemredis.Store {
 	return s
 }
 
-// The Redis store passes the Backend conformance suite (issue 14).
+// The Redis store passes the Backend conformance suite.
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	idemhttptest.Run(t, func(t *testing.T) idemhttp.Backend { return newStore(t) }, idemhttptest.Options{})
@@ -217,7 +217,7 @@ func (s *redisServer) kill() {
 	}
 }
 
-// Redis killed and restarted while a request is in flight (issue 14): while
+// Redis killed and restarted while a request is in flight: while
 // it is down, requests get 503 store_unavailable and run nothing; after the
 // restart the reservation it acknowledged is still there (append-only file
 // synced at every write), so a duplicate gets 409, the holder completes,
@@ -301,7 +301,7 @@ func TestRedisRestartedWhileInFlight(t *testing.T) {
 
 // A handler that finishes shortly after its lease, while nobody else took
 // the key, keeps its record: the client's retry is a replay, the charge
-// happened once (hostile review of issue 14).
+// happened once.
 func TestLateCompletionKept(t *testing.T) {
 	t.Parallel()
 	var runs atomic.Int32

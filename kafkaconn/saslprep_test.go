@@ -11,7 +11,7 @@ import (
 // character) must not appear in the error of Transport or Dialer.
 // A SCRAM password SASLprep refuses (here a tab) is refused by Validate,
 // with an error that does not quote it, nor do Transport's and Dialer's
-// (hostile review of issue 12: xdg-go/scram's error quotes the password).
+// (xdg-go/scram's own error quotes the password).
 func TestSASLprepErrorKeepsThePasswordOut(t *testing.T) {
 	const secret = "s3cr3t-Hunter2\tx"
 	for _, m := range []kafkaconn.Mechanism{kafkaconn.ScramSHA256, kafkaconn.ScramSHA512} {
