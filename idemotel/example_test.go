@@ -12,9 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/segmentio/kafka-go"
-	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -40,21 +38,14 @@ func Example() {
 	}
 	defer pool.Close()
 
-	exporter, err := otelprom.New() // registers with prometheus.DefaultRegisterer
-	if err != nil {
-		log.Fatal(err)
-	}
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
-	defer mp.Shutdown(context.Background())
 	tp := sdktrace.NewTracerProvider() // add your exporter: sdktrace.WithBatcher(…)
 	defer tp.Shutdown(context.Background())
-	http.Handle("/metrics", promhttp.Handler())
-	go func() { log.Println(http.ListenAndServe("127.0.0.1:9464", nil)) }()
-
-	tel, err := idemotel.New(&idemotel.Config{TracerProvider: tp, MeterProvider: mp})
+	tel, metrics, err := idemotel.NewPrometheus(&idemotel.Config{TracerProvider: tp})
 	if err != nil {
 		log.Fatal(err)
 	}
+	http.Handle("/metrics", metrics)
+	go func() { log.Println(http.ListenAndServe("127.0.0.1:9464", nil)) }()
 	brokers := []string{"127.0.0.1:9092"}
 	cfg := consumer.Config{
 		Kafka: kafkaconn.Config{Brokers: brokers}, Topic: "payments", GroupID: "order-service",

@@ -2,10 +2,15 @@ package idemotel
 
 import (
 	"fmt"
+	"net/http"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/otel"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
@@ -108,3 +113,30 @@ var (
 	durationBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}
 	batchBuckets    = []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000}
 )
+
+// NewPrometheus returns a Telemetry whose metrics a Prometheus server
+// scrapes from handler (mount it at /metrics): a registry of its own fed by
+// OpenTelemetry's Prometheus exporter, under the names of
+// docs/observability.md and the alert rules. cfg may be nil; its
+// MeterProvider must be (NewPrometheus makes one); traces follow
+// cfg.TracerProvider as with New.
+func NewPrometheus(cfg *Config) (*Telemetry, http.Handler, error) {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.MeterProvider != nil {
+		return nil, nil, fmt.Errorf("%w: NewPrometheus makes the MeterProvider: leave Config.MeterProvider nil", ErrInvalidConfig)
+	}
+	registry := prometheus.NewRegistry()
+	exporter, err := otelprom.New(otelprom.WithRegisterer(registry))
+	if err != nil {
+		return nil, nil, fmt.Errorf("idemotel: prometheus exporter: %w", err)
+	}
+	c.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+	t, err := New(&c)
+	if err != nil {
+		return nil, nil, err
+	}
+	return t, promhttp.HandlerFor(registry, promhttp.HandlerOpts{}), nil
+}

@@ -29,6 +29,7 @@ import (
 	"github.com/idemkit/idemkit/idemotel"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/internal/testobs"
+	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/monitor"
 	"github.com/idemkit/idemkit/retry"
 )
@@ -304,5 +305,39 @@ func TestPrometheusNames(t *testing.T) {
 		if !slices.ContainsFunc(docMetrics(t), func(r docRow) bool { return r.name == n }) {
 			t.Errorf("the scrape has %s, which docs/observability.md does not list", n)
 		}
+	}
+}
+
+// TestNewPrometheus: one call gives a Telemetry and the handler a
+// Prometheus server scrapes: the consumer's counters are there, at zero,
+// under the documented names.
+func TestNewPrometheus(t *testing.T) {
+	t.Parallel()
+	if _, _, err := idemotel.NewPrometheus(&idemotel.Config{MeterProvider: sdkmetric.NewMeterProvider()}); !errors.Is(err, idemotel.ErrInvalidConfig) {
+		t.Fatalf("NewPrometheus with a MeterProvider: %v, want ErrInvalidConfig", err)
+	}
+	tel, handler, err := idemotel.NewPrometheus(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := &consumer.Config{Kafka: kafkaconn.Config{Brokers: []string{"127.0.0.1:9092"}}, Topic: "payments", GroupID: "billing",
+		Handler: consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })}
+	if _, err := tel.Consumer(cfg); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(handler)
+	defer srv.Close()
+	resp, err := http.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := regexp.MustCompile(`(?m)^idemkit_consumer_messages_total\{consumer="billing",.*outcome="applied".*topic="payments"\} 0$`)
+	if !want.Match(body) {
+		t.Fatalf("the scrape has no applied counter at 0 for billing:\n%s", body)
 	}
 }

@@ -11,11 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/otel/codes"
-	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -37,15 +33,9 @@ type telemetry struct {
 
 // startTelemetry serves /metrics on addr (host:port; port 0 picks one).
 func startTelemetry(addr string) (*telemetry, error) {
-	registry := prometheus.NewRegistry()
-	exporter, err := otelprom.New(otelprom.WithRegisterer(registry))
-	if err != nil {
-		return nil, err
-	}
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
-	tel, err := idemotel.New(&idemotel.Config{TracerProvider: tp, MeterProvider: mp})
+	tel, metrics, err := idemotel.NewPrometheus(&idemotel.Config{TracerProvider: tp})
 	if err != nil {
 		return nil, err
 	}
@@ -54,12 +44,12 @@ func startTelemetry(addr string) (*telemetry, error) {
 		return nil, fmt.Errorf("metrics: listen on %s: %w", addr, err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	mux.Handle("/metrics", metrics)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	t := &telemetry{tel: tel, tracer: tp.Tracer("orders-demo"), spans: spans, server: srv, addr: ln.Addr().String()}
 	t.shutdown = func(ctx context.Context) error {
-		return errors.Join(srv.Shutdown(ctx), tp.Shutdown(ctx), mp.Shutdown(ctx))
+		return errors.Join(srv.Shutdown(ctx), tp.Shutdown(ctx))
 	}
 	return t, nil
 }

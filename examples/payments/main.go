@@ -36,11 +36,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
-	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/idemkit/idemkit/idemhttp"
@@ -110,16 +106,9 @@ func run(ctx context.Context, dbURL, schema, redisURL string, out io.Writer) err
 
 	// Metrics on /metrics (OpenTelemetry's Prometheus exporter) and a span
 	// per request whose trace the PaymentCreated event carries.
-	registry := prometheus.NewRegistry()
-	exporter, err := otelprom.New(otelprom.WithRegisterer(registry))
-	if err != nil {
-		return err
-	}
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
-	defer func() { _ = mp.Shutdown(context.WithoutCancel(ctx)) }()
 	tp := sdktrace.NewTracerProvider()
 	defer func() { _ = tp.Shutdown(context.WithoutCancel(ctx)) }()
-	tel, err := idemotel.New(&idemotel.Config{TracerProvider: tp, MeterProvider: mp})
+	tel, metrics, err := idemotel.NewPrometheus(&idemotel.Config{TracerProvider: tp})
 	if err != nil {
 		return err
 	}
@@ -150,7 +139,7 @@ func run(ctx context.Context, dbURL, schema, redisURL string, out io.Writer) err
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/", api)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", metrics)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
