@@ -269,7 +269,7 @@ func TestDLQUnavailableMakesThePartitionWait(t *testing.T) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if err := dlq.CreateTopic(ctx, testenv.Kafka(t), e.dlq, 1, 1); err != nil {
+		if err := kafkaconn.CreateTopic(ctx, testenv.Kafka(t), e.dlq, 1, 1); err != nil {
 			t.Error(err)
 		}
 	}()

@@ -620,7 +620,7 @@ func (w *Writer) write(ctx context.Context, topic string, src source, wait *outa
 			if w.cfg.Topic != "" && topic != w.cfg.Topic { // a Reprocessor's write to an origin topic
 				err = fmt.Errorf("topic %q does not exist: %w", topic, err)
 			} else {
-				err = fmt.Errorf("dead-letter topic %q does not exist (create it, e.g. with dlq.CreateTopic): %w", topic, err)
+				err = fmt.Errorf("dead-letter topic %q does not exist (create it: idemkit topic create, or kafkaconn.CreateTopic): %w", topic, err)
 			}
 		}
 		class := w.cfg.Retry.Classify(err)
@@ -745,25 +745,4 @@ func build(orig kafka.Message, o Origin, group, name, id string, history []Failu
 		value = nil
 	}
 	return kafka.Message{Key: orig.Key, Value: value, Headers: headers}
-}
-
-// CreateTopic creates a dead-letter topic, with replication factor
-// replicas (-1: the broker's default), connecting as kc says. An existing
-// topic is not an error.
-func CreateTopic(ctx context.Context, kc kafkaconn.Config, topic string, partitions, replicas int) error {
-	client, closeClient, err := newClient(&kc)
-	if err != nil {
-		return err
-	}
-	defer closeClient()
-	resp, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
-		Topic: topic, NumPartitions: partitions, ReplicationFactor: replicas,
-	}}})
-	if err == nil {
-		err = resp.Errors[topic]
-	}
-	if err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
-		return fmt.Errorf("dlq: create topic %s: %w", topic, kc.Wrap(err))
-	}
-	return nil
 }

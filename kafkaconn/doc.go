@@ -3,7 +3,7 @@
 // dial timeout). Every package that talks to Kafka takes a Config — the
 // consumer (consumer.Config.Kafka), the outbox relay (outbox.RelayConfig.Kafka),
 // the dead-letter writer and reprocessor (dlq.WriterConfig.Kafka,
-// dlq.ReprocessorConfig.Kafka), dlq.Scan and dlq.CreateTopic — and the
+// dlq.ReprocessorConfig.Kafka), dlq.Scan and CreateTopic — and the
 // idemkit CLI builds one from its -brokers and -kafka-* flags (or their
 // IDEMKIT_KAFKA_* variables). Say it once, pass it everywhere:
 //

@@ -1,6 +1,7 @@
 package kafkaconn_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -87,5 +88,23 @@ func TestLoadTLS(t *testing.T) {
 	}
 	if c, err := kafkaconn.LoadTLS(kafkaconn.TLSFiles{}); err != nil || c.RootCAs != nil {
 		t.Errorf("system roots: %+v, %v", c, err)
+	}
+}
+
+// TestCreateTopicRefusesBadInput: a name, partitions and replicas are
+// checked before anything connects.
+func TestCreateTopicRefusesBadInput(t *testing.T) {
+	c := kafkaconn.Config{Brokers: []string{"127.0.0.1:1"}}
+	for _, tt := range []struct {
+		topic                string
+		partitions, replicas int
+	}{{"", 1, 1}, {"t", 0, 1}, {"t", 1, 0}, {"t", -3, 1}, {"t", 1, -2}} {
+		err := kafkaconn.CreateTopic(context.Background(), c, tt.topic, tt.partitions, tt.replicas)
+		if !errors.Is(err, kafkaconn.ErrInvalidConfig) {
+			t.Errorf("CreateTopic(%q, %d, %d) = %v, want ErrInvalidConfig", tt.topic, tt.partitions, tt.replicas, err)
+		}
+	}
+	if err := kafkaconn.CreateTopic(context.Background(), kafkaconn.Config{}, "t", 1, 1); !errors.Is(err, kafkaconn.ErrInvalidConfig) {
+		t.Errorf("CreateTopic without brokers = %v, want ErrInvalidConfig", err)
 	}
 }

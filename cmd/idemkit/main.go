@@ -3,8 +3,8 @@
 // idempotency records; shows and requeues parked outbox messages; lists the
 // messages a NonBlocking consumer parked and makes them due again; purges
 // processed-message records past their retention, or switches them to daily
-// partitions and keeps those; and shows and moves
-// (rewinds, skips) a consumer's positions.
+// partitions and keeps those; shows and moves (rewinds, skips) a
+// consumer's positions; and creates topics.
 //
 //	idemkit migrate up [-wait D] | down VERSION | status [-json]   -database URL [-schema S]
 //	idemkit dlq list     -topic T.dlq [filters] [-json] [redaction]  -brokers B [-database URL]
@@ -18,6 +18,7 @@
 //	idemkit consumer seek -group G -topic T TARGET [-partitions 0,2] [-recreated] [-force] [-dry-run] ...
 //	idemkit consumer parked list  -topic T -name N [-key K]... [-json] [redaction] -database URL
 //	idemkit consumer parked retry -topic T -name N (-key K... | -all) [-dry-run] [-json] -database URL
+//	idemkit topic create TOPIC... [-partitions N] [-replicas N] -brokers B
 //	idemkit status [-json] [thresholds] -brokers B -database URL
 //	idemkit version [-json]
 //
@@ -138,6 +139,8 @@ func init() {
 			summary: "list the messages a NonBlocking consumer parked", doc: parkedListHelp, run: parkedCmd},
 		{name: "consumer parked retry", synopsis: "-topic T (-name N | -group G) (-key K... | -all) [-partitions 0,2] [-dry-run] [-json] [-database URL] [-schema S]",
 			summary: "make parked keys due now: the consumer re-attempts them, in order", doc: parkedRetryHelp, run: parkedCmd},
+		{name: "topic create", synopsis: "TOPIC... [-partitions N] [-replicas N] [-wait D] [-brokers B] [kafka]",
+			summary: "create topics unless they exist, and wait until the cluster lists them", doc: topicCreateHelp, run: topicCmd},
 		{name: "status", synopsis: "[-json] [thresholds] [-brokers B] [kafka] [-database URL] [-schema S]",
 			summary: "one screen on everything; exit 3 when a threshold is crossed", doc: statusHelp, run: statusCmd},
 		{name: "version", synopsis: "[-json]", summary: "the module version, its commit and the Go version it was built with", run: versionCmd},

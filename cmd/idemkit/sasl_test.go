@@ -30,7 +30,7 @@ import (
 // kafkaconn.Config. Without the listener's variables they fail with the fix.
 
 // saslTopics creates an origin topic and its dead-letter topic through kc
-// (dlq.CreateTopic) and deletes them at cleanup, through kc too.
+// (kafkaconn.CreateTopic) and deletes them at cleanup, through kc too.
 func saslTopics(t *testing.T, kc kafkaconn.Config) (origin, dead string) {
 	t.Helper()
 	origin = testenv.Name(t, "idemkit_sasl")
@@ -38,7 +38,7 @@ func saslTopics(t *testing.T, kc kafkaconn.Config) (origin, dead string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for _, topic := range []string{origin, dead} {
-		if err := dlq.CreateTopic(ctx, kc, topic, 1, 1); err != nil {
+		if err := kafkaconn.CreateTopic(ctx, kc, topic, 1, 1); err != nil {
 			t.Fatal(err)
 		}
 	}
