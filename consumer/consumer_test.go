@@ -943,3 +943,6 @@ func TestConfigValidate(t *testing.T) {
 		t.Errorf("nil config: Validate = %v, want ErrInvalidConfig", err)
 	}
 }
+
+// A runner runs with the others of a service under idemkit.RunAll.
+var _ idemkit.Runner = (*consumer.Runner)(nil)

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idemkit"
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/idemotel"
 	"github.com/idemkit/idemkit/internal/testenv"
@@ -126,3 +127,6 @@ func TestMonitorFailures(t *testing.T) {
 		}
 	}
 }
+
+// A Monitor runs with the others of a service under idemkit.RunAll.
+var _ idemkit.Runner = (*idemotel.Monitor)(nil)

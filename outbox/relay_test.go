@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemkit/idemkit"
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/internal/testobs"
@@ -627,3 +628,10 @@ func TestRelayConfigValidate(t *testing.T) {
 		}
 	}
 }
+
+// Relays and dispatchers run with the others of a service under
+// idemkit.RunAll.
+var (
+	_ idemkit.Runner = (*outbox.Relay)(nil)
+	_ idemkit.Runner = (*outbox.Dispatcher)(nil)
+)
