@@ -183,7 +183,8 @@ type Config struct {
 	IDHeader string
 	// IDFunc extracts the message ID; when set, IDHeader is not read. msg is
 	// the record the handler receives later: IDFunc reads it and must not
-	// modify it.
+	// modify it. IDFromJSON("event_id") takes it from a member of a JSON
+	// value.
 	IDFunc func(msg *kafka.Message) (string, error)
 	// MissingID says what happens to a message with no usable ID. Defaults to
 	// MissingIDFail.
