@@ -36,6 +36,7 @@ import (
 	"github.com/idemkit/idemkit/internal/promtest"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/internal/testobs"
+	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/monitor"
 	"github.com/idemkit/idemkit/outbox"
@@ -247,7 +248,7 @@ func TestAlertsFireAndResolve(t *testing.T) {
 	t.Cleanup(func() { _ = srv.Close() })
 
 	a := &alertEnv{env: e, tel: tel, topics: map[string]string{}}
-	for _, name := range []string{"stopped", "blocked", "dead", "dlqmissing", "failing", "parked", "outbox", "old", "outage"} {
+	for _, name := range []string{"stopped", "blocked", "dead", "dlqmissing", "failing", "parked", "outbox", "old", "outage", "commits"} {
 		a.topics[name] = testenv.NewTopic(t, 1)
 	}
 	deadTopic := a.topics["dead"] + dlq.TopicSuffixDefault
@@ -275,6 +276,7 @@ func TestAlertsFireAndResolve(t *testing.T) {
 			"daily partitions":           func(t *testing.T) { a.dailyPartitions(t, daily) },
 			"outage":                     a.outage,
 			"http spikes":                a.httpSpikes,
+			"offset commits failing":     a.offsetCommitsFailing,
 		}
 		var wg sync.WaitGroup
 		for name, f := range scenarios {
@@ -789,4 +791,35 @@ func (a *alertEnv) httpSpikes(t *testing.T) {
 			t.Errorf("the request in flight: %d, want 201", code)
 		}
 	})
+}
+
+// offsetCommitsFailing: every connection of the consumer to Kafka goes
+// through a proxy that makes the broker answer each offset commit with
+// COORDINATOR_NOT_AVAILABLE, while fetches and heartbeats pass; then the
+// answers pass again.
+func (a *alertEnv) offsetCommitsFailing(t *testing.T) {
+	sc := a.scenario(t, "commits")
+	proxy, err := faultproxy.New(testenv.Brokers(t)[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	var commits faultproxy.OffsetCommitErrors
+	proxy.SetFilter(&commits)
+	cfg := sc.config(nil)
+	cfg.Kafka = kafkaconn.Config{Brokers: []string{proxy.Addr()},
+		Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, network, proxy.Addr()) // every broker address, through the proxy
+		}}
+	oc := newOutcomes(1)
+	testobs.Of(cfg).OnOutcome = oc.hook
+	commits.Set(int16(kafka.GroupCoordinatorNotAvailable))
+	a.runner(t, cfg)
+	sc.produce(msg("m", "k"))
+	wait(t, oc.done, "the message applied")
+	match := map[string]string{"consumer": sc.group}
+	fired := a.watch.wait(t, "IdemkitOffsetCommitsFailing", match, true, 2*time.Minute)
+	a.watch.check(t, "IdemkitOffsetCommitsFailing", match, "the broker answers every offset commit COORDINATOR_NOT_AVAILABLE; then accepts them",
+		fired, func() { commits.Set(0) })
 }

@@ -80,6 +80,8 @@ type Proxy struct {
 	armMu    sync.Mutex
 	strandOn func([]byte) bool // armed by StrandOn; nil once it matched
 
+	filter atomic.Pointer[Filter] // set by SetFilter: rewrites new connections' bytes
+
 	mu     sync.Mutex
 	links  map[*link]struct{}
 	closed bool
@@ -179,6 +181,31 @@ func (p *Proxy) StrandOn(match func(chunk []byte) bool) {
 	p.armMu.Unlock()
 }
 
+// Filter rewrites the bytes of each connection the proxy accepts once it is
+// set: NewLink returns the rewriter of one connection.
+type Filter interface {
+	NewLink() LinkFilter
+}
+
+// LinkFilter rewrites one connection's bytes: each method gets a chunk read
+// from that side and returns what to pass on; it may hold bytes back (an
+// incomplete frame) and pass them on with a later chunk. Each method is
+// called from one goroutine at a time.
+type LinkFilter interface {
+	FromClient(b []byte) []byte
+	FromServer(b []byte) []byte
+}
+
+// SetFilter makes f rewrite the bytes of the connections accepted from now
+// on (nil: none); open connections keep theirs.
+func (p *Proxy) SetFilter(f Filter) {
+	if f == nil {
+		p.filter.Store(nil)
+		return
+	}
+	p.filter.Store(&f)
+}
+
 // strandsOn reports whether the client chunk b strands l, and disarms
 // StrandOn when it does.
 func (p *Proxy) strandsOn(b []byte) bool {
@@ -215,6 +242,9 @@ func (p *Proxy) accept() {
 			return
 		}
 		l := &link{p: p, client: c}
+		if f := p.filter.Load(); f != nil {
+			l.filter = (*f).NewLink()
+		}
 		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()
@@ -231,6 +261,7 @@ func (p *Proxy) accept() {
 // link is one relayed connection.
 type link struct {
 	p      *Proxy
+	filter LinkFilter // nil: bytes pass as they are
 	client net.Conn
 	server net.Conn // nil until dialled; nil for good when accepted in a blackhole or strand
 
@@ -306,8 +337,16 @@ func (l *link) pump(src, dst net.Conn, fromClient bool) {
 		if n > 0 && fromClient && !l.isStranded() && l.p.strandsOn(buf[:n]) {
 			l.strand()
 		}
-		if n > 0 && !l.forward(dst, buf[:n]) {
-			l.p.dropped.Add(int64(n))
+		chunk := buf[:n]
+		if n > 0 && l.filter != nil && dst != nil {
+			if fromClient {
+				chunk = l.filter.FromClient(chunk)
+			} else {
+				chunk = l.filter.FromServer(chunk)
+			}
+		}
+		if len(chunk) > 0 && !l.forward(dst, chunk) {
+			l.p.dropped.Add(int64(len(chunk)))
 		}
 		if err != nil {
 			l.mu.Lock()

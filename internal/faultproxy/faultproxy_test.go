@@ -1,6 +1,8 @@
 package faultproxy_test
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"io"
 	"net"
@@ -328,5 +330,66 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 		if time.Now().After(deadline) {
 			t.Fatalf("waited 10s for %s", what)
 		}
+	}
+}
+
+// kafkaFrame is a size-prefixed Kafka frame of the given fields.
+func kafkaFrame(fields ...any) []byte {
+	var body []byte
+	for _, f := range fields {
+		switch v := f.(type) {
+		case int16:
+			body = binary.BigEndian.AppendUint16(body, uint16(v))
+		case int32:
+			body = binary.BigEndian.AppendUint32(body, uint32(v))
+		case string:
+			body = binary.BigEndian.AppendUint16(body, uint16(len(v)))
+			body = append(body, v...)
+		}
+	}
+	return append(binary.BigEndian.AppendUint32(nil, uint32(len(body))), body...)
+}
+
+// TestOffsetCommitErrors: once set, the answers to OffsetCommit v2
+// requests carry the error code for every partition, whatever the chunks
+// the bytes come in; other answers, and every answer once unset, pass
+// unchanged.
+func TestOffsetCommitErrors(t *testing.T) {
+	var f faultproxy.OffsetCommitErrors
+	l := f.NewLink()
+	commit := kafkaFrame(int16(8), int16(2), int32(7), "client")
+	fetch := kafkaFrame(int16(1), int16(11), int32(8), "client")
+	answer := func(corr int32) []byte {
+		return kafkaFrame(corr, int32(1), "orders", int32(2), int32(0), int16(0), int32(1), int16(0))
+	}
+	send := func(b []byte) []byte { // in chunks of 3 bytes
+		var out []byte
+		for len(b) > 0 {
+			n := min(3, len(b))
+			out = append(out, l.FromServer(b[:n])...)
+			b = b[n:]
+		}
+		return out
+	}
+	if got := l.FromClient(append(commit, fetch...)); !bytes.Equal(got, append(commit, fetch...)) {
+		t.Fatalf("requests changed: %x", got)
+	}
+	if got := send(answer(7)); !bytes.Equal(got, answer(7)) {
+		t.Fatalf("answer changed while unset: %x", got)
+	}
+	f.Set(15)
+	l.FromClient(commit)
+	want := kafkaFrame(int32(7), int32(1), "orders", int32(2), int32(0), int16(15), int32(1), int16(15))
+	if got := send(answer(7)); !bytes.Equal(got, want) {
+		t.Fatalf("OffsetCommit answer: %x, want %x", got, want)
+	}
+	l.FromClient(fetch)
+	if got := send(answer(8)); !bytes.Equal(got, answer(8)) {
+		t.Fatalf("the answer to another request changed: %x", got)
+	}
+	f.Set(0)
+	l.FromClient(commit)
+	if got := send(answer(7)); !bytes.Equal(got, answer(7)) {
+		t.Fatalf("answer changed once unset: %x", got)
 	}
 }
