@@ -248,7 +248,7 @@ func TestAlertsFireAndResolve(t *testing.T) {
 	t.Cleanup(func() { _ = srv.Close() })
 
 	a := &alertEnv{env: e, tel: tel, topics: map[string]string{}}
-	for _, name := range []string{"stopped", "blocked", "dead", "dlqmissing", "failing", "parked", "outbox", "old", "outage", "commits"} {
+	for _, name := range []string{"stopped", "blocked", "dead", "dlqmissing", "failing", "parked", "outbox", "old", "outage", "commits", "stuck"} {
 		a.topics[name] = testenv.NewTopic(t, 1)
 	}
 	deadTopic := a.topics["dead"] + dlq.TopicSuffixDefault
@@ -277,6 +277,7 @@ func TestAlertsFireAndResolve(t *testing.T) {
 			"outage":                     a.outage,
 			"http spikes":                a.httpSpikes,
 			"offset commits failing":     a.offsetCommitsFailing,
+			"stuck handler":              a.stuckHandler,
 		}
 		var wg sync.WaitGroup
 		for name, f := range scenarios {
@@ -325,19 +326,35 @@ func (a *alertEnv) stoppedConsumer(t *testing.T) {
 	sc.produce(msgs...)
 	match := map[string]string{"consumer": sc.group}
 	down := a.watch.wait(t, "IdemkitConsumerDown", match, true, 2*time.Minute)
-	stuck := a.watch.wait(t, "IdemkitPartitionNotAdvancing", match, true, 2*time.Minute)
 	high := a.watch.wait(t, "IdemkitConsumerLagHigh", match, true, 2*time.Minute)
-	restart := func() { a.runner(t, sc.config(nil)) }
-	restarted := false
-	once := func() {
-		if !restarted {
-			restarted = true
-			restart()
+	var once sync.Once
+	restart := func() { once.Do(func() { a.runner(t, sc.config(nil)) }) }
+	a.watch.check(t, "IdemkitConsumerDown", match, "consumer stopped, 10,500 messages waiting; runner started again", down, restart)
+	a.watch.check(t, "IdemkitConsumerLagHigh", match, "same (lag 10,500 > 10,000, not draining)", down+high, restart)
+}
+
+// stuckHandler: a runner holds the partition, its handler blocked on the
+// first message while two more wait; then it is released.
+func (a *alertEnv) stuckHandler(t *testing.T) {
+	sc := a.scenario(t, "stuck")
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
+	cfg := sc.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return ctx.Err()
 		}
-	}
-	a.watch.check(t, "IdemkitConsumerDown", match, "consumer stopped, 10,500 messages waiting; runner started again", down, once)
-	a.watch.check(t, "IdemkitPartitionNotAdvancing", match, "same", down+stuck, once)
-	a.watch.check(t, "IdemkitConsumerLagHigh", match, "same (lag 10,500 > 10,000, not draining)", down+stuck+high, once)
+		return sc.effect(ctx, tx, m)
+	})
+	cfg.HandlerTimeout = 5 * time.Minute
+	a.runner(t, cfg)
+	sc.produce(msg("a", "k"), msg("b", "k"), msg("c", "k"))
+	match := map[string]string{"consumer": sc.group}
+	fired := a.watch.wait(t, "IdemkitPartitionNotAdvancing", match, true, 2*time.Minute)
+	a.watch.check(t, "IdemkitPartitionNotAdvancing", match, "a runner's handler blocked on the first of 3 messages; released", fired,
+		func() { releaseOnce.Do(func() { close(release) }) })
 }
 
 // claimsBlocked: another session holds the claim of the message the

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -62,12 +61,10 @@ const EventRetry = "idemkit.retry"
 
 // Consumer is the telemetry of one consumer, made by Telemetry.Consumer.
 type Consumer struct {
-	t         *Telemetry
-	name      string
-	topic     string
-	opPrefix  string // the runner's outage op prefix: "consumer <group>/<topic>: "
-	pool      *pgxpool.Pool
-	retention time.Duration
+	t        *Telemetry
+	name     string
+	topic    string
+	opPrefix string // the runner's outage op prefix: "consumer <group>/<topic>: "
 
 	spanName  string
 	spanAttrs []attribute.KeyValue // the same for every transaction
@@ -84,8 +81,9 @@ type Consumer struct {
 	retryMu sync.Mutex
 	retries map[int]retryNote // by partition: the failure its next transaction retries
 
-	mu         sync.Mutex // guards reg
+	mu         sync.Mutex // guards reg and runner
 	reg        metric.Registration
+	runner     *consumer.Runner // the one Observe watches
 	partMu     sync.Mutex
 	partitions map[int]attrOpts // consumer, topic, partition
 }
@@ -131,12 +129,11 @@ func (t *Telemetry) Consumer(cfg *consumer.Config) (*Consumer, error) {
 	}
 	name := cmp.Or(cfg.Name, cfg.GroupID)
 	c := &Consumer{
-		t:         t,
-		name:      name,
-		topic:     cfg.Topic,
-		opPrefix:  "consumer " + cfg.GroupID + "/" + cfg.Topic + ": ",
-		retention: cfg.Retention,
-		spanName:  "process " + cfg.Topic,
+		t:        t,
+		name:     name,
+		topic:    cfg.Topic,
+		opPrefix: "consumer " + cfg.GroupID + "/" + cfg.Topic + ": ",
+		spanName: "process " + cfg.Topic,
 		spanAttrs: []attribute.KeyValue{
 			semconv.MessagingSystemKafka,
 			semconv.MessagingOperationTypeProcess,

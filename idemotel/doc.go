@@ -79,7 +79,7 @@
 //	idemkit_consumer_batch_messages{consumer,topic}            histogram
 //	idemkit_consumer_lag{consumer,topic,partition}             gauge (runner, Monitor)
 //	idemkit_consumer_position{consumer,topic,partition}        gauge (runner, Monitor)
-//	idemkit_consumer_parked_messages{consumer,topic}           gauge (runner, Monitor)
+//	idemkit_consumer_parked_messages{consumer,topic}           gauge (Monitor)
 //	idemkit_consumer_partitions_held{consumer,topic}           gauge (runner)
 //	idemkit_consumer_parked_oldest_age_seconds{consumer,topic} gauge (Monitor)
 //	idemkit_consumer_rebalances_total{consumer}
@@ -119,9 +119,10 @@
 // Monitor's gauges are what package monitor reads from PostgreSQL and Kafka
 // in the background every MonitorConfig.Interval, on a connection of its
 // own: they hold whichever process holds the partitions, and whether any
-// runs; a scrape serves the last collection, never queries. Lag, position
-// and parked messages come from both where both run: aggregate them with
-// max per partition (the alert rules do).
+// runs; a scrape serves the last collection, never queries. In one process
+// a partition's lag and position are its runner's when one holds it, the
+// Monitor's otherwise; across processes, aggregate them with max per
+// partition (the alert rules do).
 //
 // The operation label of the HTTP metrics is bounded (the method and the
 // ServeMux pattern, or unmatched); an idemhttp.Config.Operation of your own

@@ -3,6 +3,8 @@ package idemotel
 import (
 	"fmt"
 	"net/http"
+	"slices"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -16,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/idemkit/idemkit"
+	"github.com/idemkit/idemkit/consumer"
 )
 
 // ScopeName is the instrumentation scope of every tracer and meter the
@@ -63,6 +66,44 @@ type Telemetry struct {
 	outbox   outboxInstruments
 	http     httpInstruments
 	monitor  monitorInstruments
+
+	// observed are the runners Consumer.Observe watches, by consumer name
+	// and topic: their partitions' lag and position are theirs, so that a
+	// Monitor in the same process leaves those partitions out.
+	observedMu sync.Mutex
+	observed   map[[2]string][]*consumer.Runner
+}
+
+// heldHere returns the partitions of consumer name on topic that runners
+// observed in this process hold now.
+func (t *Telemetry) heldHere(name, topic string) map[int]bool {
+	t.observedMu.Lock()
+	runners := slices.Clone(t.observed[[2]string{name, topic}])
+	t.observedMu.Unlock()
+	if len(runners) == 0 {
+		return nil
+	}
+	held := map[int]bool{}
+	for _, r := range runners {
+		for _, p := range r.Partitions() {
+			held[p.Partition] = true
+		}
+	}
+	return held
+}
+
+func (t *Telemetry) observe(name, topic string, r *consumer.Runner, on bool) {
+	t.observedMu.Lock()
+	defer t.observedMu.Unlock()
+	k := [2]string{name, topic}
+	if on {
+		if t.observed == nil {
+			t.observed = map[[2]string][]*consumer.Runner{}
+		}
+		t.observed[k] = append(t.observed[k], r)
+		return
+	}
+	t.observed[k] = slices.DeleteFunc(t.observed[k], func(x *consumer.Runner) bool { return x == r })
 }
 
 // New validates cfg (nil means every default), creates the instruments and

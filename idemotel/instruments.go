@@ -82,11 +82,11 @@ func newConsumerInstruments(m metric.Meter) (consumerInstruments, error) {
 	in.position, errs[10] = m.Int64ObservableGauge("idemkit.consumer.position", metric.WithUnit("{offset}"),
 		metric.WithDescription("The next offset to process (the PostgreSQL position), per partition (a runner's: those it holds; a Monitor's: all)."))
 	in.parked, errs[11] = m.Int64ObservableGauge("idemkit.consumer.parked_messages", metric.WithUnit("{message}"),
-		metric.WithDescription("Messages in the parked table (NonBlocking): each failing message and the later ones of its key (a runner's: in the partitions it holds; a Monitor's: all)."))
+		metric.WithDescription("Messages in the parked table (NonBlocking): each failing message and the later ones of its key, from the table."))
 	in.parkedOldestAge, errs[12] = m.Float64ObservableGauge("idemkit.consumer.parked_oldest_age", metric.WithUnit("s"),
 		metric.WithDescription("Age of the consumer's oldest parked message on the topic (0 when none)."))
 	in.oldestRecordAge, errs[13] = m.Float64ObservableGauge("idemkit.dedup.oldest_record_age", metric.WithUnit("s"),
-		metric.WithDescription("Age of the consumer's oldest processed-message record (0 when none)."))
+		metric.WithDescription("Age of the consumer's oldest processed-message record (absent when none, or when the search took too long)."))
 	in.retention, errs[14] = m.Float64ObservableGauge("idemkit.dedup.retention", metric.WithUnit("s"),
 		metric.WithDescription("The retention of processed-message records the purge promises (a Monitor's MonitorConfig.Retention)."))
 	in.beyondHorizon, errs[15] = m.Int64Counter("idemkit.consumer.beyond_horizon", metric.WithUnit("{message}"),

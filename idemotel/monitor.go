@@ -7,10 +7,10 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
@@ -65,7 +65,7 @@ type Monitor struct {
 	t         *Telemetry
 	cfg       MonitorConfig
 	mon       *monitor.Monitor
-	connCfg   *pgx.ConnConfig
+	poolCfg   *pgxpool.Config // the application pool's, for a pool of one connection of the Monitor's own
 	retention float64
 
 	ok, failed attrOpts
@@ -73,16 +73,18 @@ type Monitor struct {
 	mu        sync.Mutex
 	snap      *monitor.Snapshot
 	dead      map[string]map[dlq.State]int // per topic and state, as of snap
-	at        time.Time                    // when snap was collected
+	at        time.Time                    // when snap was collected (in full or in part)
+	okAt      time.Time                    // when the last collection without an error ended
 	reg       metric.Registration
 	attrCache map[string]attrOpts
 }
 
 // Monitor validates cfg (an error in cfg.Config wraps
 // monitor.ErrInvalidConfig, any other ErrInvalidConfig) and returns a
-// Monitor that reads with its own connection, configured as pool's connections are (pool's connections
-// are left to the application), and registers its gauges. Start it with Run;
-// Close unregisters the gauges.
+// Monitor that reads with one connection of its own, made as pool makes
+// its connections (the same settings and BeforeConnect/AfterConnect hooks;
+// pool's connections are left to the application), and registers its
+// gauges. Start it with Run; Close unregisters the gauges.
 func (t *Telemetry) Monitor(pool *pgxpool.Pool, cfg *MonitorConfig) (*Monitor, error) {
 	switch {
 	case pool == nil:
@@ -101,9 +103,10 @@ func (t *Telemetry) Monitor(pool *pgxpool.Pool, cfg *MonitorConfig) (*Monitor, e
 	if err != nil {
 		return nil, fmt.Errorf("idemotel: %w", err)
 	}
-	connCfg := pool.Config().ConnConfig.Copy()
-	connCfg.RuntimeParams["application_name"] = "idemkit monitor"
-	m := &Monitor{t: t, cfg: c, mon: mon, connCfg: connCfg, attrCache: map[string]attrOpts{},
+	poolCfg := pool.Config() // a copy
+	poolCfg.MaxConns, poolCfg.MinConns = 1, 0
+	poolCfg.ConnConfig.RuntimeParams["application_name"] = "idemkit monitor"
+	m := &Monitor{t: t, cfg: c, mon: mon, poolCfg: poolCfg, attrCache: map[string]attrOpts{},
 		ok: attrs(keyOutcome, "ok"), failed: attrs(keyOutcome, "failed")}
 	if c.Retention > 0 {
 		m.retention = c.Retention.Seconds()
@@ -128,22 +131,22 @@ func (t *Telemetry) Monitor(pool *pgxpool.Pool, cfg *MonitorConfig) (*Monitor, e
 }
 
 // Run collects at once, then every Interval, until ctx ends; it then
-// closes its connection and returns nil. A collection that fails (the
-// database or Kafka unreachable) is counted in
+// closes its connection and returns nil. A collection that fails in part
+// (the database or Kafka unreachable, a table missing: a wrong schema, or
+// not migrated) is counted in
 // idemkit_monitor_collections_total{outcome="failed"} and reported to
-// otel.Handle; the gauges keep the last collection's values meanwhile,
-// their age growing. A broken connection is replaced at the next
-// collection.
+// otel.Handle; what it read is served, the rest is left out. A Monitor
+// whose last collection is older than twice its Interval plus its Timeout
+// serves none of the tables' gauges (they would be stale), only
+// idemkit_monitor_snapshot_age_seconds. A connection that broke is
+// replaced at the next collection.
 func (m *Monitor) Run(ctx context.Context) error {
-	var conn *pgx.Conn
-	defer func() {
-		if conn != nil {
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-			_ = conn.Close(cctx)
-			cancel()
-		}
-		m.mon.Close()
-	}()
+	pool, err := pgxpool.NewWithConfig(ctx, m.poolCfg)
+	if err != nil {
+		return fmt.Errorf("idemotel: monitor: %w", err)
+	}
+	defer pool.Close()
+	defer m.mon.Close()
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -152,8 +155,7 @@ func (m *Monitor) Run(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-		var err error
-		conn, err = m.collect(ctx, conn)
+		err := m.collect(ctx, pool)
 		switch {
 		case ctx.Err() != nil:
 			return nil
@@ -167,42 +169,32 @@ func (m *Monitor) Run(ctx context.Context) error {
 	}
 }
 
-// collect runs one collection on conn (connected first when nil) and
-// returns the connection to use next time (nil after a failure: a new
-// one then).
-func (m *Monitor) collect(ctx context.Context, conn *pgx.Conn) (*pgx.Conn, error) {
+// collect runs one collection and keeps what it read.
+func (m *Monitor) collect(ctx context.Context, pool *pgxpool.Pool) error {
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.Timeout)
 	defer cancel()
-	drop := func() {
-		if conn != nil {
-			cctx, c := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-			_ = conn.Close(cctx)
-			c()
-		}
-	}
-	if conn == nil {
-		var err error
-		if conn, err = pgx.ConnectConfig(ctx, m.connCfg); err != nil {
-			return nil, fmt.Errorf("connect: %w", err)
-		}
-	}
-	snap, err := m.mon.Collect(ctx, conn)
-	if err != nil {
-		drop()
-		return nil, err
+	snap, err := m.mon.Collect(ctx, pool)
+	if len(snap.Missing) > 0 {
+		err = errors.Join(err, fmt.Errorf("schema %s has no table %s: a wrong Tables.Schema, or not migrated",
+			m.mon.Tables().Schema, strings.Join(snap.Missing, ", ")))
 	}
 	var dead map[string]map[dlq.State]int
 	if len(m.cfg.DeadLetterTopics) > 0 {
-		l, err := dlq.List(ctx, conn, &dlq.ListConfig{Kafka: m.cfg.Kafka, Topics: m.cfg.DeadLetterTopics, Tables: m.mon.Tables(), NoPayload: true})
-		if err != nil {
-			return conn, fmt.Errorf("read dead-letter topics: %w", err)
+		l, lerr := dlq.List(ctx, pool, &dlq.ListConfig{Kafka: m.cfg.Kafka, Topics: m.cfg.DeadLetterTopics,
+			Tables: m.mon.Tables(), NoPayload: true})
+		if lerr != nil {
+			err = errors.Join(err, fmt.Errorf("read dead-letter topics: %w", lerr))
+		} else {
+			dead = l.CountByTopic()
 		}
-		dead = l.CountByTopic()
 	}
 	m.mu.Lock()
 	m.snap, m.dead, m.at = snap, dead, time.Now()
+	if err == nil {
+		m.okAt = m.at
+	}
 	m.mu.Unlock()
-	return conn, nil
+	return err
 }
 
 // Close unregisters the gauges. Stop Run by cancelling its context.
@@ -219,7 +211,7 @@ func (m *Monitor) Close() error {
 
 // attrsOf returns the attributes of kv, made once.
 func (m *Monitor) attrsOf(kv ...string) attrOpts {
-	k := fmt.Sprint(kv)
+	k := strings.Join(kv, "\x00")
 	o, ok := m.attrCache[k]
 	if !ok {
 		o = attrs(kv...)
@@ -235,14 +227,20 @@ func (m *Monitor) observe(o metric.Observer) {
 	if s == nil {
 		return // nothing collected yet
 	}
+	if !m.okAt.IsZero() {
+		o.ObserveFloat64(m.t.monitor.snapshotAge, time.Since(m.okAt).Seconds())
+	}
 	since := time.Since(m.at)
-	o.ObserveFloat64(m.t.monitor.snapshotAge, since.Seconds())
+	if since > 2*m.cfg.Interval+m.cfg.Timeout {
+		return // stale: another Monitor's, or none, is better than these
+	}
 	aged := func(d time.Duration) float64 { return (d + since).Seconds() }
 	in := &m.t.consumer
 	retained := map[string]bool{}
 	for _, c := range s.Consumers {
+		held := m.t.heldHere(c.Name, c.Topic) // those partitions are their runner's
 		for _, p := range c.Partitions {
-			if p.Lag == nil {
+			if p.Lag == nil || held[p.Partition] {
 				continue
 			}
 			opts := m.attrsOf(keyConsumer, c.Name, keyTopic, c.Topic, keyPartition, strconv.Itoa(p.Partition))
@@ -307,7 +305,7 @@ func newMonitorInstruments(m metric.Meter) (monitorInstruments, error) {
 	in.collections, errs[0] = m.Int64Counter("idemkit.monitor.collections", metric.WithUnit("{collection}"),
 		metric.WithDescription("Monitor collections, by outcome: ok, failed (the gauges keep the last values)."))
 	in.snapshotAge, errs[1] = m.Float64ObservableGauge("idemkit.monitor.snapshot_age", metric.WithUnit("s"),
-		metric.WithDescription("Time since the Monitor's last successful collection, whose values the gauges serve."))
+		metric.WithDescription("Time since the Monitor's last collection without an error (absent before the first)."))
 	return in, errors.Join(errs[:]...)
 }
 

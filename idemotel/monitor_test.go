@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/idemkit/idemotel"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/internal/testobs"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/monitor"
 )
 
@@ -130,3 +131,99 @@ func TestMonitorFailures(t *testing.T) {
 
 // A Monitor runs with the others of a service under idemkit.RunAll.
 var _ idemkit.Runner = (*idemotel.Monitor)(nil)
+
+// TestRunnerAndMonitorInOneProcess: a partition a runner of this process
+// holds is reported by the runner (its live lag), not by the Monitor (the
+// tables): one source per series. Here the table says 0 (its position row
+// moved behind the runner's back, once the blocked transaction that locks
+// it timed out) while the runner, blocked again, knows 5.
+func TestRunnerAndMonitorInOneProcess(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	e.produce(msg("a", "k"), msg("b", "k"), msg("c", "k"), msg("d", "k"), msg("e", "k"), msg("f", "k"))
+	release := make(chan struct{})
+	blocked := make(chan struct{}, 1)
+	cfg := e.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID == "b" {
+			select {
+			case blocked <- struct{}{}:
+			default:
+			}
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return e.effect(ctx, tx, m)
+	})
+	cfg.BatchSize = 1
+	cfg.HandlerTimeout = time.Second
+	c, err := e.tel.Consumer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := consumer.New(e.db.Pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Observe(r); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	stop := run(t, r)
+	defer func() { close(release); _ = stop() }()
+	wait(t, blocked, "the handler to block")
+	part := lbl("consumer", e.group, "partition", "0", "topic", e.topic)
+	e.eventually("idemkit.consumer.lag", "the runner's lag 5", func(m map[string]float64) bool { return m[part] == 5 })
+	if _, err := e.db.Pool.Exec(context.Background(), `UPDATE `+e.db.Table("consumer_positions")+` SET next_offset = 6`); err != nil {
+		t.Fatal(err)
+	}
+	e.runMonitor(idemotel.MonitorConfig{})
+	e.eventually("idemkit.monitor.snapshot_age", "a collection", func(m map[string]float64) bool { _, ok := m[""]; return ok })
+	for range 20 {
+		if got := points(t, e.collect(), "idemkit.consumer.lag")[part]; got != 5 {
+			t.Fatalf("lag = %v, want the runner's 5 (the table's 0 is not this process's to report)", got)
+		}
+	}
+}
+
+// TestMonitorPartialFailures: a dead-letter topic that does not exist
+// fails the collections but not what they read (the consumer's lag is
+// there); a schema without idemkit's tables fails every collection, so
+// that IdemkitMonitorDown sees it, instead of looking healthy and empty.
+func TestMonitorPartialFailures(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	ctx := context.Background()
+	e.produce(msg("a", "k"), msg("b", "k"))
+	if err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
+		return e.store.SavePositionTx(ctx, tx, e.group, e.topic, 0, 0, time.Time{}, 0)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	e.runMonitor(idemotel.MonitorConfig{DeadLetterTopics: []string{testenv.Name(t, "missing_dlq")}})
+	part := lbl("consumer", e.group, "partition", "0", "topic", e.topic)
+	e.eventually("idemkit.consumer.lag", "lag 2 despite the missing dead-letter topic", func(m map[string]float64) bool { return m[part] == 2 })
+	e.eventually("idemkit.monitor.collections", "failed collections", func(m map[string]float64) bool {
+		return m[lbl("outcome", "failed")] >= 1 && m[lbl("outcome", "ok")] == 0
+	})
+
+	wrong := newEnv(t, 1)
+	m, err := wrong.tel.Monitor(wrong.db.Pool, &idemotel.MonitorConfig{Config: monitor.Config{Kafka: testenv.Kafka(t),
+		Tables: migrate.Tables{Schema: wrong.db.Schema + "_typo"}}, Interval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	mctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- m.Run(mctx) }()
+	defer func() { cancel(); <-done }()
+	wrong.eventually("idemkit.monitor.collections", "only failed collections", func(m map[string]float64) bool {
+		return m[lbl("outcome", "failed")] >= 2 && m[lbl("outcome", "ok")] == 0
+	})
+	if got := points(t, wrong.collect(), "idemkit.monitor.snapshot_age"); len(got) != 0 {
+		t.Fatalf("snapshot age with a wrong schema = %v, want none (no complete collection)", got)
+	}
+}

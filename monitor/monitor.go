@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -49,8 +50,12 @@ const (
 	StuckIntervalDefault = time.Minute
 )
 
-// DB is what Collect reads with: a *pgx.Conn, a *pgxpool.Pool, a pgx.Tx.
-type DB = pgexec.DB
+// DB is what Collect reads with: a *pgxpool.Pool, a *pgx.Conn or a
+// pgx.Tx.
+type DB interface {
+	pgexec.DB
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
 
 // Config says where the tables and the topics are.
 type Config struct {
@@ -85,9 +90,10 @@ type Monitor struct {
 	tables     migrate.Tables
 	stuckEvery time.Duration
 
-	mu      sync.Mutex // guards the last count of stuck records
-	stuck   *Idempotency
-	stuckAt time.Time
+	mu       sync.Mutex // guards the last count of stuck records
+	stuck    *Idempotency
+	stuckErr error
+	stuckAt  time.Time
 }
 
 // statements are the Monitor's queries, one per name.
@@ -95,7 +101,9 @@ type statements struct {
 	positions    string // consumer, topic, partition, next offset
 	parked       string // consumer, topic, count, oldest age
 	oldestRecord string // $1 consumer: the age of its oldest record
-	today        string // the database's date, UTC
+	// oldestTimeout bounds the search, within its transaction: $1 in ms.
+	oldestTimeout string
+	today         string // the database's date, UTC
 }
 
 // New validates cfg and returns a Monitor. It does not connect.
@@ -133,7 +141,8 @@ func New(cfg *Config) (*Monitor, error) {
 			id(tables.ParkedMessages) + ` GROUP BY consumer, topic`,
 		oldestRecord: `SELECT extract(epoch FROM now() - processed_at)::float8 FROM ` + id(tables.ProcessedMessages) +
 			` WHERE consumer = $1 ORDER BY processed_at LIMIT 1`,
-		today: `SELECT (now() AT TIME ZONE 'UTC')::date`,
+		oldestTimeout: `SELECT set_config('statement_timeout', $1, true)`,
+		today:         `SELECT (now() AT TIME ZONE 'UTC')::date`,
 	}
 	if m.outbox, err = outbox.New(&outbox.Config{Tables: tables}); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
@@ -228,23 +237,14 @@ type Idempotency struct {
 }
 
 // Collect reads a Snapshot through db and the Monitor's Kafka client. A
-// missing table is a note, not an error; an error (the database or Kafka
-// failing) comes with what was read before it.
+// missing table is listed in Snapshot.Missing, not an error. Each part
+// (consumers and their lag, the outbox, the stuck records, the daily
+// partitions) is read even when another failed: the error joins the
+// failures, and the snapshot holds every part that was read (a consumer's
+// lag is unknown, nil, when its topic's log end could not be read).
 func (m *Monitor) Collect(ctx context.Context, db DB) (*Snapshot, error) {
 	s := &Snapshot{Time: time.Now(), Consumers: []Consumer{}, Missing: []string{}, Notes: []string{}}
-	if err := m.consumers(ctx, db, s); err != nil {
-		return s, err
-	}
-	if err := m.outboxState(ctx, db, s); err != nil {
-		return s, err
-	}
-	if err := m.records(ctx, db, s); err != nil {
-		return s, err
-	}
-	if err := m.daily(ctx, db, s); err != nil {
-		return s, err
-	}
-	return s, nil
+	return s, errors.Join(m.consumers(ctx, db, s), m.outboxState(ctx, db, s), m.records(ctx, db, s), m.daily(ctx, db, s))
 }
 
 // missingTable reports whether err is PostgreSQL's undefined_table.
@@ -303,40 +303,46 @@ func (m *Monitor) consumers(ctx context.Context, db DB, s *Snapshot) error {
 		return fmt.Errorf("monitor: read parked messages: %w", err)
 	}
 
+	// The oldest record of each consumer name: an index walk that other
+	// consumers' older records can make long. Bounded on the server
+	// (statement_timeout in its own transaction), so that a slow one
+	// leaves the connection usable; after one took too long, the others of
+	// this collection are not searched.
 	oldest := map[string]*time.Duration{}
+	var slow bool
+	var errs []error
 	for _, k := range order {
 		if _, done := oldest[k.name]; done {
 			continue
 		}
-		var age *float64
-		qctx, cancel := context.WithTimeout(ctx, m.timeout)
-		err := db.QueryRow(qctx, m.sql.oldestRecord, k.name).Scan(&age)
-		cancel()
-		switch {
-		case err == nil, errors.Is(err, pgx.ErrNoRows):
-		case qctx.Err() != nil && ctx.Err() == nil:
-			s.Notes = append(s.Notes, fmt.Sprintf("the oldest processed record of %s took longer than %s to find: unknown", k.name, m.timeout))
-		default:
-			return fmt.Errorf("monitor: read the oldest processed record of %s: %w", k.name, err)
+		oldest[k.name] = nil
+		if slow {
+			continue
 		}
-		if age != nil {
-			oldest[k.name] = durationPtr(*age)
-		} else {
-			oldest[k.name] = nil
+		age, err := m.oldestRecord(ctx, db, k.name)
+		var pg *pgconn.PgError
+		switch {
+		case err == nil:
+			oldest[k.name] = age
+		case errors.As(err, &pg) && pg.Code == "57014": // query_canceled: the statement_timeout
+			slow = true
+			s.Notes = append(s.Notes, fmt.Sprintf("the oldest processed record of %s took longer than %s to find: unknown (and not searched for the other consumers)", k.name, m.timeout))
+		default:
+			errs = append(errs, fmt.Errorf("monitor: read the oldest processed record of %s: %w", k.name, err))
 		}
 	}
 
 	ends := map[string]map[int]kafkaoffsets.Range{}
-	var kafkaErr error
 	for _, k := range order {
 		c := byKey[k]
 		c.OldestRecordAge = oldest[k.name]
 		r, ok := ends[k.topic]
-		if !ok && kafkaErr == nil {
-			r, kafkaErr = m.logEnds(ctx, k.topic)
-			if kafkaErr == nil {
-				ends[k.topic] = r
+		if !ok {
+			var err error
+			if r, err = m.logEnds(ctx, k.topic); err != nil {
+				errs = append(errs, err) // this topic's lag is unknown; the others go on
 			}
+			ends[k.topic] = r
 		}
 		// Partitions without a position row (nothing committed there: a
 		// first message stuck in its handler, or never read) wait from
@@ -359,18 +365,44 @@ func (m *Monitor) consumers(ctx context.Context, db DB, s *Snapshot) error {
 				continue
 			}
 			lag := max(rg.Stable-p.Position, 0)
+			if p.Position > rg.End {
+				// The topic was recreated: the position points past its
+				// log, and everything it holds waits (the runner stops on
+				// it by default: see consumer.Config.OnRecreated).
+				lag = rg.Stable - rg.Start
+				p.Note = "past the log end (topic recreated?): every message of the topic counted as waiting"
+			}
 			p.StableEnd, p.Lag = &rg.Stable, &lag
 			c.Lag += lag
-			if p.Position > rg.End {
-				p.Note = "past the log end (topic recreated?)"
-			}
 		}
 	}
 	slices.SortFunc(order, func(a, b key) int { return cmp.Or(cmp.Compare(a.name, b.name), cmp.Compare(a.topic, b.topic)) })
 	for _, k := range order {
 		s.Consumers = append(s.Consumers, *byKey[k])
 	}
-	return kafkaErr
+	return errors.Join(errs...)
+}
+
+// oldestRecord returns the age of name's oldest processed-message record
+// (nil when it has none), the search bounded by the server to the
+// Monitor's OldestRecordTimeout.
+func (m *Monitor) oldestRecord(ctx context.Context, db DB, name string) (*time.Duration, error) {
+	var age *float64
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, m.sql.oldestTimeout, strconv.FormatInt(m.timeout.Milliseconds(), 10)); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, m.sql.oldestRecord, name).Scan(&age)
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	case age == nil:
+		return nil, nil
+	}
+	return durationPtr(*age), nil
 }
 
 // logEnds reads topic's partitions' log ranges; a topic that does not
@@ -405,30 +437,29 @@ func (m *Monitor) outboxState(ctx context.Context, db DB, s *Snapshot) error {
 
 func (m *Monitor) records(ctx context.Context, db DB, s *Snapshot) error {
 	m.mu.Lock()
-	last, at := m.stuck, m.stuckAt
+	last, lastErr, at := m.stuck, m.stuckErr, m.stuckAt
 	m.mu.Unlock()
-	if !at.IsZero() && time.Since(at) < m.stuckEvery {
-		s.Idempotency = last
-		if last == nil {
-			s.Missing = append(s.Missing, m.tables.IdempotencyRecords)
+	if at.IsZero() || time.Since(at) >= m.stuckEvery {
+		last, lastErr = nil, nil
+		n, err := m.idem.CountStuck(ctx, db)
+		switch {
+		case errors.Is(err, idemhttp.ErrNotMigrated):
+		case err != nil:
+			lastErr = fmt.Errorf("monitor: %w", err)
+		default:
+			last = &Idempotency{Table: m.tables.IdempotencyRecords, Stuck: n}
 		}
-		return nil
+		// A failed count is not tried again before StuckInterval either:
+		// the scan that failed (a lock, a timeout) would fail again.
+		m.mu.Lock()
+		m.stuck, m.stuckErr, m.stuckAt = last, lastErr, time.Now()
+		m.mu.Unlock()
 	}
-	n, err := m.idem.CountStuck(ctx, db)
-	var rec *Idempotency
-	switch {
-	case errors.Is(err, idemhttp.ErrNotMigrated):
+	s.Idempotency = last
+	if last == nil && lastErr == nil {
 		s.Missing = append(s.Missing, m.tables.IdempotencyRecords)
-	case err != nil:
-		return fmt.Errorf("monitor: %w", err)
-	default:
-		rec = &Idempotency{Table: m.tables.IdempotencyRecords, Stuck: n}
 	}
-	m.mu.Lock()
-	m.stuck, m.stuckAt = rec, time.Now()
-	m.mu.Unlock()
-	s.Idempotency = rec
-	return nil
+	return lastErr
 }
 
 // daily counts the days of daily partitions ahead of today, with the

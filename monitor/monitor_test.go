@@ -178,6 +178,85 @@ func TestCollectKafkaDown(t *testing.T) {
 	if len(s.Consumers) != 1 || s.Consumers[0].Partitions[0].Position != 5 || s.Consumers[0].Partitions[0].Lag != nil {
 		t.Fatalf("snapshot = %+v, want billing's position 5 with the lag unknown", s.Consumers)
 	}
+	if s.Outbox == nil || s.Idempotency == nil {
+		t.Fatalf("outbox %+v, idempotency %+v: want them read although Kafka is down", s.Outbox, s.Idempotency)
+	}
+}
+
+// TestSlowOldestRecordKeepsTheConnection: a search for the oldest record
+// that takes longer than OldestRecordTimeout (here: the table locked by
+// another session) is given up on the server: the age is unknown, a note
+// says why, the rest is read, and the Monitor's connection still works.
+func TestSlowOldestRecordKeepsTheConnection(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.NewDB(t, testenv.Migrate)
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		return store.SavePositionTx(ctx, tx, "billing", "orders", 0, 5, time.Time{}, 0)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	lock, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lock.Rollback(ctx) }()
+	if _, err := lock.Exec(ctx, `LOCK TABLE `+db.Table("processed_messages")+` IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	m := newMonitor(t, monitor.Config{Kafka: testenv.Kafka(t), Tables: migrate.Tables{Schema: db.Schema},
+		OldestRecordTimeout: 300 * time.Millisecond})
+	s, err := m.Collect(ctx, conn)
+	if err != nil {
+		t.Fatalf("Collect with the records table locked: %v", err)
+	}
+	if len(s.Consumers) != 1 || s.Consumers[0].OldestRecordAge != nil || len(s.Notes) != 1 || !strings.Contains(s.Notes[0], "longer than") {
+		t.Fatalf("consumers %+v, notes %q: want billing with its oldest record unknown, and a note", s.Consumers, s.Notes)
+	}
+	if s.Outbox == nil || conn.IsClosed() {
+		t.Fatalf("outbox %+v, connection closed %v: want the rest read and the connection kept", s.Outbox, conn.IsClosed())
+	}
+	_ = lock.Rollback(ctx)
+	if _, err := m.Collect(ctx, conn); err != nil {
+		t.Fatalf("Collect again on the same connection: %v", err)
+	}
+}
+
+// TestRecreatedTopicCountsAsWaiting: a position past the log end (the
+// topic was deleted and created again) counts every message of the new
+// topic as waiting, not none.
+func TestRecreatedTopicCountsAsWaiting(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.NewDB(t, testenv.Migrate)
+	topic := testenv.NewTopic(t, 1)
+	produce(t, topic, 0, 50)
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		return store.SavePositionTx(ctx, tx, "billing", topic, 0, 1000, time.Time{}, 0)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	m := newMonitor(t, monitor.Config{Kafka: testenv.Kafka(t), Tables: migrate.Tables{Schema: db.Schema}})
+	s, err := m.Collect(ctx, db.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := s.Consumers[0]; c.Lag != 50 || !strings.Contains(c.Partitions[0].Note, "recreated") {
+		t.Fatalf("billing = %+v, want lag 50 (the whole new topic) and a note", c)
+	}
 }
 
 func TestConfigErrors(t *testing.T) {

@@ -29,7 +29,12 @@ func TestTopicCreate(t *testing.T) {
 		t.Fatalf("topic create: exit %d\n%s%s", code, out, errOut)
 	}
 	partitions := func(topic string) int {
-		md, err := testenv.Client(t).Metadata(context.Background(), &kafka.MetadataRequest{Topics: []string{topic}})
+		// A client of its own: a shared one answers from its cached
+		// metadata, which may predate the topic.
+		tr := &kafka.Transport{}
+		defer tr.CloseIdleConnections()
+		client := &kafka.Client{Addr: kafka.TCP(testenv.Brokers(t)...), Transport: tr}
+		md, err := client.Metadata(context.Background(), &kafka.MetadataRequest{Topics: []string{topic}})
 		if err != nil || len(md.Topics) != 1 || md.Topics[0].Error != nil {
 			t.Fatalf("metadata of %s: %+v, %v", topic, md, err)
 		}
