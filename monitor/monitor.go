@@ -200,7 +200,8 @@ type Consumer struct {
 	OldestParkedAge *time.Duration
 	// OldestRecordAge is the age of the consumer name's oldest
 	// processed-message record (nil when it has none, or the search took
-	// longer than OldestRecordTimeout: then a note says so).
+	// longer than OldestRecordTimeout: then a note says so). With the
+	// daily layout it is at least the age of the oldest daily partition.
 	OldestRecordAge *time.Duration
 }
 
@@ -500,6 +501,18 @@ func (m *Monitor) daily(ctx context.Context, db DB, s *Snapshot) error {
 	}
 	ahead := int(day.Sub(now)/(24*time.Hour)) - 1
 	s.DailyPartitionsAhead = &ahead
+	// The daily table's records are as old as its oldest partition at most,
+	// and retention drops whole partitions: a partition older than the
+	// flat table's oldest record makes the consumers' oldest age (an upper
+	// bound, for every consumer of the schema).
+	if len(parts) > 0 && parts[0].Day.Before(now) {
+		old := time.Since(parts[0].Day)
+		for i := range s.Consumers {
+			if a := s.Consumers[i].OldestRecordAge; a == nil || *a < old {
+				s.Consumers[i].OldestRecordAge = &old
+			}
+		}
+	}
 	return nil
 }
 

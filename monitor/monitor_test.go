@@ -302,3 +302,40 @@ func TestStuckCountedEveryInterval(t *testing.T) {
 		t.Fatalf("stuck after the interval = %d, want 1", n)
 	}
 }
+
+// TestOldestRecordWithTheDailyLayout: with the daily layout, a consumer's
+// oldest record is at least as old as the oldest daily partition, so that
+// a partition maintenance that never drops anything shows as a purge
+// behind.
+func TestOldestRecordWithTheDailyLayout(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.NewDB(t, testenv.Migrate)
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.EnableDaily(ctx, db.Pool, dedup.DailyConfig{AheadDays: 1}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.BackdateDaily(t, db.Pool, db.Schema, 3)
+	if _, err := store.MaintainPartitions(ctx, db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		return store.SavePositionTx(ctx, tx, "billing", "orders", 0, 0, time.Time{}, 0)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	m := newMonitor(t, monitor.Config{Kafka: testenv.Kafka(t), Tables: migrate.Tables{Schema: db.Schema}})
+	s, err := m.Collect(ctx, db.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := s.Consumers[0].OldestRecordAge; a == nil || *a < 72*time.Hour || *a > 96*time.Hour {
+		t.Fatalf("oldest record age = %v, want the oldest partition's, 3 days and some", a)
+	}
+	if s.DailyPartitionsAhead == nil || *s.DailyPartitionsAhead < 1 {
+		t.Fatalf("daily partitions ahead = %v, want at least 1", s.DailyPartitionsAhead)
+	}
+}
