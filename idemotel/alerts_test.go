@@ -664,7 +664,7 @@ func (a *alertEnv) dailyPartitions(t *testing.T, db *testenv.DB) {
 			}
 		}
 	}
-	match := map[string]string{"consumer": name}
+	match := map[string]string{"schema": db.Schema}
 	fired := a.watch.wait(t, "IdemkitDedupPartitionsRunningOut", match, true, 2*time.Minute)
 	a.watch.check(t, "IdemkitDedupPartitionsRunningOut", match, "daily partitions after today dropped; maintenance", fired, func() {
 		if _, err := store.MaintainPartitions(ctx, db.Pool); err != nil {

@@ -90,7 +90,7 @@
 //	idemkit_lock_wait_seconds{consumer,topic}                  histogram
 //	idemkit_dedup_oldest_record_age_seconds{consumer}          gauge (Monitor)
 //	idemkit_dedup_retention_seconds{consumer}                  gauge (Monitor)
-//	idemkit_dedup_daily_partitions_ahead_days{consumer}        gauge (Monitor, daily layout only)
+//	idemkit_dedup_daily_partitions_ahead_days{schema}          gauge (Monitor, daily layout only)
 //	idemkit_dlq_writes_total{consumer,topic,dlq_topic}
 //	idemkit_dlq_replayed_total{dlq_topic,outcome}
 //	idemkit_dead_letter_write_failures_total{consumer,topic,dlq_topic}

@@ -181,15 +181,15 @@ func TestDailyPartitionsAheadGauge(t *testing.T) {
 	if _, err := store.EnableDaily(ctx, e.db.Pool, dedup.DailyConfig{AheadDays: 2}); err != nil {
 		t.Fatal(err)
 	}
-	// A consumer with a position: the gauge is per consumer.
+	// A consumer with a position.
 	if err := pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
 		return store.SavePositionTx(ctx, tx, e.group, e.topic, 0, 0, time.Time{}, 0)
 	}); err != nil {
 		t.Fatal(err)
 	}
 	e.runMonitor(idemotel.MonitorConfig{})
-	consumerOnly := lbl("consumer", e.group)
-	e.eventually("idemkit.dedup.daily_partitions_ahead", "2 days", func(m map[string]float64) bool { return m[consumerOnly] == 2 })
+	schema := lbl("schema", e.db.Schema)
+	e.eventually("idemkit.dedup.daily_partitions_ahead", "2 days", func(m map[string]float64) bool { return m[schema] == 2 })
 	parts, err := store.Partitions(ctx, e.db.Pool)
 	if err != nil || len(parts) == 0 {
 		t.Fatalf("partitions: %v %v", parts, err)
@@ -197,5 +197,5 @@ func TestDailyPartitionsAheadGauge(t *testing.T) {
 	if _, err := e.db.Pool.Exec(ctx, `DROP TABLE `+pgx.Identifier{e.db.Schema, parts[len(parts)-1].Name}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
-	e.eventually("idemkit.dedup.daily_partitions_ahead", "1 day once the newest is gone", func(m map[string]float64) bool { return m[consumerOnly] == 1 })
+	e.eventually("idemkit.dedup.daily_partitions_ahead", "1 day once the newest is gone", func(m map[string]float64) bool { return m[schema] == 1 })
 }

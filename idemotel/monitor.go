@@ -265,9 +265,9 @@ func (m *Monitor) observe(o metric.Observer) {
 		if m.retention > 0 {
 			o.ObserveFloat64(in.retention, m.retention, own.obs...)
 		}
-		if s.DailyPartitionsAhead != nil {
-			o.ObserveInt64(in.partitionsAhead, int64(*s.DailyPartitionsAhead), own.obs...)
-		}
+	}
+	if s.DailyPartitionsAhead != nil { // one per schema: the partitions are the schema's
+		o.ObserveInt64(in.partitionsAhead, int64(*s.DailyPartitionsAhead), m.attrsOf(keySchema, m.mon.Tables().Schema).obs...)
 	}
 	if ob := s.Outbox; ob != nil {
 		table := m.attrsOf(keyTable, m.mon.Tables().Schema+"."+ob.Table)
@@ -292,6 +292,9 @@ func (m *Monitor) observe(o metric.Observer) {
 		}
 	}
 }
+
+// keySchema labels what belongs to a whole schema.
+const keySchema = "schema"
 
 // monitorInstruments are the Monitor's own instruments.
 type monitorInstruments struct {
