@@ -33,19 +33,11 @@ func (e *env) eventually(name, what string, ok func(map[string]float64) bool) ma
 	}
 }
 
-// TestLagAndPositionFollowABlockedHandler: while the handler is blocked on
-// the second of six messages, a Monitor reports the partition's lag 5 and
-// its position 1, and the runner that it holds one partition; once it is
-// released, the lag is 0 and the position 6. After Close the runner's gauge
-// is gone.
-func TestLagAndPositionFollowABlockedHandler(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t, 1)
-	e.produce(msg("a", "k"), msg("b", "k"), msg("c", "k"), msg("d", "k"), msg("e", "k"), msg("f", "k"))
-	release := make(chan struct{})
-	blocked := make(chan struct{}, 1)
-	cfg := e.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		if m.ID == "b" { // a committed: the consumer has a position
+// blockOn is a handler that, for the message with ID id, signals blocked
+// and waits for release (or its context) before applying the effect.
+func (e *env) blockOn(id string, blocked chan<- struct{}, release <-chan struct{}) consumer.HandlerFunc {
+	return func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID == id {
 			select {
 			case blocked <- struct{}{}:
 			default:
@@ -57,7 +49,21 @@ func TestLagAndPositionFollowABlockedHandler(t *testing.T) {
 			}
 		}
 		return e.effect(ctx, tx, m)
-	})
+	}
+}
+
+// TestLagAndPositionFollowABlockedHandler: while the handler is blocked on
+// the second of six messages, a Monitor reports the partition's lag 5 and
+// its position 1, and the runner that it holds one partition; once it is
+// released, the lag is 0 and the position 6. After Close the runner's gauge
+// is gone.
+func TestLagAndPositionFollowABlockedHandler(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	e.produce(msg("a", "k"), msg("b", "k"), msg("c", "k"), msg("d", "k"), msg("e", "k"), msg("f", "k"))
+	release := make(chan struct{})
+	blocked := make(chan struct{}, 1)
+	cfg := e.config(e.blockOn("b", blocked, release)) // a commits: the consumer has a position
 	cfg.BatchSize = 1
 	oc := newOutcomes(6)
 	testobs.Of(cfg).OnOutcome = oc.hook

@@ -143,20 +143,7 @@ func TestRunnerAndMonitorInOneProcess(t *testing.T) {
 	e.produce(msg("a", "k"), msg("b", "k"), msg("c", "k"), msg("d", "k"), msg("e", "k"), msg("f", "k"))
 	release := make(chan struct{})
 	blocked := make(chan struct{}, 1)
-	cfg := e.config(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		if m.ID == "b" {
-			select {
-			case blocked <- struct{}{}:
-			default:
-			}
-			select {
-			case <-release:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		return e.effect(ctx, tx, m)
-	})
+	cfg := e.config(e.blockOn("b", blocked, release))
 	cfg.BatchSize = 1
 	cfg.HandlerTimeout = time.Second
 	c, err := e.tel.Consumer(cfg)

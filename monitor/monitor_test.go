@@ -42,6 +42,22 @@ func produce(t *testing.T, topic string, partition, n int) {
 	testenv.Produce(t, topic, partition, recs...)
 }
 
+// savePosition records consumer's position on topic's partition, as its
+// runner would have.
+func savePosition(t *testing.T, db *testenv.DB, consumer, topic string, partition int, next int64) {
+	t.Helper()
+	ctx := context.Background()
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		return store.SavePositionTx(ctx, tx, consumer, topic, partition, next, time.Time{}, 0)
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestCollectWithNoProcessRunning: everything Collect reports comes from
 // the tables and the topic, with no consumer or relay running: the lag of
 // a partition with a position and of one without, the parked messages, the
@@ -158,15 +174,7 @@ func TestCollectKafkaDown(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.NewDB(t, testenv.Migrate)
-	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-		return store.SavePositionTx(ctx, tx, "billing", "orders", 0, 5, time.Time{}, 0)
-	}); err != nil {
-		t.Fatal(err)
-	}
+	savePosition(t, db, "billing", "orders", 0, 5)
 	m := newMonitor(t, monitor.Config{Kafka: kafkaconn.Config{Brokers: []string{"127.0.0.1:1"}, DialTimeout: time.Second}, Tables: migrate.Tables{Schema: db.Schema}})
 	qctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -191,15 +199,7 @@ func TestSlowOldestRecordKeepsTheConnection(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.NewDB(t, testenv.Migrate)
-	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-		return store.SavePositionTx(ctx, tx, "billing", "orders", 0, 5, time.Time{}, 0)
-	}); err != nil {
-		t.Fatal(err)
-	}
+	savePosition(t, db, "billing", "orders", 0, 5)
 	lock, err := db.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -240,15 +240,7 @@ func TestRecreatedTopicCountsAsWaiting(t *testing.T) {
 	db := testenv.NewDB(t, testenv.Migrate)
 	topic := testenv.NewTopic(t, 1)
 	produce(t, topic, 0, 50)
-	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-		return store.SavePositionTx(ctx, tx, "billing", topic, 0, 1000, time.Time{}, 0)
-	}); err != nil {
-		t.Fatal(err)
-	}
+	savePosition(t, db, "billing", topic, 0, 1000)
 	m := newMonitor(t, monitor.Config{Kafka: testenv.Kafka(t), Tables: migrate.Tables{Schema: db.Schema}})
 	s, err := m.Collect(ctx, db.Pool)
 	if err != nil {
