@@ -1,0 +1,94 @@
+package main
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/idemkit/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m, nil) }
+
+// TestServiceRunsEndToEnd runs the service against the test servers: a
+// payment event delivered twice marks its order paid once and announces it
+// once through the outbox; the service stops cleanly when its context ends.
+func TestServiceRunsEndToEnd(t *testing.T) {
+	ctx := context.Background()
+	db := testenv.NewDB(t)
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE `+db.Table("orders")+` (id text PRIMARY KEY, status text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO `+db.Table("orders")+` VALUES ('o-1', 'open')`); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	t.Setenv("DATABASE_URL", testenv.DatabaseURL(t))
+	t.Setenv("KAFKA_BROKERS", testenv.Brokers(t)[0])
+	t.Setenv("SCHEMA", db.Schema)
+	t.Setenv("METRICS_ADDR", addr)
+
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- run(runCtx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	}()
+
+	// The service creates its topics; a new event ID per test run, sent twice.
+	eventID := testenv.Name(t, "settled")
+	waitTopic(t, "payments")
+	w := &kafka.Writer{Addr: kafka.TCP(testenv.Brokers(t)...), Topic: "payments", RequiredAcks: kafka.RequireAll}
+	defer w.Close()
+	event := kafka.Message{Key: []byte("o-1"), Value: []byte(`{"event_id":"` + eventID + `","amount":100}`)}
+	if err := w.WriteMessages(ctx, event, event); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var status string
+		var published, enqueued int
+		err := db.Pool.QueryRow(ctx, `SELECT (SELECT status FROM `+db.Table("orders")+` WHERE id = 'o-1'),
+			(SELECT count(*) FROM `+db.Table("idemkit_outbox")+`),
+			(SELECT count(*) FROM `+db.Table("idemkit_outbox")+` WHERE published_at IS NOT NULL)`).Scan(&status, &enqueued, &published)
+		if err != nil && err != pgx.ErrNoRows {
+			t.Fatal(err)
+		}
+		if status == "paid" && enqueued == 1 && published == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after a minute: order %q, %d OrderPaid enqueued, %d published; want paid, 1, 1", status, enqueued, published)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// waitTopic waits until topic exists (the service creates it at start).
+func waitTopic(t *testing.T, topic string) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		tr := &kafka.Transport{}
+		client := &kafka.Client{Addr: kafka.TCP(testenv.Brokers(t)...), Transport: tr}
+		md, err := client.Metadata(context.Background(), &kafka.MetadataRequest{Topics: []string{topic}})
+		tr.CloseIdleConnections()
+		if err == nil && len(md.Topics) == 1 && md.Topics[0].Error == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("topic %s not created within a minute: %v", topic, err)
+		}
+	}
+}
