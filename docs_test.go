@@ -154,3 +154,26 @@ func TestRunbookAnchors(t *testing.T) {
 		}
 	}
 }
+
+// TestGettingStartedQuotesTheExample: every Go block of the getting-started
+// guide is an excerpt of examples/service/main.go, which the suite builds
+// and runs: the guide's code compiles and works because the file does.
+func TestGettingStartedQuotesTheExample(t *testing.T) {
+	guide, err := os.ReadFile("docs/getting-started.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	example, err := os.ReadFile("examples/service/main.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := regexp.MustCompile("(?s)```go\n(.*?)```").FindAllStringSubmatch(string(guide), -1)
+	if len(blocks) < 5 {
+		t.Fatalf("the guide has %d Go blocks, want its steps'", len(blocks))
+	}
+	for _, b := range blocks {
+		if !strings.Contains(string(example), b[1]) {
+			t.Errorf("a Go block of the guide is not in examples/service/main.go:\n%s", b[1])
+		}
+	}
+}
