@@ -156,13 +156,23 @@ func TestRunbookAnchors(t *testing.T) {
 }
 
 // TestGettingStartedQuotesTheExample: every Go block of the getting-started
-// guide is an excerpt of examples/service/main.go, which the suite builds
-// and runs: the guide's code compiles and works because the file does.
+// guide, and the README's quick start, is an excerpt of
+// examples/service/main.go, which the suite builds and runs: their code
+// compiles and works because the file does.
 func TestGettingStartedQuotesTheExample(t *testing.T) {
 	guide, err := os.ReadFile("docs/getting-started.md")
 	if err != nil {
 		t.Fatal(err)
 	}
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	quick := regexp.MustCompile("(?s)## Quick start\n\n(```go\n.*?```)").FindSubmatch(readme)
+	if quick == nil {
+		t.Fatal("the README has no Go block under ## Quick start")
+	}
+	guide = append(append(guide, '\n'), quick[1]...)
 	example, err := os.ReadFile("examples/service/main.go")
 	if err != nil {
 		t.Fatal(err)
