@@ -1,7 +1,9 @@
 // Command service is the smallest complete idemkit service: it marks
-// orders paid once per PaymentSettled event, announces each with an
-// OrderPaid event through the outbox, dead-letters what fails for good,
-// serves /metrics with the Monitor's gauges, and stops cleanly on SIGTERM.
+// orders paid once per PaymentSettled event (key: the order ID; value: a
+// JSON object with an event_id), announces each with an OrderPaid event
+// through the outbox, dead-letters what fails for good (an unknown order),
+// serves /metrics with the Monitor's gauges, and stops cleanly on SIGINT or
+// SIGTERM.
 //
 //	DATABASE_URL=postgres://… KAFKA_BROKERS=127.0.0.1:9092 go run ./service
 //
@@ -12,6 +14,8 @@ package main
 import (
 	"cmp"
 	"context"
+	"encoding/json"
+	"fmt"
 	"log"
 	"net/http"
 	"os"
@@ -32,6 +36,7 @@ import (
 	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/monitor"
 	"github.com/idemkit/idemkit/outbox"
+	"github.com/idemkit/idemkit/retry"
 )
 
 func main() {
@@ -79,11 +84,16 @@ func run(ctx context.Context) error {
 	cfg := &consumer.Config{
 		Kafka: kc, Topic: "payments", GroupID: "order-service", Store: store, IDFunc: consumer.IDFromJSON("event_id"),
 		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
-			orders := pgx.Identifier{tables.Schema, "orders"}.Sanitize()
-			if _, err := tx.Exec(ctx, `UPDATE `+orders+` SET status = 'paid' WHERE id = $1`, string(msg.Key)); err != nil {
+			orders := pgx.Identifier{tables.Schema, "orders"}.Sanitize() // the message key is the order ID
+			tag, err := tx.Exec(ctx, `UPDATE `+orders+` SET status = 'paid' WHERE id = $1`, string(msg.Key))
+			if err != nil {
 				return err // rolls back the effect and the claim: the message is tried again
 			}
-			_, err := events.EnqueueTx(ctx, tx, outbox.Message{Topic: "orders", Key: msg.Key, Value: []byte(`{"status":"paid"}`)})
+			if tag.RowsAffected() == 0 {
+				return retry.Permanent(fmt.Errorf("no order %q", msg.Key)) // to payments.dlq, not retried
+			}
+			paid, _ := json.Marshal(map[string]string{"order_id": string(msg.Key), "status": "paid"})
+			_, err = events.EnqueueTx(ctx, tx, outbox.Message{Topic: "orders", Key: msg.Key, Value: paid})
 			return err
 		}),
 	}
@@ -126,6 +136,8 @@ func run(ctx context.Context) error {
 		ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.ListenAndServe() }()
 	defer srv.Close()
+	log.Printf("order-service: consuming payments (schema %s), metrics on http://%s/metrics; Ctrl-C or SIGTERM stops it",
+		tables.Schema, srv.Addr)
 	// Every runner until SIGTERM, or until one fails: then all stop.
 	return idemkit.RunAll(ctx, payments, relay, mon)
 }

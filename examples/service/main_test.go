@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,7 +17,8 @@ func TestMain(m *testing.M) { testenv.Main(m, nil) }
 
 // TestServiceRunsEndToEnd runs the service against the test servers: a
 // payment event delivered twice marks its order paid once and announces it
-// once through the outbox; the service stops cleanly when its context ends.
+// once through the outbox; an event for an unknown order announces nothing
+// (it is dead-lettered); the service stops cleanly when its context ends.
 func TestServiceRunsEndToEnd(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.NewDB(t)
@@ -53,7 +55,8 @@ func TestServiceRunsEndToEnd(t *testing.T) {
 	w := &kafka.Writer{Addr: kafka.TCP(testenv.Brokers(t)...), Topic: "payments", RequiredAcks: kafka.RequireAll}
 	defer w.Close()
 	event := kafka.Message{Key: []byte("o-1"), Value: []byte(`{"event_id":"` + eventID + `","amount":100}`)}
-	if err := w.WriteMessages(ctx, event, event); err != nil {
+	unknown := kafka.Message{Key: []byte("o-404"), Value: []byte(`{"event_id":"` + eventID + `-404","amount":1}`)}
+	if err := w.WriteMessages(ctx, event, event, unknown); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(time.Minute)
@@ -66,7 +69,7 @@ func TestServiceRunsEndToEnd(t *testing.T) {
 		if err != nil && err != pgx.ErrNoRows {
 			t.Fatal(err)
 		}
-		if status == "paid" && enqueued == 1 && published == 1 {
+		if status == "paid" && enqueued == 1 && published == 1 && deadLettered(t, eventID+"-404") {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -91,4 +94,15 @@ func waitTopic(t *testing.T, topic string) {
 			t.Fatalf("topic %s not created within a minute: %v", topic, err)
 		}
 	}
+}
+
+// deadLettered reports whether payments.dlq holds the event with id.
+func deadLettered(t *testing.T, id string) bool {
+	t.Helper()
+	for _, m := range testenv.ReadAll(t, testenv.Brokers(t), "payments.dlq") {
+		if strings.Contains(string(m.Value), `"event_id":"`+id+`"`) {
+			return true
+		}
+	}
+	return false
 }
