@@ -187,3 +187,51 @@ func TestGettingStartedQuotesTheExample(t *testing.T) {
 		}
 	}
 }
+
+// TestGoBlocksAreExcerpts: every Go block of the README and the guides is,
+// line for line (indentation aside), an excerpt of a Go file of the
+// repository — an example or a program the suite builds — so that no
+// block shows code that does not compile.
+func TestGoBlocksAreExcerpts(t *testing.T) {
+	dedent := func(s string) string {
+		lines := strings.Split(s, "\n")
+		for i, l := range lines {
+			lines[i] = strings.TrimLeft(l, " \t")
+		}
+		return strings.Join(lines, "\n")
+	}
+	var sources []string
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		switch {
+		case err != nil:
+			return err
+		case d.IsDir() && (d.Name() == ".dev" || d.Name() == ".git"):
+			return filepath.SkipDir
+		case !d.IsDir() && strings.HasSuffix(path, ".go"):
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			sources = append(sources, dedent(string(b)))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, file := range markdownFiles(t) {
+		if file == "CHANGELOG.md" {
+			continue
+		}
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range regexp.MustCompile("(?s)```go\n(.*?)```").FindAllStringSubmatch(string(b), -1) {
+			block := dedent(m[1])
+			if !slices.ContainsFunc(sources, func(src string) bool { return strings.Contains(src, block) }) {
+				t.Errorf("%s: a Go block is in no Go file of the repository (make it an Example):\n%s", file, m[1])
+			}
+		}
+	}
+}

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/signal"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -25,6 +27,7 @@ import (
 	"github.com/idemkit/idemkit/idemtest"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
+	"github.com/idemkit/idemkit/monitor"
 )
 
 // A consumer with metrics on /metrics (OpenTelemetry's Prometheus exporter)
@@ -209,3 +212,40 @@ func ExampleTelemetry_Inject() {
 type stopAfter func()
 
 func (f stopAfter) Outcome(context.Context, *consumer.OutcomeEvent) { f() }
+
+// A Monitor: the lag, the outbox, the parked and dead-lettered messages
+// from the tables, collected in the background, exported as gauges.
+func ExampleTelemetry_Monitor() {
+	run := func(ctx context.Context, tel *idemotel.Telemetry, pool *pgxpool.Pool, brokers []string, w *dlq.Writer) error {
+		mon, err := tel.Monitor(pool, &idemotel.MonitorConfig{
+			Config:           monitor.Config{Kafka: kafkaconn.Config{Brokers: brokers}},
+			Retention:        30 * 24 * time.Hour, // what your purge promises (default 7 days)
+			DeadLetterTopics: w.Topics("payments"),
+		})
+		if err != nil {
+			return err
+		}
+		defer mon.Close()
+		go mon.Run(ctx)
+		return nil
+	}
+	_ = run
+}
+
+// Everything the module offers for one consumer: spans, counters and
+// histograms, dead letters counted, trace IDs in logs, the runner's gauges
+// and a Monitor's.
+func ExampleTelemetry_Consumer_all() {
+	run := func(ctx context.Context, tp *sdktrace.TracerProvider, mp *sdkmetric.MeterProvider, cfg consumer.Config,
+		w *dlq.Writer, pool *pgxpool.Pool) {
+		tel, _ := idemotel.New(&idemotel.Config{TracerProvider: tp, MeterProvider: mp})
+		c, _ := tel.Consumer(&cfg)                                                      // a span per transaction, counters, histograms (an observer of its own)
+		cfg.OnFailure = c.DeadLetters(w)                                                // a dlq.Writer, its writes counted
+		cfg.Logger = slog.New(idemotel.LogHandler(slog.NewJSONHandler(os.Stderr, nil))) // trace_id in logs
+		r, _ := consumer.New(pool, &cfg)
+		_ = c.Observe(r) // gauges of the partitions r holds
+		mon, _ := tel.Monitor(pool, &idemotel.MonitorConfig{Config: monitor.Config{Kafka: cfg.Kafka}})
+		go mon.Run(ctx) // lag, backlog, parked, stuck, retention: from the tables, every 15s
+	}
+	_ = run
+}
