@@ -33,6 +33,23 @@ func (e *env) eventually(name, what string, ok func(map[string]float64) bool) ma
 	}
 }
 
+// observed wires the telemetry into cfg, makes its runner and observes it.
+func (e *env) observed(cfg *consumer.Config) (*idemotel.Consumer, *consumer.Runner) {
+	e.t.Helper()
+	c, err := e.tel.Consumer(cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	r, err := consumer.New(e.db.Pool, cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := c.Observe(r); err != nil {
+		e.t.Fatal(err)
+	}
+	return c, r
+}
+
 // blockOn is a handler that, for the message with ID id, signals blocked
 // and waits for release (or its context) before applying the effect.
 func (e *env) blockOn(id string, blocked chan<- struct{}, release <-chan struct{}) consumer.HandlerFunc {
@@ -67,17 +84,7 @@ func TestLagAndPositionFollowABlockedHandler(t *testing.T) {
 	cfg.BatchSize = 1
 	oc := newOutcomes(6)
 	testobs.Of(cfg).OnOutcome = oc.hook
-	c, err := e.tel.Consumer(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := consumer.New(e.db.Pool, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Observe(r); err != nil {
-		t.Fatal(err)
-	}
+	c, r := e.observed(cfg)
 	if err := c.Observe(r); err == nil {
 		t.Error("a second Observe succeeded")
 	}
@@ -138,17 +145,7 @@ func TestParkedGauges(t *testing.T) {
 			parked <- struct{}{}
 		}
 	}
-	c, err := e.tel.Consumer(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := consumer.New(e.db.Pool, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Observe(r); err != nil {
-		t.Fatal(err)
-	}
+	c, r := e.observed(cfg)
 	defer c.Close()
 	run(t, r)
 	wait(t, parked, "p1 parked")

@@ -146,17 +146,7 @@ func TestRunnerAndMonitorInOneProcess(t *testing.T) {
 	cfg := e.config(e.blockOn("b", blocked, release))
 	cfg.BatchSize = 1
 	cfg.HandlerTimeout = time.Second
-	c, err := e.tel.Consumer(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := consumer.New(e.db.Pool, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Observe(r); err != nil {
-		t.Fatal(err)
-	}
+	c, r := e.observed(cfg)
 	defer c.Close()
 	stop := run(t, r)
 	defer func() { close(release); _ = stop() }()
