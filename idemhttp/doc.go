@@ -33,8 +33,9 @@
 // writes its record once, with no UPDATE. While a request is in flight its
 // key has no record; its holder also holds a lock on the key and its
 // fingerprint, shared, and a request with another body, which can take
-// that lock for its own fingerprint, so learns in the same round trip that
-// it differs: 422. A holder whose process crashed holds
+// that lock for its own fingerprint, so learns that it differs: 422 (after
+// a few looks a few milliseconds apart, as a holder whose transaction ends
+// frees the two locks one after the other). A holder whose process crashed holds
 // nothing: PostgreSQL ends its session, rolls its transaction back and
 // frees the lock, and the next request runs at once.
 //

@@ -5,3 +5,9 @@ package idemhttp
 func (s *Store) LockKey(account, operation, key string) int64 {
 	return s.lockKey(account, operation, key)
 }
+
+// OnMismatchLook makes s call f after each look that finds a key held by a
+// request with another fingerprint.
+func (s *Store) OnMismatchLook(f func()) {
+	s.mismatchLooked = f
+}

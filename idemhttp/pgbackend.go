@@ -43,6 +43,17 @@ type pgBackend struct {
 // while the record did not move.
 const pollMax = 50 * time.Millisecond
 
+// mismatchLooks is how many looks in a row must find the key held by a
+// request with another fingerprint before a request is answered 422. A
+// holder's transaction frees its advisory locks one by one as it ends: a
+// look can find the lock of its key still held and the lock of its
+// fingerprint already free, which reads as another fingerprint's holder.
+// The looks are apart by mismatchPause, then four times that, and so on.
+const (
+	mismatchLooks = 4
+	mismatchPause = time.Millisecond
+)
+
 // finishTimeout bounds the statements that settle a request (complete,
 // commit, rollback, release). They run detached from the request's context:
 // a client that hung up must not leave its record half done.
@@ -128,7 +139,8 @@ func (b *pgBackend) reserveLocked(ctx context.Context, req *Request) (Reservatio
 	// request with its fingerprint waits, on a connection of its own, for
 	// that fingerprint's lock (which the holder holds shared until its
 	// transaction ends), and looks again.
-	woken := false // by the end of a holder this request waited for
+	woken := false  // by the end of a holder this request waited for
+	mismatches := 0 // looks in a row that found another fingerprint's holder
 	for {
 		conn, err := b.acquire(ctx)
 		if err != nil {
@@ -150,11 +162,29 @@ func (b *pgBackend) reserveLocked(ctx context.Context, req *Request) (Reservatio
 			conn.Release()
 		}
 		live := rec != nil && rec.expiresAt.After(now)
+		if locked || live || !other {
+			mismatches = 0
+		}
 		switch {
 		case !locked && !live && other:
-			// A holder in flight with another fingerprint.
+			// A holder in flight with another fingerprint, or one whose
+			// transaction is ending (see mismatchLooks).
 			end()
-			return Reservation{State: StateProcessing, Mismatch: true}, nil
+			if b.store.mismatchLooked != nil {
+				b.store.mismatchLooked()
+			}
+			mismatches++
+			if mismatches >= mismatchLooks {
+				return Reservation{State: StateProcessing, Mismatch: true}, nil
+			}
+			t := time.NewTimer(mismatchPause << (2 * (mismatches - 1)))
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return Reservation{State: StateProcessing}, nil // answered 409; the client is gone anyway
+			case <-t.C:
+			}
+			continue
 		case !locked && !live:
 			// A holder in flight with this fingerprint; it has no record yet.
 			end()

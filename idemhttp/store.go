@@ -105,6 +105,10 @@ type Store struct {
 	resolveSQL         string
 	purgeSQL           string
 	pagesSQL           string
+
+	// mismatchLooked, when set (by this package's tests), runs after a
+	// look found the key held by a request with another fingerprint.
+	mismatchLooked func()
 }
 
 // NewStore returns a Store for the table cfg names. cfg may be nil, meaning

@@ -161,3 +161,71 @@ func TestWaitHolderFails(t *testing.T) {
 		want(t, e.post(key, "acct-1", payment), http.StatusCreated, true)
 	})
 }
+
+// holdKeyLockOnly holds, in a transaction of its own, the advisory lock of
+// key and no lock of any fingerprint: what a holder's session looks like
+// while its ending transaction frees its locks one by one, the fingerprint's
+// first. The returned function ends that transaction.
+func (e *env) holdKeyLockOnly(key string) func() {
+	e.t.Helper()
+	ctx := context.Background()
+	tx, err := e.db.Pool.Begin(ctx)
+	if err != nil {
+		e.t.Fatalf("begin: %v", err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT pg_catalog.pg_advisory_xact_lock($1)`,
+		e.store.LockKey("acct-1", "POST /payments", key)); err != nil {
+		e.t.Fatalf("lock: %v", err)
+	}
+	var once sync.Once
+	end := func() { once.Do(func() { _ = tx.Rollback(ctx) }) }
+	e.t.Cleanup(end)
+	return end
+}
+
+// A key whose lock is held while no lock of its fingerprint is, as a
+// holder's ending transaction leaves it for an instant, is not taken for a
+// request with another body: a duplicate that looks in that instant runs
+// once the lock is free.
+func TestKeyHeldWithoutFingerprintIsLookedAtAgain(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil, func(c *idemhttp.Config) { c.Wait = 30 * time.Second })
+	key := newKey()
+	end := e.holdKeyLockOnly(key)
+	var looks atomic.Int32
+	e.store.OnMismatchLook(func() {
+		looks.Add(1)
+		end() // the holder's transaction has ended
+	})
+	r := e.post(key, "acct-1", payment)
+	if r.status != http.StatusCreated || r.replayed() {
+		t.Fatalf("got %v, want the run's 201", r)
+	}
+	if n := looks.Load(); n != 1 {
+		t.Fatalf("%d looks found another fingerprint, want 1", n)
+	}
+	if n := e.payments(); n != 1 {
+		t.Fatalf("%d payments, want 1", n)
+	}
+}
+
+// A key that stays held by a request with another fingerprint is answered
+// 422 after a few looks, and its handler never runs.
+func TestKeyHeldByAnotherFingerprint(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil, func(c *idemhttp.Config) { c.Wait = 30 * time.Second })
+	key := newKey()
+	e.holdKeyLockOnly(key)
+	var looks atomic.Int32
+	e.store.OnMismatchLook(func() { looks.Add(1) })
+	r := e.post(key, "acct-1", payment)
+	if r.status != http.StatusUnprocessableEntity || r.code() != idemhttp.CodeKeyReused {
+		t.Fatalf("got %v, want 422 %s", r, idemhttp.CodeKeyReused)
+	}
+	if n := looks.Load(); n < 2 {
+		t.Fatalf("%d looks found another fingerprint, want it looked at again", n)
+	}
+	if n := e.payments(); n != 0 {
+		t.Fatalf("%d payments, want none", n)
+	}
+}
