@@ -118,9 +118,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	// The runner bounds its own transactions; what else uses the pool
 	// (the handler's own sessions, other code) depends on its settings.
-	pgsession.Check(ctx, r.cfg.pool, log, "consumer "+r.cfg.GroupID+"/"+r.cfg.Topic)
+	pgsession.Check(ctx, r.cfg.pool, &r.cfg.pool.Config().ConnConfig.Config, log, "consumer "+r.cfg.GroupID+"/"+r.cfg.Topic)
 	if err := r.waiter("postgres dedup layout").Do(ctx, func(ctx context.Context) error {
-		_, err := r.claims.Layout(ctx, r.cfg.pool)
+		_, err := r.claims.Layout(ctx, r.cfg.pool, 0) // bounded by the waiter
 		return err
 	}); err != nil {
 		if ctx.Err() != nil {
@@ -245,10 +245,11 @@ func permanentGroupError(err error) bool {
 
 // waiter returns an outage waiter for one loop of the runner.
 // All of them report to the runner's one tracker: an outage that every
-// partition meets is logged once, not once per partition.
+// partition meets is logged once, not once per partition. Each try is
+// bounded as a transaction is: a connection gone silent is given up on.
 func (r *Runner) waiter(op string) *outage.Waiter {
 	return &outage.Waiter{Op: "consumer " + r.cfg.GroupID + "/" + r.cfg.Topic + ": " + op,
-		Max: r.cfg.MaxOutage, Shared: r.outages}
+		Max: r.cfg.MaxOutage, Shared: r.outages, Bound: txBound(r.cfg.HandlerTimeout)}
 }
 
 // do runs op with a waiter of its own until it succeeds (see

@@ -28,7 +28,8 @@ func Example_sessionSettings() {
 	} {
 		cfg.ConnConfig.RuntimeParams[k] = v
 	}
-	cfg.ConnConfig.DialFunc = (&net.Dialer{Timeout: 10 * time.Second, KeepAliveConfig: net.KeepAliveConfig{
+	cfg.ConnConfig.ConnectTimeout = 10 * time.Second
+	cfg.ConnConfig.DialFunc = (&net.Dialer{KeepAliveConfig: net.KeepAliveConfig{
 		Enable: true, Idle: 15 * time.Second, Interval: 5 * time.Second, Count: 3}}).DialContext
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -951,7 +951,7 @@ func (w *worker) tx(ctx context.Context, msgs []*Message) (failed int, outcomes 
 	parking := len(live) < len(msgs)
 	// Claims of UUIDv7 IDs need the layout; read once, and again after
 	// a claim found it changed (dedup.ErrLayoutChanged).
-	keepDays, err := w.r.claims.Layout(ctx, cfg.pool)
+	keepDays, err := w.r.claims.Layout(ctx, cfg.pool, txBound(cfg.HandlerTimeout))
 	if err != nil {
 		return -1, nil, nil, fmt.Errorf("consumer: %w", err)
 	}

@@ -143,8 +143,8 @@ type layoutState struct {
 // cachedLayout returns the schema's layout, reading it through db the
 // first time and after a claim found it out of date; otherwise what was
 // read last. Claims route by it: the consumer's runner makes it known
-// before each transaction (dedupq.Queuer.Layout), since queued claims of
-// UUIDv7 IDs need it and cannot read it.
+// before each transaction (dedupq.Queuer.Layout, which bounds the read),
+// since queued claims of UUIDv7 IDs need it and cannot read it.
 func (s *Store) cachedLayout(ctx context.Context, db DBTX) (Layout, error) {
 	if l := s.layout.Load(); l != nil && !l.stale {
 		return l.Layout, nil

@@ -31,7 +31,7 @@ func TestQueuedClaimAfterConcurrentForget(t *testing.T) {
 	ctx := context.Background()
 	tomorrow := testenv.Today(t, db.Pool).AddDate(0, 0, 2) // DailyFrom
 	// Both workers' tx() read the (flat) layout.
-	if _, err := dedupq.Of(s).Layout(ctx, db.Pool); err != nil {
+	if _, err := dedupq.Of(s).Layout(ctx, db.Pool, 0); err != nil {
 		t.Fatal(err)
 	}
 	other, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})

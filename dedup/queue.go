@@ -2,6 +2,7 @@ package dedup
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -16,8 +17,16 @@ func init() {
 // queuer is a store's dedupq.Queuer: the consumer's protocol with it.
 type queuer struct{ s *Store }
 
-func (q queuer) Layout(ctx context.Context, db pgexec.DB) (int, error) {
-	l, err := q.s.cachedLayout(ctx, db)
+func (q queuer) Layout(ctx context.Context, db pgexec.DB, bound time.Duration) (int, error) {
+	if l := q.s.layout.Load(); l != nil && !l.stale {
+		return l.KeepDays, nil
+	}
+	if bound > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, bound)
+		defer cancel()
+	}
+	l, err := q.s.Layout(ctx, db)
 	return l.KeepDays, err
 }
 

@@ -411,7 +411,7 @@ func (r *Reprocessor) Run(ctx context.Context) (Summary, error) {
 		defer t.Stop()
 		pace = t.C
 	}
-	pgsession.Check(ctx, r.cfg.pool, r.cfg.Logger, "dlq reprocessor "+r.cfg.Topic)
+	pgsession.Check(ctx, r.cfg.pool, &r.cfg.pool.Config().ConnConfig.Config, r.cfg.Logger, "dlq reprocessor "+r.cfg.Topic)
 	rn := &run{Reprocessor: r,
 		pg:    &outage.Waiter{Op: "replay " + r.cfg.Topic + ": postgres", Log: r.cfg.Logger, Max: r.cfg.MaxOutage},
 		kafka: &outage.Waiter{Op: "replay " + r.cfg.Topic + ": kafka", Log: r.cfg.Logger, Max: r.cfg.MaxOutage}}

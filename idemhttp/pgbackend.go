@@ -78,7 +78,7 @@ func (b *pgBackend) acquire(ctx context.Context) (*pgxpool.Conn, error) {
 	}
 	// Once, on the first connection taken: the pool's session settings
 	// (it takes no other connection than the one the request holds).
-	b.checked.Do(func() { pgsession.Check(actx, conn, b.log, "idemhttp") })
+	b.checked.Do(func() { pgsession.Check(actx, conn, &b.pool.Config().ConnConfig.Config, b.log, "idemhttp") })
 	return conn, nil
 }
 

@@ -125,7 +125,7 @@ func NewDispatcher(pool *pgxpool.Pool, store *Store, cfg *DispatcherConfig) (*Di
 func (d *Dispatcher) Run(ctx context.Context) error {
 	e := &engine{pool: d.pool, store: d.store, cfg: d.loop, d: d,
 		log: d.loop.logger.With("component", "outbox.dispatcher")}
-	pgsession.Check(ctx, d.pool, d.loop.logger, "outbox.dispatcher") // e.log already names the component
+	pgsession.Check(ctx, d.pool, &d.pool.Config().ConnConfig.Config, d.loop.logger, "outbox.dispatcher") // e.log already names the component
 	return e.run(ctx)
 }
 

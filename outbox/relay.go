@@ -241,7 +241,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	transport.MetadataTTL = cmp.Or(r.cfg.MetadataTTL, MetadataTTLDefault)
 	defer transport.CloseIdleConnections()
 	log := r.loop.logger.With("component", "outbox.relay")
-	pgsession.Check(ctx, r.pool, r.loop.logger, "outbox.relay") // log already names the component
+	pgsession.Check(ctx, r.pool, &r.pool.Config().ConnConfig.Config, r.loop.logger, "outbox.relay") // log already names the component
 	e := &engine{pool: r.pool, store: r.store, cfg: r.loop, log: log}
 	e.rounds = &relayRounds{e: e, wakeDelay: r.cfg.WakeDelay, onRound: r.onRound,
 		promoteEvery: min(r.loop.pollInterval, r.loop.retryInitial()),

@@ -50,7 +50,7 @@ func main() { os.Exit(run()) }
 
 func run() int {
 	dbURL := flag.String("database-url", cmp.Or(os.Getenv("IDEMKIT_DATABASE_URL"),
-		os.Getenv("IDEMKIT_TEST_DATABASE_URL"), "postgres://postgres@127.0.0.1:54329/idemkit?sslmode=disable"),
+		os.Getenv("IDEMKIT_TEST_DATABASE_URL"), "postgres://postgres@127.0.0.1:54329/idemkit?sslmode=disable&connect_timeout=10"),
 		"PostgreSQL URL of a user that may create schemas")
 	brokers := flag.String("brokers", cmp.Or(os.Getenv("IDEMKIT_KAFKA_BROKERS"),
 		os.Getenv("IDEMKIT_TEST_KAFKA_BROKERS"), "127.0.0.1:19092"),

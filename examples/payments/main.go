@@ -60,7 +60,7 @@ func main() {
 	defer stop()
 	dbURL := os.Getenv("IDEMKIT_DATABASE_URL")
 	if dbURL == "" {
-		dbURL = "postgres://postgres@127.0.0.1:54329/idemkit?sslmode=disable"
+		dbURL = "postgres://postgres@127.0.0.1:54329/idemkit?sslmode=disable&connect_timeout=10"
 	}
 	if *store != "redis" {
 		*redisURL = ""

@@ -36,8 +36,9 @@ type Queuer interface {
 	// the first time and after a queued claim found it out of date: claims
 	// of UUIDv7 IDs are routed by it and cannot read it (they fail with
 	// dedup.ErrLayoutUnknown before it was read). It returns the days the
-	// daily layout keeps (0: flat, or no limit).
-	Layout(ctx context.Context, db pgexec.DB) (keepDays int, err error)
+	// daily layout keeps (0: flat, or no limit). A read that gets no
+	// answer within bound (when positive) is given up.
+	Layout(ctx context.Context, db pgexec.DB, bound time.Duration) (keepDays int, err error)
 	// QueueClaimMove queues the claim of c and an UPDATE that moves its
 	// partition's position row to c.Offset+1 (never back, the anchor moved
 	// with a known time, under c.Epoch only): *duplicate is the claim's

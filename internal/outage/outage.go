@@ -7,6 +7,8 @@ package outage
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -42,6 +44,11 @@ type Waiter struct {
 	Max time.Duration
 	// Policy paces the tries; nil means Policy().
 	Policy *retry.Policy
+	// Bound, when positive, is how long one try of Do may take: its
+	// context ends then, and a try given up so counts as the server not
+	// answering (a connection that went silent is given up on, and the
+	// next try takes another).
+	Bound time.Duration
 	// OnStart and OnEnd, when set, observe outages (hooks, tests).
 	OnStart func(op string, err error)
 	OnEnd   func(op string, d time.Duration)
@@ -227,7 +234,7 @@ func (w *Waiter) InOutage() bool { return !w.since.IsZero() }
 // ctx ends (ctx's error).
 func (w *Waiter) Do(ctx context.Context, op func(ctx context.Context) error) error {
 	for {
-		err := op(ctx)
+		err := w.try(ctx, op)
 		if err == nil {
 			w.Ok()
 			return nil
@@ -239,6 +246,22 @@ func (w *Waiter) Do(ctx context.Context, op func(ctx context.Context) error) err
 			return werr
 		}
 	}
+}
+
+// try runs op once, within Bound.
+func (w *Waiter) try(ctx context.Context, op func(ctx context.Context) error) error {
+	if w.Bound <= 0 {
+		return op(ctx)
+	}
+	tctx, cancel := context.WithTimeout(ctx, w.Bound)
+	defer cancel()
+	err := op(tctx)
+	if err != nil && tctx.Err() != nil && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
+		// Whatever op made of its context's end, the server did not
+		// answer in time.
+		err = fmt.Errorf("no answer within %v: %w (%w)", w.Bound, context.DeadlineExceeded, err)
+	}
+	return err
 }
 
 func (w *Waiter) log() *slog.Logger {

@@ -150,3 +150,33 @@ func TestStopLeavesTheTracker(t *testing.T) {
 		t.Fatalf("logs %q, hooks %d/%d; want two outages, each started and ended once", got, started, ended)
 	}
 }
+
+// With Bound, a try that gets no answer is given up when its context ends
+// (whatever error it makes of that), counted as an outage, and tried again.
+func TestDoGivesUpASilentTry(t *testing.T) {
+	rec := &recorder{}
+	var startErr error
+	w := &outage.Waiter{Op: "test", Log: slog.New(rec), Policy: fast(), Bound: 10 * time.Millisecond,
+		OnStart: func(_ string, err error) { startErr = err }}
+	tries := 0
+	err := w.Do(context.Background(), func(ctx context.Context) error {
+		tries++
+		if tries == 1 {
+			<-ctx.Done() // a server that never answers
+			return errors.New("read: closed")
+		}
+		if _, ok := ctx.Deadline(); !ok {
+			return errors.New("a try without a deadline")
+		}
+		return nil
+	})
+	if err != nil || tries != 2 {
+		t.Fatalf("Do = %v after %d tries, want nil after 2", err, tries)
+	}
+	if !errors.Is(startErr, context.DeadlineExceeded) || !strings.Contains(startErr.Error(), "read: closed") {
+		t.Fatalf("the outage started with %v, want a deadline error wrapping the try's", startErr)
+	}
+	if got := strings.Join(rec.msgs, "|"); got != "WARN server unreachable; waiting it out|INFO server reachable again" {
+		t.Fatalf("logs %q", got)
+	}
+}

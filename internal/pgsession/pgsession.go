@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idemkit/internal/pgexec"
 )
@@ -143,18 +144,36 @@ func Off(ctx context.Context, db pgexec.DB) ([]string, error) {
 	return off, nil
 }
 
+// DialWarnMsg is the message of Check's Warn about a pool without
+// connect_timeout.
+const DialWarnMsg = "a connection dialled to a PostgreSQL server that accepts it and never answers waits for ever, " +
+	"and keeps its place in the pool: set connect_timeout in the pool's URL (see docs/network-faults.md)"
+
 // Check reads the settings of db's sessions (see Off) and logs one Warn
-// naming those that are off, with component ("outbox relay orders"). It
-// returns the names. A failed read is logged at Debug and otherwise
-// ignored: the caller's own loop meets and handles the outage.
-func Check(ctx context.Context, db pgexec.DB, log *slog.Logger, component string) []string {
-	off, err := Off(ctx, db)
+// naming those that are off, with component ("outbox relay orders"); when
+// dial, the pool's connection settings, has no ConnectTimeout, it logs
+// DialWarnMsg too. It returns the names of the settings that are off
+// ("connect_timeout" for the latter). A failed read, or one without an
+// answer within Margin, is logged at Debug and otherwise ignored: the
+// caller's own loop meets and handles the outage.
+func Check(ctx context.Context, db pgexec.DB, dial *pgconn.Config, log *slog.Logger, component string) []string {
+	var off []string
+	if dial != nil && dial.ConnectTimeout <= 0 {
+		// pgxpool goes on dialling a connection whose Acquire gave up:
+		// without a timeout of its own, one that never gets an answer
+		// holds a place in the pool for good.
+		log.Warn(DialWarnMsg, "component", component)
+		off = append(off, "connect_timeout")
+	}
+	ctx, cancel := context.WithTimeout(ctx, Margin)
+	defer cancel()
+	server, err := Off(ctx, db)
 	if err != nil {
 		log.Debug("could not read the session settings", "component", component, "err", err)
-		return nil
+		return off
 	}
-	if len(off) > 0 {
-		log.Warn(WarnMsg, "component", component, "settings", strings.Join(off, ","))
+	if len(server) > 0 {
+		log.Warn(WarnMsg, "component", component, "settings", strings.Join(server, ","))
 	}
-	return off
+	return append(off, server...)
 }

@@ -62,23 +62,28 @@ func TestSessionAndCheck(t *testing.T) {
 	}
 	cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = "0"
 	cfg.ConnConfig.RuntimeParams["tcp_keepalives_idle"] = "0"
+	cfg.ConnConfig.ConnectTimeout = 0
 	bare, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer bare.Close()
 	logs, log := testenv.NewLogs(t)
-	off := pgsession.Check(ctx, bare, log, "test")
-	if !slices.Equal(off, []string{"idle_in_transaction_session_timeout", "tcp_keepalives_idle"}) {
+	off := pgsession.Check(ctx, bare, &bare.Config().ConnConfig.Config, log, "test")
+	if !slices.Equal(off, []string{"connect_timeout", "idle_in_transaction_session_timeout", "tcp_keepalives_idle"}) {
 		t.Fatalf("Check on a pool without bounds = %v", off)
 	}
 	if n := logs.Count(pgsession.WarnMsg, ""); n != 1 {
 		t.Fatalf("%d warnings, want 1", n)
 	}
+	if n := logs.Count(pgsession.DialWarnMsg, ""); n != 1 {
+		t.Fatalf("%d warnings about connect_timeout, want 1", n)
+	}
 
 	cfg = cfg.Copy()
 	cfg.AfterConnect = pgsession.AfterConnect(20 * time.Second)
 	cfg.ConnConfig.DialFunc = pgsession.Dialer(5 * time.Second).DialContext
+	cfg.ConnConfig.ConnectTimeout = 10 * time.Second
 	bounded, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -90,11 +95,11 @@ func TestSessionAndCheck(t *testing.T) {
 			t.Fatalf("%s = %s after AfterConnect, want %s", name, got, want)
 		}
 	}
-	if off := pgsession.Check(ctx, bounded, log, "test"); len(off) != 0 {
+	if off := pgsession.Check(ctx, bounded, &bounded.Config().ConnConfig.Config, log, "test"); len(off) != 0 {
 		t.Fatalf("Check on a bounded pool = %v", off)
 	}
-	if n := logs.Count(pgsession.WarnMsg, ""); n != 1 {
-		t.Fatalf("%d warnings, want still 1", n)
+	if n := logs.Count(pgsession.WarnMsg, "") + logs.Count(pgsession.DialWarnMsg, ""); n != 2 {
+		t.Fatalf("%d warnings, want still 2", n)
 	}
 
 	conn, err := bounded.Acquire(ctx)

@@ -3,13 +3,18 @@ package fault
 import (
 	"context"
 	"log/slog"
+	"net/url"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/internal/faultproxy"
 	"github.com/idemkit/idemkit/internal/outage"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/migrate"
@@ -92,4 +97,65 @@ func TestMigrateUpWaitsForStoppedServer(t *testing.T) {
 	if n := logs.Count(outage.EndMsg, "migrate up"); n != 1 {
 		t.Fatalf("%d %q logs, want 1", n, outage.EndMsg)
 	}
+}
+
+// TestConsumerStartsBehindSilentPostgres: a consumer starts while every
+// connection to PostgreSQL goes silent (accepted, never answered). Each of
+// its start-up reads gives up after HandlerTimeout plus 10s, it says it
+// waits for the server, and once the path clears it applies every message
+// once, in order.
+func TestConsumerStartsBehindSilentPostgres(t *testing.T) {
+	t.Parallel()
+	const n, partitions = 60, 3
+	db := newDB(t)
+	topic := testenv.NewTopic(t, partitions)
+	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: db.Schema}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := db.Table("effects")
+	u, err := url.Parse(testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newFaultProxy(t, u.Host)
+	proxy.Set(faultproxy.Blackhole)
+	u.Host = proxy.Addr()
+	ctx := context.Background()
+	pool := testenv.PartPool(t, ctx, u.String(), "consumer-pg-silent-start", 8)
+	waiting := make(chan struct{})
+	_, log := testenv.NewLogs(t)
+	log = slog.New(onMessage{Handler: log.Handler(), msg: outage.StartMsg, once: new(sync.Once), ch: waiting})
+	cfg := consumer.Config{
+		Kafka: testenv.Kafka(t), Topic: topic, GroupID: testenv.Name(t, "g"), Store: store, Logger: log,
+		HandlerTimeout: time.Second,
+		Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			return applyEffect(ctx, tx, table, m)
+		}),
+	}
+	r, err := consumer.New(pool, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("consumer: %v", err)
+		}
+	}()
+	produce(t, topic, "m-", 0, n, 10)
+	select {
+	case <-waiting:
+	case err := <-done:
+		done <- err
+		t.Fatalf("Run returned while PostgreSQL was silent: %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("the consumer did not say within a minute that it waits for a silent PostgreSQL")
+	}
+	proxy.Set(faultproxy.Pass)
+	waitApplied(t, db, table, n, 2*time.Minute, "once PostgreSQL answers")
+	checkAppliedOnce(t, db, n)
 }

@@ -480,7 +480,7 @@ func (v *variant) enableDaily(ctx context.Context, pool *pgxpool.Pool) error {
 	if _, err := s.MaintainPartitions(ctx, pool); err != nil {
 		return err
 	}
-	if _, err := v.claims.Layout(ctx, pool); err != nil { // queued claims need it
+	if _, err := v.claims.Layout(ctx, pool, 0); err != nil { // queued claims need it
 		return err
 	}
 	// UUIDv7: 48 bits of milliseconds, version 7, 12 random bits, variant

@@ -188,7 +188,7 @@ func startWith(ctx context.Context, c Config) (started, func(), error) {
 		return started{}, nil, fmt.Errorf("start postgres container (%s): %w", c.PostgresImage, err)
 	}
 	stopPG := func() { _ = testcontainers.TerminateContainer(pg) }
-	url, err := pg.ConnectionString(ctx, "sslmode=disable")
+	url, err := pg.ConnectionString(ctx, "sslmode=disable", "connect_timeout=10")
 	if err != nil {
 		stopPG()
 		return started{}, nil, fmt.Errorf("postgres container address: %w", err)
@@ -250,7 +250,7 @@ func startHost(ctx context.Context, c Config) (started, func(), error) {
 	sasl.CAFile = ca
 	stop := func() { stopKafka(); _ = os.Remove(ca) }
 	return started{Servers: testenv.Servers{
-		DatabaseURL: fmt.Sprintf("postgres://postgres@127.0.0.1:%d/idemkit?sslmode=disable", c.PGPort),
+		DatabaseURL: fmt.Sprintf("postgres://postgres@127.0.0.1:%d/idemkit?sslmode=disable&connect_timeout=10", c.PGPort),
 		Brokers:     []string{fmt.Sprintf("127.0.0.1:%d", c.KafkaPort)},
 	}, SASL: sasl}, stop, nil
 }

@@ -117,7 +117,7 @@ func (d *devScript) url(node string) string {
 	if node == "node-b" {
 		port = d.ports[1]
 	}
-	return "postgres://postgres@127.0.0.1:" + strconv.Itoa(port) + "/idemkit?sslmode=disable"
+	return "postgres://postgres@127.0.0.1:" + strconv.Itoa(port) + "/idemkit?sslmode=disable&connect_timeout=10"
 }
 
 func (d *devScript) exec(node, sql string) {

@@ -272,7 +272,7 @@ func (s *Server) as(cmd *exec.Cmd) {
 // URL returns the connection URL: user postgres, database postgres, no
 // password (trust), no TLS.
 func (s *Server) URL() string {
-	return "postgres://postgres@127.0.0.1:" + strconv.Itoa(s.port) + "/postgres?sslmode=disable"
+	return "postgres://postgres@127.0.0.1:" + strconv.Itoa(s.port) + "/postgres?sslmode=disable&connect_timeout=10"
 }
 
 // Port returns the TCP port the server listens on.

@@ -120,7 +120,7 @@ func MultiHostURL(servers ...*Server) string {
 		}
 		hosts += "127.0.0.1:" + strconv.Itoa(s.port)
 	}
-	return "postgres://postgres@" + hosts + "/postgres?sslmode=disable&target_session_attrs=read-write"
+	return "postgres://postgres@" + hosts + "/postgres?sslmode=disable&connect_timeout=10&target_session_attrs=read-write"
 }
 
 // Failover kills the primary with SIGKILL (the postmaster and every
