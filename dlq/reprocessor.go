@@ -413,7 +413,8 @@ func (r *Reprocessor) Run(ctx context.Context) (Summary, error) {
 	}
 	pgsession.Check(ctx, r.cfg.pool, &r.cfg.pool.Config().ConnConfig.Config, r.cfg.Logger, "dlq reprocessor "+r.cfg.Topic)
 	rn := &run{Reprocessor: r,
-		pg:    &outage.Waiter{Op: "replay " + r.cfg.Topic + ": postgres", Log: r.cfg.Logger, Max: r.cfg.MaxOutage},
+		pg: &outage.Waiter{Op: "replay " + r.cfg.Topic + ": postgres", Log: r.cfg.Logger, Max: r.cfg.MaxOutage,
+			Bound: pgsession.Timeout(r.cfg.HandlerTimeout)}, // a silent connection is given up on
 		kafka: &outage.Waiter{Op: "replay " + r.cfg.Topic + ": kafka", Log: r.cfg.Logger, Max: r.cfg.MaxOutage}}
 	if r.cfg.DryRun {
 		rn.dry = &dryRun{recorded: map[letterKey]bool{}, claimed: map[claimKey]bool{}}

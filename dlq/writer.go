@@ -21,6 +21,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dedup"
 	"github.com/idemkit/idemkit/internal/outage"
+	"github.com/idemkit/idemkit/internal/pgsession"
 	"github.com/idemkit/idemkit/internal/pgtext"
 	"github.com/idemkit/idemkit/kafkaconn"
 	"github.com/idemkit/idemkit/migrate"
@@ -391,7 +392,8 @@ func (w *Writer) OnFailure(ctx context.Context, msg *consumer.Message, err error
 		name: w.cfg.Consumer, id: msg.ID, history: extend(history, f),
 		src: source{topic: msg.Topic, partition: msg.Partition, offset: msg.Offset, id: msg.ID}}
 	kafkaWait := &outage.Waiter{Op: "write to " + dl.topic + ": kafka", Log: w.cfg.Logger, Max: w.cfg.MaxOutage}
-	pgWait := &outage.Waiter{Op: "store dead-letter value for " + dl.topic + ": postgres", Log: w.cfg.Logger, Max: w.cfg.MaxOutage}
+	pgWait := &outage.Waiter{Op: "store dead-letter value for " + dl.topic + ": postgres", Log: w.cfg.Logger, Max: w.cfg.MaxOutage,
+		Bound: pgsession.Timeout(valueWriteBudget)}
 	return w.writeLetter(ctx, dl, kafkaWait, pgWait)
 }
 
@@ -424,6 +426,10 @@ type source struct {
 }
 
 // writeLetter writes dl in the first form that fits its topic.
+// valueWriteBudget is what storing a dead letter's value may take, past
+// which (plus pgsession.Margin) a silent connection is given up on.
+const valueWriteBudget = 30 * time.Second
+
 func (w *Writer) writeLetter(ctx context.Context, dl *letter, kafkaWait, pgWait *outage.Waiter) error {
 	return w.write(ctx, dl.topic, dl.src, kafkaWait, func(ctx context.Context) (kafka.Message, error) {
 		return w.fit(ctx, dl, pgWait)
