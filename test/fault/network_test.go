@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -586,10 +587,28 @@ func waitApplied(t *testing.T, db *testenv.DB, table string, n int, within time.
 	deadline := time.Now().Add(within)
 	for count() < n {
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: %d of %d applied after %v", what, count(), n, within)
+			t.Fatalf("%s: %d of %d applied after %v; where idemkit's goroutines are:\n%s", what, count(), n, within,
+				idemkitStacks())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// idemkitStacks returns the stacks of the goroutines that run idemkit's
+// code (at most 256 KiB of them): what a stalled test shows of where its
+// consumer waits.
+func idemkitStacks() string {
+	buf := make([]byte, 16<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	var out strings.Builder
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "github.com/idemkit/idemkit/") && !strings.Contains(g, "idemkitStacks") &&
+			out.Len()+len(g) < 256<<10 {
+			out.WriteString(g)
+			out.WriteString("\n\n")
+		}
+	}
+	return out.String()
 }
 
 // checkAppliedOnce says that n messages were applied, each once, in order
