@@ -52,7 +52,7 @@ type DailyConfig struct {
 	// MaintainPartitions keeps: a partition whose every ID is KeepDays or
 	// more days old is dropped. Choose it as the retention you would give
 	// Store.Purge, and longer than the oldest ID a message can arrive with
-	// (an outbox message parked for days, a dead letter replayed): an ID
+	// (an outbox message requeued after days dead, a dead letter replayed): an ID
 	// whose partition is dropped can no longer be deduplicated, and its
 	// message is refused (ErrPartitionDropped), however fresh its delivery.
 	// 0 leaves the setting as it is (none, for a new layout: every

@@ -124,8 +124,8 @@
 // OnFailure as beyond the horizon (a dlq Redrive reports it as
 // BeyondHorizon). Retention is by the ID's time, not by when the message
 // is delivered: keep KeepDays longer than the oldest ID a message can
-// still arrive with (an outbox message parked for days, a dead letter
-// replayed, a backlog), or such messages are refused, however fresh their
+// still arrive with (an outbox message requeued after days dead, a dead
+// letter replayed, a backlog), or such messages are refused, however fresh their
 // delivery. Migrating down to 14 copies the daily rows back into the flat
 // table; stop the consumers first.
 //

@@ -223,7 +223,7 @@ func startMonitor(t *testing.T, tel *idemotel.Telemetry, pool *pgxpool.Pool, sch
 // server that scrapes a Telemetry exported with OpenTelemetry's Prometheus
 // exporter, and, rule by rule, induces its condition against the real
 // servers — a consumer stopped while messages pile up, a relay not running,
-// a parked outbox key, a purge that never runs — then undoes it: each
+// a dead outbox key, a purge that never runs — then undoes it: each
 // alert must fire, then resolve. It logs, per rule, the time to firing and
 // to resolved.
 func TestAlertsFireAndResolve(t *testing.T) {
@@ -507,7 +507,7 @@ func (a *alertEnv) parkedTooLong(t *testing.T) {
 
 // outbox: a message waits 10 minutes (backdated) with no relay running;
 // a relay starts and publishes it, but two messages of a key whose topic
-// does not exist are parked; the topic is created and they are retried.
+// does not exist are dead; the topic is created and they are retried.
 func (a *alertEnv) outbox(t *testing.T) {
 	ctx := context.Background()
 	sc := a.scenario(t, "outbox")
@@ -533,7 +533,7 @@ func (a *alertEnv) outbox(t *testing.T) {
 	stale := a.watch.wait(t, "IdemkitOutboxStale", table, true, time.Minute)
 
 	missing := testenv.Name(t, "missing")
-	parkedIDs := enqueue(outbox.Message{Topic: missing, Key: []byte("p"), Value: []byte("1")},
+	deadIDs := enqueue(outbox.Message{Topic: missing, Key: []byte("p"), Value: []byte("1")},
 		outbox.Message{Topic: missing, Key: []byte("p"), Value: []byte("2")})
 	rcfg := &outbox.RelayConfig{Kafka: testenv.Kafka(t), PollInterval: 100 * time.Millisecond, MetadataTTL: 200 * time.Millisecond,
 		Retry: retry.Policy{MaxAttempts: 2, InitialInterval: 100 * time.Millisecond, MaxInterval: 100 * time.Millisecond}}
@@ -550,14 +550,14 @@ func (a *alertEnv) outbox(t *testing.T) {
 	t.Cleanup(func() { cancel(); <-done })
 	a.watch.check(t, "IdemkitOutboxStale", table, "a message 10 min old (backdated), no relay; relay started", stale, func() {})
 
-	parked := a.watch.wait(t, "IdemkitOutboxParked", table, true, time.Minute)
-	a.watch.check(t, "IdemkitOutboxParked", table, "2 messages of a key to a missing topic parked; topic created, retried", parked, func() {
+	dead := a.watch.wait(t, "IdemkitOutboxDead", table, true, time.Minute)
+	a.watch.check(t, "IdemkitOutboxDead", table, "2 messages of a key to a missing topic dead; topic created, retried", dead, func() {
 		testenv.CreateTopic(t, missing, 1)
 		// The relay may see the new topic only at its next metadata
-		// refresh, and park the message again meanwhile: retry, as an
-		// operator would, until nothing is parked.
+		// refresh, and give the message up again meanwhile: retry, as an
+		// operator would, until nothing is dead.
 		for range 10 {
-			if _, err := store.Retry(ctx, sc.db.Pool, parkedIDs[0]); err != nil && !errors.Is(err, outbox.ErrNotFound) {
+			if _, err := store.Retry(ctx, sc.db.Pool, deadIDs[0]); err != nil && !errors.Is(err, outbox.ErrNotFound) {
 				t.Fatal(err)
 			}
 			deadline := time.Now().Add(3 * time.Second)
@@ -566,13 +566,13 @@ func (a *alertEnv) outbox(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if st.Parked == 0 {
+				if st.Dead == 0 {
 					return
 				}
 				time.Sleep(100 * time.Millisecond)
 			}
 		}
-		t.Fatal("the parked messages were not published after 10 retries")
+		t.Fatal("the dead messages were not published after 10 retries")
 	})
 }
 

@@ -95,11 +95,11 @@
 //	idemkit_dlq_replayed_total{dlq_topic,outcome}
 //	idemkit_dead_letter_write_failures_total{consumer,topic,dlq_topic}
 //	idemkit_dlq_messages{dlq_topic,state}                      gauge (Monitor with DeadLetterTopics)
-//	idemkit_outbox_messages_total{table,outcome}               published, failed, parked
+//	idemkit_outbox_messages_total{table,outcome}               published, failed, dead
 //	idemkit_outbox_publish_latency_seconds{table}              histogram
 //	idemkit_outbox_backlog_messages{table}                     gauge (Monitor)
 //	idemkit_outbox_oldest_age_seconds{table}                   gauge (Monitor)
-//	idemkit_outbox_parked_messages{table}                      gauge (Monitor)
+//	idemkit_outbox_dead_messages{table}                        gauge (Monitor)
 //	idemkit_outbox_held_messages{table}                        gauge (Monitor)
 //	idemkit_http_requests_total{operation,outcome}
 //	idemkit_http_request_duration_seconds{operation,outcome}   histogram

@@ -245,7 +245,7 @@ func ExampleTelemetry_Consumer_all() {
 		r, _ := consumer.New(pool, &cfg)
 		_ = c.Observe(r) // gauges of the partitions r holds
 		mon, _ := tel.Monitor(pool, &idemotel.MonitorConfig{Config: monitor.Config{Kafka: cfg.Kafka}})
-		go mon.Run(ctx) // lag, backlog, parked, stuck, retention: from the tables, every 15s
+		go mon.Run(ctx) // lag, parked, backlog, dead, stuck, retention: from the tables, every 15s
 	}
 	_ = run
 }

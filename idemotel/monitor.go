@@ -117,7 +117,7 @@ func (t *Telemetry) Monitor(pool *pgxpool.Pool, cfg *MonitorConfig) (*Monitor, e
 	}
 	observed := []metric.Observable{t.consumer.lag, t.consumer.position, t.consumer.parked, t.consumer.parkedOldestAge,
 		t.consumer.oldestRecordAge, t.consumer.partitionsAhead, t.consumer.retention, t.outbox.backlog, t.outbox.oldestAge,
-		t.outbox.parked, t.outbox.held, t.http.stuck, t.dlq.messages, in.snapshotAge}
+		t.outbox.dead, t.outbox.held, t.http.stuck, t.dlq.messages, in.snapshotAge}
 	reg, err := t.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		m.observe(o)
 		return nil
@@ -277,7 +277,7 @@ func (m *Monitor) observe(o metric.Observer) {
 		}
 		o.ObserveInt64(m.t.outbox.backlog, ob.Backlog, table.obs...)
 		o.ObserveFloat64(m.t.outbox.oldestAge, age, table.obs...)
-		o.ObserveInt64(m.t.outbox.parked, ob.Parked, table.obs...)
+		o.ObserveInt64(m.t.outbox.dead, ob.Dead, table.obs...)
 		o.ObserveInt64(m.t.outbox.held, ob.Held, table.obs...)
 	}
 	if r := s.Idempotency; r != nil {

@@ -45,7 +45,7 @@ func ours(name string) bool {
 
 // monitorGauges are the outbox and HTTP gauges a Monitor exports.
 var monitorGauges = []string{"idemkit_outbox_backlog_messages", "idemkit_outbox_oldest_age_seconds",
-	"idemkit_outbox_parked_messages", "idemkit_outbox_held_messages", "idemkit_http_stuck_records"}
+	"idemkit_outbox_dead_messages", "idemkit_outbox_held_messages", "idemkit_http_stuck_records"}
 
 // alertMetrics returns the idemkit_ metric names used by the expressions of
 // the alert rules.

@@ -18,7 +18,7 @@ type outboxInstruments struct {
 	latency   metric.Float64Histogram       // idemkit_outbox_publish_latency_seconds
 	backlog   metric.Int64ObservableGauge   // idemkit_outbox_backlog_messages (Monitor)
 	oldestAge metric.Float64ObservableGauge // idemkit_outbox_oldest_age_seconds (Monitor)
-	parked    metric.Int64ObservableGauge   // idemkit_outbox_parked_messages (Monitor)
+	dead      metric.Int64ObservableGauge   // idemkit_outbox_dead_messages (Monitor)
 	held      metric.Int64ObservableGauge   // idemkit_outbox_held_messages (Monitor)
 }
 
@@ -28,27 +28,27 @@ func newOutboxInstruments(m metric.Meter) (outboxInstruments, error) {
 	var in outboxInstruments
 	var errs [6]error
 	in.messages, errs[0] = m.Int64Counter("idemkit.outbox.messages", metric.WithUnit("{message}"),
-		metric.WithDescription("Relay outcomes: published, failed (an attempt, tried again), parked."))
+		metric.WithDescription("Relay outcomes: published, failed (an attempt, tried again), dead (failed for good)."))
 	in.latency, errs[1] = m.Float64Histogram("idemkit.outbox.publish_latency", metric.WithUnit("s"),
 		metric.WithDescription("Enqueue (by the database clock) to publish acknowledged and marked."),
 		metric.WithExplicitBucketBoundaries(durationBuckets...))
 	in.backlog, errs[2] = m.Int64ObservableGauge("idemkit.outbox.backlog_messages", metric.WithUnit("{message}"),
-		metric.WithDescription("Messages not yet published and not parked, from the table."))
+		metric.WithDescription("Messages not yet published and not dead, from the table."))
 	in.oldestAge, errs[3] = m.Float64ObservableGauge("idemkit.outbox.oldest_age", metric.WithUnit("s"),
-		metric.WithDescription("Age of the oldest message not yet published and not parked, from the table; 0 when none."))
-	in.parked, errs[4] = m.Int64ObservableGauge("idemkit.outbox.parked_messages", metric.WithUnit("{message}"),
-		metric.WithDescription("Parked messages: failed for good, or held behind one of their key; from the table."))
+		metric.WithDescription("Age of the oldest message not yet published and not dead, from the table; 0 when none."))
+	in.dead, errs[4] = m.Int64ObservableGauge("idemkit.outbox.dead_messages", metric.WithUnit("{message}"),
+		metric.WithDescription("Dead messages: failed for good, or held behind one of their key; from the table."))
 	in.held, errs[5] = m.Int64ObservableGauge("idemkit.outbox.held_messages", metric.WithUnit("{message}"),
-		metric.WithDescription("Of the parked messages, those held behind an earlier message of their key."))
+		metric.WithDescription("Of the dead messages, those held behind an earlier message of their key."))
 	return in, errors.Join(errs[:]...)
 }
 
 // Relay wires the telemetry into cfg before outbox.NewRelay(pool, store,
 // cfg): it adds an observer to cfg.Observers so that published, failed and
-// parked records count into idemkit_outbox_messages_total, and each
+// dead records count into idemkit_outbox_messages_total, and each
 // published record's enqueue→publish time into
 // idemkit_outbox_publish_latency_seconds, labelled with the store's table
-// (store.Name(): schema.table). The backlog and parked gauges come from
+// (store.Name(): schema.table). The backlog and dead gauges come from
 // the table, through a Monitor (Telemetry.Monitor): they hold when no
 // relay runs.
 func (t *Telemetry) Relay(store *outbox.Store, cfg *outbox.RelayConfig) error {
@@ -63,13 +63,13 @@ func (t *Telemetry) Relay(store *outbox.Store, cfg *outbox.RelayConfig) error {
 	ctx := context.Background()
 	published := attrs(keyTable, table, keyOutcome, "published")
 	failed := attrs(keyTable, table, keyOutcome, "failed")
-	parked := attrs(keyTable, table, keyOutcome, "parked")
+	dead := attrs(keyTable, table, keyOutcome, "dead")
 	own := attrs(keyTable, table)
 	// Counters start at 0, so that increase() sees the first event.
-	for _, o := range []attrOpts{published, failed, parked} {
+	for _, o := range []attrOpts{published, failed, dead} {
 		in.messages.Add(ctx, 0, o.add...)
 	}
-	ro := &relayObserver{in: in, published: published, failed: failed, parked: parked, own: own}
+	ro := &relayObserver{in: in, published: published, failed: failed, dead: dead, own: own}
 	// A new slice, so that one shared with another config is not written
 	// into.
 	cfg.Observers = append(slices.Clip(cfg.Observers), ro)
@@ -78,8 +78,8 @@ func (t *Telemetry) Relay(store *outbox.Store, cfg *outbox.RelayConfig) error {
 
 // relayObserver is the relay's observer: counters per event.
 type relayObserver struct {
-	in                             *outboxInstruments
-	published, failed, parked, own attrOpts
+	in                           *outboxInstruments
+	published, failed, dead, own attrOpts
 }
 
 func (o *relayObserver) Published(ctx context.Context, e *outbox.PublishEvent) {
@@ -93,8 +93,8 @@ func (o *relayObserver) Published(ctx context.Context, e *outbox.PublishEvent) {
 }
 
 func (o *relayObserver) Failed(ctx context.Context, e *outbox.FailureEvent) {
-	if e.Parked {
-		o.in.messages.Add(ctx, 1, o.parked.add...)
+	if e.Dead {
+		o.in.messages.Add(ctx, 1, o.dead.add...)
 	} else {
 		o.in.messages.Add(ctx, 1, o.failed.add...)
 	}

@@ -41,7 +41,7 @@
 //   - 5 (005_outbox_scan): the outbox's scans read an index range that ends
 //     at now(), one for Kafka rows and one per handler for dispatcher rows,
 //     so rows not yet due are never read; the key index leaves out rows
-//     parked behind another. It replaces version 2's scan index; building
+//     held behind another. It replaces version 2's scan index; building
 //     the indexes scans the outbox table and blocks writes to it meanwhile.
 //     See package outbox.
 //   - 6 (006_topic_identity): consumer positions gain the topic's
@@ -68,7 +68,7 @@
 //     Existing records are kept as they are. See package idemhttp.
 //   - 12 (012_outbox_ready): the outbox relay reads ready rows in enqueue
 //     order from one partial index; rows that wait (not due, retrying,
-//     parked heads: the new waiting column) and rows held behind them are
+//     dead heads: the new waiting column) and rows held behind them are
 //     kept out of it. Unsent rows are kept, in order. Stop the relays,
 //     migrate, start the new relays. See package outbox.
 //   - 14 (014_dedup_uuid): a message ID that is a canonical UUID is stored

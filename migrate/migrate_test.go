@@ -257,7 +257,7 @@ func TestUpDownUp(t *testing.T) {
 
 // TestOutboxIndexes: the relay's ready, waiting and wake-up indexes, the
 // index of rows held behind another, the dispatcher's due and key indexes,
-// the published and parked ones.
+// the published and dead ones.
 func TestOutboxIndexes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -265,14 +265,14 @@ func TestOutboxIndexes(t *testing.T) {
 	m := newMigrator(t, db.Pool, &migrate.Config{Tables: migrate.Tables{Schema: db.Schema}})
 	outbox := db.Table(migrate.OutboxDefault)
 	want := map[string]string{
-		"_handler_due_idx": "USING btree (handler, available_at, seq) INCLUDE (lock_key) WHERE ((published_at IS NULL) AND (parked_at IS NULL) AND (handler IS NOT NULL))",
+		"_handler_due_idx": "USING btree (handler, available_at, seq) INCLUDE (lock_key) WHERE ((published_at IS NULL) AND (dead_at IS NULL) AND (handler IS NOT NULL))",
 		"_key_idx":         "USING btree (lock_key, seq) WHERE ((published_at IS NULL) AND (blocked_by IS NULL) AND (handler IS NOT NULL))",
-		"_ready_idx":       "USING btree (seq) INCLUDE (lock_key) WHERE ((published_at IS NULL) AND (blocked_by IS NULL) AND (parked_at IS NULL) AND (NOT waiting) AND (handler IS NULL))",
+		"_ready_idx":       "USING btree (seq) INCLUDE (lock_key) WHERE ((published_at IS NULL) AND (blocked_by IS NULL) AND (dead_at IS NULL) AND (NOT waiting) AND (handler IS NULL))",
 		"_waiting_idx":     "USING btree (lock_key, seq) WHERE ((published_at IS NULL) AND (blocked_by IS NULL) AND waiting AND (handler IS NULL))",
-		"_wake_idx":        "USING btree (available_at) WHERE ((published_at IS NULL) AND (blocked_by IS NULL) AND (parked_at IS NULL) AND waiting AND (handler IS NULL))",
+		"_wake_idx":        "USING btree (available_at) WHERE ((published_at IS NULL) AND (blocked_by IS NULL) AND (dead_at IS NULL) AND waiting AND (handler IS NULL))",
 		"_blocked_idx":     "USING btree (blocked_by) WHERE ((blocked_by IS NOT NULL) AND (published_at IS NULL))",
 		"_published_idx":   "USING btree (published_at) WHERE (published_at IS NOT NULL)",
-		"_parked_idx":      "USING btree (seq) WHERE (parked_at IS NOT NULL)",
+		"_dead_idx":        "USING btree (seq) WHERE (dead_at IS NOT NULL)",
 		"_pkey":            "USING btree (seq)",
 		"_id_key":          "USING btree (id)",
 	}

@@ -1,7 +1,7 @@
 // Package monitor reads the state idemkit keeps in PostgreSQL and Kafka
 // into one Snapshot: each consumer's position per partition against the
 // partition's log end (its lag), its parked messages and its oldest
-// processed-message record; the outbox backlog and its parked messages;
+// processed-message record; the outbox backlog and its dead messages;
 // the HTTP idempotency records stuck in flight; the days of daily dedup
 // partitions ahead.
 //

@@ -61,7 +61,7 @@ func savePosition(t *testing.T, db *testenv.DB, consumer, topic string, partitio
 // TestCollectWithNoProcessRunning: everything Collect reports comes from
 // the tables and the topic, with no consumer or relay running: the lag of
 // a partition with a position and of one without, the parked messages, the
-// oldest processed record, the outbox backlog and its parked messages.
+// oldest processed record, the outbox backlog and its dead messages.
 func TestCollectWithNoProcessRunning(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -108,8 +108,8 @@ func TestCollectWithNoProcessRunning(t *testing.T) {
 	}
 	exec(`UPDATE ` + id("idemkit_outbox") + ` SET created_at = now() - interval '10 minutes' WHERE msg_key = 'a'`)
 	// Key b's first message failed for good, its second waits behind it.
-	exec(`UPDATE ` + id("idemkit_outbox") + ` SET parked_at = now() WHERE msg_key = 'b' AND value = '2'`)
-	exec(`UPDATE ` + id("idemkit_outbox") + ` SET parked_at = now(), blocked_by = (SELECT id FROM ` + id("idemkit_outbox") +
+	exec(`UPDATE ` + id("idemkit_outbox") + ` SET dead_at = now() WHERE msg_key = 'b' AND value = '2'`)
+	exec(`UPDATE ` + id("idemkit_outbox") + ` SET dead_at = now(), blocked_by = (SELECT id FROM ` + id("idemkit_outbox") +
 		` WHERE value = '2') WHERE value = '3'`)
 
 	m := newMonitor(t, monitor.Config{Kafka: testenv.Kafka(t), Tables: migrate.Tables{Schema: db.Schema}})
@@ -137,8 +137,8 @@ func TestCollectWithNoProcessRunning(t *testing.T) {
 		t.Fatalf("oldest record age = %v, want about 2 hours", a)
 	}
 	o := s.Outbox
-	if o == nil || o.Backlog != 1 || o.Parked != 2 || o.Held != 1 || o.OldestAge < 9*time.Minute || o.OldestAge > 11*time.Minute {
-		t.Fatalf("outbox = %+v, want backlog 1 about 10 minutes old, 2 parked of which 1 held", o)
+	if o == nil || o.Backlog != 1 || o.Dead != 2 || o.Held != 1 || o.OldestAge < 9*time.Minute || o.OldestAge > 11*time.Minute {
+		t.Fatalf("outbox = %+v, want backlog 1 about 10 minutes old, 2 dead of which 1 held", o)
 	}
 	if s.Idempotency == nil || s.Idempotency.Stuck != 0 {
 		t.Fatalf("idempotency = %+v, want 0 stuck", s.Idempotency)

@@ -21,7 +21,7 @@ import (
 // provider. It may run more than once for one message (after a crash, a
 // timeout, a lost commit): pass rec.ID to the provider as its idempotency
 // key so that the effect happens once. Returning an error retries the message
-// with backoff; an error wrapped with retry.Permanent parks it at once.
+// with backoff; an error wrapped with retry.Permanent makes it dead at once.
 type Handler interface {
 	Handle(ctx context.Context, rec *Record) error
 }

@@ -18,7 +18,7 @@ import (
 )
 
 // The dispatcher runs the registered handler for each message once it
-// committed, hands it the stable ID, retries failures, parks permanent ones,
+// committed, hands it the stable ID, retries failures, gives up permanent ones,
 // keeps order per key, and never touches Kafka messages.
 func TestDispatcher(t *testing.T) {
 	t.Parallel()
@@ -67,24 +67,24 @@ func TestDispatcher(t *testing.T) {
 	)
 	pub.wait(t, 20*time.Second, ids[0], ids[1])
 	deadline := time.Now().Add(20 * time.Second)
-	var parked []outbox.ParkedMessage
+	var dead []outbox.DeadMessage
 	for time.Now().Before(deadline) {
-		if parked, err = store.Parked(ctx, db.Pool); err != nil {
+		if dead, err = store.Dead(ctx, db.Pool); err != nil {
 			t.Fatal(err)
 		}
-		if len(parked) == 2 {
+		if len(dead) == 2 {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if len(parked) != 2 || parked[0].ID != ids[2] || parked[1].ID != ids[3] {
-		t.Fatalf("parked = %+v, want the invalid (permanent) and the panicking message", parked)
+	if len(dead) != 2 || dead[0].ID != ids[2] || dead[1].ID != ids[3] {
+		t.Fatalf("dead = %+v, want the invalid (permanent) and the panicking message", dead)
 	}
-	if parked[0].Attempts != 1 || !strings.Contains(parked[0].Error, "address rejected") {
-		t.Fatalf("permanent failure parked as %+v, want after 1 attempt", parked[0])
+	if dead[0].Attempts != 1 || !strings.Contains(dead[0].Error, "address rejected") {
+		t.Fatalf("permanent failure listed as %+v, want after 1 attempt", dead[0])
 	}
-	if parked[1].Attempts != 2 || !strings.Contains(parked[1].Error, "panicked: boom") {
-		t.Fatalf("panicking handler parked as %+v, want after 2 attempts", parked[1])
+	if dead[1].Attempts != 2 || !strings.Contains(dead[1].Error, "panicked: boom") {
+		t.Fatalf("panicking handler listed as %+v, want after 2 attempts", dead[1])
 	}
 	mu.Lock()
 	got := strings.Join(calls, " ")

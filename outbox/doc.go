@@ -27,21 +27,22 @@
 //     transactions that overlap and write the same key have no defined
 //     relative order: each message goes out once its own transaction has
 //     committed. A message without a key is ordered with nothing. Order
-//     holds with any number of relays, across crashes, retries and parked
+//     holds with any number of relays, across crashes, retries and dead
 //     messages: a duplicate may appear after later messages, but the first
 //     delivery of each message is in order.
 //   - A message with NotBefore is not delivered before that time (database
 //     clock), and neither are the later messages of its key; other keys do
 //     not wait for it, however many messages its key holds.
 //   - Failures are retried with jittered exponential backoff (Retry, per
-//     message). A message that keeps failing is parked after
+//     message). A message that keeps failing is given up after
 //     Retry.MaxAttempts attempts, at once for errors that cannot succeed
 //     (too large for MaxBatchBytes, an invalid topic, a handler error wrapped
-//     with retry.Permanent). Broker outages (network errors, timeouts,
-//     leader elections) are retried without end and never park. A parked
-//     message holds back the later messages of its key (they are parked
-//     "blocked by" it) and nothing else. Store.Parked lists them with their
-//     errors; Store.Retry requeues a message and the ones blocked behind it.
+//     with retry.Permanent): it is dead, kept until an operator requeues it.
+//     Broker outages (network errors, timeouts, leader elections) are
+//     retried without end and never make a message dead. A dead message
+//     holds back the later messages of its key (they are dead too, "blocked
+//     by" it) and nothing else. Store.Dead lists them with their errors;
+//     Store.Retry requeues a message and the ones blocked behind it.
 //   - Outages: when PostgreSQL or Kafka cannot be reached (at start or
 //     later: refused or lost connections, unavailable brokers, timeouts;
 //     retry.IsConnection), the relay and the dispatcher wait with jittered
@@ -50,7 +51,7 @@
 //     its duration), not at every try. Run returns only when MaxOutage is
 //     set and an outage lasts longer: a *retry.OutageError.
 //   - Published rows are deleted by each relay after Retention (default 24h),
-//     in batches of CleanupBatch; parked and pending rows are never deleted.
+//     in batches of CleanupBatch; dead and pending rows are never deleted.
 //     The table and its indexes are created by package migrate: no DDL at
 //     run time. Relay.Run returns an error wrapping ErrNotMigrated when the
 //     table is missing.
@@ -76,9 +77,9 @@
 // about what a plain SKIP LOCKED loop's does.
 //
 // Ready rows. A Kafka row is ready when it is pending (not published, not
-// parked), not held behind another row (blocked_by) and not waiting. A row
+// dead), not held behind another row (blocked_by) and not waiting. A row
 // waits when it has a time of its own — enqueued with NotBefore, or in
-// retry backoff — or when it is parked (a parked head). A relay reads the
+// retry backoff — or when it is dead (a dead head). A relay reads the
 // first BatchSize ready rows of its shards in seq order from one partial
 // index; waiting rows and rows held behind another are
 // not in that index, so they cost nothing. The rows of a key are kept a
@@ -86,11 +87,11 @@
 // usually empty index, and when it is empty the probes are skipped) for the
 // first waiting row of its key with a lower seq; if there is one, the row
 // is held behind it — deferred (blocked_by set) behind a row that waits for
-// a time, parked behind a parked row — and leaves the ready index. Waiting
+// a time, dead behind a dead row — and leaves the ready index. Waiting
 // rows whose time has come are made ready again by the relay (at most
 // every min(PollInterval, Retry.InitialInterval), and at once when a retry it
 // scheduled is due), together with the rows deferred behind them; Retry
-// does it for a parked row and the rows parked behind it. A ready row that
+// does it for a dead row and the rows dead behind it. A ready row that
 // is not due (written by an older EnqueueTx) is made waiting on sight and
 // holds its key like any waiting row.
 //
@@ -106,7 +107,7 @@
 // Kafka acknowledged the round: in the next round's round trip, or before
 // the relay waits. If a delivery failed, it is rolled back (with the rows
 // it read) and the round's true outcome — rows published, the failure
-// recorded (attempts, error, backoff: the row waits; or parked), nothing
+// recorded (attempts, error, backoff: the row waits; or dead), nothing
 // for the rows of its key after it, which the next read holds behind it —
 // is written before the next read. A round that drains the backlog (its
 // read was not a full batch) writes its outcome with the next round's
@@ -182,9 +183,9 @@
 //
 // Config.Observers take a round's events: a PublishObserver its records
 // once their marks are committed, a FailureObserver each failure (to be
-// tried again, or parked), a StatsObserver, every StatsInterval, the
+// tried again, or dead), a StatsObserver, every StatsInterval, the
 // backlog (pending messages), the age of the oldest one, and the number of
-// parked messages (also available on demand with Store.Stats). A
+// dead messages (also available on demand with Store.Stats). A
 // DeliveryObserver sees the records between their delivery and the commit
 // of their marks, the point where a crash causes a redelivery; the fault
 // tests kill the process there.

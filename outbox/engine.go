@@ -74,7 +74,7 @@ type row struct {
 	rec         Record
 	due         bool
 	availableAt time.Time
-	parked      bool
+	dead        bool
 	// inWindow: among the first rows of its key (see keyRows), not only a
 	// due row the scan found further on.
 	inWindow bool
@@ -84,9 +84,9 @@ type row struct {
 type verdict int
 
 const (
-	countedFailure   verdict = iota // attempts+1; park at ParkAfter
-	transientFailure                // attempts+1; never parks
-	permanentFailure                // park now
+	countedFailure   verdict = iota // attempts+1; dead at deadAfter
+	transientFailure                // attempts+1; never dies
+	permanentFailure                // dead now
 )
 
 // deliverer is what a Relay or a Dispatcher does with a round's rows: rows
@@ -109,7 +109,7 @@ type loopConfig struct {
 	batchSize       int
 	pollInterval    time.Duration
 	retry           retry.Policy // the schedule of a failing row's attempts
-	parkAfter       int          // failed attempts that park a row; negative: never
+	deadAfter       int          // failed attempts after which a row is dead; negative: never
 	retention       time.Duration
 	cleanupInterval time.Duration
 	cleanupBatch    int
@@ -191,7 +191,7 @@ func (e *engine) run(ctx context.Context) error {
 }
 
 // newBackOff is the relay's retry schedule: Retry's jittered exponential
-// backoff, unbounded (failures are counted per row, see parkAfter).
+// backoff, unbounded (failures are counted per row, see deadAfter).
 func (e *engine) newBackOff() *retry.Schedule {
 	p := e.cfg.retry
 	p.MaxAttempts, p.MaxElapsedTime = -1, -1
@@ -205,9 +205,9 @@ func (l *loopConfig) retryInitial() time.Duration {
 
 func (l *loopConfig) retryMax() time.Duration { return l.retry.MaxIntervalOrDefault() }
 
-// parks reports whether a row whose attempt-th delivery failed (a failure
-// that counts) is parked.
-func (l *loopConfig) parks(attempt int) bool { return l.parkAfter > 0 && attempt >= l.parkAfter }
+// dies reports whether a row whose attempt-th delivery failed (a failure
+// that counts) is dead.
+func (l *loopConfig) dies(attempt int) bool { return l.deadAfter > 0 && attempt >= l.deadAfter }
 
 // rowDelay is the wait after a record's attempt-th failure: the attempt-th
 // step of the jittered exponential schedule.
@@ -328,7 +328,7 @@ type update struct {
 	err       pgtype.Text
 	delayUS   int64
 	floor     pgtype.Timestamptz
-	park      bool
+	dead      bool
 	blockedBy pgtype.Text
 }
 
@@ -375,8 +375,8 @@ func (e *engine) round(ctx context.Context) (res roundResult, err error) {
 	}
 
 	// Per key, the deliverable prefix: due rows up to the first row that is
-	// parked or not yet due. Rows behind such a row wait for it: behind a
-	// parked row they are parked as blocked by it; behind a row that is not
+	// dead or not yet due. Rows behind such a row wait for it: behind a
+	// dead row they are dead too, blocked by it; behind a row that is not
 	// due they are deferred to its time, so the scan does not meet them
 	// again in the meantime. A row past its key's window with no such row
 	// in the window is left for a later round: an unread row may lie
@@ -389,9 +389,9 @@ func (e *engine) round(ctx context.Context) (res roundResult, err error) {
 	for _, r := range rows {
 		if b := blocker[r.lockKey]; b != nil {
 			switch {
-			case b.parked:
-				updates = append(updates, update{seq: r.seq, park: true,
-					err:       pgtype.Text{String: "blocked: message " + b.rec.ID + " of the same key is parked", Valid: true},
+			case b.dead:
+				updates = append(updates, update{seq: r.seq, dead: true,
+					err:       pgtype.Text{String: "blocked: message " + b.rec.ID + " of the same key is dead", Valid: true},
 					blockedBy: pgtype.Text{String: b.rec.ID, Valid: true}})
 			case r.due || r.availableAt.Before(b.availableAt):
 				updates = append(updates, update{seq: r.seq, floor: pgtype.Timestamptz{Time: b.availableAt, Valid: true},
@@ -402,7 +402,7 @@ func (e *engine) round(ctx context.Context) (res roundResult, err error) {
 		if !r.inWindow {
 			continue
 		}
-		if r.parked || !r.due {
+		if r.dead || !r.due {
 			blocker[r.lockKey] = r
 			continue
 		}
@@ -432,9 +432,9 @@ func (e *engine) round(ctx context.Context) (res roundResult, err error) {
 			// Behind a failure of its key: not delivered (or delivered
 			// out of turn, and then delivered again in turn later).
 			u := update{seq: r.seq, delayUS: f.delayUS}
-			if f.park {
-				u.park = true
-				u.err = pgtype.Text{String: "blocked: message " + f.blockedBy.String + " of the same key is parked", Valid: true}
+			if f.dead {
+				u.dead = true
+				u.err = pgtype.Text{String: "blocked: message " + f.blockedBy.String + " of the same key is dead", Valid: true}
 				u.blockedBy = f.blockedBy
 			}
 			updates = append(updates, u)
@@ -460,14 +460,14 @@ func (e *engine) round(ctx context.Context) (res roundResult, err error) {
 				res.err = err
 			}
 		}
-		park := v == permanentFailure || v == countedFailure && e.cfg.parks(r.rec.Attempt)
-		u := update{seq: r.seq, add: 1, err: pgtype.Text{String: pgtext.Text(err.Error(), maxErrorText), Valid: true}, park: park}
-		if !park {
+		dead := v == permanentFailure || v == countedFailure && e.cfg.dies(r.rec.Attempt)
+		u := update{seq: r.seq, add: 1, err: pgtype.Text{String: pgtext.Text(err.Error(), maxErrorText), Valid: true}, dead: dead}
+		if !dead {
 			u.delayUS = e.rowDelay(r.rec.Attempt).Microseconds()
 		}
 		updates = append(updates, u)
-		failed[r.lockKey] = update{delayUS: u.delayUS, park: park, blockedBy: pgtype.Text{String: r.rec.ID, Valid: true}}
-		failures = append(failures, failure{rec: r.rec, err: err, parked: park})
+		failed[r.lockKey] = update{delayUS: u.delayUS, dead: dead, blockedBy: pgtype.Text{String: r.rec.ID, Valid: true}}
+		failures = append(failures, failure{rec: r.rec, err: err, dead: dead})
 	}
 	e.cfg.obs.delivered(ctx, done)
 
@@ -518,24 +518,24 @@ func (e *engine) keyRows(ctx context.Context, tx pgx.Tx, found []scanned) ([]*ro
 	}
 	var out []*row
 	var (
-		seq, lockKey      int64
-		id, topic         string
-		handler           pgtype.Text
-		key, value, hdrs  []byte
-		attempts          int
-		due, parked, live bool
-		availableAt, at   time.Time
-		perKey            = map[int64]int{}
+		seq, lockKey     int64
+		id, topic        string
+		handler          pgtype.Text
+		key, value, hdrs []byte
+		attempts         int
+		due, dead, live  bool
+		availableAt, at  time.Time
+		perKey           = map[int64]int{}
 	)
 	_, err = pgx.ForEachRow(rs, []any{&seq, &id, &lockKey, &handler, &topic, &key, &value, &hdrs, &attempts,
-		&due, &availableAt, &parked, &at, &live}, func() error {
+		&due, &availableAt, &dead, &at, &live}, func() error {
 		if !live {
-			return nil // published meanwhile, or parked behind its blocker
+			return nil // published meanwhile, or dead behind its blocker
 		}
 		// A key's window is its first rows: those come first, in seq order.
 		perKey[lockKey]++
 		inWindow := perKey[lockKey] <= window
-		r := &row{seq: seq, lockKey: lockKey, due: due, availableAt: availableAt, parked: parked, inWindow: inWindow, rec: Record{
+		r := &row{seq: seq, lockKey: lockKey, due: due, availableAt: availableAt, dead: dead, inWindow: inWindow, rec: Record{
 			ID: id, Topic: topic, Handler: handler.String, Attempt: attempts + 1, EnqueuedAt: at,
 			Key: cloneOrNil(key), Value: cloneOrNil(value),
 		}}
@@ -570,14 +570,14 @@ func (e *engine) markFailed(ctx context.Context, tx pgx.Tx, us []update) error {
 		errs      = make([]pgtype.Text, n)
 		delays    = make([]int64, n)
 		floors    = make([]pgtype.Timestamptz, n)
-		parks     = make([]bool, n)
+		dead      = make([]bool, n)
 		blockedBy = make([]pgtype.Text, n)
 	)
 	for i, u := range us {
-		seqs[i], adds[i], errs[i], delays[i], floors[i], parks[i], blockedBy[i] =
-			u.seq, u.add, u.err, u.delayUS, u.floor, u.park, u.blockedBy
+		seqs[i], adds[i], errs[i], delays[i], floors[i], dead[i], blockedBy[i] =
+			u.seq, u.add, u.err, u.delayUS, u.floor, u.dead, u.blockedBy
 	}
-	_, err := tx.Exec(ctx, e.store.sql.markFailed, seqs, adds, errs, delays, floors, parks, blockedBy)
+	_, err := tx.Exec(ctx, e.store.sql.markFailed, seqs, adds, errs, delays, floors, dead, blockedBy)
 	return err
 }
 

@@ -17,7 +17,7 @@ import (
 // TestDispatcherErrorTextIsStored: a handler error whose text cannot
 // be stored as is (a NUL byte; more than 2,000 bytes cut inside a UTF-8
 // character) is still recorded, made storable (internal/pgtext), the message
-// retried and then parked, and the other messages delivered once. Stored
+// retried until it is dead, and the other messages delivered once. Stored
 // raw, PostgreSQL rejects both with SQLSTATE 22021, the round fails, and the
 // same round is tried again for ever, re-running the healthy handlers.
 func TestDispatcherErrorTextIsStored(t *testing.T) {
@@ -56,12 +56,12 @@ func TestDispatcherErrorTextIsStored(t *testing.T) {
 			pub.wait(t, 15*time.Second, ids[1])
 			deadline := time.Now().Add(15 * time.Second)
 			for {
-				parked, err := store.Parked(ctx, db.Pool)
+				dead, err := store.Dead(ctx, db.Pool)
 				if err != nil {
 					t.Fatal(err)
 				}
-				if len(parked) == 1 {
-					got := parked[0].Error
+				if len(dead) == 1 {
+					got := dead[0].Error
 					if !utf8.ValidString(got) || strings.IndexByte(got, 0) >= 0 || len(got) > 2000 {
 						t.Fatalf("stored error text %q (%d bytes): not storable as is", got, len(got))
 					}
@@ -71,7 +71,7 @@ func TestDispatcherErrorTextIsStored(t *testing.T) {
 					break
 				}
 				if time.Now().After(deadline) {
-					t.Fatalf("poison never parked: parked %+v", parked)
+					t.Fatalf("poison never died: dead %+v", dead)
 				}
 				time.Sleep(50 * time.Millisecond)
 			}

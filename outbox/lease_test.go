@@ -238,17 +238,17 @@ func TestBurstOfCommitsCostsOneRound(t *testing.T) {
 
 // A failure in a full batch: the pipelined round rolls back the transaction
 // that marked the batch published and read behind it, writes the true
-// outcome, and goes on. A message too large for MaxBatchBytes is parked,
-// the later messages of its key are parked behind it, every other message
+// outcome, and goes on. A message too large for MaxBatchBytes is dead,
+// the later messages of its key are dead behind it, every other message
 // is published once, in order.
 func TestFailureInFullBatch(t *testing.T) {
 	t.Parallel()
 	db, store := newDB(t)
 	topic := testenv.NewTopic(t, 2)
 	pub := newPublished()
-	parked := make(chan outbox.Record, 1)
+	dead := make(chan outbox.Record, 1)
 	run(t, newRelay(t, db, store, outbox.RelayConfig{BatchSize: 4, MaxBatchBytes: 4096,
-		Observers: []outbox.Observer{&testobs.Outbox{OnPublished: pub.hook, OnParked: func(rec outbox.Record, _ error) { parked <- rec }}}}))
+		Observers: []outbox.Observer{&testobs.Outbox{OnPublished: pub.hook, OnDead: func(rec outbox.Record, _ error) { dead <- rec }}}}))
 	var msgs []outbox.Message
 	want := map[string]int{}
 	for i := range 40 {
@@ -270,20 +270,20 @@ func TestFailureInFullBatch(t *testing.T) {
 	}
 	pub.wait(t, 30*time.Second, good...)
 	select {
-	case rec := <-parked:
+	case rec := <-dead:
 		if rec.ID != ids[10] {
-			t.Fatalf("parked %s, want the poison %s", rec.ID, ids[10])
+			t.Fatalf("dead %s, want the poison %s", rec.ID, ids[10])
 		}
 	case <-time.After(30 * time.Second):
-		t.Fatal("the poison was not parked")
+		t.Fatal("the poison did not die")
 	}
 	waitBacklog(t, db, store, 30*time.Second)
-	ps, err := store.Parked(context.Background(), db.Pool)
+	ps, err := store.Dead(context.Background(), db.Pool)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(ps) != 3 || ps[1].BlockedBy != ids[10] || ps[2].BlockedBy != ids[10] {
-		t.Fatalf("parked: %+v, want the poison and the two behind it", ps)
+		t.Fatalf("dead: %+v, want the poison and the two behind it", ps)
 	}
 	dups := checkKeyOrder(t, readAll(t, testenv.Brokers(t), topic), want)
 	if dups != 0 {

@@ -46,10 +46,10 @@ type FailureObserver interface {
 type FailureEvent struct {
 	Record Record
 	Err    error
-	// Parked is true when the record failed for good and is parked (its
-	// key's later records wait behind it); false when it will be tried
-	// again.
-	Parked bool
+	// Dead is true when the record failed for good and is dead (its key's
+	// later records wait behind it until Store.Retry requeues it); false
+	// when it will be tried again.
+	Dead bool
 }
 
 // StatsObserver observes the outbox's backlog, every StatsInterval.
@@ -97,11 +97,11 @@ func (o *observers) published(ctx context.Context, recs []Record) {
 	}
 }
 
-func (o *observers) failed(ctx context.Context, rec Record, err error, parked bool) {
+func (o *observers) failed(ctx context.Context, rec Record, err error, dead bool) {
 	if len(o.failure) == 0 {
 		return
 	}
-	e := &FailureEvent{Record: rec, Err: err, Parked: parked}
+	e := &FailureEvent{Record: rec, Err: err, Dead: dead}
 	for _, x := range o.failure {
 		x.Failed(ctx, e)
 	}

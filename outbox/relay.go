@@ -29,9 +29,9 @@ const (
 	PublishTimeoutDefault = 10 * time.Second
 	MetadataTTLDefault    = 2 * time.Second
 	HandlerTimeoutDefault = 30 * time.Second
-	// ParkAfterDefault is the failed attempts that park a message when
-	// Retry.MaxAttempts is zero.
-	ParkAfterDefault       = 10
+	// DeadAfterDefault is the failed attempts after which a message is dead
+	// when Retry.MaxAttempts is zero.
+	DeadAfterDefault       = 10
 	RetentionDefault       = 24 * time.Hour
 	CleanupIntervalDefault = time.Minute
 	StatsIntervalDefault   = 10 * time.Second
@@ -42,7 +42,7 @@ const (
 var ErrInvalidConfig = fmt.Errorf("outbox: %w", idemkit.ErrInvalidConfig)
 
 // ErrMessageTooLarge is the error of a message bigger than the relay's
-// MaxBatchBytes: it is parked at once.
+// MaxBatchBytes: it is dead at once.
 var ErrMessageTooLarge = errors.New("outbox: message larger than MaxBatchBytes")
 
 // RelayConfig configures a Relay. Kafka.Brokers is required.
@@ -61,7 +61,7 @@ type RelayConfig struct {
 	BatchSize int
 	// MaxBatchBytes bounds one round's messages, in bytes as Kafka counts
 	// them (roughly): a round goes out as one produce request per partition
-	// leader, with one record batch per partition, each all or nothing. A bigger message is parked with
+	// leader, with one record batch per partition, each all or nothing. A bigger message is dead at once, with
 	// ErrMessageTooLarge. It must not exceed the broker's message.max.bytes.
 	// Defaults to 1 MiB.
 	MaxBatchBytes int
@@ -81,11 +81,11 @@ type RelayConfig struct {
 	// Retry paces a failing message's attempts: InitialInterval after the
 	// first failure, growing by Multiplier (with RandomizationFactor's
 	// jitter) up to MaxInterval, as for the consumer; MaxAttempts failed
-	// attempts park the message (negative: never). Failures of the
+	// attempts make the message dead (negative: never). Failures of the
 	// connection to Kafka (broker down, leader elections, timeouts) are
-	// retried without end and never park. MaxElapsedTime and Classifier are
+	// retried without end and never make it dead. MaxElapsedTime and Classifier are
 	// not used. Defaults to the zero Policy's 100ms to 10s, and 10
-	// attempts (ParkAfterDefault).
+	// attempts (DeadAfterDefault).
 	Retry retry.Policy
 	// Retention is how long published rows are kept before cleanup deletes
 	// them. Negative disables cleanup in this relay. Defaults to 24h.
@@ -123,7 +123,7 @@ func (c *RelayConfig) loop() (loopConfig, error) {
 		batchSize:       cmp.Or(c.BatchSize, BatchSizeDefault),
 		pollInterval:    cmp.Or(c.PollInterval, PollIntervalDefault),
 		retry:           c.Retry,
-		parkAfter:       cmp.Or(c.Retry.MaxAttempts, ParkAfterDefault),
+		deadAfter:       cmp.Or(c.Retry.MaxAttempts, DeadAfterDefault),
 		retention:       cmp.Or(c.Retention, RetentionDefault),
 		cleanupInterval: cmp.Or(c.CleanupInterval, CleanupIntervalDefault),
 		cleanupBatch:    cmp.Or(c.CleanupBatch, CleanupBatchDefault),
@@ -250,9 +250,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	return e.run(ctx)
 }
 
-// classify: broker and network trouble is transient (never parks); a
+// classify: broker and network trouble is transient (never dies); a
 // message Kafka rejects as such is permanent; anything else, a missing
-// topic included, counts towards ParkAfter.
+// topic included, counts towards Retry.MaxAttempts.
 func (k *kafkaDeliverer) classify(err error) verdict {
 	var (
 		kerr kafka.Error
@@ -263,7 +263,7 @@ func (k *kafkaDeliverer) classify(err error) verdict {
 		return permanentFailure
 	case kafkaconn.Classify(err) != nil:
 		// Refused credentials or certificates are the relay's settings, not
-		// the message's: never parked, retried until they are fixed.
+		// the message's: never dead, retried until they are fixed.
 		return transientFailure
 	case errors.As(err, &kerr):
 		switch kerr {

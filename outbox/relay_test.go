@@ -310,24 +310,24 @@ func TestThreeRelaysKeepPerKeyOrder(t *testing.T) {
 	}
 }
 
-// Test 5: a poison message is parked after ParkAfter attempts, the messages
-// behind it on its key are parked as blocked by it, other keys flow; Retry
-// publishes them once the cause is fixed, in order.
-func TestPoisonIsParkedAndRetried(t *testing.T) {
+// Test 5: a poison message is dead after Retry.MaxAttempts attempts, the
+// messages behind it on its key are dead too, blocked by it, other keys
+// flow; Retry publishes them once the cause is fixed, in order.
+func TestPoisonIsDeadAndRetried(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db, store := newDB(t)
 	good := testenv.NewTopic(t, 2)
 	missing := testenv.Name(t, "missing") // not created yet
 	pub := newPublished()
-	var parked atomic.Int64
-	parkedHook := make(chan outbox.Record, 10)
+	var dead atomic.Int64
+	deadHook := make(chan outbox.Record, 10)
 	// Metadata cached for less than the retry schedule: once the topic is
 	// created, the retried message sees it.
 	run(t, newRelay(t, db, store, outbox.RelayConfig{MaxBatchBytes: 64 << 10, MetadataTTL: 50 * time.Millisecond,
-		Observers: []outbox.Observer{&testobs.Outbox{OnPublished: pub.hook, OnParked: func(r outbox.Record, err error) {
-			parked.Add(1)
-			parkedHook <- r
+		Observers: []outbox.Observer{&testobs.Outbox{OnPublished: pub.hook, OnDead: func(r outbox.Record, err error) {
+			dead.Add(1)
+			deadHook <- r
 		}}}, Retry: retry.Policy{InitialInterval: 50 * time.Millisecond, MaxInterval: 100 * time.Millisecond, MaxAttempts: 3}}))
 
 	poison := enqueue(t, db.Pool, store,
@@ -344,19 +344,19 @@ func TestPoisonIsParkedAndRetried(t *testing.T) {
 	pub.wait(t, 30*time.Second, goodIDs...)
 	for range 2 {
 		select {
-		case <-parkedHook:
+		case <-deadHook:
 		case <-time.After(30 * time.Second):
-			t.Fatal("poison messages not parked within 30s")
+			t.Fatal("poison messages did not die within 30s")
 		}
 	}
-	// More messages for a parked key are parked behind it.
+	// More messages for a dead key are dead behind it.
 	late := enqueue(t, db.Pool, store, outbox.Message{Topic: missing, Key: []byte("p"), Value: []byte("p/2")})
 
-	var list []outbox.ParkedMessage
+	var list []outbox.DeadMessage
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		var err error
-		list, err = store.Parked(ctx, db.Pool)
+		list, err = store.Dead(ctx, db.Pool)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -365,34 +365,34 @@ func TestPoisonIsParkedAndRetried(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	got := map[string]outbox.ParkedMessage{}
+	got := map[string]outbox.DeadMessage{}
 	for _, p := range list {
 		got[p.ID] = p
 	}
 	if len(list) != 5 {
-		t.Fatalf("parked = %+v, want 5 messages", list)
+		t.Fatalf("dead = %+v, want 5 messages", list)
 	}
 	if p := got[poison[0]]; p.Attempts != 3 || p.BlockedBy != "" || !strings.Contains(p.Error, "Unknown Topic") || p.Topic != missing {
-		t.Fatalf("parked poison = %+v, want 3 attempts and an unknown-topic error", p)
+		t.Fatalf("dead poison = %+v, want 3 attempts and an unknown-topic error", p)
 	}
 	if p := got[poison[1]]; p.BlockedBy != poison[0] {
 		t.Fatalf("message behind the poison = %+v, want BlockedBy %s", p, poison[0])
 	}
 	if p := got[late[0]]; p.BlockedBy != poison[0] {
-		t.Fatalf("late message of the parked key = %+v, want BlockedBy %s", p, poison[0])
+		t.Fatalf("late message of the dead key = %+v, want BlockedBy %s", p, poison[0])
 	}
 	if p := got[poison[2]]; p.Attempts != 1 || !strings.Contains(p.Error, "larger than MaxBatchBytes") {
-		t.Fatalf("oversized message = %+v, want parked after one attempt", p)
+		t.Fatalf("oversized message = %+v, want dead after one attempt", p)
 	}
 	if p := got[poison[3]]; p.BlockedBy != poison[2] {
 		t.Fatalf("message behind the oversized one = %+v", p)
 	}
-	if n := parked.Load(); n != 2 {
-		t.Fatalf("Parked hook ran %d times, want 2 (blocked messages do not count)", n)
+	if n := dead.Load(); n != 2 {
+		t.Fatalf("Dead hook ran %d times, want 2 (blocked messages do not count)", n)
 	}
 	st, err := store.Stats(ctx, db.Pool)
-	if err != nil || st.Parked != 5 || st.Held != 3 || st.Backlog != 0 {
-		t.Fatalf("stats = %+v, %v; want 5 parked (3 held behind the 2 that failed), no backlog", st, err)
+	if err != nil || st.Dead != 5 || st.Held != 3 || st.Backlog != 0 {
+		t.Fatalf("stats = %+v, %v; want 5 dead (3 held behind the 2 that failed), no backlog", st, err)
 	}
 
 	// Fix the cause, then retry by command.
@@ -415,9 +415,9 @@ func TestPoisonIsParkedAndRetried(t *testing.T) {
 	if _, err := store.Retry(ctx, db.Pool, "not-a-uuid"); err == nil {
 		t.Fatal("Retry with a malformed ID succeeded")
 	}
-	list, err = store.Parked(ctx, db.Pool)
+	list, err = store.Dead(ctx, db.Pool)
 	if err != nil || len(list) != 2 {
-		t.Fatalf("parked after retry = %+v, %v; want the two oversized-key messages", list, err)
+		t.Fatalf("dead after retry = %+v, %v; want the two oversized-key messages", list, err)
 	}
 }
 
@@ -537,8 +537,8 @@ func TestRelayIgnoresRepeatableReadDefault(t *testing.T) {
 }
 
 // Store.Retry waits for a relay that holds one of the keys, then requeues
-// the messages and those parked behind them, including the ones that relay
-// parked while Retry waited: it must read them in a snapshot taken after
+// the messages and those dead behind them, including the ones that relay
+// marked dead while Retry waited: it must read them in a snapshot taken after
 // the wait, so it runs in READ COMMITTED whatever the database's default.
 func TestRetryIgnoresRepeatableReadDefault(t *testing.T) {
 	t.Parallel()
@@ -548,12 +548,12 @@ func TestRetryIgnoresRepeatableReadDefault(t *testing.T) {
 	ids := enqueue(t, db.Pool, store,
 		outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("poison")},
 		outbox.Message{Topic: "t", Key: []byte("k"), Value: []byte("behind")})
-	if _, err := db.Pool.Exec(ctx, `UPDATE `+store.Table()+` SET parked_at = now(), attempts = 3,
+	if _, err := db.Pool.Exec(ctx, `UPDATE `+store.Table()+` SET dead_at = now(), attempts = 3,
 		last_error = 'rejected' WHERE id = $1`, ids[0]); err != nil {
 		t.Fatal(err)
 	}
 
-	// A relay holds the key and parks the second message behind the first.
+	// A relay holds the key and marks the second message dead behind the first.
 	relay, err := db.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -562,7 +562,7 @@ func TestRetryIgnoresRepeatableReadDefault(t *testing.T) {
 	if _, err := relay.Exec(ctx, `SELECT pg_advisory_xact_lock(lock_key) FROM `+store.Table()+` WHERE id = $1`, ids[0]); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := relay.Exec(ctx, `UPDATE `+store.Table()+` SET parked_at = now(), blocked_by = $1,
+	if _, err := relay.Exec(ctx, `UPDATE `+store.Table()+` SET dead_at = now(), blocked_by = $1,
 		last_error = 'blocked' WHERE id = $2`, ids[0], ids[1]); err != nil {
 		t.Fatal(err)
 	}
@@ -598,11 +598,11 @@ func TestRetryIgnoresRepeatableReadDefault(t *testing.T) {
 	}
 	res := <-done
 	if res.err != nil || res.n != 2 {
-		t.Fatalf("Retry = %d, %v; want 2 (the message and the one the relay parked behind it)", res.n, res.err)
+		t.Fatalf("Retry = %d, %v; want 2 (the message and the one the relay marked dead behind it)", res.n, res.err)
 	}
-	parked, err := store.Parked(ctx, db.Pool)
-	if err != nil || len(parked) != 0 {
-		t.Fatalf("still parked after Retry: %+v, %v", parked, err)
+	dead, err := store.Dead(ctx, db.Pool)
+	if err != nil || len(dead) != 0 {
+		t.Fatalf("still dead after Retry: %+v, %v", dead, err)
 	}
 }
 

@@ -46,20 +46,20 @@ func relaySQL(t string, sq *storeSQL) {
 	const mine = `((($2::bigint >> (lock_key & 63)::int) & 1) <> 0)`
 	// promote makes the waiting rows whose time has come ready again (at
 	// most $1, in the order of their times) and releases the rows deferred
-	// behind them. Parked rows never wake up: Store.Retry does that.
+	// behind them. Dead rows never wake up: Store.Retry does that.
 	sq.promote = `WITH w AS (
 	UPDATE ` + t + ` SET waiting = false
 	WHERE seq IN (
 		SELECT seq FROM ` + t + `
-		WHERE published_at IS NULL AND blocked_by IS NULL AND parked_at IS NULL AND waiting AND handler IS NULL
+		WHERE published_at IS NULL AND blocked_by IS NULL AND dead_at IS NULL AND waiting AND handler IS NULL
 		  AND available_at <= now() AND ` + mine + `
 		ORDER BY available_at
 		LIMIT $1
-	) AND waiting AND parked_at IS NULL
+	) AND waiting AND dead_at IS NULL
 	RETURNING id
 )
 UPDATE ` + t + ` SET blocked_by = NULL
-WHERE blocked_by IN (SELECT id FROM w) AND parked_at IS NULL AND published_at IS NULL`
+WHERE blocked_by IN (SELECT id FROM w) AND dead_at IS NULL AND published_at IS NULL`
 
 	// read returns the first $1 ready rows of the held shards in enqueue
 	// order, from one index. For each it probes the
@@ -70,10 +70,10 @@ WHERE blocked_by IN (SELECT id FROM w) AND parked_at IS NULL AND published_at IS
 	// is locked: the shard lease makes this relay the only one to publish
 	// these keys.
 	sq.read = `SELECT o.seq, o.id::text, o.lock_key, o.topic, o.msg_key, o.value, o.headers, o.attempts, o.created_at,
-	o.available_at <= now(), h.id::text, h.parked
+	o.available_at <= now(), h.id::text, h.dead
 FROM ` + t + ` AS o
 LEFT JOIN LATERAL (
-	SELECT w.id, w.parked_at IS NOT NULL AS parked FROM ` + t + ` AS w
+	SELECT w.id, w.dead_at IS NOT NULL AS dead FROM ` + t + ` AS w
 	WHERE (SELECT lock_key FROM ` + t + `
 	       WHERE published_at IS NULL AND blocked_by IS NULL AND waiting AND handler IS NULL
 	       ORDER BY lock_key, seq LIMIT 1) IS NOT NULL
@@ -82,43 +82,43 @@ LEFT JOIN LATERAL (
 	ORDER BY w.seq
 	LIMIT 1
 ) AS h ON true
-WHERE o.published_at IS NULL AND o.blocked_by IS NULL AND o.parked_at IS NULL AND NOT o.waiting AND o.handler IS NULL
+WHERE o.published_at IS NULL AND o.blocked_by IS NULL AND o.dead_at IS NULL AND NOT o.waiting AND o.handler IS NULL
   AND ` + `((($2::bigint >> (o.lock_key & 63)::int) & 1) <> 0)` + `
 ORDER BY o.seq
 LIMIT $1`
 
 	// fail records failed attempts and rows found not due: each becomes a
 	// waiting row (out of the ready index) until its time (delay from now,
-	// or its own available_at when delay is NULL), or for good when parked.
+	// or its own available_at when delay is NULL), or for good when dead.
 	sq.fail = `UPDATE ` + t + ` AS o SET
 	attempts = o.attempts + f.add,
 	last_error = COALESCE(f.err, o.last_error),
 	waiting = true,
 	available_at = CASE WHEN f.delay_us IS NULL THEN o.available_at ELSE now() + f.delay_us * interval '1 microsecond' END,
-	parked_at = CASE WHEN f.park THEN now() ELSE o.parked_at END
-FROM unnest($1::bigint[], $2::int[], $3::text[], $4::bigint[], $5::bool[]) AS f (seq, add, err, delay_us, park)
+	dead_at = CASE WHEN f.dead THEN now() ELSE o.dead_at END
+FROM unnest($1::bigint[], $2::int[], $3::text[], $4::bigint[], $5::bool[]) AS f (seq, add, err, delay_us, dead)
 WHERE o.seq = f.seq AND o.published_at IS NULL`
 
 	// block holds rows behind the waiting row of their key that comes
 	// before them: deferred (blocked_by set) behind a row that waits for a
-	// time, parked behind a parked row. The waiting rows are read FOR SHARE
-	// and must still wait: Store.Retry locks a parked row FOR UPDATE before
+	// time, dead behind a dead row. The waiting rows are read FOR SHARE
+	// and must still wait: Store.Retry locks a dead row FOR UPDATE before
 	// it releases the rows behind it, so either it sees the rows this
-	// statement parked, or this statement sees the row ready and holds
+	// statement marked dead, or this statement sees the row ready and holds
 	// nothing behind it.
 	sq.block = `WITH f AS (
 	SELECT * FROM unnest($1::bigint[], $2::uuid[]) AS f (seq, head)
 ), h AS (
-	SELECT id, parked_at IS NOT NULL AS parked FROM ` + t + `
+	SELECT id, dead_at IS NOT NULL AS dead FROM ` + t + `
 	WHERE id IN (SELECT head FROM f) AND waiting AND published_at IS NULL AND blocked_by IS NULL
 	FOR SHARE
 )
 UPDATE ` + t + ` AS o SET
 	blocked_by = h.id,
-	parked_at = CASE WHEN h.parked THEN now() END,
-	last_error = CASE WHEN h.parked THEN 'blocked: message ' || h.id::text || ' of the same key is parked' ELSE o.last_error END
+	dead_at = CASE WHEN h.dead THEN now() END,
+	last_error = CASE WHEN h.dead THEN 'blocked: message ' || h.id::text || ' of the same key is dead' ELSE o.last_error END
 FROM f JOIN h ON h.id = f.head
-WHERE o.seq = f.seq AND o.published_at IS NULL AND o.blocked_by IS NULL AND o.parked_at IS NULL AND NOT o.waiting`
+WHERE o.seq = f.seq AND o.published_at IS NULL AND o.blocked_by IS NULL AND o.dead_at IS NULL AND NOT o.waiting`
 
 	// acquire takes, without waiting, up to $3 shards not in the mask $2,
 	// starting at shard $4 (so relays starting together spread out); the
@@ -203,13 +203,13 @@ func (r *relayRounds) queue(b *pgx.Batch, o *outcome) int {
 			adds   = make([]int32, k)
 			errs   = make([]pgtype.Text, k)
 			delays = make([]pgtype.Int8, k)
-			parks  = make([]bool, k)
+			dead   = make([]bool, k)
 		)
 		for i, u := range o.fails {
-			seqs[i], adds[i], errs[i], parks[i] = u.seq, u.add, u.err, u.park
-			delays[i] = pgtype.Int8{Int64: u.delayUS, Valid: u.delayUS >= 0 && !u.park}
+			seqs[i], adds[i], errs[i], dead[i] = u.seq, u.add, u.err, u.dead
+			delays[i] = pgtype.Int8{Int64: u.delayUS, Valid: u.delayUS >= 0 && !u.dead}
 		}
-		b.Queue(r.e.store.sql.fail, seqs, adds, errs, delays, parks)
+		b.Queue(r.e.store.sql.fail, seqs, adds, errs, delays, dead)
 		n++
 	}
 	if len(o.doneSeqs) > 0 {
@@ -418,7 +418,7 @@ func (r *relayRounds) round(ctx context.Context) (roundResult, error) {
 	if !ok {
 		// The optimistic transaction marked rows that were not published,
 		// and read behind them: roll it back, write the true outcome and
-		// commit it (the Failed and Parked hooks run after that), and read
+		// commit it (the Failed and Dead hooks run after that), and read
 		// again in the next round.
 		mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.e.cfg.dbTimeout())
 		defer cancel()
@@ -483,15 +483,15 @@ func (r *relayRounds) evaluate(ctx context.Context, deliverable []*row, errs []e
 				res.err = err
 			}
 		}
-		park := v == permanentFailure || v == countedFailure && r.e.cfg.parks(w.rec.Attempt)
-		u := update{seq: w.seq, add: 1, err: pgtype.Text{String: pgtext.Text(err.Error(), maxErrorText), Valid: true}, park: park}
-		if !park {
+		dead := v == permanentFailure || v == countedFailure && r.e.cfg.dies(w.rec.Attempt)
+		u := update{seq: w.seq, add: 1, err: pgtype.Text{String: pgtext.Text(err.Error(), maxErrorText), Valid: true}, dead: dead}
+		if !dead {
 			d := r.e.rowDelay(w.rec.Attempt)
 			u.delayUS = d.Microseconds()
 			r.retryAt(d)
 		}
 		out.fails = append(out.fails, u)
-		failures = append(failures, failure{rec: w.rec, err: err, parked: park})
+		failures = append(failures, failure{rec: w.rec, err: err, dead: dead})
 	}
 	r.e.cfg.obs.delivered(ctx, done)
 	res.delivered = len(done)
@@ -513,7 +513,7 @@ func (r *relayRounds) last(ctx context.Context, rows []*readRow, deliverable []*
 	// The outcome rides with the next read, or is written by idle
 	// (flush) if none comes soon; written now when there is a
 	// transaction to commit, the run ends, a backoff follows, or a
-	// failure is to be reported (the Failed and Parked hooks run once it
+	// failure is to be reported (the Failed and Dead hooks run once it
 	// is recorded).
 	r.pending, r.pendingDone = out, done
 	if r.inTx || cancelled || res.stalled || reread || len(failures) > 0 {
@@ -578,9 +578,9 @@ func (r *relayRounds) readNow(ctx context.Context) ([]*readRow, error) {
 
 // failure is a record whose delivery failed in a round.
 type failure struct {
-	rec    Record
-	err    error
-	parked bool
+	rec  Record
+	err  error
+	dead bool
 }
 
 // report logs a round's failures and reports them to the
@@ -592,11 +592,11 @@ func (e *engine) report(ctx context.Context, failures []failure, delivered int, 
 			"err", failures[0].err)
 	}
 	for _, f := range failures {
-		if f.parked {
-			e.log.Error("message parked", "message_id", f.rec.ID, "topic", f.rec.Topic, "handler", f.rec.Handler,
+		if f.dead {
+			e.log.Error("message dead", "message_id", f.rec.ID, "topic", f.rec.Topic, "handler", f.rec.Handler,
 				"attempt", f.rec.Attempt, "err", f.err)
 		}
-		e.cfg.obs.failed(ctx, f.rec, f.err, f.parked)
+		e.cfg.obs.failed(ctx, f.rec, f.err, f.dead)
 	}
 }
 
@@ -617,10 +617,10 @@ func scanReadRows(rs pgx.Rows) ([]*readRow, error) {
 		at               time.Time
 		due              bool
 		heldBy           pgtype.Text
-		heldParked       pgtype.Bool
+		heldDead         pgtype.Bool
 	)
 	_, err := pgx.ForEachRow(rs, []any{&seq, &id, &lockKey, &topic, &key, &value, &hdrs, &attempts, &at,
-		&due, &heldBy, &heldParked}, func() error {
+		&due, &heldBy, &heldDead}, func() error {
 		w := &readRow{heldBy: heldBy.String, row: row{seq: seq, lockKey: lockKey, due: due, rec: Record{
 			ID: id, Topic: topic, Attempt: attempts + 1, EnqueuedAt: at,
 			Key: cloneOrNil(key), Value: cloneOrNil(value),

@@ -46,9 +46,9 @@ var ErrInvalidMessage = errors.New("outbox: invalid message")
 // with the same Schema and table name.
 var ErrNotMigrated = fmt.Errorf("outbox: table missing: %w", idemkit.ErrNotMigrated)
 
-// ErrNotFound is returned by Retry when none of the given IDs names a parked
+// ErrNotFound is returned by Retry when none of the given IDs names a dead
 // message.
-var ErrNotFound = errors.New("outbox: no parked message with these IDs")
+var ErrNotFound = errors.New("outbox: no dead message with these IDs")
 
 // MessageError reports which message of an EnqueueTx call was rejected and
 // why. errors.Is(err, ErrInvalidMessage) is true for it.
@@ -138,7 +138,7 @@ type Store struct {
 }
 
 type storeSQL struct {
-	enqueue, parked, retryLock, retryRows, retry, stats, cleanup string
+	enqueue, dead, retryLock, retryRows, retry, stats, cleanup string
 	// The relay's and the dispatcher's statements.
 	scanHandler, keyRows, markDone, markFailed string
 	// The relay's statements (see relayloop.go).
@@ -197,7 +197,7 @@ func buildSQL(t string) storeSQL {
 	// starts from the lowest available_at: no cursor.
 	scan := func(dest string) string {
 		return `SELECT lock_key, seq FROM ` + t + `
-WHERE published_at IS NULL AND parked_at IS NULL AND ` + dest + ` AND available_at <= now()
+WHERE published_at IS NULL AND dead_at IS NULL AND ` + dest + ` AND available_at <= now()
   AND CASE WHEN available_at <= now() THEN pg_try_advisory_xact_lock(lock_key) ELSE false END
 ORDER BY available_at, seq
 LIMIT $1`
@@ -225,13 +225,13 @@ SELECT count(*), pg_notify($9, '') FROM ins`,
 		// behind a row that is not due. A key costs at most $2 rows however
 		// many of its rows wait. The seqs are gathered first (an InitPlan) and
 		// the rows fetched by primary key; the last column says whether a row
-		// is still to deliver (not published, not parked behind another row,
+		// is still to deliver (not published, not dead behind another row,
 		// whose blocker decides), and the caller drops the others. Testing
 		// that in WHERE would match the partial indexes' predicate, and on a
 		// table not analyzed yet the planner would rather scan one of them
 		// whole, testing every entry against the seqs.
 		keyRows: `SELECT seq, id::text, lock_key, handler, topic, msg_key, value, headers, attempts,
-	available_at <= now(), available_at, parked_at IS NOT NULL, created_at,
+	available_at <= now(), available_at, dead_at IS NOT NULL, created_at,
 	published_at IS NULL AND blocked_by IS NULL
 FROM ` + t + `
 WHERE seq = ANY(ARRAY(
@@ -248,54 +248,54 @@ ORDER BY seq`,
 		markDone: `UPDATE ` + t + ` SET published_at = now(), last_error = NULL
 WHERE seq = ANY($1::bigint[])`,
 
-		// markFailed records failures, deferrals and parkings: per row, how
+		// markFailed records failures, deferrals and deaths: per row, how
 		// many attempts to add, the error, the delay before the next attempt
-		// (in microseconds, from now), a floor for available_at, whether to
-		// park, and the blocker's ID for rows parked behind another.
+		// (in microseconds, from now), a floor for available_at, whether it
+		// is dead, and the blocker's ID for rows held behind another.
 		markFailed: `UPDATE ` + t + ` AS o SET
 	attempts = o.attempts + f.add,
 	last_error = COALESCE(f.err, o.last_error),
 	available_at = GREATEST(o.available_at, now() + f.delay_us * interval '1 microsecond', COALESCE(f.floor, '-infinity')),
-	parked_at = CASE WHEN f.park THEN now() ELSE o.parked_at END,
+	dead_at = CASE WHEN f.dead THEN now() ELSE o.dead_at END,
 	blocked_by = f.blocked_by
 FROM unnest($1::bigint[], $2::int[], $3::text[], $4::bigint[], $5::timestamptz[], $6::bool[], $7::uuid[])
-	AS f (seq, add, err, delay_us, floor, park, blocked_by)
+	AS f (seq, add, err, delay_us, floor, dead, blocked_by)
 WHERE o.seq = f.seq AND o.published_at IS NULL`,
 
-		parked: `SELECT id::text, COALESCE(handler, ''), topic, msg_key, attempts, COALESCE(last_error, ''),
-	COALESCE(blocked_by::text, ''), created_at, parked_at
-FROM ` + t + ` WHERE parked_at IS NOT NULL AND published_at IS NULL
+		dead: `SELECT id::text, COALESCE(handler, ''), topic, msg_key, attempts, COALESCE(last_error, ''),
+	COALESCE(blocked_by::text, ''), created_at, dead_at
+FROM ` + t + ` WHERE dead_at IS NOT NULL AND published_at IS NULL
 ORDER BY seq
 LIMIT $1`,
 
 		// retryLock takes the advisory locks of the keys of the named
 		// messages (sorted, so two Retry calls cannot deadlock) and waits for
 		// a dispatcher that holds one, then locks the named rows themselves,
-		// which waits for a relay that is parking rows behind one of them
+		// which waits for a relay that is marking rows dead behind one of them
 		// (its block statement holds them FOR SHARE); retry, a later
 		// statement of the same transaction, then sees everything they
 		// committed, and a relay that comes after sees the rows ready again.
 		retryLock: `SELECT pg_advisory_xact_lock(lock_key) FROM (
-	SELECT DISTINCT lock_key FROM ` + t + ` WHERE id = ANY($1::uuid[]) AND parked_at IS NOT NULL
+	SELECT DISTINCT lock_key FROM ` + t + ` WHERE id = ANY($1::uuid[]) AND dead_at IS NOT NULL
 	ORDER BY lock_key
 ) k`,
-		retryRows: `SELECT seq FROM ` + t + ` WHERE id = ANY($1::uuid[]) AND parked_at IS NOT NULL ORDER BY seq FOR UPDATE`,
-		retry: `UPDATE ` + t + ` SET parked_at = NULL, blocked_by = NULL, waiting = false, attempts = 0, available_at = now()
+		retryRows: `SELECT seq FROM ` + t + ` WHERE id = ANY($1::uuid[]) AND dead_at IS NOT NULL ORDER BY seq FOR UPDATE`,
+		retry: `UPDATE ` + t + ` SET dead_at = NULL, blocked_by = NULL, waiting = false, attempts = 0, available_at = now()
 WHERE published_at IS NULL
-  AND (id = ANY($1::uuid[]) AND parked_at IS NOT NULL OR blocked_by = ANY($1::uuid[]))`,
+  AND (id = ANY($1::uuid[]) AND dead_at IS NOT NULL OR blocked_by = ANY($1::uuid[]))`,
 
 		// stats counts the pending rows through the scans' partial indexes
-		// (Kafka rows, handler rows) and the parked rows through theirs.
+		// (Kafka rows, handler rows) and the dead rows through theirs.
 		stats: `WITH k AS (
 	SELECT count(*) AS n, min(created_at) AS oldest FROM ` + t + `
-	WHERE published_at IS NULL AND parked_at IS NULL AND handler IS NULL
+	WHERE published_at IS NULL AND dead_at IS NULL AND handler IS NULL
 ), h AS (
 	SELECT count(*) AS n, min(created_at) AS oldest FROM ` + t + `
-	WHERE published_at IS NULL AND parked_at IS NULL AND handler IS NOT NULL
+	WHERE published_at IS NULL AND dead_at IS NULL AND handler IS NOT NULL
 )
 SELECT k.n + h.n, COALESCE(EXTRACT(EPOCH FROM now() - LEAST(k.oldest, h.oldest)), 0),
-	(SELECT count(*) FROM ` + t + ` WHERE parked_at IS NOT NULL AND published_at IS NULL),
-	(SELECT count(*) FROM ` + t + ` WHERE parked_at IS NOT NULL AND published_at IS NULL AND blocked_by IS NOT NULL)
+	(SELECT count(*) FROM ` + t + ` WHERE dead_at IS NOT NULL AND published_at IS NULL),
+	(SELECT count(*) FROM ` + t + ` WHERE dead_at IS NOT NULL AND published_at IS NULL AND blocked_by IS NOT NULL)
 FROM k, h`,
 
 		cleanup: `DELETE FROM ` + t + ` WHERE seq IN (
@@ -484,9 +484,9 @@ func jsonbArgs(docs [][]byte) []pgtype.Text {
 // translate maps a missing table to ErrNotMigrated.
 func translate(err error) error { return pgexec.NotMigrated(ErrNotMigrated, err) }
 
-// ParkedMessage is a message the relay or a dispatcher gave up on, or one
+// DeadMessage is a message the relay or a dispatcher gave up on, or one
 // held behind such a message of the same key.
-type ParkedMessage struct {
+type DeadMessage struct {
 	ID      string
 	Handler string // empty for Kafka messages
 	Topic   string
@@ -495,46 +495,46 @@ type ParkedMessage struct {
 	Attempts int
 	// Error is the last delivery error.
 	Error string
-	// BlockedBy is, for a message parked only because a message before it
-	// with the same key is parked, that message's ID; empty otherwise.
+	// BlockedBy is, for a message dead only because a message before it
+	// with the same key is dead, that message's ID; empty otherwise.
 	BlockedBy  string
 	EnqueuedAt time.Time
-	ParkedAt   time.Time
+	DeadAt     time.Time
 }
 
-// ParkedLimitDefault bounds how many rows Parked returns.
-const ParkedLimitDefault = 1000
+// DeadLimitDefault bounds how many rows Dead returns.
+const DeadLimitDefault = 1000
 
-// Parked lists parked messages in enqueue order, at most ParkedLimitDefault
+// Dead lists dead messages in enqueue order, at most DeadLimitDefault
 // of them: first the ones that failed, interleaved with the ones blocked
 // behind them (BlockedBy set).
-func (s *Store) Parked(ctx context.Context, db DBTX) ([]ParkedMessage, error) {
-	rows, err := db.Query(ctx, s.sql.parked, ParkedLimitDefault)
+func (s *Store) Dead(ctx context.Context, db DBTX) ([]DeadMessage, error) {
+	rows, err := db.Query(ctx, s.sql.dead, DeadLimitDefault)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: parked: %w", translate(err))
+		return nil, fmt.Errorf("outbox: dead: %w", translate(err))
 	}
-	var out []ParkedMessage
-	var p ParkedMessage
+	var out []DeadMessage
+	var p DeadMessage
 	_, err = pgx.ForEachRow(rows, []any{&p.ID, &p.Handler, &p.Topic, &p.Key, &p.Attempts, &p.Error,
-		&p.BlockedBy, &p.EnqueuedAt, &p.ParkedAt}, func() error {
+		&p.BlockedBy, &p.EnqueuedAt, &p.DeadAt}, func() error {
 		p.Key = slices.Clone(p.Key)
 		out = append(out, p)
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("outbox: parked: %w", translate(err))
+		return nil, fmt.Errorf("outbox: dead: %w", translate(err))
 	}
 	return out, nil
 }
 
-// Retry requeues the named parked messages, and the messages parked behind
+// Retry requeues the named dead messages, and the messages dead behind
 // them (BlockedBy one of ids), with their attempts reset: they are delivered
 // again in their original order, before any later message of their key. It
 // runs in its own READ COMMITTED transaction on db (a savepoint when db is a
 // pgx.Tx: then the caller's transaction must be READ COMMITTED too) and
 // waits for a dispatcher that is handling one of their keys, or a relay
-// that is parking messages behind them. It returns how many messages it
-// requeued; ErrNotFound when none of ids is parked.
+// that is marking messages dead behind them. It returns how many messages
+// it requeued; ErrNotFound when none of ids is dead.
 func (s *Store) Retry(ctx context.Context, db TxBeginner, ids ...string) (int64, error) {
 	for _, id := range ids {
 		if !validID(id) {
@@ -558,7 +558,7 @@ func (s *Store) Retry(ctx context.Context, db TxBeginner, ids ...string) (int64,
 	}
 	// READ COMMITTED whatever default_transaction_isolation says: the
 	// update must see what a relay that held a key committed while Retry
-	// waited for its lock (the messages it parked behind ours). A pgx.Tx
+	// waited for its lock (the messages it marked dead behind ours). A pgx.Tx
 	// gives a savepoint in the caller's transaction, at the caller's level.
 	var err error
 	if b, ok := db.(interface {
@@ -579,26 +579,26 @@ func (s *Store) Retry(ctx context.Context, db TxBeginner, ids ...string) (int64,
 
 // Stats is a snapshot of the outbox table.
 type Stats struct {
-	// Backlog is the number of messages not yet delivered and not parked.
+	// Backlog is the number of messages not yet delivered and not dead.
 	Backlog int64
 	// OldestAge is how long the oldest of them has waited, by the database
 	// clock; zero when Backlog is zero.
 	OldestAge time.Duration
-	// Parked is the number of parked messages: those that failed for
-	// good, and the later messages of their keys, parked behind them.
-	Parked int64
-	// Held is how many of Parked are parked behind an earlier message of
+	// Dead is the number of dead messages: those that failed for good,
+	// and the later messages of their keys, held behind them.
+	Dead int64
+	// Held is how many of Dead are held behind an earlier dead message of
 	// their key rather than for a failure of their own: they are published
 	// once that message is retried (Retry) and published.
 	Held int64
 }
 
-// Stats counts the backlog, the parked messages and, of those, the ones
+// Stats counts the backlog, the dead messages and, of those, the ones
 // held behind an earlier message of their key, in one statement.
 func (s *Store) Stats(ctx context.Context, db DBTX) (Stats, error) {
 	var st Stats
 	var age float64
-	if err := db.QueryRow(ctx, s.sql.stats).Scan(&st.Backlog, &age, &st.Parked, &st.Held); err != nil {
+	if err := db.QueryRow(ctx, s.sql.stats).Scan(&st.Backlog, &age, &st.Dead, &st.Held); err != nil {
 		return Stats{}, fmt.Errorf("outbox: stats: %w", translate(err))
 	}
 	st.OldestAge = time.Duration(age * float64(time.Second))
@@ -609,7 +609,7 @@ func (s *Store) Stats(ctx context.Context, db DBTX) (Stats, error) {
 // clock, fixed when Cleanup starts), at most batchSize rows per statement,
 // each statement its own short transaction, until none is left or ctx ends.
 // It returns how many rows it deleted, also with an error. batchSize <= 0
-// means CleanupBatchDefault. Undelivered and parked messages are never
+// means CleanupBatchDefault. Undelivered and dead messages are never
 // deleted.
 func (s *Store) Cleanup(ctx context.Context, db DBTX, olderThan time.Duration, batchSize int) (int64, error) {
 	if olderThan < 0 {

@@ -22,7 +22,7 @@ Safe while consumers run (each is told by its next claim), and safe to run again
 after a failure. Runners keep the partitions from then on (created -ahead-days
 ahead, dropped past -keep-days) every PurgeInterval; 'idemkit dedup daily maintain'
 does the same from cron. Keep -keep-days longer than the oldest message ID that can
-still arrive (outbox messages parked for days, dead letters replayed): a message
+still arrive (outbox messages requeued after days dead, dead letters replayed): a message
 whose ID's day was dropped is refused, however fresh its delivery.`
 
 const dailyStatusHelp = `Shows the schema's dedup layout and, when it is daily, its partitions with their

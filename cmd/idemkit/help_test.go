@@ -102,7 +102,7 @@ func TestCLIHelpEverywhere(t *testing.T) {
 		}
 	}
 	// Listings take -json.
-	for _, name := range []string{"migrate status", "dlq list", "dlq inspect", "idemhttp stuck", "outbox stats", "outbox parked",
+	for _, name := range []string{"migrate status", "dlq list", "dlq inspect", "idemhttp stuck", "outbox stats", "outbox dead",
 		"consumer positions", "consumer parked list", "consumer parked retry", "status", "version"} {
 		out, _, _ := cli(t, bin, nil, append(strings.Fields(name), "-h")...)
 		if !strings.Contains(out, "\n  -json\n") {

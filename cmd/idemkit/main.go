@@ -1,6 +1,6 @@
 // Command idemkit operates idemkit's tables and topics: it applies the
 // migrations; lists, inspects and replays dead letters; lists stuck HTTP
-// idempotency records; shows and requeues parked outbox messages; lists the
+// idempotency records; shows and requeues dead outbox messages; lists the
 // messages a NonBlocking consumer parked and makes them due again; purges
 // processed-message records past their retention, or switches them to daily
 // partitions and keeps those; shows and moves (rewinds, skips) a
@@ -11,7 +11,7 @@
 //	idemkit dlq inspect  -topic T.dlq -id ID | -at P/O [-json] [redaction] -brokers B [-database URL]
 //	idemkit dlq replay   -topic T.dlq [filters] [-dry-run] [-rate N] [-replay-limit N] [-max-outage D] [-retention D [-apply-beyond-horizon]] [-json] -brokers B -database URL
 //	idemkit idemhttp stuck [-json] -database URL [-schema S] [-table T] [-limit N]
-//	idemkit outbox stats|parked [-json] | retry ID... -database URL [-schema S] [-table T]
+//	idemkit outbox stats|dead [-json] | retry ID... -database URL [-schema S] [-table T]
 //	idemkit dedup purge -older-than D -database URL [-schema S] [-batch N]
 //	idemkit dedup daily enable [-keep-days N] [-ahead-days N] | status [-json] | maintain [-json] -database URL [-schema S]
 //	idemkit consumer positions -group G -topic T [-name N] [-json] -brokers B -database URL
@@ -32,7 +32,7 @@
 // group ("idemkit dlq -h"), and "idemkit help COMMAND", print on stdout what
 // it does and every flag with its description, and exit 0. Listings take
 // -json. Payloads — message keys, values, headers and error texts in dlq
-// list/inspect, consumer parked list and outbox parked — are redacted unless
+// list/inspect, consumer parked list and outbox dead — are redacted unless
 // -show-payload: card-number-like runs of 13 to 19 digits keep their last
 // four, sensitive JSON fields and headers (password, token, authorization,
 // card, cvv, iban, ...; more with -redact-fields or $IDEMKIT_REDACT_FIELDS)
@@ -119,10 +119,10 @@ func init() {
 			summary: "write dead letters back to their origin topic", doc: dlqReplayHelp, run: dlqCmd},
 		{name: "idemhttp stuck", synopsis: "[-json] [-limit N] [-database URL] [-schema S] [-table T]",
 			summary: "list HTTP idempotency records still in flight after their lease", doc: stuckHelp, run: idemhttpCmd},
-		{name: "outbox stats", synopsis: "[-json] [-database URL] [-schema S] [-table T]", summary: "the outbox backlog, its oldest message, the parked ones", run: outboxCmd},
-		{name: "outbox parked", synopsis: "[-json] [redaction] [-database URL] [-schema S] [-table T]", summary: "list parked outbox messages with their errors", run: outboxCmd},
+		{name: "outbox stats", synopsis: "[-json] [-database URL] [-schema S] [-table T]", summary: "the outbox backlog, its oldest message, the dead ones", run: outboxCmd},
+		{name: "outbox dead", synopsis: "[-json] [redaction] [-database URL] [-schema S] [-table T]", summary: "list dead outbox messages with their errors", run: outboxCmd},
 		{name: "outbox retry", synopsis: "ID... [-database URL] [-schema S] [-table T]",
-			summary: "requeue parked outbox messages (with the messages of their key parked behind them)", run: outboxCmd},
+			summary: "requeue dead outbox messages (with the messages of their key held behind them)", run: outboxCmd},
 		{name: "dedup purge", synopsis: "-older-than D [-batch N] [-database URL] [-schema S]",
 			summary: "delete processed-message records past their retention", doc: purgeHelp, run: dedupCmd},
 		{name: "dedup daily enable", synopsis: "[-keep-days N] [-ahead-days N] [-database URL] [-schema S]",

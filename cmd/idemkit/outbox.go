@@ -14,9 +14,9 @@ import (
 	"github.com/idemkit/idemkit/outbox"
 )
 
-// outboxCmd runs `idemkit outbox stats|parked|retry ID...`: the backlog, the
-// parked messages with their errors, and requeueing parked messages (with
-// the messages of their key parked behind them).
+// outboxCmd runs `idemkit outbox stats|dead|retry ID...`: the backlog, the
+// dead messages with their errors, and requeueing dead messages (with the
+// messages of their key held behind them).
 func outboxCmd(ctx context.Context, cmd *command, args []string, out io.Writer) (err error) {
 	sub := cmd.sub()
 	fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
@@ -28,7 +28,7 @@ func outboxCmd(ctx context.Context, cmd *command, args []string, out io.Writer) 
 	if sub != "retry" {
 		fs.BoolVar(&asJSON, "json", false, "print JSON")
 	}
-	if sub == "parked" {
+	if sub == "dead" {
 		red.register(fs)
 	}
 	ids, err := parse(fs, args)
@@ -40,7 +40,7 @@ func outboxCmd(ctx context.Context, cmd *command, args []string, out io.Writer) 
 	}
 	switch {
 	case sub == "retry" && len(ids) == 0:
-		return usagef("outbox retry takes the IDs of parked messages (see idemkit outbox parked)")
+		return usagef("outbox retry takes the IDs of dead messages (see idemkit outbox dead)")
 	case sub != "retry" && len(ids) != 0:
 		return usagef("outbox %s takes no arguments", sub)
 	}
@@ -64,12 +64,12 @@ func outboxCmd(ctx context.Context, cmd *command, args []string, out io.Writer) 
 			return writeJSON(out, struct {
 				Backlog          int64   `json:"backlog"`
 				OldestAgeSeconds float64 `json:"oldest_age_seconds"`
-				Parked           int64   `json:"parked"`
-			}{st.Backlog, st.OldestAge.Seconds(), st.Parked})
+				Dead             int64   `json:"dead"`
+			}{st.Backlog, st.OldestAge.Seconds(), st.Dead})
 		}
-		fmt.Fprintf(out, "backlog %d (oldest waiting %s), parked %d\n", st.Backlog, st.OldestAge.Round(time.Millisecond), st.Parked)
-	case "parked":
-		parked, err := store.Parked(ctx, pool)
+		fmt.Fprintf(out, "backlog %d (oldest waiting %s), dead %d\n", st.Backlog, st.OldestAge.Round(time.Millisecond), st.Dead)
+	case "dead":
+		dead, err := store.Dead(ctx, pool)
 		if err != nil {
 			return err
 		}
@@ -83,18 +83,18 @@ func outboxCmd(ctx context.Context, cmd *command, args []string, out io.Writer) 
 				Error      string    `json:"error"`
 				BlockedBy  string    `json:"blocked_by,omitempty"`
 				EnqueuedAt time.Time `json:"enqueued_at"`
-				ParkedAt   time.Time `json:"parked_at"`
+				DeadAt     time.Time `json:"dead_at"`
 			}
 			rows := []row{}
-			for _, p := range parked {
+			for _, p := range dead {
 				rows = append(rows, row{p.ID, p.Topic, p.Handler, red.bytes(p.Key), p.Attempts, red.text(p.Error), p.BlockedBy,
-					p.EnqueuedAt.UTC(), p.ParkedAt.UTC()})
+					p.EnqueuedAt.UTC(), p.DeadAt.UTC()})
 			}
 			return writeJSON(out, rows)
 		}
 		w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(w, "ID\tDESTINATION\tKEY\tATTEMPTS\tPARKED\tERROR")
-		for _, p := range parked {
+		fmt.Fprintln(w, "ID\tDESTINATION\tKEY\tATTEMPTS\tDEAD\tERROR")
+		for _, p := range dead {
 			dest := p.Topic
 			if p.Handler != "" {
 				dest = "handler " + p.Handler
@@ -104,14 +104,14 @@ func outboxCmd(ctx context.Context, cmd *command, args []string, out io.Writer) 
 				why = "behind " + p.BlockedBy
 			}
 			fmt.Fprintf(w, "%s\t%s\t%q\t%d\t%s\t%s\n", p.ID, dest, red.bytes(p.Key), p.Attempts,
-				p.ParkedAt.UTC().Format(time.RFC3339), why)
+				p.DeadAt.UTC().Format(time.RFC3339), why)
 		}
-		fmt.Fprintf(w, "%d parked message(s)\n", len(parked))
+		fmt.Fprintf(w, "%d dead message(s)\n", len(dead))
 		return w.Flush()
 	default:
 		n, err := store.Retry(ctx, pool, ids...)
 		if errors.Is(err, outbox.ErrNotFound) {
-			return fmt.Errorf("none of %v is parked", ids)
+			return fmt.Errorf("none of %v is dead", ids)
 		}
 		if err != nil {
 			return err

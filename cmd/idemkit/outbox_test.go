@@ -16,9 +16,9 @@ import (
 	"github.com/idemkit/idemkit/retry"
 )
 
-// TestCLIOutboxAndDedup drives `idemkit outbox stats|parked|retry` and
+// TestCLIOutboxAndDedup drives `idemkit outbox stats|dead|retry` and
 // `idemkit dedup purge` as an operator would: a message to a topic that does
-// not exist is parked with its error, the parked list shows it, the topic is
+// not exist is dead with its error, the dead list shows it, the topic is
 // created, `retry` requeues it and the relay publishes it.
 func TestCLIOutboxAndDedup(t *testing.T) {
 	t.Parallel()
@@ -31,7 +31,7 @@ func TestCLIOutboxAndDedup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	missing := testenv.Name(t, "later") // created only after the message is parked
+	missing := testenv.Name(t, "later") // created only after the message is dead
 	var ids []string
 	err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
 		ids, err = store.EnqueueTx(ctx, tx, outbox.Message{Topic: missing, Key: []byte("acct-1"), Value: []byte("invoice")})
@@ -41,11 +41,11 @@ func TestCLIOutboxAndDedup(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	parked := make(chan struct{}, 1)
+	dead := make(chan struct{}, 1)
 	published := make(chan struct{}, 1)
 	relay, err := outbox.NewRelay(db.Pool, store, &outbox.RelayConfig{Kafka: testenv.Kafka(t), MetadataTTL: 50 * time.Millisecond, PollInterval: 50 * time.Millisecond,
 		Observers: []outbox.Observer{&testobs.Outbox{ // signals only: a hook must never block the relay
-			OnParked:    func(outbox.Record, error) { notify(parked) },
+			OnDead:      func(outbox.Record, error) { notify(dead) },
 			OnPublished: func([]outbox.Record) { notify(published) },
 		}}, Retry: retry.Policy{InitialInterval: 20 * time.Millisecond, MaxInterval: 50 * time.Millisecond, MaxAttempts: 2}})
 	if err != nil {
@@ -56,21 +56,21 @@ func TestCLIOutboxAndDedup(t *testing.T) {
 	go func() { done <- relay.Run(rctx) }()
 	t.Cleanup(func() { stop(); <-done })
 	select {
-	case <-parked:
+	case <-dead:
 	case <-time.After(30 * time.Second):
-		t.Fatal("the message was not parked")
+		t.Fatal("the message did not die")
 	}
 
 	out, errOut, code := cli(t, bin, env, append([]string{"outbox", "stats"}, schema...)...)
-	if code != 0 || !strings.Contains(out, "parked 1") {
+	if code != 0 || !strings.Contains(out, "dead 1") {
 		t.Fatalf("stats: %d %s%s", code, out, errOut)
 	}
-	out, _, code = cli(t, bin, env, append([]string{"outbox", "parked"}, schema...)...)
-	if code != 0 || !strings.Contains(out, ids[0]) || !strings.Contains(out, missing) || !strings.Contains(out, "1 parked message(s)") {
-		t.Fatalf("parked: %d\n%s", code, out)
+	out, _, code = cli(t, bin, env, append([]string{"outbox", "dead"}, schema...)...)
+	if code != 0 || !strings.Contains(out, ids[0]) || !strings.Contains(out, missing) || !strings.Contains(out, "1 dead message(s)") {
+		t.Fatalf("dead: %d\n%s", code, out)
 	}
 	_, errOut, code = cli(t, bin, env, append([]string{"outbox", "retry", "00000000-0000-4000-8000-000000000000"}, schema...)...)
-	if code != 1 || !strings.Contains(errOut, "is parked") {
+	if code != 1 || !strings.Contains(errOut, "is dead") {
 		t.Fatalf("retry of an unknown ID: %d %q", code, errOut)
 	}
 	if _, errOut, code = cli(t, bin, env, append([]string{"outbox", "retry"}, schema...)...); code != 2 {

@@ -13,7 +13,7 @@ import (
 )
 
 // Redaction: what the commands that show payloads (dlq list, dlq inspect,
-// consumer parked list, outbox parked) mask unless -show-payload is given.
+// consumer parked list, outbox dead) mask unless -show-payload is given.
 // It is the default because these commands run in shells whose output is
 // pasted into tickets and chats, and a dead letter is a message that failed:
 // often one with data nobody expected (card numbers in a free-text field).

@@ -30,7 +30,7 @@ parked messages and the oldest; per dead-letter topic, its records (from
 its offsets) and its origin messages per state (it reads the topic and
 the replay records: see idemkit dlq list -h), the unresolved ones checked
 against -max-dlq; the outbox backlog, its oldest message and
-the parked ones; the HTTP idempotency records stuck in flight; the age of
+the dead ones; the HTTP idempotency records stuck in flight; the age of
 the oldest processed-message record per consumer (against -retention).
 A table that does not exist is reported as such (not an error).
 
@@ -109,7 +109,7 @@ type outboxStatus struct {
 	Table            string  `json:"table"`
 	Backlog          int64   `json:"backlog"`
 	OldestAgeSeconds float64 `json:"oldest_age_seconds"`
-	Parked           int64   `json:"parked"`
+	Dead             int64   `json:"dead"`
 	Held             int64   `json:"held"`
 }
 
@@ -214,7 +214,7 @@ func (f *statusFlags) collect(ctx context.Context, kc kafkaconn.Config, pool *pg
 	}
 	if o := snap.Outbox; o != nil {
 		rep.Outbox = &outboxStatus{Table: o.Table, Backlog: o.Backlog, OldestAgeSeconds: o.OldestAge.Seconds(),
-			Parked: o.Parked, Held: o.Held}
+			Dead: o.Dead, Held: o.Held}
 	}
 	if r := snap.Idempotency; r != nil {
 		rep.Idempotency = &recordsStatus{Table: r.Table, Stuck: r.Stuck}
@@ -393,8 +393,8 @@ func printStatus(out io.Writer, rep *statusReport) error {
 	}
 	fmt.Fprintln(w)
 	if o := rep.Outbox; o != nil {
-		fmt.Fprintf(w, "outbox %s: backlog %d, oldest %s, parked %d (%d of them held behind an earlier message of their key)\n",
-			o.Table, o.Backlog, secs(o.OldestAgeSeconds), o.Parked, o.Held)
+		fmt.Fprintf(w, "outbox %s: backlog %d, oldest %s, dead %d (%d of them held behind an earlier message of their key)\n",
+			o.Table, o.Backlog, secs(o.OldestAgeSeconds), o.Dead, o.Held)
 	}
 	if r := rep.Idempotency; r != nil {
 		fmt.Fprintf(w, "idempotency records %s: %d stuck in flight\n", r.Table, r.Stuck)

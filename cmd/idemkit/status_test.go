@@ -129,7 +129,7 @@ func TestStatus(t *testing.T) {
 		d[0].Unreadable != 1 || !maps.Equal(d[0].States, map[dlq.State]int{dlq.StateUnresolved: 2}) {
 		t.Fatalf("dead letters: %s", mustJSON(rep.DeadLetters))
 	}
-	if rep.Outbox == nil || rep.Outbox.Backlog != 2 || rep.Outbox.OldestAgeSeconds <= 0 {
+	if rep.Outbox == nil || rep.Outbox.Backlog != 2 || rep.Outbox.OldestAgeSeconds <= 0 || rep.Outbox.Dead != 0 || rep.Outbox.Held != 0 {
 		t.Fatalf("outbox: %s", mustJSON(rep.Outbox))
 	}
 	if rep.Idempotency == nil || rep.Idempotency.Stuck != 1 {
@@ -157,7 +157,7 @@ func TestStatus(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d, want 0\n%s%s", code, out, errOut)
 	}
-	for _, want := range []string{"billing", topic, dead, "backlog 2", "1 stuck in flight"} {
+	for _, want := range []string{"billing", topic, dead, "backlog 2", "dead 0 (0 of them held behind an earlier message of their key)", "1 stuck in flight"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table output lacks %q:\n%s", want, out)
 		}

@@ -366,8 +366,8 @@ func TestCLIJSONListings(t *testing.T) {
 			m := v.(map[string]any)
 			return m["schema"] == db.Schema && len(m["applied"].([]any)) == len(migrate.Known()) && len(m["pending"].([]any)) == 0
 		}},
-		{[]string{"outbox", "stats"}, func(v any) bool { m := v.(map[string]any); return m["backlog"] == 0.0 && m["parked"] == 0.0 }},
-		{[]string{"outbox", "parked"}, func(v any) bool { return len(v.([]any)) == 0 }},
+		{[]string{"outbox", "stats"}, func(v any) bool { m := v.(map[string]any); return m["backlog"] == 0.0 && m["dead"] == 0.0 }},
+		{[]string{"outbox", "dead"}, func(v any) bool { return len(v.([]any)) == 0 }},
 		{[]string{"idemhttp", "stuck"}, func(v any) bool { return len(v.([]any)) == 0 }},
 		{[]string{"consumer", "parked", "list", "-topic", "t", "-name", "n"}, func(v any) bool {
 			return len(v.(map[string]any)["parked"].([]any)) == 0
@@ -396,7 +396,7 @@ func TestCLIUnmigratedEverywhere(t *testing.T) {
 		{"dedup", "purge", "-older-than", "1h"},
 		{"idemhttp", "stuck"},
 		{"outbox", "stats"},
-		{"outbox", "parked"},
+		{"outbox", "dead"},
 		{"outbox", "retry", "00000000-0000-4000-8000-000000000000"},
 		{"consumer", "parked", "list", "-topic", topic, "-name", "n"},
 		{"consumer", "parked", "retry", "-topic", topic, "-name", "n", "-all"},

@@ -138,7 +138,7 @@ type Outbox struct {
 	OnAfterPublish func(ctx context.Context, recs []outbox.Record) // delivered, marks not committed yet
 	OnPublished    func(recs []outbox.Record)
 	OnFailed       func(rec outbox.Record, err error) // to be tried again
-	OnParked       func(rec outbox.Record, err error)
+	OnDead         func(rec outbox.Record, err error)
 	OnStats        func(st outbox.Stats)
 }
 
@@ -169,9 +169,9 @@ func (h *Outbox) Published(_ context.Context, e *outbox.PublishEvent) {
 
 func (h *Outbox) Failed(_ context.Context, e *outbox.FailureEvent) {
 	switch {
-	case e.Parked && h.OnParked != nil:
-		h.OnParked(e.Record, e.Err)
-	case !e.Parked && h.OnFailed != nil:
+	case e.Dead && h.OnDead != nil:
+		h.OnDead(e.Record, e.Err)
+	case !e.Dead && h.OnFailed != nil:
 		h.OnFailed(e.Record, e.Err)
 	}
 }

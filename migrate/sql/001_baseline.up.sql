@@ -126,10 +126,10 @@ CREATE INDEX {{.Index "ParkedMessages" "_key_idx"}}
 
 -- Messages enqueued in business transactions, published after commit in
 -- seq order per lock_key. A row is ready (no earlier pending row of its key
--- holds it: blocked_by NULL; not waiting for a retry or parked: waiting
--- false), waiting, blocked by the row of its key before it, parked, or
--- published. handler NOT NULL marks a row for an in-process handler (the
--- dispatcher) instead of Kafka.
+-- holds it: blocked_by NULL; not waiting for a retry or dead: waiting
+-- false), waiting, blocked by the row of its key before it, dead (given
+-- up, kept until Store.Retry requeues it), or published. handler NOT NULL
+-- marks a row for an in-process handler (the dispatcher) instead of Kafka.
 CREATE TABLE {{.Outbox}} (
     seq          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     id           uuid        NOT NULL UNIQUE,
@@ -143,32 +143,32 @@ CREATE TABLE {{.Outbox}} (
     available_at timestamptz NOT NULL DEFAULT now(),
     attempts     int         NOT NULL DEFAULT 0 CHECK (attempts >= 0),
     last_error   text,
-    parked_at    timestamptz,
+    dead_at      timestamptz,
     blocked_by   uuid,
     published_at timestamptz,
     waiting      boolean     NOT NULL DEFAULT false
 );
 -- The relay's scan: ready Kafka rows in seq order.
 CREATE INDEX {{.Index "Outbox" "_ready_idx"}} ON {{.Outbox}} (seq) INCLUDE (lock_key)
-    WHERE published_at IS NULL AND blocked_by IS NULL AND parked_at IS NULL AND NOT waiting AND handler IS NULL;
+    WHERE published_at IS NULL AND blocked_by IS NULL AND dead_at IS NULL AND NOT waiting AND handler IS NULL;
 -- Rows waiting for a retry, per key, and when the next falls due.
 CREATE INDEX {{.Index "Outbox" "_waiting_idx"}} ON {{.Outbox}} (lock_key, seq)
     WHERE published_at IS NULL AND blocked_by IS NULL AND waiting AND handler IS NULL;
 CREATE INDEX {{.Index "Outbox" "_wake_idx"}} ON {{.Outbox}} (available_at)
-    WHERE published_at IS NULL AND blocked_by IS NULL AND parked_at IS NULL AND waiting AND handler IS NULL;
+    WHERE published_at IS NULL AND blocked_by IS NULL AND dead_at IS NULL AND waiting AND handler IS NULL;
 -- The rows held behind a row, released when it is published.
 CREATE INDEX {{.Index "Outbox" "_blocked_idx"}} ON {{.Outbox}} (blocked_by)
     WHERE blocked_by IS NOT NULL AND published_at IS NULL;
 -- The dispatcher's scans: due handler rows, and the head of a key.
 CREATE INDEX {{.Index "Outbox" "_handler_due_idx"}} ON {{.Outbox}} (handler, available_at, seq) INCLUDE (lock_key)
-    WHERE published_at IS NULL AND parked_at IS NULL AND handler IS NOT NULL;
+    WHERE published_at IS NULL AND dead_at IS NULL AND handler IS NOT NULL;
 CREATE INDEX {{.Index "Outbox" "_key_idx"}} ON {{.Outbox}} (lock_key, seq)
     WHERE published_at IS NULL AND blocked_by IS NULL AND handler IS NOT NULL;
--- Cleanup of published rows, and the parked listing.
+-- Cleanup of published rows, and the dead listing.
 CREATE INDEX {{.Index "Outbox" "_published_idx"}} ON {{.Outbox}} (published_at)
     WHERE published_at IS NOT NULL;
-CREATE INDEX {{.Index "Outbox" "_parked_idx"}} ON {{.Outbox}} (seq)
-    WHERE parked_at IS NOT NULL;
+CREATE INDEX {{.Index "Outbox" "_dead_idx"}} ON {{.Outbox}} (seq)
+    WHERE dead_at IS NOT NULL;
 
 -- ── idemhttp ────────────────────────────────────────────────────────────
 

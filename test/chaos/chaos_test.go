@@ -458,8 +458,8 @@ func run(t *testing.T, sc scenario) {
 	t.Logf("%s: every message applied", since())
 	h.mustWait("the outbox drained", 2*time.Minute, func() (bool, error) {
 		st, err := a.outbox.Stats(ctx, pools["test"])
-		if err == nil && st.Parked > 0 {
-			t.Fatalf("%d outbox messages parked", st.Parked)
+		if err == nil && st.Dead > 0 {
+			t.Fatalf("%d outbox messages dead", st.Dead)
 		}
 		return err == nil && st.Backlog == 0, err
 	})

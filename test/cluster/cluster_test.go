@@ -432,8 +432,8 @@ func run(t *testing.T, c *kafkaproc.Cluster, sc scenario) {
 	t.Logf("%s: every message applied", since())
 	wait("the outbox drained", time.Minute, func() (bool, error) {
 		st, err := store.Stats(ctx, a.db.Pool)
-		if err == nil && st.Parked > 0 {
-			t.Fatalf("%d outbox messages parked", st.Parked)
+		if err == nil && st.Dead > 0 {
+			t.Fatalf("%d outbox messages dead", st.Dead)
 		}
 		return err == nil && st.Backlog == 0, err
 	})

@@ -34,7 +34,7 @@ const belowMinISRHold = 5 * time.Second
 // (acks=1) still succeeds there — the control below shows it — but would be
 // lost if the leader died next. The relay must not report such messages
 // delivered nor mark them published: they stay in the outbox, failing with
-// NotEnoughReplicas (never parked), until the replica is back; then every
+// NotEnoughReplicas (never dead), until the replica is back; then every
 // one of them is published, in order.
 func belowMinISR(t *testing.T, c *kafkaproc.Cluster) {
 	const before, during = 50, 50
@@ -68,7 +68,7 @@ func belowMinISR(t *testing.T, c *kafkaproc.Cluster) {
 		mu        sync.Mutex
 		delivered []string
 		failures  []error
-		parked    atomic.Int64
+		dead      atomic.Int64
 	)
 	relay, err := outbox.NewRelay(db.Pool, store, &outbox.RelayConfig{Kafka: kafkaconn.Config{Brokers: c.Addrs()},
 		MetadataTTL: time.Second, PollInterval: 100 * time.Millisecond, PublishTimeout: 3 * time.Second,
@@ -85,7 +85,7 @@ func belowMinISR(t *testing.T, c *kafkaproc.Cluster) {
 				failures = append(failures, err)
 				mu.Unlock()
 			},
-			OnParked: func(outbox.Record, error) { parked.Add(1) },
+			OnDead: func(outbox.Record, error) { dead.Add(1) },
 		}}, Retry: retry.Policy{MaxInterval: time.Second}})
 	if err != nil {
 		t.Fatal(err)
@@ -184,8 +184,8 @@ func belowMinISR(t *testing.T, c *kafkaproc.Cluster) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if stats.Backlog != during || stats.Parked != 0 || parked.Load() != 0 {
-		t.Fatalf("below min.insync.replicas: outbox %+v, %d parked by hook; want a backlog of %d and nothing parked", stats, parked.Load(), during)
+	if stats.Backlog != during || stats.Dead != 0 || dead.Load() != 0 {
+		t.Fatalf("below min.insync.replicas: outbox %+v, %d reported dead; want a backlog of %d and nothing dead", stats, dead.Load(), during)
 	}
 	if nFail == 0 || notEnough == 0 {
 		t.Fatalf("%d failed attempts (%d NotEnoughReplicas; last: %v) in %s below min.insync.replicas: want attempts failing with NotEnoughReplicas",
@@ -208,8 +208,8 @@ func belowMinISR(t *testing.T, c *kafkaproc.Cluster) {
 		return err == nil && stats.Backlog == 0
 	})
 	drained := time.Now()
-	if stats.Parked != 0 || parked.Load() != 0 {
-		t.Fatalf("outbox %+v, %d parked by hook: want nothing parked", stats, parked.Load())
+	if stats.Dead != 0 || dead.Load() != 0 {
+		t.Fatalf("outbox %+v, %d reported dead: want nothing dead", stats, dead.Load())
 	}
 	// Every message in the topic, in order (the relay's duplicates aside).
 	var got []string

@@ -172,8 +172,8 @@ func (f *relayFixture) check(t *testing.T) (dups int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Backlog != 0 || st.Parked != 0 {
-		t.Fatalf("outbox after the run: backlog %d, parked %d", st.Backlog, st.Parked)
+	if st.Backlog != 0 || st.Dead != 0 {
+		t.Fatalf("outbox after the run: backlog %d, dead %d", st.Backlog, st.Dead)
 	}
 	return dups
 }

@@ -25,7 +25,7 @@ import (
 
 // TestBrokerStoppedRelayRecovers: the relay's broker is killed for about 10
 // seconds in the middle of a steady stream; the relay recovers by itself,
-// nothing is lost or parked, per-key order holds, and the outage is logged
+// nothing is lost or dead, per-key order holds, and the outage is logged
 // once when it starts and once when it ends, not at every failed round. A second relay, with a MaxOutage
 // of 2s, returns a *retry.OutageError during the outage. The broker is a
 // private one: the shared broker of the other tests is never stopped.

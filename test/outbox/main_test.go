@@ -86,8 +86,8 @@ func backlog(db *testenv.DB, store *outbox.Store) func() (int64, error) {
 		if err != nil {
 			return 0, err
 		}
-		if st.Parked != 0 {
-			return 0, fmt.Errorf("%d parked messages", st.Parked)
+		if st.Dead != 0 {
+			return 0, fmt.Errorf("%d dead messages", st.Dead)
 		}
 		return st.Backlog, nil
 	}
