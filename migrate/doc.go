@@ -30,56 +30,14 @@
 //
 // Versions:
 //
-//   - 1 (001_dedup): the dedup store's tables: processed messages, keyed by
-//     (consumer, message_id), with an index on processed_at for retention
-//     purges; and consumer positions, the next offset per (consumer, topic,
-//     partition). See package dedup.
-//   - 2 (002_outbox): the outbox table. See package outbox.
-//   - 3 (003_idempotency): the HTTP idempotency records. See package idemhttp.
-//   - 4 (004_retry): messages parked by the consumer's non-blocking mode, and
-//     the dead-letter replay records. See packages consumer and dlq.
-//   - 5 (005_outbox_scan): the outbox's scans read an index range that ends
-//     at now(), one for Kafka rows and one per handler for dispatcher rows,
-//     so rows not yet due are never read; the key index leaves out rows
-//     held behind another. It replaces version 2's scan index; building
-//     the indexes scans the outbox table and blocks writes to it meanwhile.
-//     See package outbox.
-//   - 6 (006_topic_identity): consumer positions gain the topic's
-//     incarnation and the timestamp of the last record passed, so that a
-//     deleted and recreated topic is recognised. See package consumer.
-//   - 7 (007_dlq_incarnation): dead-letter replay records gain the origin
-//     topic's incarnation, part of their primary key, so that dead letters
-//     of two incarnations with equal coordinates never collide. The table is
-//     rebuilt; reverting fails (changing nothing) while two incarnations'
-//     records share coordinates. See package dlq.
-//   - 8 (008_anchor_offset): consumer positions name the record of their
-//     anchor, so that a position moved on over transaction markers keeps a
-//     record to compare. See package consumer.
-//   - 9 (009_parked_incarnation): parked messages gain the topic's
-//     incarnation, part of their primary key, so that a message of a
-//     recreated topic never collides with one of the old topic still
-//     parked at the same offset. The table is rebuilt. See package consumer.
-//   - 10 (010_position_epoch): consumer positions count their seeks, so
-//     that a consumer removed by a forced seek cannot move a position on
-//     after it. See dedup.Store.SeekTx.
-//   - 11 (011_idempotency_hot): HTTP idempotency records lose the index of
-//     records held past their lease, and their table leaves room on each
-//     page (fillfactor 70), so that completing a record is a HOT update.
-//     Existing records are kept as they are. See package idemhttp.
-//   - 12 (012_outbox_ready): the outbox relay reads ready rows in enqueue
-//     order from one partial index; rows that wait (not due, retrying,
-//     dead heads: the new waiting column) and rows held behind them are
-//     kept out of it. Unsent rows are kept, in order. Stop the relays,
-//     migrate, start the new relays. See package outbox.
-//   - 14 (014_dedup_uuid): a message ID that is a canonical UUID is stored
-//     as uuid (16 bytes) in the new column message_uuid; the primary key on
-//     (consumer, message_id) becomes two partial unique indexes, one per
-//     column. No row is rewritten (older UUID rows stay text and keep
-//     deduplicating). Building the text index scans and sorts the table and
-//     blocks writes meanwhile; on a large table add the column and build
-//     both indexes first with CREATE UNIQUE INDEX CONCURRENTLY (the
-//     definitions are in 014_dedup_uuid.up.sql): the migration then changes
-//     the catalog only.
-//     Binaries of earlier versions cannot claim after it: stop them, migrate,
-//     start the new ones. See package dedup.
+//   - 1 (001_baseline): every idemkit table, in groups that each serve one
+//     package (a service that uses only some packages leaves the other
+//     tables empty): the dedup store's processed messages and consumer
+//     positions and the consumer's parked messages (packages dedup and
+//     consumer); the outbox (package outbox); the HTTP idempotency records
+//     (package idemhttp); the dead-letter replay records and stored values
+//     (package dlq). Each table and index is explained in the SQL file.
+//
+// A later version is a new pair of files with the next number; Up applies
+// it after the baseline, in order, under the same lock.
 package migrate
