@@ -168,7 +168,7 @@ func TestGettingStartedQuotesTheExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	quick := regexp.MustCompile("(?s)## Quick start\n\n(```go\n.*?```)").FindSubmatch(readme)
+	quick := regexp.MustCompile("(?s)## Quick start\n\n[^#]*?(```go\n.*?```)").FindSubmatch(readme)
 	if quick == nil {
 		t.Fatal("the README has no Go block under ## Quick start")
 	}

@@ -17,6 +17,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -48,7 +49,18 @@ func main() {
 }
 
 func run(ctx context.Context) error {
-	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	pcfg, err := pgxpool.ParseConfig(os.Getenv("DATABASE_URL"))
+	if err != nil {
+		return err
+	}
+	// The pool's sessions are bounded (docs/network-faults.md): a dial gives up after 10s, and the
+	// server ends a transaction whose client went away.
+	pcfg.ConnConfig.ConnectTimeout = 10 * time.Second
+	for k, v := range map[string]string{"idle_in_transaction_session_timeout": "60s",
+		"tcp_keepalives_idle": "15", "tcp_keepalives_interval": "5", "tcp_keepalives_count": "3"} {
+		pcfg.ConnConfig.RuntimeParams[k] = v
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err
 	}
@@ -132,12 +144,15 @@ func run(ctx context.Context) error {
 	}
 	defer mon.Close()
 
-	srv := &http.Server{Addr: cmp.Or(os.Getenv("METRICS_ADDR"), "127.0.0.1:9464"), Handler: metrics,
-		ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.ListenAndServe() }()
+	ln, err := net.Listen("tcp", cmp.Or(os.Getenv("METRICS_ADDR"), "127.0.0.1:9464"))
+	if err != nil {
+		return err // the port is taken: say so rather than serve nothing
+	}
+	srv := &http.Server{Handler: metrics, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
 	defer srv.Close()
 	log.Printf("order-service: consuming payments (schema %s), metrics on http://%s/metrics; Ctrl-C or SIGTERM stops it",
-		tables.Schema, srv.Addr)
+		tables.Schema, ln.Addr())
 	// Every runner until SIGTERM, or until one fails: then all stop.
 	return idemkit.RunAll(ctx, payments, relay, mon)
 }

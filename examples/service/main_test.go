@@ -1,15 +1,20 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"net"
+	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemkit/idemkit/internal/pgsession"
 	"github.com/idemkit/idemkit/internal/testenv"
 )
 
@@ -19,6 +24,8 @@ func TestMain(m *testing.M) { testenv.Main(m, nil) }
 // payment event delivered twice marks its order paid once and announces it
 // once through the outbox; an event for an unknown order announces nothing
 // (it is dead-lettered); the service stops cleanly when its context ends.
+// Its pool is bounded as docs/network-faults.md says, from a plain URL: no
+// start-up check warns about its sessions.
 func TestServiceRunsEndToEnd(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.NewDB(t)
@@ -34,7 +41,18 @@ func TestServiceRunsEndToEnd(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	_ = ln.Close()
-	t.Setenv("DATABASE_URL", testenv.DatabaseURL(t))
+	u, err := url.Parse(testenv.DatabaseURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Del("connect_timeout") // the service sets it itself
+	u.RawQuery = q.Encode()
+	t.Setenv("DATABASE_URL", u.String())
+	logs := &syncBuffer{}
+	prev := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(logs, nil)))
+	defer slog.SetDefault(prev)
 	t.Setenv("KAFKA_BROKERS", testenv.Brokers(t)[0])
 	t.Setenv("SCHEMA", db.Schema)
 	t.Setenv("METRICS_ADDR", addr)
@@ -77,6 +95,29 @@ func TestServiceRunsEndToEnd(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	for _, warn := range []string{pgsession.WarnMsg, pgsession.DialWarnMsg} {
+		if strings.Contains(logs.String(), warn) {
+			t.Errorf("the service's pool is not bounded: it logged %q\n%s", warn, logs.String())
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the service's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
 
 // waitTopic waits until topic exists (the service creates it at start).
