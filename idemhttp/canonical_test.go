@@ -62,7 +62,7 @@ func TestCanonicalJSON(t *testing.T) {
 	}
 }
 
-// Issue test 6: equal JSON values have equal canonical forms (so equal
+// Equal JSON values have equal canonical forms (so equal
 // fingerprints) and different values different ones. The reference is
 // encoding/json with numbers compared as exact rationals.
 func FuzzCanonicalJSON(f *testing.F) {

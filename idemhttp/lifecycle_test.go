@@ -12,7 +12,7 @@ import (
 	"github.com/idemkit/idemkit/idemhttp"
 )
 
-// Issue test 4 (expiry): a key whose record expired runs anew.
+// A key whose record expired runs anew.
 func TestExpiredKeyRunsAnew(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, func(c *idemhttp.Config) { c.TTL = time.Hour })
@@ -65,7 +65,7 @@ func holdFirst(e *env) (started chan struct{}, release func()) {
 	return started, release
 }
 
-// Issue test 4 (lease): a record whose lease ended is found and handed to
+// A record whose lease ended is found and handed to
 // the reconciler; AllowRetry lets the next request run, and the old holder,
 // fenced out by its token, cannot complete: its writes roll back.
 //

@@ -14,7 +14,7 @@ import (
 	"github.com/idemkit/idemkit/migrate"
 )
 
-// Issue test 1: 200 concurrent requests with one key make one payment; every
+// 200 concurrent requests with one key make one payment; every
 // other answer is 409 request_in_flight or the faithful replay.
 func TestConcurrentRequestsOneEffect(t *testing.T) {
 	t.Parallel()
@@ -131,7 +131,7 @@ func TestConcurrentRequestsWait(t *testing.T) {
 	}
 }
 
-// Issue test 2: same key with another body is 422 and executes nothing; the
+// Same key with another body is 422 and executes nothing; the
 // same JSON with other key order, whitespace and number form is a replay.
 func TestFingerprint(t *testing.T) {
 	t.Parallel()
@@ -179,7 +179,7 @@ func TestIntentJSON(t *testing.T) {
 	wantPayments(t, e, 1)
 }
 
-// Issue test 3: two tenants with the same key execute independently and
+// Two tenants with the same key execute independently and
 // never see each other's response.
 func TestTenantsAreIsolated(t *testing.T) {
 	t.Parallel()
@@ -206,7 +206,7 @@ func TestTenantsAreIsolated(t *testing.T) {
 	wantPayments(t, e, 2)
 }
 
-// Issue test 5: a panic or a 5xx releases the key and rolls back the
+// A panic or a 5xx releases the key and rolls back the
 // handler's writes; a definitive 4xx is stored and replayed.
 func TestOutcomes(t *testing.T) {
 	t.Parallel()

@@ -391,7 +391,7 @@ func (s *Store) lockKey(account, operation, key string) int64 {
 
 // fingerprintLockKey is the advisory lock key of a scope and fingerprint,
 // which every holder of the scope's lock (lockKey) takes shared first: see
-// lockReadSQL.
+// lockSQL.
 func (s *Store) fingerprintLockKey(account, operation, key string, fingerprint []byte) int64 {
 	var b bytes.Buffer
 	b.WriteString("idemhttp/fingerprint-lock/1\n")
@@ -405,10 +405,12 @@ func (s *Store) fingerprintLockKey(account, operation, key string, fingerprint [
 }
 
 // beginLocked begins a transaction on conn, tries the lock and reads the
-// record of req's key, in one round trip. tx is nil when the transaction
-// did not begin; locked is false when the lock was not granted (tx is then
-// still open: the caller rolls it back); other is true when its holder's
-// fingerprint is not req's (see lockReadSQL).
+// record of req's key, in one round trip: the read is a statement of its
+// own after the lock's, so that its snapshot sees what a holder before
+// committed. tx is nil when the transaction did not begin; locked is false
+// when the lock was not granted (tx is then still open: the caller rolls it
+// back); other is true when its holder's fingerprint is not req's (see
+// lockSQL).
 func (s *Store) beginLocked(ctx context.Context, conn *pgxpool.Conn, lock, fpLock int64, olderLocks []int64,
 	req *Request) (tx pgx.Tx, locked, other bool, rec *storedRecord, err error) {
 	b := &pgx.Batch{}
@@ -418,7 +420,8 @@ func (s *Store) beginLocked(ctx context.Context, conn *pgxpool.Conn, lock, fpLoc
 	// The server ends the transaction if it sits idle past the lease and
 	// a margin: its client went away, and its lock must not outlive it.
 	b.Queue(pgsession.SetLocal(req.Lease))
-	b.Queue(s.lockReadSQL, req.Account, req.Operation, req.Key, lock, fpLock, olderLocks)
+	b.Queue(s.lockSQL, lock, fpLock, olderLocks)
+	b.Queue(s.readSQL, req.Account, req.Operation, req.Key)
 	br := conn.SendBatch(ctx, b)
 	tx = br.Tx()
 	_, err = br.Exec() // BEGIN
@@ -427,8 +430,11 @@ func (s *Store) beginLocked(ctx context.Context, conn *pgxpool.Conn, lock, fpLoc
 	}
 	if err == nil {
 		var outcome int
-		rec, err = scanStored(br.QueryRow(), &outcome)
+		err = br.QueryRow().Scan(&outcome)
 		locked, other = outcome == 1, outcome == 2
+	}
+	if err == nil {
+		rec, err = scanStored(br.QueryRow())
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
@@ -442,10 +448,8 @@ func (s *Store) beginLocked(ctx context.Context, conn *pgxpool.Conn, lock, fpLoc
 	return tx, locked, other, rec, nil
 }
 
-// scanStored scans a row of readSQL (or of lockReadSQL, whose columns
-// first go to first); no row, or NULL columns of lockReadSQL's outer join,
-// is a nil record.
-func scanStored(row pgx.Row, first ...any) (*storedRecord, error) {
+// scanStored scans a row of readSQL; no row is a nil record.
+func scanStored(row pgx.Row) (*storedRecord, error) {
 	var (
 		r                      storedRecord
 		lockedUntil, expiresAt *time.Time
@@ -454,8 +458,8 @@ func scanStored(row pgx.Row, first ...any) (*storedRecord, error) {
 		headerJSON             []byte
 		state                  *string
 	)
-	err := row.Scan(append(first, &state, &r.fingerprint, &token, &lockedUntil, &expiresAt, &status, &headerJSON,
-		&r.response.Body)...)
+	err := row.Scan(&state, &r.fingerprint, &token, &lockedUntil, &expiresAt, &status, &headerJSON,
+		&r.response.Body)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}

@@ -201,7 +201,7 @@ func crashDuring(t *testing.T, p *serverProcess, client *http.Client, key string
 	<-failed // the connection died with the process
 }
 
-// Issue test 4 (restart): a stored response survives a crash and restart of
+// A stored response survives a crash and restart of
 // the server process; a request in flight when the process died leaves its
 // record PROCESSING, the reconciler allows a retry once the lease ended, and
 // the crashed request's writes were never committed.

@@ -90,7 +90,7 @@ type Store struct {
 	table string // quoted schema.table: part of the advisory lock keys
 
 	readSQL            string
-	lockReadSQL        string
+	lockSQL            string
 	insertSQL          string
 	insertCompletedSQL string
 	reserveSQL         string
@@ -140,33 +140,28 @@ func NewStore(cfg *StoreConfig) (*Store, error) {
 	response_status, response_headers, response_body
 FROM ` + t + ` WHERE ` + key,
 
-		// The key's lock and the record in one statement. Every holder of
-		// the key's lock ($4) first takes the lock of its scope and
-		// fingerprint ($5) shared, and keeps both to its transaction's end.
-		// A request that cannot take the key's lock then tests its own
+		// The key's lock, taken by a request in transaction mode, which
+		// then reads the record with readSQL in the same round trip: a
+		// statement of its own, whose snapshot is taken after the lock was
+		// granted, so that it sees what the holder before committed. Every
+		// holder of the key's lock ($1) first takes the lock of its scope
+		// and fingerprint ($2) shared, and keeps both to its transaction's
+		// end. A request that cannot take the key's lock then tests its own
 		// fingerprint's lock exclusively, and those of its fingerprints
-		// under older keys ($6): when they are free and the key's lock is
+		// under older keys ($3): when they are free and the key's lock is
 		// still taken, its holder took a fingerprint lock that is none of
-		// these, so its fingerprint differs (2: 422). A holder with
-		// the same fingerprint, or a contender testing it, gives 0 (in
-		// flight); 1 is the key's lock granted. CASE evaluates its branches
-		// in order, and no further.
-		// The statement's snapshot is taken before the lock is granted, so
-		// it can miss the record of a holder that committed in between:
-		// then the completion's INSERT meets that record (a unique
-		// violation), and the transaction rolls back (409 lease_lost; the
-		// retry replays).
-		lockReadSQL: `SELECT l.outcome, r.state, r.fingerprint, r.token, r.locked_until, r.expires_at,
-	r.response_status, r.response_headers, r.response_body
-FROM (SELECT CASE
-	WHEN NOT pg_catalog.pg_try_advisory_xact_lock_shared($5) THEN 0
-	WHEN pg_catalog.pg_try_advisory_xact_lock($4) THEN 1
-	WHEN NOT pg_catalog.pg_try_advisory_xact_lock($5) THEN 0
-	WHEN EXISTS (SELECT FROM pg_catalog.unnest($6::bigint[]) AS o(k)
+		// these, so its fingerprint differs (2: 422). A holder with the same
+		// fingerprint, or a contender testing it, gives 0 (in flight); 1 is
+		// the key's lock granted. CASE evaluates its branches in order, and
+		// no further.
+		lockSQL: `SELECT CASE
+	WHEN NOT pg_catalog.pg_try_advisory_xact_lock_shared($2) THEN 0
+	WHEN pg_catalog.pg_try_advisory_xact_lock($1) THEN 1
+	WHEN NOT pg_catalog.pg_try_advisory_xact_lock($2) THEN 0
+	WHEN EXISTS (SELECT FROM pg_catalog.unnest($3::bigint[]) AS o(k)
 		WHERE NOT pg_catalog.pg_try_advisory_xact_lock(o.k)) THEN 0
-	WHEN pg_catalog.pg_try_advisory_xact_lock($4) THEN 1
-	ELSE 2 END AS outcome) AS l
-LEFT JOIN ` + t + ` AS r ON r.account = $1 AND r.operation = $2 AND r.idempotency_key = $3`,
+	WHEN pg_catalog.pg_try_advisory_xact_lock($1) THEN 1
+	ELSE 2 END`,
 
 		// The COMPLETED record of a request in transaction mode whose key
 		// had no record: a plain INSERT, pipelined with COMMIT; a record
