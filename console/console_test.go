@@ -50,8 +50,10 @@ func newEnv(t *testing.T, edit func(*Config)) *env {
 	e := &env{t: t, db: db, topic: testenv.NewTopic(t, 1), group: testenv.Name(t, "g")}
 	e.dlq = e.topic + dlq.TopicSuffixDefault
 	testenv.CreateTopic(t, e.dlq, 1)
+	// The suffix is the test's own dead-letter topic: the overview lists it
+	// only, not those of the tests that run beside it.
 	cfg := &Config{Kafka: testenv.Kafka(t), Tables: migrate.Tables{Schema: db.Schema}, Authorize: TokenAuth(testToken, testName),
-		DLQTopics: []string{}, Logger: slog.New(slog.NewTextHandler(t.Output(), nil))}
+		DLQSuffix: e.dlq, Logger: slog.New(slog.NewTextHandler(t.Output(), nil))}
 	if edit != nil {
 		edit(cfg)
 	}
@@ -190,17 +192,21 @@ func TestNewRefusesAnonymousAccess(t *testing.T) {
 func TestAuthAndHeaders(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, func(c *Config) { c.BasePath = "/console" })
-	// No credentials: the sign-in page, 401; JSON says so.
+	// No credentials: to the sign-in page; a POST 401; JSON says so.
 	res := e.req("GET", "/console/", nil, "Authorization", "")
-	if res.status != http.StatusUnauthorized {
-		t.Fatalf("anonymous: %d", res.status)
+	if res.status != http.StatusSeeOther || res.header.Get("Location") != "/console/login" {
+		t.Fatalf("anonymous: %d to %q", res.status, res.header.Get("Location"))
 	}
+	res = e.req("GET", "/console/login", nil, "Authorization", "")
 	contains(t, "sign-in page", res.body, `<label for="token">Token</label>`, `action="/console/login"`)
+	if res := e.req("POST", "/console/outbox/retry", e.form("id", "x"), "Authorization", ""); res.status != http.StatusUnauthorized {
+		t.Fatalf("anonymous POST: %d", res.status)
+	}
 	res = e.req("GET", "/console/?format=json", nil, "Authorization", "")
 	if res.status != http.StatusUnauthorized || !strings.Contains(res.body, `"status": 401`) {
 		t.Fatalf("anonymous JSON: %d %s", res.status, res.body)
 	}
-	if res := e.req("GET", "/console/", nil, "Authorization", "Bearer wrong"); res.status != http.StatusUnauthorized {
+	if res := e.req("GET", "/console/?format=json", nil, "Authorization", "Bearer wrong"); res.status != http.StatusUnauthorized {
 		t.Fatalf("wrong token: %d", res.status)
 	}
 	// Sign-in: a wrong token sets nothing; the right one a strict cookie.

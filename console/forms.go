@@ -115,14 +115,18 @@ type loginData struct {
 	Error string `json:"error,omitempty"`
 }
 
-// unauthorized answers 401 with the sign-in page.
+// unauthorized sends a browser to the sign-in page (a GET), and answers
+// 401 otherwise.
 func (c *Console) unauthorized(w http.ResponseWriter, r *http.Request, rq *request) {
-	if rq.json {
+	switch {
+	case rq.json:
 		c.render(w, rq, http.StatusUnauthorized, "error", "Sign in",
 			errorData{Status: http.StatusUnauthorized, Error: "not signed in: send Authorization: Bearer TOKEN"})
-		return
+	case r.Method == http.MethodGet:
+		http.Redirect(w, r, c.cfg.BasePath+"/login", http.StatusSeeOther)
+	default:
+		c.render(w, rq, http.StatusUnauthorized, "login", "Sign in", loginData{Error: "Sign in first: nothing was changed."})
 	}
-	c.render(w, rq, http.StatusUnauthorized, "login", "Sign in", loginData{})
 }
 
 func (c *Console) loginPage(w http.ResponseWriter, r *http.Request) {
