@@ -34,6 +34,9 @@ const (
 	// DLQValuesDefault is the table of dead-letter values too large for
 	// their dead-letter topic (package dlq).
 	DLQValuesDefault = "idemkit_dlq_values"
+	// ConsoleAuditDefault is the table of the actions taken in the web
+	// console (module console/).
+	ConsoleAuditDefault = "idemkit_console_audit"
 )
 
 // MaxIdentifierLength is the longest PostgreSQL identifier, in bytes
@@ -78,6 +81,10 @@ type Tables struct {
 	// DLQValues holds the original values of dead letters too large for
 	// their dead-letter topic. Defaults to "idemkit_dlq_values".
 	DLQValues string
+	// ConsoleAudit records the actions taken in the web console (module
+	// console/): who, when, what, from which address, the outcome. Defaults
+	// to "idemkit_console_audit".
+	ConsoleAudit string
 }
 
 // Config configures a Migrator.
@@ -101,6 +108,7 @@ func (t Tables) WithDefaults() Tables {
 	t.ParkedMessages = cmp.Or(t.ParkedMessages, ParkedMessagesDefault)
 	t.DLQReplays = cmp.Or(t.DLQReplays, DLQReplaysDefault)
 	t.DLQValues = cmp.Or(t.DLQValues, DLQValuesDefault)
+	t.ConsoleAudit = cmp.Or(t.ConsoleAudit, ConsoleAuditDefault)
 	return t
 }
 
@@ -119,6 +127,7 @@ func (t Tables) Validate() error {
 		{"ParkedMessages", t.ParkedMessages},
 		{"DLQReplays", t.DLQReplays},
 		{"DLQValues", t.DLQValues},
+		{"ConsoleAudit", t.ConsoleAudit},
 	}
 	seen := map[string]string{}
 	for i, f := range fields {

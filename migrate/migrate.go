@@ -99,13 +99,14 @@ type templateData struct {
 	// ProcessedMessagesProcessedAtIndex is the quoted, unqualified name of the
 	// index on processed_at (an index lives in its table's schema).
 	ProcessedMessagesProcessedAtIndex string
-	// Outbox, IdempotencyRecords, ParkedMessages, DLQReplays and DLQValues
-	// are schema-qualified and quoted.
+	// Outbox, IdempotencyRecords, ParkedMessages, DLQReplays, DLQValues and
+	// ConsoleAudit are schema-qualified and quoted.
 	Outbox             string
 	IdempotencyRecords string
 	ParkedMessages     string
 	DLQReplays         string
 	DLQValues          string
+	ConsoleAudit       string
 
 	raw Tables // unquoted table names, for Index
 }
@@ -130,6 +131,8 @@ func (d templateData) Index(field, suffix string) (string, error) {
 		table = d.raw.DLQReplays
 	case "DLQValues":
 		table = d.raw.DLQValues
+	case "ConsoleAudit":
+		table = d.raw.ConsoleAudit
 	default:
 		return "", fmt.Errorf("migrate: no table field %q", field)
 	}
@@ -195,6 +198,7 @@ func New(db *pgxpool.Pool, cfg *Config) (*Migrator, error) {
 		ParkedMessages:     pgx.Identifier{t.Schema, t.ParkedMessages}.Sanitize(),
 		DLQReplays:         pgx.Identifier{t.Schema, t.DLQReplays}.Sanitize(),
 		DLQValues:          pgx.Identifier{t.Schema, t.DLQValues}.Sanitize(),
+		ConsoleAudit:       pgx.Identifier{t.Schema, t.ConsoleAudit}.Sanitize(),
 		raw:                t,
 	}
 	m := &Migrator{

@@ -483,6 +483,7 @@ func TestTables(t *testing.T) {
 		ParkedMessages:     "idemkit_parked_messages",
 		DLQReplays:         "idemkit_dlq_replays",
 		DLQValues:          "idemkit_dlq_values",
+		ConsoleAudit:       "idemkit_console_audit",
 	}
 	if got != want {
 		t.Fatalf("WithDefaults = %+v, want %+v", got, want)

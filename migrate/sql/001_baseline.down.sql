@@ -1,5 +1,6 @@
 -- 001_baseline: drops every idemkit table, with its rows (the daily
 -- layout's partitions go with their table).
+DROP TABLE {{.ConsoleAudit}};
 DROP TABLE {{.DLQValues}};
 DROP TABLE {{.DLQReplays}};
 DROP TABLE {{.IdempotencyRecords}};

@@ -237,3 +237,25 @@ CREATE TABLE {{.DLQValues}} (
     stored_at          timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (consumer, origin_topic, origin_incarnation, origin_partition, origin_offset, value_sha256)
 );
+
+-- ── console (optional: used only by the console/ module) ────────────────
+
+-- One row per action taken in the web console: who (the principal its
+-- Authorize returned), when, from which address, what (an action name and
+-- its target), and the outcome. form_key is the nonce of the form that was
+-- submitted: a form submitted twice inserts one row and acts once. A row
+-- whose outcome stays 'started' is an action whose process ended before it
+-- could record the end. Services without the console leave it empty.
+CREATE TABLE {{.ConsoleAudit}} (
+    id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at          timestamptz NOT NULL DEFAULT now(),
+    principal   text        NOT NULL,
+    remote_addr text        NOT NULL,
+    action      text        NOT NULL,
+    target      text        NOT NULL,
+    form_key    text        NOT NULL UNIQUE,
+    outcome     text        NOT NULL DEFAULT 'started' CHECK (outcome IN ('started', 'done', 'failed')),
+    detail      text        NOT NULL DEFAULT '',
+    finished_at timestamptz
+);
+CREATE INDEX {{.Index "ConsoleAudit" "_at_idx"}} ON {{.ConsoleAudit}} (at);

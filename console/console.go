@@ -1,0 +1,468 @@
+package console
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/idemkit"
+	"github.com/idemkit/idemkit/consumer"
+	"github.com/idemkit/idemkit/dedup"
+	"github.com/idemkit/idemkit/dlq"
+	"github.com/idemkit/idemkit/idemhttp"
+	"github.com/idemkit/idemkit/internal/redact"
+	"github.com/idemkit/idemkit/kafkaconn"
+	"github.com/idemkit/idemkit/migrate"
+	"github.com/idemkit/idemkit/monitor"
+	"github.com/idemkit/idemkit/outbox"
+)
+
+// ErrInvalidConfig is wrapped by every configuration error of New.
+var ErrInvalidConfig = fmt.Errorf("console: %w", idemkit.ErrInvalidConfig)
+
+// ErrUnauthorized is what an Authorize function returns for a request
+// without valid credentials: the console answers 401 with its login page.
+// Any other error is answered 403.
+var ErrUnauthorized = errors.New("console: not signed in")
+
+// Defaults of Config.
+const (
+	// FormTTLDefault is how long a form stays valid after it was rendered.
+	FormTTLDefault = time.Hour
+	// PageSizeDefault is how many dead letters a page lists.
+	PageSizeDefault = 50
+	// PageSizeMax is the most dead letters a page lists; a larger size is
+	// refused.
+	PageSizeMax = 500
+	// ReplaySelectionMax bounds the letters one replay of a selection names.
+	ReplaySelectionMax = 100
+)
+
+// Principal is who a request comes from, as Authorize says.
+type Principal struct {
+	// Name is written in the audit table and as the replays' ReplayedBy.
+	Name string
+}
+
+// Thresholds are the limits the overview checks, those of idemkit status.
+// A negative value is not checked.
+type Thresholds struct {
+	// MaxLag is the most lag of a consumer on a topic. Defaults to 10000.
+	MaxLag int64
+	// MaxParkedAge is the age of the oldest parked consumer message.
+	// Defaults to 1h.
+	MaxParkedAge time.Duration
+	// MaxOutboxAge is the age of the oldest unpublished outbox message.
+	// Defaults to 5m.
+	MaxOutboxAge time.Duration
+	// MaxStuck is the most HTTP idempotency records stuck in flight.
+	// Defaults to 0: any stuck record crosses it.
+	MaxStuck int64
+	// MaxDLQ is the most unresolved origin messages of a dead-letter topic.
+	// Defaults to 0: not checked (idemkit status -max-dlq -1).
+	MaxDLQ int64
+	// Retention is the consumers' dedup retention: an oldest record older
+	// than 1.25 × it crosses. Defaults to 0: not checked.
+	Retention time.Duration
+}
+
+// Config configures a console. Kafka.Brokers and Authorize are required.
+type Config struct {
+	// Kafka is how to reach the cluster (see package kafkaconn).
+	Kafka kafkaconn.Config
+	// Tables says where idemkit's tables live (the zero value: schema
+	// "public", every default name), the audit table included.
+	Tables migrate.Tables
+	// Authorize says who a request comes from. Required: the console has
+	// no anonymous access. Return an error wrapping ErrUnauthorized for a
+	// request without credentials (the console shows its sign-in page),
+	// any other error to refuse it (403). TokenAuth is one.
+	Authorize func(*http.Request) (Principal, error)
+	// ReadOnly hides every action and refuses every POST but sign-in.
+	// Defaults to false.
+	ReadOnly bool
+	// BasePath is where the handler is mounted in the service's mux
+	// ("/console"), without a trailing slash; the handler strips it.
+	// Defaults to "": the root.
+	BasePath string
+	// DLQSuffix names the dead-letter topics: the topics whose name ends
+	// with it. Defaults to dlq.TopicSuffixDefault (".dlq").
+	DLQSuffix string
+	// DLQTopics are more dead-letter topics (the destinations of
+	// dlq.WriterConfig.Routes). Defaults to none.
+	DLQTopics []string
+	// Redrive maps a dead-letter topic to the consumer's handler: its
+	// replays run the handler in process (dlq.Redrive) instead of writing
+	// the messages back to their origin topic (dlq.Republish, as idemkit
+	// dlq replay does). Defaults to none: every topic republishes.
+	Redrive map[string]consumer.Handler
+	// Thresholds are the overview's limits.
+	Thresholds Thresholds
+	// FormTTL is how long a rendered form may be submitted. Defaults to
+	// FormTTLDefault.
+	FormTTL time.Duration
+	// Secret signs the forms' tokens (at least 32 bytes): give every
+	// instance behind one load balancer the same. Defaults to random bytes
+	// per process: forms rendered before a restart are refused after it.
+	Secret []byte
+	// RedactFields are more names whose values are masked whole, and
+	// RedactRegexps more patterns to mask (as idemkit's -redact-fields and
+	// -redact-regexp). Defaults to none.
+	RedactFields  []string
+	RedactRegexps []*regexp.Regexp
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Console is the web console: an http.Handler.
+type Console struct {
+	pool     *pgxpool.Pool
+	cfg      Config
+	tables   migrate.Tables
+	monitor  *monitor.Monitor
+	outbox   *outbox.Store
+	idem     *idemhttp.Store
+	dedup    *dedup.Store
+	audit    *auditLog
+	forms    *forms
+	red      *redact.Redactor
+	reveal   *redact.Redactor
+	pages    map[string]*template.Template
+	client   *kafka.Client
+	closeK   func()
+	mux      *http.ServeMux
+	crossOrg *http.CrossOriginProtection
+	log      *slog.Logger
+}
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed static
+var staticFS embed.FS
+
+// New validates cfg and returns the console for the tables in pool. It does
+// not connect.
+func New(pool *pgxpool.Pool, cfg *Config) (*Console, error) {
+	switch {
+	case pool == nil:
+		return nil, fmt.Errorf("%w: nil pool", ErrInvalidConfig)
+	case cfg == nil:
+		return nil, fmt.Errorf("%w: nil config", ErrInvalidConfig)
+	case cfg.Authorize == nil:
+		return nil, fmt.Errorf("%w: Authorize is required: the console has no anonymous access", ErrInvalidConfig)
+	case cfg.FormTTL < 0:
+		return nil, fmt.Errorf("%w: FormTTL must not be negative", ErrInvalidConfig)
+	case cfg.Secret != nil && len(cfg.Secret) < 32:
+		return nil, fmt.Errorf("%w: Secret must hold at least 32 bytes", ErrInvalidConfig)
+	case cfg.BasePath != "" && (!strings.HasPrefix(cfg.BasePath, "/") || strings.HasSuffix(cfg.BasePath, "/")):
+		return nil, fmt.Errorf("%w: BasePath %q must start with / and not end with one", ErrInvalidConfig, cfg.BasePath)
+	}
+	if err := cfg.Kafka.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: Kafka: %w", ErrInvalidConfig, err)
+	}
+	c := &Console{pool: pool, cfg: *cfg, tables: cfg.Tables.WithDefaults()}
+	c.cfg.DLQSuffix = cmp.Or(c.cfg.DLQSuffix, dlq.TopicSuffixDefault)
+	c.cfg.FormTTL = cmp.Or(c.cfg.FormTTL, FormTTLDefault)
+	c.cfg.Thresholds = c.cfg.Thresholds.withDefaults()
+	c.log = cmp.Or(c.cfg.Logger, slog.Default())
+	if err := c.tables.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	secret := c.cfg.Secret
+	if secret == nil {
+		secret = make([]byte, 32)
+		if _, err := rand.Read(secret); err != nil {
+			return nil, fmt.Errorf("console: secret: %w", err)
+		}
+	}
+	c.forms = &forms{secret: secret, ttl: c.cfg.FormTTL, now: time.Now}
+	var err error
+	if c.monitor, err = monitor.New(&monitor.Config{Kafka: c.cfg.Kafka, Tables: c.tables}); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if c.outbox, err = outbox.New(&outbox.Config{Tables: c.tables}); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if c.idem, err = idemhttp.NewStore(&idemhttp.StoreConfig{Tables: c.tables}); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if c.dedup, err = dedup.New(&dedup.Config{Tables: c.tables}); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	t, err := c.cfg.Kafka.Transport()
+	if err != nil {
+		return nil, fmt.Errorf("%w: Kafka: %w", ErrInvalidConfig, err)
+	}
+	c.client = &kafka.Client{Addr: c.cfg.Kafka.Addr(), Timeout: 10 * time.Second, Transport: t}
+	c.closeK = t.CloseIdleConnections
+	c.audit = newAuditLog(c.tables)
+	c.red = redact.New(c.cfg.RedactFields, c.cfg.RedactRegexps)
+	c.reveal = &redact.Redactor{Show: true}
+	if c.pages, err = parsePages(); err != nil {
+		return nil, fmt.Errorf("console: templates: %w", err)
+	}
+	c.crossOrg = http.NewCrossOriginProtection()
+	c.routes()
+	return c, nil
+}
+
+// Close closes the console's idle Kafka connections.
+func (c *Console) Close() {
+	c.monitor.Close()
+	c.closeK()
+}
+
+func (t Thresholds) withDefaults() Thresholds {
+	t.MaxLag = cmp.Or(t.MaxLag, 10000)
+	t.MaxParkedAge = cmp.Or(t.MaxParkedAge, time.Hour)
+	t.MaxOutboxAge = cmp.Or(t.MaxOutboxAge, 5*time.Minute)
+	if t.MaxDLQ == 0 {
+		t.MaxDLQ = -1
+	}
+	return t
+}
+
+func (c *Console) routes() {
+	m := http.NewServeMux()
+	static, _ := fs.Sub(staticFS, "static")
+	m.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	m.HandleFunc("GET /login", c.loginPage)
+	m.HandleFunc("POST /login", c.login)
+	m.HandleFunc("POST /logout", c.logout)
+	m.HandleFunc("GET /{$}", c.authed(c.overviewPage))
+	m.HandleFunc("GET /dlq/{topic}", c.authed(c.lettersPage))
+	m.HandleFunc("GET /dlq/{topic}/{partition}/{offset}", c.authed(c.letterPage))
+	m.HandleFunc("POST /dlq/{topic}/{partition}/{offset}/reveal", c.action(c.revealLetter))
+	m.HandleFunc("POST /dlq/{topic}/replay/dry-run", c.action(c.replayDryRun))
+	m.HandleFunc("POST /dlq/{topic}/replay", c.action(c.replay))
+	m.HandleFunc("GET /outbox", c.authed(c.outboxPage))
+	m.HandleFunc("POST /outbox/retry", c.action(c.outboxRetry))
+	m.HandleFunc("GET /consumers", c.authed(c.consumersPage))
+	m.HandleFunc("GET /consumers/{name}/{topic}", c.authed(c.consumerPage))
+	m.HandleFunc("POST /consumers/{name}/{topic}/retry", c.action(c.parkedRetry))
+	m.HandleFunc("GET /idemhttp", c.authed(c.idemhttpPage))
+	m.HandleFunc("POST /idemhttp/resolve", c.action(c.idemhttpResolve))
+	m.HandleFunc("GET /audit", c.authed(c.auditPage))
+	m.HandleFunc("/", c.authed(func(w http.ResponseWriter, r *http.Request, rq *request) {
+		c.fail(w, r, rq, http.StatusNotFound, "no such page: "+r.URL.Path)
+	}))
+	c.mux = m
+}
+
+// ServeHTTP serves the console: every response carries strict headers, every
+// page but sign-in and the static files needs Authorize's approval.
+func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self'; script-src 'self'; "+
+		"form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Cross-Origin-Opener-Policy", "same-origin")
+	if c.cfg.BasePath != "" {
+		p, ok := strings.CutPrefix(r.URL.Path, c.cfg.BasePath)
+		if !ok || (p != "" && p[0] != '/') {
+			http.NotFound(w, r)
+			return
+		}
+		r2 := r.Clone(r.Context())
+		r2.URL.Path = cmp.Or(p, "/")
+		r2.URL.RawPath = ""
+		r = r2
+	}
+	if !strings.HasPrefix(r.URL.Path, "/static/") {
+		h.Set("Cache-Control", "no-store") // pages may hold payloads
+	}
+	if err := c.crossOrg.Check(r); err != nil {
+		c.fail(w, r, &request{}, http.StatusForbidden, "cross-origin request refused: "+err.Error())
+		return
+	}
+	c.mux.ServeHTTP(w, r)
+}
+
+// request is what a page knows of the request it serves.
+type request struct {
+	principal Principal
+	json      bool
+}
+
+// wantsJSON reports whether r asks for JSON: ?format=json or an Accept
+// header that names application/json before text/html.
+func wantsJSON(r *http.Request) bool {
+	if f := r.URL.Query().Get("format"); f != "" {
+		return f == "json"
+	}
+	for _, part := range strings.Split(r.Header.Get("Accept"), ",") {
+		mt := strings.TrimSpace(strings.SplitN(part, ";", 2)[0])
+		switch mt {
+		case "application/json":
+			return true
+		case "text/html", "*/*":
+			return false
+		}
+	}
+	return false
+}
+
+// authed runs page for an authorized request.
+func (c *Console) authed(page func(http.ResponseWriter, *http.Request, *request)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		rq := &request{json: wantsJSON(r)}
+		p, err := c.cfg.Authorize(r)
+		switch {
+		case errors.Is(err, ErrUnauthorized):
+			c.unauthorized(w, r, rq)
+			return
+		case err != nil:
+			c.fail(w, r, rq, http.StatusForbidden, "refused: "+err.Error())
+			return
+		case p.Name == "":
+			c.fail(w, r, rq, http.StatusForbidden, "refused: Authorize returned a principal without a name")
+			return
+		}
+		rq.principal = p
+		page(w, r, rq)
+	}
+}
+
+// action runs act for an authorized POST with a valid form token, unless
+// the console is read-only; act gets the form's key (see forms).
+func (c *Console) action(act func(http.ResponseWriter, *http.Request, *request, string)) http.HandlerFunc {
+	return c.authed(func(w http.ResponseWriter, r *http.Request, rq *request) {
+		if c.cfg.ReadOnly {
+			c.fail(w, r, rq, http.StatusForbidden, "the console is read-only: no action is taken")
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, 1<<20)
+		if err := r.ParseForm(); err != nil {
+			c.fail(w, r, rq, http.StatusBadRequest, "unreadable form: "+err.Error())
+			return
+		}
+		key, err := c.forms.check(r.PostFormValue("csrf"), rq.principal.Name)
+		if err != nil {
+			c.fail(w, r, rq, http.StatusForbidden, err.Error()+": nothing was changed; reload the page and submit the form again")
+			return
+		}
+		act(w, r, rq, key)
+	})
+}
+
+// remoteAddr is the address a request came from, as the server saw it.
+func remoteAddr(r *http.Request) string {
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		return host
+	}
+	return r.RemoteAddr
+}
+
+// page is what every template gets.
+type page struct {
+	c         *Console
+	Title     string
+	Nav       string
+	Principal string
+	ReadOnly  bool
+	Base      string
+	Data      any
+	Error     string
+}
+
+// Token returns a fresh form token for the page's principal: each form
+// gets its own, the key that makes submitting it twice act once.
+func (p *page) Token() string { return p.c.forms.issue(p.Principal) }
+
+// render writes data as the page named name, or as JSON.
+func (c *Console) render(w http.ResponseWriter, rq *request, status int, name, title string, data any) {
+	if rq.json {
+		w.Header().Set("Content-Type", "application/json; charset=utf-8")
+		w.WriteHeader(status)
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(data); err != nil {
+			c.log.Warn("console: write JSON", "err", err)
+		}
+		return
+	}
+	t := c.pages[name]
+	p := &page{c: c, Title: title, Nav: name, Principal: rq.principal.Name, ReadOnly: c.cfg.ReadOnly,
+		Base: c.cfg.BasePath, Data: data}
+	var b strings.Builder
+	if err := t.ExecuteTemplate(&b, "layout", p); err != nil {
+		c.log.Error("console: render", "page", name, "err", err)
+		http.Error(w, "console: render "+name+": internal error", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte(b.String()))
+}
+
+// errorData is an error page's content.
+type errorData struct {
+	Status int    `json:"status"`
+	Error  string `json:"error"`
+}
+
+// fail answers with an error page (or JSON) that says msg; nothing was
+// changed.
+func (c *Console) fail(w http.ResponseWriter, r *http.Request, rq *request, status int, msg string) {
+	if rq.json || wantsJSON(r) {
+		rq.json = true
+	}
+	c.render(w, rq, status, "error", http.StatusText(status), errorData{Status: status, Error: msg})
+}
+
+// failErr answers with an error page for err, its status from its kind.
+func (c *Console) failErr(w http.ResponseWriter, r *http.Request, rq *request, what string, err error) {
+	status := http.StatusInternalServerError
+	var bad *badInput
+	switch {
+	case errors.As(err, &bad):
+		status = http.StatusBadRequest
+	case errors.Is(err, dlq.ErrNoTopic), errors.Is(err, errNotFound):
+		status = http.StatusNotFound
+	case errors.Is(err, r.Context().Err()) && r.Context().Err() != nil:
+		return // the client went away
+	default:
+		c.log.Error("console: "+what, "err", err)
+	}
+	c.fail(w, r, rq, status, what+": "+err.Error())
+}
+
+// errNotFound marks what the request names but does not exist.
+var errNotFound = errors.New("not found")
+
+// badInput is a request's malformed parameter.
+type badInput struct{ msg string }
+
+func (e *badInput) Error() string { return e.msg }
+
+func badf(format string, args ...any) error { return &badInput{fmt.Sprintf(format, args...)} }
+
+// isDeadLetterTopic reports whether topic is one the console lists: named
+// with the suffix, or in DLQTopics.
+func (c *Console) isDeadLetterTopic(topic string) bool {
+	return topic != "" && (strings.HasSuffix(topic, c.cfg.DLQSuffix) || slices.Contains(c.cfg.DLQTopics, topic))
+}
+
+// ctxTimeout bounds the reads of one page.
+func ctxTimeout(r *http.Request) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.Context(), 2*time.Minute)
+}

@@ -1,0 +1,160 @@
+package console
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"net/http"
+	"time"
+)
+
+// forms issues and checks the tokens of the console's forms. A token is a
+// random nonce, the time it was issued and an HMAC over both and the
+// principal it was issued to: a page of another site cannot make one
+// (CSRF), and one issued to someone else or too long ago is refused. The
+// nonce is the form's key: the audit table holds it once, so that a form
+// submitted twice acts once.
+type forms struct {
+	secret []byte
+	ttl    time.Duration
+	now    func() time.Time
+}
+
+const (
+	nonceLen = 16
+	macLen   = 16
+)
+
+// Errors of forms.check.
+var (
+	errFormMissing = errors.New("the form carries no token (forms are valid only as the console renders them)")
+	errFormInvalid = errors.New("the form's token is not valid for you")
+	errFormExpired = errors.New("the form has expired")
+)
+
+func (f *forms) mac(principal string, nonce []byte, issued int64) []byte {
+	m := hmac.New(sha256.New, f.secret)
+	m.Write([]byte("idemkit-console-form\x00"))
+	m.Write([]byte(principal))
+	m.Write([]byte{0})
+	m.Write(nonce)
+	_ = binary.Write(m, binary.BigEndian, issued)
+	return m.Sum(nil)[:macLen]
+}
+
+// issue returns a new token for principal.
+func (f *forms) issue(principal string) string {
+	b := make([]byte, nonceLen+8, nonceLen+8+macLen)
+	_, _ = rand.Read(b[:nonceLen])
+	issued := f.now().Unix()
+	binary.BigEndian.PutUint64(b[nonceLen:], uint64(issued))
+	b = append(b, f.mac(principal, b[:nonceLen], issued)...)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// check returns the form's key (its nonce, in hex) when token was issued to
+// principal within the TTL.
+func (f *forms) check(token, principal string) (string, error) {
+	if token == "" {
+		return "", errFormMissing
+	}
+	b, err := base64.RawURLEncoding.DecodeString(token)
+	if err != nil || len(b) != nonceLen+8+macLen {
+		return "", errFormInvalid
+	}
+	issued := int64(binary.BigEndian.Uint64(b[nonceLen:]))
+	if !hmac.Equal(b[nonceLen+8:], f.mac(principal, b[:nonceLen], issued)) {
+		return "", errFormInvalid
+	}
+	age := f.now().Sub(time.Unix(issued, 0))
+	if age > f.ttl || age < -time.Minute {
+		return "", errFormExpired
+	}
+	return hex.EncodeToString(b[:nonceLen]), nil
+}
+
+// TokenCookie is the cookie the sign-in page sets for TokenAuth.
+const TokenCookie = "idemkit_console"
+
+// TokenAuth returns an Authorize function that admits the requests
+// carrying token: in the cookie the console's sign-in page sets, or as
+// "Authorization: Bearer TOKEN" (for JSON clients). Every such request is
+// the principal name. The standalone command uses it.
+func TokenAuth(token, name string) func(*http.Request) (Principal, error) {
+	want := sha256.Sum256([]byte(token))
+	return func(r *http.Request) (Principal, error) {
+		got := ""
+		if c, err := r.Cookie(TokenCookie); err == nil {
+			got = c.Value
+		}
+		if h, ok := cutBearer(r.Header.Get("Authorization")); ok {
+			got = h
+		}
+		sum := sha256.Sum256([]byte(got))
+		if token == "" || got == "" || subtle.ConstantTimeCompare(sum[:], want[:]) != 1 {
+			return Principal{}, ErrUnauthorized
+		}
+		return Principal{Name: name}, nil
+	}
+}
+
+func cutBearer(h string) (string, bool) {
+	if len(h) > 7 && (h[:7] == "Bearer " || h[:7] == "bearer ") {
+		return h[7:], true
+	}
+	return "", false
+}
+
+// loginData is the sign-in page's content.
+type loginData struct {
+	Error string `json:"error,omitempty"`
+}
+
+// unauthorized sends a browser to the sign-in page (a GET), and answers
+// 401 otherwise.
+func (c *Console) unauthorized(w http.ResponseWriter, r *http.Request, rq *request) {
+	switch {
+	case rq.json:
+		c.render(w, rq, http.StatusUnauthorized, "error", "Sign in",
+			errorData{Status: http.StatusUnauthorized, Error: "not signed in: send Authorization: Bearer TOKEN"})
+	case r.Method == http.MethodGet:
+		http.Redirect(w, r, c.cfg.BasePath+"/login", http.StatusSeeOther)
+	default:
+		c.render(w, rq, http.StatusUnauthorized, "login", "Sign in", loginData{Error: "Sign in first: nothing was changed."})
+	}
+}
+
+func (c *Console) loginPage(w http.ResponseWriter, r *http.Request) {
+	c.render(w, &request{}, http.StatusOK, "login", "Sign in", loginData{})
+}
+
+// login sets the token cookie and checks it with Authorize: a wrong token
+// signs nobody in.
+func (c *Console) login(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, 1<<16)
+	token := r.PostFormValue("token")
+	probe := r.Clone(r.Context())
+	probe.Header = r.Header.Clone()
+	probe.Header.Del("Authorization")
+	probe.Header.Del("Cookie")
+	probe.AddCookie(&http.Cookie{Name: TokenCookie, Value: token})
+	if _, err := c.cfg.Authorize(probe); err != nil || token == "" {
+		c.log.Warn("console: sign-in refused", "remote_addr", remoteAddr(r))
+		c.render(w, &request{}, http.StatusUnauthorized, "login", "Sign in", loginData{Error: "That token is not valid."})
+		return
+	}
+	http.SetCookie(w, &http.Cookie{Name: TokenCookie, Value: token, Path: c.cfg.BasePath + "/", HttpOnly: true,
+		Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode, MaxAge: 12 * 3600})
+	http.Redirect(w, r, c.cfg.BasePath+"/", http.StatusSeeOther)
+}
+
+func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
+	http.SetCookie(w, &http.Cookie{Name: TokenCookie, Value: "", Path: c.cfg.BasePath + "/", HttpOnly: true,
+		Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode, MaxAge: -1})
+	http.Redirect(w, r, c.cfg.BasePath+"/login", http.StatusSeeOther)
+}
