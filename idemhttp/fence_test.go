@@ -17,8 +17,9 @@ import (
 	"github.com/idemkit/idemkit/migrate"
 )
 
-// reviewServer: one middleware per cfg on a shared store, handler h.
-func reviewServer(t *testing.T, pool *pgxpool.Pool, store *idemhttp.Store, h http.HandlerFunc,
+// serverOn serves POST /payments with handler h behind a middleware on
+// pool and store, configured by tweak.
+func serverOn(t *testing.T, pool *pgxpool.Pool, store *idemhttp.Store, h http.HandlerFunc,
 	tweak func(*idemhttp.Config)) (*httptest.Server, *logBuffer) {
 	t.Helper()
 	logs := &logBuffer{}
@@ -38,13 +39,16 @@ func reviewServer(t *testing.T, pool *pgxpool.Pool, store *idemhttp.Store, h htt
 	return srv, logs
 }
 
-func reviewPool(t *testing.T, maxConns int32, afterConnect func(context.Context, *pgx.Conn) error) *pgxpool.Pool {
+// poolOf is a pool of maxConns connections whose sessions run afterConnect
+// and carry an application name of the test's own (see awaitWaiter).
+func poolOf(t *testing.T, maxConns int32, afterConnect func(context.Context, *pgx.Conn) error) *pgxpool.Pool {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(testenv.DatabaseURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.ConnConfig.RuntimeParams["search_path"] = ""
+	cfg.ConnConfig.RuntimeParams["application_name"] = appName(t)
 	cfg.MaxConns = maxConns
 	cfg.AfterConnect = afterConnect
 	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
@@ -55,19 +59,14 @@ func reviewPool(t *testing.T, maxConns int32, afterConnect func(context.Context,
 	return p
 }
 
-// R1: the fence needs a second pooled connection. With the pool exhausted
-// (here MaxConns 1, the holder's own), the AfterFunc blocks in Acquire for
-// finishTimeout (10 s) while holding h.mu; the handler that returns at 1.5 s
-// is answered only at ~10 s, the key is not freed at the lease end, and the
-// failed pg_terminate_backend is not logged.
 // A holder past its lease is fenced on time even when the pool is exhausted
 // (the fence uses a connection of its own).
 func TestFenceWithExhaustedPool(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t, migrated)
 	store, _ := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: db.Schema}})
-	pool := reviewPool(t, 1, nil)
-	srv, logs := reviewServer(t, pool, store, func(w http.ResponseWriter, r *http.Request) {
+	pool := poolOf(t, 1, nil)
+	srv, logs := serverOn(t, pool, store, func(w http.ResponseWriter, r *http.Request) {
 		time.Sleep(1500 * time.Millisecond) // ignores its context (a provider call without ctx)
 		w.WriteHeader(http.StatusCreated)
 	}, func(c *idemhttp.Config) { c.Lease = 300 * time.Millisecond; c.TTL = time.Hour })
@@ -83,43 +82,50 @@ func TestFenceWithExhaustedPool(t *testing.T) {
 	}
 }
 
-// R2: a client that hangs up before the lease ends disables the fence: the
-// AfterFunc returns when ctx.Err() != nil. A handler that ignores its
-// context keeps the transaction (and the key's lock) open past its lease;
-// the next request with the key gets 409 instead of running, for as long as
-// the handler runs (docs: "A handler still running when its lease ends is
-// fenced out").
 // A holder whose client hung up is still fenced at its lease end: the key
-// is free 1 s later.
+// is free long before its handler, which ignores its context, returns.
 func TestFenceAfterClientGone(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t, migrated)
 	store, _ := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: db.Schema}})
 	var runs atomic.Int32
-	srv, _ := reviewServer(t, db.Pool, store, func(w http.ResponseWriter, r *http.Request) {
+	started, release := make(chan struct{}), make(chan struct{})
+	srv, _ := serverOn(t, db.Pool, store, func(w http.ResponseWriter, r *http.Request) {
 		if runs.Add(1) == 1 {
-			time.Sleep(4 * time.Second) // ignores its context
+			close(started)
+			<-release // ignores its context; returns when the test ends
 		}
 		w.WriteHeader(http.StatusCreated)
 	}, func(c *idemhttp.Config) { c.Lease = 500 * time.Millisecond; c.TTL = time.Hour })
+	t.Cleanup(func() { close(release) }) // before the server closes
 	key := newKey()
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond) // the client gives up
-	defer cancel()
-	_, _ = postTo(ctx, newClient(t), srv.URL+"/payments", key, "acct-1", payment)
-	time.Sleep(1500 * time.Millisecond) // 1.5 s: three leases later
-	r, err := postTo(context.Background(), newClient(t), srv.URL+"/payments", key, "acct-1", payment)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r.status != http.StatusCreated {
-		t.Fatalf("1 s after the lease ended: got %v, want the handler to run (the holder fenced)", r)
+	ctx, cancel := context.WithCancel(context.Background())
+	gone := make(chan struct{})
+	go func() {
+		defer close(gone)
+		_, _ = postTo(ctx, newClient(t), srv.URL+"/payments", key, "acct-1", payment)
+	}()
+	<-started
+	cancel() // the client gives up
+	<-gone
+	// The next request runs once the holder is fenced (its lease ends 0.5 s
+	// after it began): 409 until then.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r, err := postTo(context.Background(), newClient(t), srv.URL+"/payments", key, "acct-1", payment)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.status == http.StatusCreated {
+			break
+		}
+		if r.status != http.StatusConflict || time.Now().After(deadline) {
+			t.Fatalf("after the holder's lease ended: got %v, want the handler to run (the holder fenced)", r)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 
-// R3: a record of a NoLeaseTakeover middleware (whose holder crashed, maybe
-// after calling the provider) is taken over by a default-mode middleware on
-// the same operation and store before any reconciler looked: the handler runs
-// again. Config.NoLeaseTakeover and the CHANGELOG say "never taken over".
 // A middleware of the default mode never takes over a record reserved by a
 // NoLeaseTakeover middleware on the same operation (a rollout mixing both):
 // that record waits for the reconciler.
@@ -130,20 +136,23 @@ func TestDefaultModeLeavesNoLeaseTakeoverRecords(t *testing.T) {
 	var runs atomic.Int32
 	release := make(chan struct{})
 	defer close(release)
+	started := make(chan struct{})
 	h := func(w http.ResponseWriter, r *http.Request) {
 		if runs.Add(1) == 1 {
+			close(started)
 			<-release // the first holder hangs (its effect at the provider already happened)
 		}
 		w.WriteHeader(http.StatusCreated)
 	}
 	lease := func(c *idemhttp.Config) { c.Lease = 300 * time.Millisecond; c.TTL = time.Hour }
-	recSrv, _ := reviewServer(t, db.Pool, store, h, func(c *idemhttp.Config) { lease(c); c.NoLeaseTakeover = true })
-	txSrv, _ := reviewServer(t, db.Pool, store, h, lease)
+	recSrv, _ := serverOn(t, db.Pool, store, h, func(c *idemhttp.Config) { lease(c); c.NoLeaseTakeover = true })
+	txSrv, _ := serverOn(t, db.Pool, store, h, lease)
 	key := newKey()
 	go func() {
 		_, _ = postTo(context.Background(), newClient(t), recSrv.URL+"/payments", key, "acct-1", payment)
 	}()
-	time.Sleep(800 * time.Millisecond)
+	<-started
+	time.Sleep(800 * time.Millisecond) // the holder's 300 ms lease passes
 	r1, _ := postTo(context.Background(), newClient(t), recSrv.URL+"/payments", key, "acct-1", payment)
 	t.Logf("NoLeaseTakeover middleware: %v", r1)
 	r2, _ := postTo(context.Background(), newClient(t), txSrv.URL+"/payments", key, "acct-1", payment)
@@ -153,20 +162,18 @@ func TestDefaultModeLeavesNoLeaseTakeoverRecords(t *testing.T) {
 	}
 }
 
-// R4: with Wait, SET LOCAL lock_timeout TO DEFAULT drops a session-level
-// lock_timeout (AfterConnect SET): the handler runs with none at all.
 // With Wait, the handler's statements run with the lock_timeout the session
 // had (here set by AfterConnect), not the server default.
 func TestWaitKeepsSessionLockTimeout(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t, migrated)
 	store, _ := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: db.Schema}})
-	pool := reviewPool(t, 4, func(ctx context.Context, c *pgx.Conn) error {
+	pool := poolOf(t, 4, func(ctx context.Context, c *pgx.Conn) error {
 		_, err := c.Exec(ctx, `SET lock_timeout = '777ms'`)
 		return err
 	})
 	var got string
-	srv, _ := reviewServer(t, pool, store, func(w http.ResponseWriter, r *http.Request) {
+	srv, _ := serverOn(t, pool, store, func(w http.ResponseWriter, r *http.Request) {
 		tx, _ := idemhttp.Tx(r.Context())
 		_ = tx.QueryRow(r.Context(), `SHOW lock_timeout`).Scan(&got)
 		w.WriteHeader(http.StatusCreated)
@@ -179,39 +186,42 @@ func TestWaitKeepsSessionLockTimeout(t *testing.T) {
 	}
 }
 
-// R5: a waiter's lease starts before its wait: after waiting 900 ms for a
-// holder that released (503), it has 100 ms of its 1 s lease left, and a
-// 300 ms handler is fenced: 409 lease_lost.
-// A waiter's lease starts when it holds the key, not when it began to wait.
+// A waiter's lease starts when it holds the key, not when it began to wait:
+// a waiter that waited 900 ms of its 1 s lease for a holder that released
+// (503) still has its whole lease for a 300 ms handler.
 func TestWaiterLeaseStartsWithItsHold(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t, migrated)
 	store, _ := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: db.Schema}})
+	pool := poolOf(t, 4, nil)
 	var runs atomic.Int32
-	srv, _ := reviewServer(t, db.Pool, store, func(w http.ResponseWriter, r *http.Request) {
+	started, waiting := make(chan struct{}), make(chan struct{})
+	srv, _ := serverOn(t, pool, store, func(w http.ResponseWriter, r *http.Request) {
 		if runs.Add(1) == 1 {
-			time.Sleep(900 * time.Millisecond)
+			close(started)
+			<-waiting
+			time.Sleep(900 * time.Millisecond) // the waiter waits this long
 			w.WriteHeader(http.StatusServiceUnavailable)
 			return
 		}
 		time.Sleep(300 * time.Millisecond)
 		w.WriteHeader(http.StatusCreated)
-	}, func(c *idemhttp.Config) { c.Lease = time.Second; c.Wait = 3 * time.Second })
+	}, func(c *idemhttp.Config) { c.Lease = time.Second; c.Wait = 30 * time.Second })
 	key := newKey()
 	go func() { _, _ = postTo(context.Background(), newClient(t), srv.URL+"/payments", key, "acct-1", payment) }()
-	time.Sleep(50 * time.Millisecond)
-	r, err := postTo(context.Background(), newClient(t), srv.URL+"/payments", key, "acct-1", payment)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r.status != http.StatusCreated {
+	<-started
+	res := make(chan response, 1)
+	go func() {
+		r, _ := postTo(context.Background(), newClient(t), srv.URL+"/payments", key, "acct-1", payment)
+		res <- r
+	}()
+	awaitWaiter(t, pool)
+	close(waiting)
+	if r := <-res; r.status != http.StatusCreated {
 		t.Fatalf("waiter (300 ms handler, 1 s lease) got %v", r)
 	}
 }
 
-// R6 (reference for the Redis finding): in NoTx mode on PostgreSQL a holder
-// that finishes just past its lease, with nobody having taken its key, still
-// completes: the retry is a replay.
 // NoTx: a completion shortly after the lease, with nobody else holding the
 // key, is kept: the retry replays (the Redis store must agree).
 func TestNoTxLateCompletionKept(t *testing.T) {
@@ -219,7 +229,7 @@ func TestNoTxLateCompletionKept(t *testing.T) {
 	db := testenv.NewDB(t, migrated)
 	store, _ := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: db.Schema}})
 	var runs atomic.Int32
-	srv, _ := reviewServer(t, db.Pool, store, func(w http.ResponseWriter, r *http.Request) {
+	srv, _ := serverOn(t, db.Pool, store, func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
 		time.Sleep(450 * time.Millisecond)
 		w.WriteHeader(http.StatusCreated)
@@ -233,43 +243,69 @@ func TestNoTxLateCompletionKept(t *testing.T) {
 	}
 }
 
-// R7: the transaction begins with the server's default isolation. Under
-// default_transaction_isolation = 'repeatable read' (a role or database
-// setting), the Wait path's read after pg_advisory_xact_lock uses the
-// snapshot of the batch's first statement, taken before the wait: the waiter
-// never sees the record its holder committed, runs the handler again, and
-// gets 409 lease_lost (unique violation) instead of the replay.
 // A session whose default isolation is REPEATABLE READ: the waiter still
 // sees what the holder committed and replays it (the middleware's
-// transaction is READ COMMITTED).
+// transaction is READ COMMITTED, and reads the record after the wait).
 func TestWaitUnderRepeatableRead(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t, migrated)
 	store, _ := idemhttp.NewStore(&idemhttp.StoreConfig{Tables: migrate.Tables{Schema: db.Schema}})
-	pool := reviewPool(t, 4, func(ctx context.Context, c *pgx.Conn) error {
+	pool := poolOf(t, 4, func(ctx context.Context, c *pgx.Conn) error {
 		_, err := c.Exec(ctx, `SET default_transaction_isolation = 'repeatable read'`)
 		return err
 	})
 	var runs atomic.Int32
-	srv, _ := reviewServer(t, pool, store, func(w http.ResponseWriter, r *http.Request) {
+	started, release := make(chan struct{}), make(chan struct{})
+	srv, _ := serverOn(t, pool, store, func(w http.ResponseWriter, r *http.Request) {
 		if runs.Add(1) == 1 {
-			time.Sleep(500 * time.Millisecond)
+			close(started)
+			<-release
 		}
 		w.WriteHeader(http.StatusCreated)
-	}, func(c *idemhttp.Config) { c.Wait = 5 * time.Second })
+	}, func(c *idemhttp.Config) { c.Wait = 30 * time.Second })
 	key := newKey()
-	done := make(chan response, 1)
+	first := make(chan response, 1)
 	go func() {
 		r, _ := postTo(context.Background(), newClient(t), srv.URL+"/payments", key, "acct-1", payment)
-		done <- r
+		first <- r
 	}()
-	time.Sleep(100 * time.Millisecond)
-	r, err := postTo(context.Background(), newClient(t), srv.URL+"/payments", key, "acct-1", payment)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("first %v; waiter %v; runs %d", <-done, r, runs.Load())
-	if !r.replayed() || runs.Load() != 1 {
+	<-started
+	waiter := make(chan response, 1)
+	go func() {
+		r, _ := postTo(context.Background(), newClient(t), srv.URL+"/payments", key, "acct-1", payment)
+		waiter <- r
+	}()
+	awaitWaiter(t, pool) // the waiter waits on the holder's lock
+	close(release)
+	f, r := <-first, <-waiter
+	t.Logf("first %v; waiter %v; runs %d", f, r, runs.Load())
+	if f.replayed() || !r.replayed() || runs.Load() != 1 {
 		t.Fatalf("waiter got %v after %d runs, want the replay after 1", r, runs.Load())
+	}
+}
+
+// appName is an application name unique to the test: its sessions are
+// found by it in pg_stat_activity.
+func appName(t *testing.T) string { return testenv.Name(t, "idemhttp") }
+
+// awaitWaiter returns once a session of pool's application waits for an
+// advisory lock (a request waiting for the holder of its key), or fails the
+// test after 30 seconds.
+func awaitWaiter(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	name := pool.Config().ConnConfig.RuntimeParams["application_name"]
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var n int
+		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_catalog.pg_locks AS l
+			JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid
+			WHERE l.locktype = 'advisory' AND NOT l.granted AND a.application_name = $1`, name).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no request waits for the key's holder")
+		}
 	}
 }
