@@ -106,6 +106,17 @@ type Config struct {
 	// UTF-8 or holding NUL answers 400 operation_invalid.
 	Operation func(r *http.Request) string
 
+	// Key takes the idempotency key from the request: KeyFromHeader for a
+	// header of another name (a webhook provider's delivery ID:
+	// "X-GitHub-Delivery", "webhook-id"), KeyFromJSON for a member of the
+	// body (Stripe's "id"). When set, the body is read (up to
+	// MaxRequestBytes) before the key. Account and Operation still scope
+	// the key: give each sender its own account (package webhook uses
+	// "webhook:" and the provider's name) so that two senders' IDs never
+	// meet. Defaults to nil: the Idempotency-Key header (ParseKey), read
+	// before the body.
+	Key KeyFunc
+
 	// Intent returns the bytes that define a request's intent, hashed into
 	// its fingerprint. Defaults to IntentDefault: the canonical JSON of a
 	// JSON body (else the raw body) and the sorted query. IntentJSON selects

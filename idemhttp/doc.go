@@ -10,8 +10,10 @@
 // Scope. A record is keyed by (account, operation, key): the account from
 // Config.Account (your authentication), the operation from the method and
 // the route pattern (Config.Operation), the key from the Idempotency-Key
-// header. Accounts never see each other's records; the same key on two
-// operations is two keys. A replay skips the handler, and with it the
+// header, or from where Config.Key takes it (KeyFromHeader, KeyFromJSON: a
+// webhook provider's event ID; package webhook builds on this). Accounts
+// never see each other's records; the same key on two operations is two
+// keys. A replay skips the handler, and with it the
 // handler's own permission checks: make the account identify the principal
 // (the user or API client), not only the tenant, unless everyone in a
 // tenant may see every response of the tenant.

@@ -176,19 +176,51 @@ func (m *Middleware) fail(w http.ResponseWriter, r *http.Request, status int, co
 }
 
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
-	key, err := ParseKey(r.Header.Values(HeaderKey))
+	var (
+		key      string
+		body     []byte
+		bodyRead bool
+		err      error
+	)
+	if m.cfg.Key == nil {
+		key, err = ParseKey(r.Header.Values(HeaderKey))
+	} else {
+		if body, err = readBody(r, m.cfg.MaxRequestBytes); err != nil {
+			m.failBody(w, r, err)
+			return
+		}
+		bodyRead = true
+		if key, err = m.cfg.Key(r, body); err == nil {
+			if cerr := checkKey(key); cerr != nil {
+				err = &keyError{kind: ErrKeyInvalid, msg: "idemhttp: invalid idempotency key: " + cerr.Error()}
+			}
+		}
+	}
 	switch {
 	case errors.Is(err, ErrKeyMissing) && m.cfg.Optional:
 		if o := observed(r); o != nil {
 			o.noKey = true
 		}
+		if bodyRead {
+			r.Body = io.NopCloser(bytes.NewReader(body))
+		}
 		next.ServeHTTP(w, r)
 		return
 	case errors.Is(err, ErrKeyMissing):
-		m.fail(w, r, http.StatusBadRequest, CodeKeyMissing, "this endpoint requires an Idempotency-Key header")
+		msg := "this endpoint requires an Idempotency-Key header"
+		if m.cfg.Key != nil {
+			msg = err.Error()
+		}
+		m.fail(w, r, http.StatusBadRequest, CodeKeyMissing, msg)
+		return
+	case errors.Is(err, ErrKeyInvalid):
+		m.fail(w, r, http.StatusBadRequest, CodeKeyInvalid, err.Error())
+		return
+	case errors.Is(err, ErrInvalidJSON):
+		m.fail(w, r, http.StatusBadRequest, CodeInvalidJSON, err.Error())
 		return
 	case err != nil:
-		m.fail(w, r, http.StatusBadRequest, CodeKeyInvalid, err.Error())
+		m.fail(w, r, http.StatusBadRequest, CodeInvalidRequest, err.Error())
 		return
 	}
 	account, err := m.cfg.Account(r)
@@ -210,16 +242,11 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		slog.String("operation", operation))
 	noteScope(r, account, operation, key)
 
-	body, err := readBody(r, m.cfg.MaxRequestBytes)
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			m.fail(w, r, http.StatusRequestEntityTooLarge, CodeRequestTooLarge,
-				fmt.Sprintf("the request body is longer than %d bytes", m.cfg.MaxRequestBytes))
+	if !bodyRead {
+		if body, err = readBody(r, m.cfg.MaxRequestBytes); err != nil {
+			m.failBody(w, r, err)
 			return
 		}
-		m.fail(w, r, http.StatusBadRequest, CodeInvalidRequest, "reading the request body: "+err.Error())
-		return
 	}
 	intent, err := m.cfg.Intent(r, body)
 	switch {
@@ -248,6 +275,18 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	m.execute(w, r, next, res.Hold, log)
+}
+
+// failBody answers a request whose body could not be read: 413 past
+// MaxRequestBytes, else 400.
+func (m *Middleware) failBody(w http.ResponseWriter, r *http.Request, err error) {
+	var tooLarge *http.MaxBytesError
+	if errors.As(err, &tooLarge) {
+		m.fail(w, r, http.StatusRequestEntityTooLarge, CodeRequestTooLarge,
+			fmt.Sprintf("the request body is longer than %d bytes", m.cfg.MaxRequestBytes))
+		return
+	}
+	m.fail(w, r, http.StatusBadRequest, CodeInvalidRequest, "reading the request body: "+err.Error())
 }
 
 func readBody(r *http.Request, limit int64) ([]byte, error) {

@@ -16,6 +16,7 @@
 //	defer c.Close()
 //	err = tel.Relay(store, &relayCfg) // outbox relay counters
 //	err = tel.Reprocessor(&rcfg)      // optional: count replays of a dlq.Reprocessor
+//	err = tel.Webhook(&wcfg)          // webhook deliveries by provider (before webhook.New)
 //	m, err := tel.Monitor(pool, &mcfg) // gauges from the tables and topics
 //	go m.Run(ctx)                     // collects every 15s in the background
 //
@@ -104,6 +105,8 @@
 //	idemkit_http_requests_total{operation,outcome}
 //	idemkit_http_request_duration_seconds{operation,outcome}   histogram
 //	idemkit_http_stuck_records{table}                          gauge (Monitor)
+//	idemkit_webhook_deliveries_total{provider,outcome}         processed, duplicate, failed, retry, in_flight, key_reused, bad_signature, bad_timestamp, invalid, unavailable
+//	idemkit_webhook_delivery_duration_seconds{provider,outcome}  histogram
 //	idemkit_monitor_collections_total{outcome}                 ok, failed
 //	idemkit_monitor_snapshot_age_seconds                       gauge (Monitor)
 //

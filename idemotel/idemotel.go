@@ -54,7 +54,7 @@ type Config struct {
 // use.
 //
 // Each component gets one method that wires the telemetry into its
-// configuration: Consumer, Reprocessor, Relay and HTTP.
+// configuration: Consumer, Reprocessor, Relay, HTTP and Webhook.
 type Telemetry struct {
 	cfg      Config
 	tracer   trace.Tracer
@@ -65,6 +65,7 @@ type Telemetry struct {
 	dlq      dlqInstruments
 	outbox   outboxInstruments
 	http     httpInstruments
+	webhook  webhookInstruments
 	monitor  monitorInstruments
 
 	// observed are the runners Consumer.Observe watches, by consumer name
@@ -141,6 +142,9 @@ func New(cfg *Config) (*Telemetry, error) {
 	}
 	if t.http, err = newHTTPInstruments(t.meter); err != nil {
 		return nil, fmt.Errorf("idemotel: http instruments: %w", err)
+	}
+	if t.webhook, err = newWebhookInstruments(t.meter); err != nil {
+		return nil, fmt.Errorf("idemotel: webhook instruments: %w", err)
 	}
 	if t.monitor, err = newMonitorInstruments(t.meter); err != nil {
 		return nil, fmt.Errorf("idemotel: monitor instruments: %w", err)
