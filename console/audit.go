@@ -136,6 +136,12 @@ func (c *Console) act(r *http.Request, rq *request, key, action, target string,
 		return actResult{AuditID: id, Duplicate: true, Outcome: prev.Outcome, Detail: prev.Detail}, nil
 	}
 	detail, actErr := do(ctx)
+	// An action's error may quote what it acted on (a handler's error
+	// naming a card number): the page, the JSON and the audit table get it
+	// redacted as the history's errors are.
+	if actErr != nil {
+		actErr = errors.New(c.red.Text(actErr.Error()))
+	}
 	res := actResult{AuditID: id, Outcome: outcomeDone, Detail: detail}
 	if actErr != nil {
 		res.Outcome, res.Detail = outcomeFailed, actErr.Error()

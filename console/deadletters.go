@@ -313,6 +313,18 @@ func (c *Console) findLetter(ctx context.Context, r *http.Request) (string, *dlq
 	return topic, found, nil
 }
 
+// redactReplay returns a copy of rp with its texts redacted by red: dlq
+// records there the handler's error, which may name what the history's
+// errors name.
+func redactReplay(rp *dlq.Replay, red *redact.Redactor) *dlq.Replay {
+	if rp == nil {
+		return nil
+	}
+	out := *rp
+	out.Detail, out.ReplayedBy = red.Text(out.Detail), red.Text(out.ReplayedBy)
+	return &out
+}
+
 // letter is d's page, redacted by red.
 func (c *Console) letter(ctx context.Context, topic string, d *dlq.DeadLetter, red *redact.Redactor) (*letterData, error) {
 	m := d.Message
@@ -339,7 +351,7 @@ func (c *Console) letter(ctx context.Context, topic string, d *dlq.DeadLetter, r
 		for _, om := range l.Messages {
 			for _, x := range om.Letters {
 				if x.Message.Partition == m.Partition && x.Message.Offset == m.Offset {
-					ld.State, ld.Replay = x.State, x.Replay
+					ld.State, ld.Replay = x.State, redactReplay(x.Replay, red)
 				}
 			}
 		}
