@@ -257,7 +257,7 @@ func TestReviewHeldBadInput(t *testing.T) {
 			t.Errorf("resolve %v: %d", f, res.status)
 		}
 	}
-	if res := e.req("POST", "/consumers/g/t/retry", e.form("key_hex", "zz")); res.status != 400 {
+	if res := e.req("POST", "/consumers/g/t/retry", e.form("partition", "0", "key_id", "zz")); res.status != 400 {
 		t.Errorf("retry with a bad key: %d", res.status)
 	}
 	// A body past 1 MiB: refused.
