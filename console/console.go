@@ -52,6 +52,11 @@ const (
 	PageSizeMax = 500
 	// ReplaySelectionMax bounds the letters one replay of a selection names.
 	ReplaySelectionMax = 100
+	// ActionTimeout bounds an action (a replay, a retry, a reveal) once its
+	// form is accepted. The action runs to its end or to this bound even
+	// when the client goes away: a confirmed replay is not cut half-way by
+	// a closed tab.
+	ActionTimeout = 2 * time.Minute
 )
 
 // Principal is who a request comes from, as Authorize says.
