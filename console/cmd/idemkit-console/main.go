@@ -170,6 +170,17 @@ func (f *flags) kafka() (kafkaconn.Config, error) {
 	return kc, kc.Validate()
 }
 
+// The server's bounds: a client that trickles its request or leaves its
+// connection idle is cut off, so that anyone who reaches the port cannot
+// hold connections open. Forms are small; a response may take a page's
+// reads (up to 2 minutes) and an action (console.ActionTimeout).
+const (
+	readTimeout    = 30 * time.Second
+	writeTimeout   = 2*time.Minute + console.ActionTimeout + time.Minute
+	idleTimeout    = 30 * time.Second
+	maxHeaderBytes = 64 << 10
+)
+
 // run serves the console until ctx ends. ready, when set, receives the
 // address it listens on.
 func run(ctx context.Context, args []string, out io.Writer, ready chan<- string) error {
@@ -234,7 +245,8 @@ func run(ctx context.Context, args []string, out io.Writer, ready chan<- string)
 	if generated {
 		fmt.Fprintf(out, "token (shown once; set IDEMKIT_CONSOLE_TOKEN to choose it): %s\n", token)
 	}
-	srv := &http.Server{Handler: c, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	srv := &http.Server{Handler: c, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: readTimeout, WriteTimeout: writeTimeout,
+		IdleTimeout: idleTimeout, MaxHeaderBytes: maxHeaderBytes, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()
 	if ready != nil {
