@@ -247,7 +247,7 @@ func (t Thresholds) withDefaults() Thresholds {
 func (c *Console) routes() {
 	m := http.NewServeMux()
 	static, _ := fs.Sub(staticFS, "static")
-	m.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	m.Handle("GET /static/", http.StripPrefix("/static/", staticFiles(static)))
 	m.HandleFunc("GET /login", c.loginPage)
 	m.HandleFunc("POST /login", c.login)
 	m.HandleFunc("POST /logout", c.logout)
@@ -271,11 +271,24 @@ func (c *Console) routes() {
 	c.mux = m
 }
 
+// staticFiles serves the files of fsys, and answers 404 for a directory:
+// no listing.
+func staticFiles(fsys fs.FS) http.Handler {
+	files := http.FileServerFS(fsys)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if st, err := fs.Stat(fsys, cmp.Or(strings.TrimSuffix(r.URL.Path, "/"), ".")); err != nil || st.IsDir() {
+			http.NotFound(w, r)
+			return
+		}
+		files.ServeHTTP(w, r)
+	})
+}
+
 // ServeHTTP serves the console: every response carries strict headers, every
 // page but sign-in and the static files needs Authorize's approval.
 func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
-	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self'; script-src 'self'; "+
+	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self'; script-src 'none'; "+
 		"form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("X-Content-Type-Options", "nosniff")
