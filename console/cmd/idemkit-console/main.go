@@ -31,6 +31,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -181,6 +182,24 @@ const (
 	maxHeaderBytes = 64 << 10
 )
 
+// tokenMin is the fewest characters of a chosen token.
+const tokenMin = 32
+
+// checkToken refuses a chosen token that is easy to guess or to mangle:
+// shorter than tokenMin, holding whitespace, or one character repeated.
+func checkToken(token string) error {
+	switch {
+	case len(token) < tokenMin:
+		return usagef("IDEMKIT_CONSOLE_TOKEN must be at least %d characters (it has %d): "+
+			"leave it unset and the console draws one", tokenMin, len(token))
+	case strings.IndexFunc(token, unicode.IsSpace) >= 0:
+		return usagef("IDEMKIT_CONSOLE_TOKEN must not hold whitespace")
+	case strings.Trim(token, token[:1]) == "":
+		return usagef("IDEMKIT_CONSOLE_TOKEN must not be one character repeated")
+	}
+	return nil
+}
+
 // run serves the console until ctx ends. ready, when set, receives the
 // address it listens on.
 func run(ctx context.Context, args []string, out io.Writer, ready chan<- string) error {
@@ -209,13 +228,13 @@ func run(ctx context.Context, args []string, out io.Writer, ready chan<- string)
 	}
 	token, generated := os.Getenv("IDEMKIT_CONSOLE_TOKEN"), false
 	if token == "" {
-		b := make([]byte, 24)
+		b := make([]byte, 32)
 		if _, err := rand.Read(b); err != nil {
 			return fmt.Errorf("generate a token: %w", err)
 		}
 		token, generated = base64.RawURLEncoding.EncodeToString(b), true
-	} else if len(token) < 16 {
-		return usagef("IDEMKIT_CONSOLE_TOKEN must be at least 16 characters")
+	} else if err := checkToken(token); err != nil {
+		return err
 	}
 	pool, err := pgxpool.New(ctx, f.database)
 	if err != nil {

@@ -53,13 +53,17 @@ func startConsole(t *testing.T, token string) (string, func() error) {
 // 128 bits when base64/hex), trim and refuse whitespace and characters
 // invalid in a cookie value; document the same for TokenAuth.
 func TestReviewAttackWeakTokenAccepted(t *testing.T) {
-	for _, weak := range []string{"aaaaaaaaaaaaaaaa", "                ", "1111111111111111"} {
+	for _, weak := range []string{"aaaaaaaaaaaaaaaa", "                ", "1111111111111111", strings.Repeat("a", 40),
+		strings.Repeat(" ", 40), "correct horse battery staple, twice over", "0123456789abcdef0123456789abcde"} {
 		addr, stop := startConsole(t, weak)
 		err := stop()
 		var usage *usageError
-		if addr != "" || !errors.As(err, &usage) {
+		if addr != "" || !errors.As(err, &usage) || !strings.Contains(err.Error(), "IDEMKIT_CONSOLE_TOKEN must") {
 			t.Errorf("IDEMKIT_CONSOLE_TOKEN=%q: served on %q (stop: %v), want a usage error", weak, addr, err)
 		}
+	}
+	if err := checkToken("0123456789abcdef0123456789abcdef"); err != nil {
+		t.Errorf("a token of 32 characters: %v", err)
 	}
 }
 
