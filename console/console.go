@@ -131,6 +131,12 @@ type Config struct {
 	// -redact-regexp). Defaults to none.
 	RedactFields  []string
 	RedactRegexps []*regexp.Regexp
+	// SecureCookie marks the sign-in cookie Secure (sent over https only).
+	// It is Secure anyway when the request came over TLS, or through a
+	// proxy that says so (X-Forwarded-Proto: https). Set it when the
+	// console is served over https, behind a proxy that terminates TLS.
+	// Defaults to false.
+	SecureCookie bool
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }

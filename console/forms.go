@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -149,12 +150,20 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	http.SetCookie(w, &http.Cookie{Name: TokenCookie, Value: token, Path: c.cfg.BasePath + "/", HttpOnly: true,
-		Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode, MaxAge: 12 * 3600})
+		Secure: c.secure(r), SameSite: http.SameSiteStrictMode, MaxAge: 12 * 3600})
 	http.Redirect(w, r, c.cfg.BasePath+"/", http.StatusSeeOther)
+}
+
+// secure reports whether the sign-in cookie is marked Secure: by
+// Config.SecureCookie, or for a request that came over https (to the
+// server, or to a proxy that says so). A client that claims https where
+// there is none only keeps its own cookie from plain http.
+func (c *Console) secure(r *http.Request) bool {
+	return c.cfg.SecureCookie || r.TLS != nil || strings.EqualFold(r.Header.Get("X-Forwarded-Proto"), "https")
 }
 
 func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
 	http.SetCookie(w, &http.Cookie{Name: TokenCookie, Value: "", Path: c.cfg.BasePath + "/", HttpOnly: true,
-		Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode, MaxAge: -1})
+		Secure: c.secure(r), SameSite: http.SameSiteStrictMode, MaxAge: -1})
 	http.Redirect(w, r, c.cfg.BasePath+"/login", http.StatusSeeOther)
 }

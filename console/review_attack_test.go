@@ -190,6 +190,12 @@ func TestReviewAttackCookieNotSecureBehindTLSProxy(t *testing.T) {
 	if !c[0].Secure {
 		t.Errorf("sign-in over https (TLS terminated by a proxy): cookie %q without Secure", res.header.Get("Set-Cookie"))
 	}
+	// Config.SecureCookie: Secure whatever the request says.
+	f := newEnv(t, func(c *Config) { c.SecureCookie = true })
+	res = f.req("POST", "/login", url.Values{"token": {testToken}}, "Authorization", "")
+	if c := (&http.Response{Header: res.header}).Cookies(); res.status != http.StatusSeeOther || len(c) != 1 || !c[0].Secure {
+		t.Errorf("sign-in with SecureCookie: %d %q", res.status, res.header.Get("Set-Cookie"))
+	}
 }
 
 // TestReviewAttackReplayWithoutDryRunAnyFormToken — LOW (defence in depth,

@@ -65,7 +65,7 @@ func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(f
 // flags are the command's flags.
 type flags struct {
 	listen, database, schema, brokers string
-	readOnly                          bool
+	readOnly, secureCookie            bool
 	dlqSuffix, dlqTopics              string
 	tls                               bool
 	ca, cert, key, serverName         string
@@ -92,6 +92,7 @@ var envDefaults = map[string]string{
 func (f *flags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:8089", "address to listen on (loopback unless told otherwise)")
 	fs.BoolVar(&f.readOnly, "read-only", false, "hide every action: the console only shows")
+	fs.BoolVar(&f.secureCookie, "secure-cookie", false, "mark the sign-in cookie Secure: set it when a proxy serves the console over https")
 	fs.StringVar(&f.database, "database", "", "PostgreSQL URL (default $IDEMKIT_DATABASE_URL)")
 	fs.StringVar(&f.schema, "schema", "public", "schema of idemkit's tables")
 	fs.StringVar(&f.dlqSuffix, "dlq-suffix", ".dlq", "dead-letter topics are the topics whose name ends with this")
@@ -247,7 +248,7 @@ func run(ctx context.Context, args []string, out io.Writer, ready chan<- string)
 		topics = strings.Split(f.dlqTopics, ",")
 	}
 	c, err := console.New(pool, &console.Config{Kafka: kc, Tables: migrate.Tables{Schema: f.schema}, ReadOnly: f.readOnly,
-		Authorize: console.TokenAuth(token, "token"), DLQSuffix: f.dlqSuffix, DLQTopics: topics, Logger: log})
+		SecureCookie: f.secureCookie, Authorize: console.TokenAuth(token, "token"), DLQSuffix: f.dlqSuffix, DLQTopics: topics, Logger: log})
 	if err != nil {
 		return usagef("%v", err)
 	}
