@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"path"
 	"regexp"
 	"slices"
 	"strings"
@@ -103,8 +104,10 @@ type Config struct {
 	// Defaults to false.
 	ReadOnly bool
 	// BasePath is where the handler is mounted in the service's mux
-	// ("/console"), without a trailing slash; the handler strips it.
-	// Defaults to "": the root.
+	// ("/console"): a clean path without a trailing slash. Mount the
+	// handler on BasePath+"/" without stripping it: the console's links and
+	// redirects stay within it, and it answers 404 outside it. Defaults to
+	// "": the root.
 	BasePath string
 	// DLQSuffix names the dead-letter topics: the topics whose name ends
 	// with it. Defaults to dlq.TopicSuffixDefault (".dlq").
@@ -182,8 +185,11 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Console, error) {
 		return nil, fmt.Errorf("%w: FormTTL must not be negative", ErrInvalidConfig)
 	case cfg.Secret != nil && len(cfg.Secret) < 32:
 		return nil, fmt.Errorf("%w: Secret must hold at least 32 bytes", ErrInvalidConfig)
-	case cfg.BasePath != "" && (!strings.HasPrefix(cfg.BasePath, "/") || strings.HasSuffix(cfg.BasePath, "/")):
-		return nil, fmt.Errorf("%w: BasePath %q must start with / and not end with one", ErrInvalidConfig, cfg.BasePath)
+	case cfg.BasePath != "" && (!strings.HasPrefix(cfg.BasePath, "/") || strings.HasSuffix(cfg.BasePath, "/") ||
+		path.Clean(cfg.BasePath) != cfg.BasePath ||
+		strings.ContainsAny(cfg.BasePath, "{}% \t")):
+		return nil, fmt.Errorf("%w: BasePath %q must be a clean path that starts with / and does not end with one, "+
+			"without braces, spaces or escapes", ErrInvalidConfig, cfg.BasePath)
 	}
 	if err := cfg.Kafka.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: Kafka: %w", ErrInvalidConfig, err)
@@ -251,27 +257,29 @@ func (t Thresholds) withDefaults() Thresholds {
 }
 
 func (c *Console) routes() {
-	m := http.NewServeMux()
+	// The patterns hold BasePath, so that the mux's own redirects (path
+	// cleaning, a subtree without its slash) stay within it.
+	m, b := http.NewServeMux(), c.cfg.BasePath
 	static, _ := fs.Sub(staticFS, "static")
-	m.Handle("GET /static/", http.StripPrefix("/static/", staticFiles(static)))
-	m.HandleFunc("GET /login", c.loginPage)
-	m.HandleFunc("POST /login", c.login)
-	m.HandleFunc("POST /logout", c.logout)
-	m.HandleFunc("GET /{$}", c.authed(c.overviewPage))
-	m.HandleFunc("GET /dlq/{topic}", c.authed(c.lettersPage))
-	m.HandleFunc("GET /dlq/{topic}/{partition}/{offset}", c.authed(c.letterPage))
-	m.HandleFunc("POST /dlq/{topic}/{partition}/{offset}/reveal", c.action(c.revealLetter))
-	m.HandleFunc("POST /dlq/{topic}/replay/dry-run", c.action(c.replayDryRun))
-	m.HandleFunc("POST /dlq/{topic}/replay", c.action(c.replay))
-	m.HandleFunc("GET /outbox", c.authed(c.outboxPage))
-	m.HandleFunc("POST /outbox/retry", c.action(c.outboxRetry))
-	m.HandleFunc("GET /consumers", c.authed(c.consumersPage))
-	m.HandleFunc("GET /consumers/{name}/{topic}", c.authed(c.consumerPage))
-	m.HandleFunc("POST /consumers/{name}/{topic}/retry", c.action(c.parkedRetry))
-	m.HandleFunc("GET /idemhttp", c.authed(c.idemhttpPage))
-	m.HandleFunc("POST /idemhttp/resolve", c.action(c.idemhttpResolve))
-	m.HandleFunc("GET /audit", c.authed(c.auditPage))
-	m.HandleFunc("/", c.authed(func(w http.ResponseWriter, r *http.Request, rq *request) {
+	m.Handle("GET "+b+"/static/", http.StripPrefix(b+"/static/", staticFiles(static)))
+	m.HandleFunc("GET "+b+"/login", c.loginPage)
+	m.HandleFunc("POST "+b+"/login", c.login)
+	m.HandleFunc("POST "+b+"/logout", c.logout)
+	m.HandleFunc("GET "+b+"/{$}", c.authed(c.overviewPage))
+	m.HandleFunc("GET "+b+"/dlq/{topic}", c.authed(c.lettersPage))
+	m.HandleFunc("GET "+b+"/dlq/{topic}/{partition}/{offset}", c.authed(c.letterPage))
+	m.HandleFunc("POST "+b+"/dlq/{topic}/{partition}/{offset}/reveal", c.action(c.revealLetter))
+	m.HandleFunc("POST "+b+"/dlq/{topic}/replay/dry-run", c.action(c.replayDryRun))
+	m.HandleFunc("POST "+b+"/dlq/{topic}/replay", c.action(c.replay))
+	m.HandleFunc("GET "+b+"/outbox", c.authed(c.outboxPage))
+	m.HandleFunc("POST "+b+"/outbox/retry", c.action(c.outboxRetry))
+	m.HandleFunc("GET "+b+"/consumers", c.authed(c.consumersPage))
+	m.HandleFunc("GET "+b+"/consumers/{name}/{topic}", c.authed(c.consumerPage))
+	m.HandleFunc("POST "+b+"/consumers/{name}/{topic}/retry", c.action(c.parkedRetry))
+	m.HandleFunc("GET "+b+"/idemhttp", c.authed(c.idemhttpPage))
+	m.HandleFunc("POST "+b+"/idemhttp/resolve", c.action(c.idemhttpResolve))
+	m.HandleFunc("GET "+b+"/audit", c.authed(c.auditPage))
+	m.HandleFunc(b+"/", c.authed(func(w http.ResponseWriter, r *http.Request, rq *request) {
 		c.fail(w, r, rq, http.StatusNotFound, "no such page: "+r.URL.Path)
 	}))
 	c.mux = m
@@ -300,18 +308,15 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Referrer-Policy", "no-referrer")
 	h.Set("Cross-Origin-Opener-Policy", "same-origin")
-	if c.cfg.BasePath != "" {
-		p, ok := strings.CutPrefix(r.URL.Path, c.cfg.BasePath)
-		if !ok || (p != "" && p[0] != '/') {
+	if b := c.cfg.BasePath; b != "" {
+		// Not the console's: a path outside BasePath, or one that cleans to
+		// outside it (the mux would redirect there).
+		if p := path.Clean(r.URL.Path); p != b && !strings.HasPrefix(p, b+"/") {
 			http.NotFound(w, r)
 			return
 		}
-		r2 := r.Clone(r.Context())
-		r2.URL.Path = cmp.Or(p, "/")
-		r2.URL.RawPath = ""
-		r = r2
 	}
-	if !strings.HasPrefix(r.URL.Path, "/static/") {
+	if !strings.HasPrefix(r.URL.Path, c.cfg.BasePath+"/static/") {
 		h.Set("Cache-Control", "no-store") // pages may hold payloads
 	}
 	if err := c.crossOrg.Check(r); err != nil {

@@ -245,10 +245,23 @@ func TestReviewAttackReplayWithoutDryRunAnyFormToken(t *testing.T) {
 func TestReviewAttackRedirectsLeaveTheBasePath(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, func(c *Config) { c.BasePath = "/console" })
-	for _, p := range []string{"/console//audit", "/console/./audit", "/console/dlq/x.dlq/..", "/console/static"} {
+	for p, want := range map[string]string{"/console//audit": "/console/audit", "/console/./audit": "/console/audit",
+		"/console/dlq/x.dlq/..": "/console/dlq", "/console/static": "/console/static/", "/console": "/console/"} {
 		res := e.req("GET", p, nil)
-		if loc := res.header.Get("Location"); loc != "" && !strings.HasPrefix(loc, "/console/") {
-			t.Errorf("GET %s: %d to %q, out of the console's base path", p, res.status, loc)
+		if loc := res.header.Get("Location"); loc != want {
+			t.Errorf("GET %s: %d to %q, want a redirect to %q", p, res.status, loc, want)
+		}
+	}
+	// A path that cleans to outside the base path is not the console's.
+	for _, p := range []string{"/console/../audit", "/console/static/../../x"} {
+		if res := e.req("GET", p, nil); res.status != http.StatusNotFound {
+			t.Errorf("GET %s: %d %q, want 404", p, res.status, res.header.Get("Location"))
+		}
+	}
+	for _, bad := range []string{"/", "/console/", "console", "/a//b", "/a/../b", "/{x}", "/a b", "/%2e"} {
+		if _, err := New(e.db.Pool, &Config{Kafka: e.console.cfg.Kafka, Authorize: TokenAuth(testToken, testName),
+			BasePath: bad}); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("BasePath %q: %v, want ErrInvalidConfig", bad, err)
 		}
 	}
 }
