@@ -468,8 +468,10 @@ func (c *Console) replaySelection(ctx context.Context, r *http.Request, topic st
 	var ids []string
 	switch r.PostFormValue("scope") {
 	case "selected":
+		seen := map[string]bool{}
 		for _, id := range r.PostForm["id"] {
-			if id = strings.TrimSpace(id); id != "" && !slices.Contains(ids, id) {
+			if id = strings.TrimSpace(id); id != "" && !seen[id] {
+				seen[id] = true
 				ids = append(ids, id)
 			}
 		}
@@ -484,15 +486,29 @@ func (c *Console) replaySelection(ctx context.Context, r *http.Request, topic st
 		if err != nil {
 			return lf, nil, err
 		}
-		for _, m := range l.Messages {
+		// Distinct IDs, up to one past the limit: that one is refused.
+		seen := map[string]bool{}
+	scan:
+		for i, m := range l.Messages {
+			if i%1024 == 0 && ctx.Err() != nil {
+				return lf, nil, ctx.Err()
+			}
 			for _, x := range m.Letters {
-				if lf.match(x.DeadLetter) && x.MessageID != "" && !slices.Contains(ids, x.MessageID) {
+				if lf.match(x.DeadLetter) && x.MessageID != "" && !seen[x.MessageID] {
+					seen[x.MessageID] = true
 					ids = append(ids, x.MessageID)
+					if len(ids) > ReplaySelectionMax {
+						break scan
+					}
 				}
 			}
 		}
 		if len(ids) == 0 {
 			return lf, nil, badf("the filter selects no letter with a message ID")
+		}
+		if len(ids) > ReplaySelectionMax {
+			return lf, nil, badf("the filter selects more than %d messages: at most %d per replay; narrow the filter",
+				ReplaySelectionMax, ReplaySelectionMax)
 		}
 	default:
 		return lf, nil, badf("scope: want selected or filtered, not %q", r.PostFormValue("scope"))
