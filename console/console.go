@@ -125,9 +125,13 @@ type Config struct {
 	// FormTTL is how long a rendered form may be submitted. Defaults to
 	// FormTTLDefault.
 	FormTTL time.Duration
-	// Secret signs the forms' tokens (at least 32 bytes): give every
-	// instance behind one load balancer the same. Defaults to random bytes
-	// per process: forms rendered before a restart are refused after it.
+	// SessionTTL is how long a sign-in lasts. Defaults to
+	// SessionTTLDefault.
+	SessionTTL time.Duration
+	// Secret signs the forms' tokens and the sessions (at least 32 bytes):
+	// give every instance behind one load balancer the same. Defaults to
+	// random bytes per process: forms rendered and sessions opened before
+	// a restart are refused after it.
 	Secret []byte
 	// RedactFields are more names whose values are masked whole, and
 	// RedactRegexps more patterns to mask (as idemkit's -redact-fields and
@@ -155,6 +159,7 @@ type Console struct {
 	dedup    *dedup.Store
 	audit    *auditLog
 	forms    *forms
+	sessions *sessions
 	red      *redact.Redactor
 	reveal   *redact.Redactor
 	pages    map[string]*template.Template
@@ -181,8 +186,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Console, error) {
 		return nil, fmt.Errorf("%w: nil config", ErrInvalidConfig)
 	case cfg.Authorize == nil:
 		return nil, fmt.Errorf("%w: Authorize is required: the console has no anonymous access", ErrInvalidConfig)
-	case cfg.FormTTL < 0:
-		return nil, fmt.Errorf("%w: FormTTL must not be negative", ErrInvalidConfig)
+	case cfg.FormTTL < 0 || cfg.SessionTTL < 0:
+		return nil, fmt.Errorf("%w: FormTTL and SessionTTL must not be negative", ErrInvalidConfig)
 	case cfg.Secret != nil && len(cfg.Secret) < 32:
 		return nil, fmt.Errorf("%w: Secret must hold at least 32 bytes", ErrInvalidConfig)
 	case cfg.BasePath != "" && (!strings.HasPrefix(cfg.BasePath, "/") || strings.HasSuffix(cfg.BasePath, "/") ||
@@ -197,6 +202,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Console, error) {
 	c := &Console{pool: pool, cfg: *cfg, tables: cfg.Tables.WithDefaults()}
 	c.cfg.DLQSuffix = cmp.Or(c.cfg.DLQSuffix, dlq.TopicSuffixDefault)
 	c.cfg.FormTTL = cmp.Or(c.cfg.FormTTL, FormTTLDefault)
+	c.cfg.SessionTTL = cmp.Or(c.cfg.SessionTTL, SessionTTLDefault)
 	c.cfg.Thresholds = c.cfg.Thresholds.withDefaults()
 	c.log = cmp.Or(c.cfg.Logger, slog.Default())
 	if err := c.tables.Validate(); err != nil {
@@ -210,6 +216,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Console, error) {
 		}
 	}
 	c.forms = &forms{secret: secret, ttl: c.cfg.FormTTL, now: time.Now}
+	c.sessions = &sessions{secret: secret, ttl: c.cfg.SessionTTL, now: time.Now, revoked: map[string]time.Time{}}
 	var err error
 	if c.monitor, err = monitor.New(&monitor.Config{Kafka: c.cfg.Kafka, Tables: c.tables}); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
@@ -355,6 +362,11 @@ func (c *Console) authed(page func(http.ResponseWriter, *http.Request, *request)
 	return func(w http.ResponseWriter, r *http.Request) {
 		rq := &request{json: wantsJSON(r)}
 		p, err := c.cfg.Authorize(r)
+		if errors.Is(err, ErrUnauthorized) {
+			if ss, ok := c.session(r); ok {
+				p, err = Principal{Name: ss.principal}, nil
+			}
+		}
 		switch {
 		case errors.Is(err, ErrUnauthorized):
 			c.unauthorized(w, r, rq)

@@ -79,23 +79,17 @@ func (f *forms) check(token, principal string) (string, error) {
 	return hex.EncodeToString(b[:nonceLen]), nil
 }
 
-// TokenCookie is the cookie the sign-in page sets for TokenAuth.
-const TokenCookie = "idemkit_console"
-
 // TokenAuth returns an Authorize function that admits the requests
-// carrying token: in the cookie the console's sign-in page sets, or as
-// "Authorization: Bearer TOKEN" (for JSON clients). Every such request is
-// the principal name. The standalone command uses it.
+// carrying token as "Authorization: Bearer TOKEN" (JSON clients, and the
+// sign-in page's check of the token it is given): every such request is
+// the principal name. A browser signs in once with the token and then
+// carries a session, not the token (see Config.SessionTTL). token should
+// be long and random: the standalone command draws 32 bytes, and refuses a
+// chosen one shorter than 32 characters. An empty token admits nobody.
 func TokenAuth(token, name string) func(*http.Request) (Principal, error) {
 	want := sha256.Sum256([]byte(token))
 	return func(r *http.Request) (Principal, error) {
-		got := ""
-		if c, err := r.Cookie(TokenCookie); err == nil {
-			got = c.Value
-		}
-		if h, ok := cutBearer(r.Header.Get("Authorization")); ok {
-			got = h
-		}
+		got, _ := cutBearer(r.Header.Get("Authorization"))
 		sum := sha256.Sum256([]byte(got))
 		if token == "" || got == "" || subtle.ConstantTimeCompare(sum[:], want[:]) != 1 {
 			return Principal{}, ErrUnauthorized
@@ -134,23 +128,23 @@ func (c *Console) loginPage(w http.ResponseWriter, r *http.Request) {
 	c.render(w, &request{}, http.StatusOK, "login", "Sign in", loginData{})
 }
 
-// login sets the token cookie and checks it with Authorize: a wrong token
-// signs nobody in.
+// login checks the token it is given with Authorize (as "Authorization:
+// Bearer TOKEN") and, when it admits it, opens a session: the cookie holds
+// the session, never the token. A wrong token signs nobody in.
 func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, 1<<16)
 	token := r.PostFormValue("token")
 	probe := r.Clone(r.Context())
 	probe.Header = r.Header.Clone()
-	probe.Header.Del("Authorization")
 	probe.Header.Del("Cookie")
-	probe.AddCookie(&http.Cookie{Name: TokenCookie, Value: token})
-	if _, err := c.cfg.Authorize(probe); err != nil || token == "" {
+	probe.Header.Set("Authorization", "Bearer "+token)
+	p, err := c.cfg.Authorize(probe)
+	if err != nil || token == "" || p.Name == "" {
 		c.log.Warn("console: sign-in refused", "remote_addr", remoteAddr(r))
 		c.render(w, &request{}, http.StatusUnauthorized, "login", "Sign in", loginData{Error: "That token is not valid."})
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: TokenCookie, Value: token, Path: c.cfg.BasePath + "/", HttpOnly: true,
-		Secure: c.secure(r), SameSite: http.SameSiteStrictMode, MaxAge: 12 * 3600})
+	http.SetCookie(w, c.cookie(r, c.sessions.issue(p.Name)))
 	http.Redirect(w, r, c.cfg.BasePath+"/", http.StatusSeeOther)
 }
 
@@ -162,8 +156,12 @@ func (c *Console) secure(r *http.Request) bool {
 	return c.cfg.SecureCookie || r.TLS != nil || strings.EqualFold(r.Header.Get("X-Forwarded-Proto"), "https")
 }
 
+// logout ends the request's session, server-side (a copy of its cookie is
+// refused too), and clears the cookie.
 func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
-	http.SetCookie(w, &http.Cookie{Name: TokenCookie, Value: "", Path: c.cfg.BasePath + "/", HttpOnly: true,
-		Secure: c.secure(r), SameSite: http.SameSiteStrictMode, MaxAge: -1})
+	if ss, ok := c.session(r); ok {
+		c.sessions.revoke(ss)
+	}
+	http.SetCookie(w, c.cookie(r, ""))
 	http.Redirect(w, r, c.cfg.BasePath+"/login", http.StatusSeeOther)
 }

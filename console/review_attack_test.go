@@ -19,6 +19,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -166,6 +167,40 @@ func TestReviewAttackCookieIsTheRawToken(t *testing.T) {
 	}
 	if r := e.req("GET", "/?format=json", nil, "Authorization", "", "Cookie", cookie); r.status == http.StatusOK {
 		t.Errorf("a cookie captured before sign-out still signs in after it")
+	}
+	// A session expires whatever the browser keeps; one signed by another
+	// console, or altered, is refused; each console names its own cookie.
+	res = e.req("POST", "/login", url.Values{"token": {testToken}}, "Authorization", "")
+	c = (&http.Response{Header: res.header}).Cookies()
+	if len(c) != 1 || !strings.HasPrefix(c[0].Name, "idemkit_console_") || c[0].MaxAge != int(SessionTTLDefault/time.Second) {
+		t.Fatalf("cookie %+v", c)
+	}
+	cookie = c[0].Name + "=" + c[0].Value
+	if r := e.req("GET", "/?format=json", nil, "Authorization", "", "Cookie", cookie); r.status != http.StatusOK {
+		t.Fatalf("with the session: %d", r.status)
+	}
+	e.console.sessions.now = func() time.Time { return time.Now().Add(SessionTTLDefault + time.Minute) }
+	if r := e.req("GET", "/?format=json", nil, "Authorization", "", "Cookie", cookie); r.status != http.StatusUnauthorized {
+		t.Errorf("an expired session: %d", r.status)
+	}
+	e.console.sessions.now = time.Now
+	other := newEnv(t, nil)
+	if other.console.cookieName(false) == e.console.cookieName(false) {
+		t.Errorf("two consoles share the cookie name %s", c[0].Name)
+	}
+	if r := other.req("GET", "/?format=json", nil, "Authorization", "", "Cookie", other.console.cookieName(false)+"="+c[0].Value); r.status != http.StatusUnauthorized {
+		t.Errorf("another console's session: %d", r.status)
+	}
+	v := []byte(c[0].Value)
+	v[3] ^= 1
+	if r := e.req("GET", "/?format=json", nil, "Authorization", "", "Cookie", c[0].Name+"="+string(v)); r.status != http.StatusUnauthorized {
+		t.Errorf("an altered session: %d", r.status)
+	}
+	// Over https: a __Host- cookie for the whole origin.
+	res = e.req("POST", "/login", url.Values{"token": {testToken}}, "Authorization", "", "X-Forwarded-Proto", "https")
+	c = (&http.Response{Header: res.header}).Cookies()
+	if len(c) != 1 || c[0].Name != "__Host-"+e.console.cookieName(false) || c[0].Path != "/" || !c[0].Secure {
+		t.Errorf("cookie over https: %q", res.header.Get("Set-Cookie"))
 	}
 }
 

@@ -62,8 +62,8 @@ func TestReviewHeldNoAnonymousAccess(t *testing.T) {
 	}
 	// Wrong credentials of every form.
 	for _, h := range [][]string{{"Authorization", "Bearer " + testToken + "x"}, {"Authorization", "Bearer "},
-		{"Authorization", "Basic " + testToken}, {"Authorization", "", "Cookie", TokenCookie + "=" + testToken[:len(testToken)-1]},
-		{"Authorization", "", "Cookie", TokenCookie + "="}, {"Authorization", "Bearer  " + testToken}} {
+		{"Authorization", "Basic " + testToken}, {"Authorization", "", "Cookie", e.console.cookieName(false) + "=" + testToken},
+		{"Authorization", "", "Cookie", e.console.cookieName(false) + "="}, {"Authorization", "Bearer  " + testToken}} {
 		if res := e.req("GET", "/console/audit?format=json", nil, h...); res.status != http.StatusUnauthorized {
 			t.Errorf("%q: %d", h, res.status)
 		}
