@@ -275,16 +275,16 @@ func (c *Console) routes() {
 	m.HandleFunc("GET "+b+"/{$}", c.authed(c.overviewPage))
 	m.HandleFunc("GET "+b+"/dlq/{topic}", c.authed(c.lettersPage))
 	m.HandleFunc("GET "+b+"/dlq/{topic}/{partition}/{offset}", c.authed(c.letterPage))
-	m.HandleFunc("POST "+b+"/dlq/{topic}/{partition}/{offset}/reveal", c.action(c.revealLetter))
-	m.HandleFunc("POST "+b+"/dlq/{topic}/replay/dry-run", c.action(c.replayDryRun))
-	m.HandleFunc("POST "+b+"/dlq/{topic}/replay", c.action(c.replay))
+	m.HandleFunc("POST "+b+"/dlq/{topic}/{partition}/{offset}/reveal", c.action(named(actReveal), c.revealLetter))
+	m.HandleFunc("POST "+b+"/dlq/{topic}/replay/dry-run", c.action(named(actDryRun), c.replayDryRun))
+	m.HandleFunc("POST "+b+"/dlq/{topic}/replay", c.action(c.replayAction, c.replay))
 	m.HandleFunc("GET "+b+"/outbox", c.authed(c.outboxPage))
-	m.HandleFunc("POST "+b+"/outbox/retry", c.action(c.outboxRetry))
+	m.HandleFunc("POST "+b+"/outbox/retry", c.action(named(actOutboxRetry), c.outboxRetry))
 	m.HandleFunc("GET "+b+"/consumers", c.authed(c.consumersPage))
 	m.HandleFunc("GET "+b+"/consumers/{name}/{topic}", c.authed(c.consumerPage))
-	m.HandleFunc("POST "+b+"/consumers/{name}/{topic}/retry", c.action(c.parkedRetry))
+	m.HandleFunc("POST "+b+"/consumers/{name}/{topic}/retry", c.action(named(actParkedRetry), c.parkedRetry))
 	m.HandleFunc("GET "+b+"/idemhttp", c.authed(c.idemhttpPage))
-	m.HandleFunc("POST "+b+"/idemhttp/resolve", c.action(c.idemhttpResolve))
+	m.HandleFunc("POST "+b+"/idemhttp/resolve", c.action(named(actResolve), c.idemhttpResolve))
 	m.HandleFunc("GET "+b+"/audit", c.authed(c.auditPage))
 	m.HandleFunc(b+"/", c.authed(func(w http.ResponseWriter, r *http.Request, rq *request) {
 		c.fail(w, r, rq, http.StatusNotFound, "no such page: "+r.URL.Path)
@@ -383,9 +383,25 @@ func (c *Console) authed(page func(http.ResponseWriter, *http.Request, *request)
 	}
 }
 
+// The actions a form token is issued for (see forms). A replay's is
+// replayAction's: it names the selection.
+const (
+	actReveal      = "dlq.reveal"
+	actDryRun      = "dlq.dry-run"
+	actOutboxRetry = "outbox.retry"
+	actParkedRetry = "consumer.parked.retry"
+	actResolve     = "idemhttp.resolve"
+)
+
+// named is the binding of a form whose token names action only.
+func named(action string) func(*http.Request) string {
+	return func(*http.Request) string { return action }
+}
+
 // action runs act for an authorized POST with a valid form token, unless
-// the console is read-only; act gets the form's key (see forms).
-func (c *Console) action(act func(http.ResponseWriter, *http.Request, *request, string)) http.HandlerFunc {
+// the console is read-only; act gets the form's key (see forms). bind says
+// the action the token must have been issued for, from the parsed form.
+func (c *Console) action(bind func(*http.Request) string, act func(http.ResponseWriter, *http.Request, *request, string)) http.HandlerFunc {
 	return c.authed(func(w http.ResponseWriter, r *http.Request, rq *request) {
 		if c.cfg.ReadOnly {
 			c.fail(w, r, rq, http.StatusForbidden, "the console is read-only: no action is taken")
@@ -396,7 +412,7 @@ func (c *Console) action(act func(http.ResponseWriter, *http.Request, *request, 
 			c.fail(w, r, rq, http.StatusBadRequest, "unreadable form: "+err.Error())
 			return
 		}
-		key, err := c.forms.check(r.PostFormValue("csrf"), rq.principal.Name)
+		key, err := c.forms.check(r.PostFormValue("csrf"), rq.principal.Name, bind(r))
 		if err != nil {
 			c.fail(w, r, rq, http.StatusForbidden, err.Error()+": nothing was changed; reload the page and submit the form again")
 			return
@@ -425,9 +441,9 @@ type page struct {
 	Error     string
 }
 
-// Token returns a fresh form token for the page's principal: each form
-// gets its own, the key that makes submitting it twice act once.
-func (p *page) Token() string { return p.c.forms.issue(p.Principal) }
+// Token returns a fresh form token of action for the page's principal:
+// each form gets its own, the key that makes submitting it twice act once.
+func (p *page) Token(action string) string { return p.c.forms.issue(p.Principal, action) }
 
 // render writes data as the page named name, or as JSON.
 func (c *Console) render(w http.ResponseWriter, rq *request, status int, name, title string, data any) {

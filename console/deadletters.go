@@ -2,6 +2,8 @@ package console
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
@@ -419,6 +421,11 @@ type replayData struct {
 	Records dlq.Counts   `json:"records"`
 	// Messages counts origin messages (dlq.Summary.Messages).
 	Messages dlq.Counts `json:"messages"`
+	// ConfirmToken is a dry run's token for its confirm form: the csrf of
+	// the replay of the same selection (scope "selected" with the IDs when
+	// IDs is set, else "filtered" with the filter). Empty when there is
+	// nothing to confirm, or the console is read-only.
+	ConfirmToken string `json:"confirm_token,omitempty"`
 	// Result is what the replay did: nil in a dry run.
 	Result *actResult `json:"result,omitempty"`
 	Error  string     `json:"error,omitempty"`
@@ -468,14 +475,7 @@ func (c *Console) replaySelection(ctx context.Context, r *http.Request, topic st
 	var ids []string
 	switch r.PostFormValue("scope") {
 	case "selected":
-		seen := map[string]bool{}
-		for _, id := range r.PostForm["id"] {
-			if id = strings.TrimSpace(id); id != "" && !seen[id] {
-				seen[id] = true
-				ids = append(ids, id)
-			}
-		}
-		if len(ids) == 0 {
+		if ids = formIDs(r); len(ids) == 0 {
 			return lf, nil, badf("no letter selected: check the letters to replay, or replay every filtered letter")
 		}
 	case "filtered":
@@ -517,6 +517,43 @@ func (c *Console) replaySelection(ctx context.Context, r *http.Request, topic st
 		return lf, nil, badf("%d messages selected: at most %d per replay; narrow the filter", len(ids), ReplaySelectionMax)
 	}
 	return lf, ids, nil
+}
+
+// formIDs are the message IDs a replay form checks: trimmed, each once, in
+// order.
+func formIDs(r *http.Request) []string {
+	var ids []string
+	seen := map[string]bool{}
+	for _, id := range r.PostForm["id"] {
+		if id = strings.TrimSpace(id); id != "" && !seen[id] {
+			seen[id] = true
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// selectionAction is the form action of a replay's confirm form: it names
+// the topic and the selection (scope, filter and message IDs), so that its
+// token, which only the dry run of that selection issues, confirms that
+// replay and no other.
+func selectionAction(topic, scope string, lf letterFilter, ids []string) string {
+	h := sha256.New()
+	for _, s := range append([]string{topic, scope, lf.Values().Encode()}, ids...) {
+		h.Write([]byte(s))
+		h.Write([]byte{0})
+	}
+	return "dlq.replay " + hex.EncodeToString(h.Sum(nil))
+}
+
+// replayAction is the action a replay form's token must name: that of
+// the selection it posts.
+func (c *Console) replayAction(r *http.Request) string {
+	lf, err := parseFilter(r.PostForm)
+	if err != nil {
+		return ""
+	}
+	return selectionAction(r.PathValue("topic"), r.PostFormValue("scope"), lf, formIDs(r))
 }
 
 // runReplay runs the Reprocessor over the selection: once with the filter,
@@ -594,6 +631,13 @@ func (c *Console) replayDryRun(w http.ResponseWriter, r *http.Request, rq *reque
 	if err != nil {
 		c.failErr(w, r, rq, "dry run", err)
 		return
+	}
+	if !c.cfg.ReadOnly && len(d.Items) > 0 {
+		scope := "filtered"
+		if ids != nil {
+			scope = "selected"
+		}
+		d.ConfirmToken = c.forms.issue(rq.principal.Name, selectionAction(topic, scope, lf, ids))
 	}
 	c.render(w, rq, http.StatusOK, "replay", "Replay "+topic+": dry run", d)
 }

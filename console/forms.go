@@ -15,11 +15,13 @@ import (
 )
 
 // forms issues and checks the tokens of the console's forms. A token is a
-// random nonce, the time it was issued and an HMAC over both and the
-// principal it was issued to: a page of another site cannot make one
-// (CSRF), and one issued to someone else or too long ago is refused. The
-// nonce is the form's key: the audit table holds it once, so that a form
-// submitted twice acts once.
+// random nonce, the time it was issued and an HMAC over both, the
+// principal it was issued to and the action it is for: a page of another
+// site cannot make one (CSRF), and one issued to someone else, for another
+// form, or too long ago is refused. A replay's action names its selection,
+// and only its dry run issues it: a replay runs from its dry run's confirm
+// form, never from another form's token. The nonce is the form's key: the
+// audit table holds it once, so that a form submitted twice acts once.
 type forms struct {
 	secret []byte
 	ttl    time.Duration
@@ -34,33 +36,35 @@ const (
 // Errors of forms.check.
 var (
 	errFormMissing = errors.New("the form carries no token (forms are valid only as the console renders them)")
-	errFormInvalid = errors.New("the form's token is not valid for you")
+	errFormInvalid = errors.New("the form's token is not valid for you and this form (a replay runs only from its dry run's confirm form)")
 	errFormExpired = errors.New("the form has expired")
 )
 
-func (f *forms) mac(principal string, nonce []byte, issued int64) []byte {
+func (f *forms) mac(principal, action string, nonce []byte, issued int64) []byte {
 	m := hmac.New(sha256.New, f.secret)
 	m.Write([]byte("idemkit-console-form\x00"))
-	m.Write([]byte(principal))
-	m.Write([]byte{0})
+	for _, s := range []string{principal, action} {
+		m.Write([]byte(s))
+		m.Write([]byte{0})
+	}
 	m.Write(nonce)
 	_ = binary.Write(m, binary.BigEndian, issued)
 	return m.Sum(nil)[:macLen]
 }
 
-// issue returns a new token for principal.
-func (f *forms) issue(principal string) string {
+// issue returns a new token of action for principal.
+func (f *forms) issue(principal, action string) string {
 	b := make([]byte, nonceLen+8, nonceLen+8+macLen)
 	_, _ = rand.Read(b[:nonceLen])
 	issued := f.now().Unix()
 	binary.BigEndian.PutUint64(b[nonceLen:], uint64(issued))
-	b = append(b, f.mac(principal, b[:nonceLen], issued)...)
+	b = append(b, f.mac(principal, action, b[:nonceLen], issued)...)
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
 // check returns the form's key (its nonce, in hex) when token was issued to
-// principal within the TTL.
-func (f *forms) check(token, principal string) (string, error) {
+// principal for action within the TTL.
+func (f *forms) check(token, principal, action string) (string, error) {
 	if token == "" {
 		return "", errFormMissing
 	}
@@ -69,7 +73,7 @@ func (f *forms) check(token, principal string) (string, error) {
 		return "", errFormInvalid
 	}
 	issued := int64(binary.BigEndian.Uint64(b[nonceLen:]))
-	if !hmac.Equal(b[nonceLen+8:], f.mac(principal, b[:nonceLen], issued)) {
+	if action == "" || !hmac.Equal(b[nonceLen+8:], f.mac(principal, action, b[:nonceLen], issued)) {
 		return "", errFormInvalid
 	}
 	age := f.now().Sub(time.Unix(issued, 0))

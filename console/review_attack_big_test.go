@@ -49,6 +49,7 @@ func (e *env) writeLetters(n int, extra ...kafka.Header) {
 
 func (e *env) timed(method, path string, form url.Values) (int, string, time.Duration) {
 	var r *http.Request
+	e.resolveForm(path, form)
 	if form != nil {
 		r = httptest.NewRequest(method, path, strings.NewReader(form.Encode()))
 		r.Header.Set("Content-Type", "application/x-www-form-urlencoded")

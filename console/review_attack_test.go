@@ -11,6 +11,7 @@ package console
 import (
 	"context"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -262,8 +263,26 @@ func TestReviewAttackReplayWithoutDryRunAnyFormToken(t *testing.T) {
 	tok = tok[strings.Index(tok, `name="csrf" value="`)+len(`name="csrf" value="`):]
 	tok = tok[:strings.Index(tok, `"`)]
 	res := e.req("POST", base+"/replay", url.Values{"csrf": {tok}, "scope": {"filtered"}})
-	if res.status == http.StatusOK && e.originMessages() > 0 {
-		t.Errorf("a reveal form's token replayed the whole topic with no dry run: %d messages republished", e.originMessages())
+	if res.status != http.StatusForbidden || e.originMessages() > 0 {
+		t.Errorf("a reveal form's token replayed the whole topic with no dry run: %d, %d messages republished",
+			res.status, e.originMessages())
+	}
+	// A dry run's token confirms its own selection, not a wider one.
+	res = e.req("POST", base+"/replay/dry-run", e.form("scope", "selected", "id", "pay-0"), "Accept", "application/json")
+	var dry replayData
+	if err := json.Unmarshal([]byte(res.body), &dry); err != nil || dry.ConfirmToken == "" {
+		t.Fatalf("dry run: %v %s", err, res.body)
+	}
+	wider := url.Values{"csrf": {dry.ConfirmToken}, "scope": {"selected"}, "id": {"pay-0", "pay-1"}}
+	if res := e.req("POST", base+"/replay", wider); res.status != http.StatusForbidden {
+		t.Errorf("a dry run's token of pay-0 confirming pay-0 and pay-1: %d", res.status)
+	}
+	if res := e.req("POST", base+"/replay", url.Values{"csrf": {dry.ConfirmToken}, "scope": {"filtered"}}); res.status != http.StatusForbidden {
+		t.Errorf("a dry run's token of pay-0 confirming every letter: %d", res.status)
+	}
+	own := url.Values{"csrf": {dry.ConfirmToken}, "scope": {"selected"}, "id": {"pay-0"}}
+	if res := e.req("POST", base+"/replay", own); res.status != http.StatusOK || e.originMessages() != 1 {
+		t.Errorf("the dry run's own confirm: %d, %d republished\n%s", res.status, e.originMessages(), res.body)
 	}
 }
 
@@ -367,6 +386,7 @@ func TestReviewAttackReplayAbortedByClientDisconnect(t *testing.T) {
 		e.deadLetter(int64(i), fmt.Sprintf("pay-%d", i), "k", `{"n":1}`, retry.Permanent(errors.New("no order")))
 	}
 	form := e.form("scope", "selected", "id", "pay-0", "id", "pay-1", "id", "pay-2")
+	e.resolveForm("/dlq/"+url.PathEscape(e.dlq)+"/replay", form)
 	r := httptest.NewRequestWithContext(reqCtx, "POST", "/dlq/"+url.PathEscape(e.dlq)+"/replay", strings.NewReader(form.Encode()))
 	r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	r.Header.Set("Authorization", "Bearer "+testToken)

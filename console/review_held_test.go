@@ -79,7 +79,7 @@ func TestReviewHeldCSRF(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, nil)
 	id := e.deadOutboxMessage("orders", "k", "boom")
-	tok := e.console.forms.issue(testName)
+	tok := e.console.forms.issue(testName, actOutboxRetry)
 	// A token in the URL of a GET or of a POST: refused.
 	if res := e.req("GET", "/outbox/retry?csrf="+url.QueryEscape(tok)+"&id="+id, nil); res.status == http.StatusOK {
 		t.Errorf("GET with the token in the query: %d", res.status)
@@ -140,7 +140,7 @@ func TestReviewHeldNoMarkupInjection(t *testing.T) {
 	e.deadOutboxMessage("dest", "okey"+x, "oerr"+x)
 	e.idemRecord("acct"+x, "op"+x, "ikey"+x, 7, -time.Minute)
 	form := func(kv ...string) url.Values {
-		v := url.Values{"csrf": {e.console.forms.issue(principal)}}
+		v := url.Values{"csrf": {autoToken + principal}}
 		for i := 0; i+1 < len(kv); i += 2 {
 			v.Add(kv[i], kv[i+1])
 		}
@@ -205,6 +205,7 @@ func TestReviewHeldConcurrentSubmitActsOnce(t *testing.T) {
 	}
 	base := "/dlq/" + url.PathEscape(e.dlq)
 	f := e.form("scope", "filtered")
+	e.resolveForm(base+"/replay", f)
 	var wg sync.WaitGroup
 	codes := make([]int, 8)
 	for i := range codes {
