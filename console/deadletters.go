@@ -3,6 +3,7 @@ package console
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -642,6 +643,44 @@ func (c *Console) replayDryRun(w http.ResponseWriter, r *http.Request, rq *reque
 	c.render(w, rq, http.StatusOK, "replay", "Replay "+topic+": dry run", d)
 }
 
+// errReplayRunning refuses a replay of a topic that another replay (of
+// this console or another sharing its database) is running.
+var errReplayRunning = errors.New("refused: a replay of this topic is running")
+
+// lockTopic takes the PostgreSQL advisory lock of topic's replays, on a
+// connection of its own held until unlock, or refuses with
+// errReplayRunning. Two Reprocessors of one topic at once would both find
+// a letter not yet replayed and both write it back: one replay per topic
+// at a time writes each once.
+func (c *Console) lockTopic(ctx context.Context, topic string) (unlock func(), err error) {
+	h := sha256.Sum256([]byte("idemkit-console-replay\x00" + c.tables.Schema + "\x00" + topic))
+	lockID := int64(binary.BigEndian.Uint64(h[:8]))
+	conn, err := c.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("lock the topic's replays: %w", err)
+	}
+	var ok bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, lockID).Scan(&ok); err != nil {
+		conn.Release()
+		return nil, fmt.Errorf("lock the topic's replays: %w", err)
+	}
+	if !ok {
+		conn.Release()
+		return nil, fmt.Errorf("%w: try again once it has ended (see the audit page)", errReplayRunning)
+	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		var released bool
+		if err := conn.QueryRow(ctx, `SELECT pg_advisory_unlock($1)`, lockID).Scan(&released); err != nil || !released {
+			// The session may still hold the lock: close it, which ends it.
+			c.log.Error("console: unlock a topic's replays", "topic", topic, "err", err)
+			_ = conn.Conn().Close(ctx)
+		}
+		conn.Release()
+	}, nil
+}
+
 // replay runs the replay a dry run showed, once per form.
 func (c *Console) replay(w http.ResponseWriter, r *http.Request, rq *request, key string) {
 	ctx, cancel := ctxTimeout(r)
@@ -662,7 +701,11 @@ func (c *Console) replay(w http.ResponseWriter, r *http.Request, rq *request, ke
 	}
 	var d *replayData
 	res, err := c.act(r, rq, key, "dlq.replay", target, func(ctx context.Context) (string, error) {
-		var err error
+		unlock, err := c.lockTopic(ctx, topic)
+		if err != nil {
+			return "", err
+		}
+		defer unlock()
 		d, err = c.runReplay(ctx, topic, rq.principal.Name+" (console)", lf, ids, false)
 		if d == nil {
 			return "", err
@@ -678,7 +721,11 @@ func (c *Console) replay(w http.ResponseWriter, r *http.Request, rq *request, ke
 	}
 	d.Result = &res
 	status := http.StatusOK
-	if res.Outcome == outcomeFailed && !res.Duplicate {
+	switch {
+	case res.Duplicate:
+	case res.Outcome == outcomeFailed && strings.HasPrefix(res.Detail, errReplayRunning.Error()):
+		status, d.Error = http.StatusConflict, res.Detail
+	case res.Outcome == outcomeFailed:
 		status, d.Error = http.StatusInternalServerError, res.Detail
 	}
 	c.render(w, rq, status, "replay", "Replay "+topic, d)

@@ -437,4 +437,21 @@ func TestReviewAttackConcurrentReplaysRepublishTwice(t *testing.T) {
 		}
 		t.Errorf("3 concurrent replays of 10 letters wrote %d messages to the origin topic, want 10; audit: %q", n, details)
 	}
+	// While a replay of the topic runs (its lock held), another is refused
+	// and audited so.
+	unlock, err := e.console.lockTopic(context.Background(), e.dlq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := e.req("POST", base+"/replay", e.form("scope", "filtered"))
+	unlock()
+	if res.status != http.StatusConflict || !strings.Contains(res.body, "a replay of this topic is running") {
+		t.Errorf("a replay while another runs: %d\n%s", res.status, res.body)
+	}
+	if a := e.audit(); a[0].Outcome != outcomeFailed || !strings.HasPrefix(a[0].Detail, "refused: a replay of this topic is running") {
+		t.Errorf("audit of the refused replay: %+v", a[0])
+	}
+	if res := e.req("POST", base+"/replay", e.form("scope", "filtered")); res.status != http.StatusOK {
+		t.Errorf("a replay once the lock is released: %d\n%s", res.status, res.body)
+	}
 }
