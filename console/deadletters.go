@@ -191,8 +191,10 @@ func (c *Console) lettersPage(w http.ResponseWriter, r *http.Request, rq *reques
 }
 
 // letters lists one page of a topic's dead letters. The listing holds
-// every letter's coordinates and headers, never its key or value
-// (dlq.ListConfig.NoPayload); only the page's rows are rendered.
+// what was parsed of every letter (coordinates, message ID, origin,
+// history), never its key, value or headers (dlq.ListConfig.NoPayload and
+// DropHeaders: the origin's headers are its producer's to choose, and may
+// be large); only the page's rows are rendered.
 func (c *Console) letters(ctx context.Context, r *http.Request) (*lettersData, error) {
 	topic, err := c.topicOf(r)
 	if err != nil {
@@ -211,7 +213,7 @@ func (c *Console) letters(ctx context.Context, r *http.Request) (*lettersData, e
 	if d.Page, err = atoiParam(q, "page", 1, 1, 1<<30); err != nil {
 		return nil, err
 	}
-	l, noReplays, err := c.list(ctx, &dlq.ListConfig{Topics: []string{topic}, Filter: lf.f, NoPayload: true})
+	l, noReplays, err := c.list(ctx, &dlq.ListConfig{Topics: []string{topic}, Filter: lf.f, NoPayload: true, DropHeaders: true})
 	if err != nil {
 		return nil, err
 	}
@@ -347,7 +349,7 @@ func (c *Console) letter(ctx context.Context, topic string, d *dlq.DeadLetter, r
 	}
 	// Its state: from the listing of its message's letters (every round).
 	if d.MessageID != "" {
-		l, _, err := c.list(ctx, &dlq.ListConfig{Topics: []string{topic}, Filter: dlq.Filter{MessageID: d.MessageID}, NoPayload: true})
+		l, _, err := c.list(ctx, &dlq.ListConfig{Topics: []string{topic}, Filter: dlq.Filter{MessageID: d.MessageID}, NoPayload: true, DropHeaders: true})
 		if err != nil {
 			return nil, err
 		}
@@ -483,7 +485,7 @@ func (c *Console) replaySelection(ctx context.Context, r *http.Request, topic st
 		if lf.Class == "" {
 			return lf, nil, nil
 		}
-		l, _, err := c.list(ctx, &dlq.ListConfig{Topics: []string{topic}, Filter: lf.f, NoPayload: true})
+		l, _, err := c.list(ctx, &dlq.ListConfig{Topics: []string{topic}, Filter: lf.f, NoPayload: true, DropHeaders: true})
 		if err != nil {
 			return lf, nil, err
 		}
