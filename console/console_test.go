@@ -30,6 +30,8 @@ func TestMain(m *testing.M) { testenv.Main(m, nil) }
 const (
 	testToken = "s3cret-console-token"
 	testName  = "operator"
+	// testPAN is a card number: pages show it masked (************1111).
+	testPAN = "4111111111111111"
 )
 
 // env is one test's schema, topics and console.
@@ -627,5 +629,53 @@ func (e *env) idemRecord(account, operation, key string, token int64, leaseLeft 
 		VALUES ($1, $2, $3, '\x00', 'PROCESSING', $4, now() + $5::bigint * interval '1 microsecond', now(), now(), now() + interval '1 day')`,
 		account, operation, key, token, leaseLeft.Microseconds()); err != nil {
 		e.t.Fatal(err)
+	}
+}
+
+// Mounted under BasePath, the mux's own redirects (path cleaning, a subtree
+// without its slash) stay within it, a path that cleans to outside it is
+// not the console's, and New refuses a BasePath that is not a clean path.
+func TestRedirectsStayWithinBasePath(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *Config) { c.BasePath = "/console" })
+	for p, want := range map[string]string{"/console//audit": "/console/audit", "/console/./audit": "/console/audit",
+		"/console/dlq/x.dlq/..": "/console/dlq", "/console/static": "/console/static/", "/console": "/console/"} {
+		res := e.req("GET", p, nil)
+		if loc := res.header.Get("Location"); loc != want {
+			t.Errorf("GET %s: %d to %q, want a redirect to %q", p, res.status, loc, want)
+		}
+	}
+	// A path that cleans to outside the base path is not the console's.
+	for _, p := range []string{"/console/../audit", "/console/static/../../x"} {
+		if res := e.req("GET", p, nil); res.status != http.StatusNotFound {
+			t.Errorf("GET %s: %d %q, want 404", p, res.status, res.header.Get("Location"))
+		}
+	}
+	for _, bad := range []string{"/", "/console/", "console", "/a//b", "/a/../b", "/{x}", "/a b", "/%2e"} {
+		if _, err := New(e.db.Pool, &Config{Kafka: e.console.cfg.Kafka, Authorize: TokenAuth(testToken, testName),
+			BasePath: bad}); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("BasePath %q: %v, want ErrInvalidConfig", bad, err)
+		}
+	}
+}
+
+// The console has no script, and its CSP allows none: mounted in a service,
+// 'self' would be every endpoint of the service.
+func TestCSPAllowsNoScript(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	csp := e.get("/audit").header.Get("Content-Security-Policy")
+	if !strings.Contains(csp, "script-src 'none'") {
+		t.Errorf("CSP %q: script-src should be 'none', the console has no script", csp)
+	}
+}
+
+// /static/ serves its files by name and lists nothing, to anyone.
+func TestStaticListsNoDirectory(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	res := e.req("GET", "/static/", nil, "Authorization", "")
+	if res.status == http.StatusOK {
+		t.Errorf("GET /static/ without credentials: a directory listing:\n%s", res.body)
 	}
 }

@@ -1,9 +1,5 @@
 package console
 
-// Security review of the web console (branch console-review): the attacks
-// that did NOT succeed. These tests pass on the code as merged and are kept
-// as regression tests (go test -run TestReviewHeld).
-
 import (
 	"context"
 	"errors"
@@ -15,17 +11,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/testenv"
 	"github.com/idemkit/idemkit/retry"
+	"github.com/segmentio/kafka-go"
 )
 
 // Every route, every method, every way of asking: without credentials
 // nothing but the sign-in page and the static files answers 2xx, and no
 // action runs.
-func TestReviewHeldNoAnonymousAccess(t *testing.T) {
+func TestNoAnonymousAccess(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, func(c *Config) { c.BasePath = "/console" })
 	e.deadLetter(0, "pay-1", "k", `{"card":"4111111111111111"}`, retry.Permanent(errors.New("boom")))
@@ -74,8 +69,8 @@ func TestReviewHeldNoAnonymousAccess(t *testing.T) {
 }
 
 // Forms: tokens only from the body, never from the query; cross-site
-// requests refused, sign-in included; tokens of others, forged, replayed.
-func TestReviewHeldCSRF(t *testing.T) {
+// requests refused, sign-in included; tokens of others, forged, altered.
+func TestFormTokensRefuseForgery(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, nil)
 	id := e.deadOutboxMessage("orders", "k", "boom")
@@ -117,7 +112,7 @@ func TestReviewHeldCSRF(t *testing.T) {
 // Every field an attacker can write (dead-letter headers, history, key,
 // header names; outbox errors and destinations; idempotency keys; the
 // principal; query parameters; paths) is escaped; JSON is JSON.
-func TestReviewHeldNoMarkupInjection(t *testing.T) {
+func TestEveryFieldIsEscaped(t *testing.T) {
 	t.Parallel()
 	const x = `"'><x-xss>`
 	principal := "op" + x
@@ -197,7 +192,7 @@ func TestReviewHeldNoMarkupInjection(t *testing.T) {
 
 // The same form submitted many times at once acts once; a missing audit
 // table refuses every action.
-func TestReviewHeldConcurrentSubmitActsOnce(t *testing.T) {
+func TestConcurrentSubmitsActOnce(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, nil)
 	for i := range 3 {
@@ -236,7 +231,7 @@ func TestReviewHeldConcurrentSubmitActsOnce(t *testing.T) {
 }
 
 // Bad input: a clear 4xx, no crash, no huge allocation.
-func TestReviewHeldBadInput(t *testing.T) {
+func TestBadInputIsAClearError(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, nil)
 	e.deadLetter(0, "pay-1", "k", `{}`, retry.Permanent(errors.New("boom")))

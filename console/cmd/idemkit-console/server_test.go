@@ -1,9 +1,5 @@
 package main
 
-// Security review of the standalone console (branch console-review): each
-// test is an attack that succeeds on the code as merged, so each FAILS
-// until its finding is fixed (go test -run TestReviewAttack).
-
 import (
 	"bufio"
 	"context"
@@ -15,9 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // startConsole runs the command on a loopback port with token (empty: it
@@ -44,15 +39,10 @@ func startConsole(t *testing.T, token string) (string, func() error) {
 	}
 }
 
-// TestReviewAttackWeakTokenAccepted — LOW. The command refuses a token
-// shorter than 16 characters but takes any 16: sixteen times the same
-// letter, or sixteen spaces (which, being invalid in a cookie, also makes
-// the sign-in page fail while Bearer works). TokenAuth itself (public API)
-// takes any non-empty token, even one character.
-// Fix: require some entropy (e.g. at least 16 distinct-ish characters or
-// 128 bits when base64/hex), trim and refuse whitespace and characters
-// invalid in a cookie value; document the same for TokenAuth.
-func TestReviewAttackWeakTokenAccepted(t *testing.T) {
+// A chosen token shorter than 32 characters, holding whitespace, or one
+// character repeated is refused with a usage error that says why: the
+// console would start guessable.
+func TestChosenTokenMustBeStrong(t *testing.T) {
 	for _, weak := range []string{"aaaaaaaaaaaaaaaa", "                ", "1111111111111111", strings.Repeat("a", 40),
 		strings.Repeat(" ", 40), "correct horse battery staple, twice over", "0123456789abcdef0123456789abcde"} {
 		addr, stop := startConsole(t, weak)
@@ -67,20 +57,12 @@ func TestReviewAttackWeakTokenAccepted(t *testing.T) {
 	}
 }
 
-// TestReviewAttackSlowClientsHoldConnections — MEDIUM (unauthenticated
-// DoS when listening beyond loopback). The server sets ReadHeaderTimeout
-// only (main.go: http.Server{ReadHeaderTimeout: 10s}): no ReadTimeout, no
-// IdleTimeout, no WriteTimeout. POST /login reads its body before any
-// authentication, with no deadline: a client that sends the headers and
-// then trickles (or never sends) the body holds a connection and a
-// goroutine forever; a keep-alive connection left idle is never closed
-// either. A few thousand such sockets from anyone who can reach the port
-// exhaust the process's file descriptors, and the console with them.
-// Fix: ReadTimeout (30 s: forms are small), IdleTimeout (60 s),
-// MaxHeaderBytes (64 KiB); WriteTimeout above the replay bound, or
-// http.TimeoutHandler around the non-action pages.
-// This test waits 65 s; skipped with -short.
-func TestReviewAttackSlowClientsHoldConnections(t *testing.T) {
+// The server cuts off a client that sends a request's headers and then
+// trickles (or never sends) its body, and a keep-alive connection left
+// idle: whoever reaches the port cannot hold connections and goroutines
+// open. Waits up to 65s (the server's bounds are 30s); skipped with
+// -short.
+func TestSlowClientsAreCutOff(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits 65s")
 	}
