@@ -123,10 +123,12 @@ type actResult struct {
 
 // act records the action in the audit table under the form's key, runs do
 // unless the key was recorded before, and records its outcome. Its error
-// is the audit table's: then nothing was done.
+// is the audit table's: then nothing was done. do's context ends after
+// ActionTimeout, not when the request's does.
 func (c *Console) act(r *http.Request, rq *request, key, action, target string,
 	do func(ctx context.Context) (string, error)) (actResult, error) {
-	ctx := r.Context()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), ActionTimeout)
+	defer cancel()
 	id, prev, err := c.audit.start(ctx, c.pool, AuditEntry{Principal: rq.principal.Name, RemoteAddr: remoteAddr(r),
 		Action: action, Target: target}, key)
 	if err != nil {
@@ -136,6 +138,12 @@ func (c *Console) act(r *http.Request, rq *request, key, action, target string,
 		return actResult{AuditID: id, Duplicate: true, Outcome: prev.Outcome, Detail: prev.Detail}, nil
 	}
 	detail, actErr := do(ctx)
+	// An action's error may quote what it acted on (a handler's error
+	// naming a card number): the page, the JSON and the audit table get it
+	// redacted as the history's errors are.
+	if actErr != nil {
+		actErr = errors.New(c.red.Text(actErr.Error()))
+	}
 	res := actResult{AuditID: id, Outcome: outcomeDone, Detail: detail}
 	if actErr != nil {
 		res.Outcome, res.Detail = outcomeFailed, actErr.Error()

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"path"
 	"regexp"
 	"slices"
 	"strings"
@@ -52,6 +53,11 @@ const (
 	PageSizeMax = 500
 	// ReplaySelectionMax bounds the letters one replay of a selection names.
 	ReplaySelectionMax = 100
+	// ActionTimeout bounds an action (a replay, a retry, a reveal) once its
+	// form is accepted. The action runs to its end or to this bound even
+	// when the client goes away: a confirmed replay is not cut half-way by
+	// a closed tab.
+	ActionTimeout = 2 * time.Minute
 )
 
 // Principal is who a request comes from, as Authorize says.
@@ -98,8 +104,10 @@ type Config struct {
 	// Defaults to false.
 	ReadOnly bool
 	// BasePath is where the handler is mounted in the service's mux
-	// ("/console"), without a trailing slash; the handler strips it.
-	// Defaults to "": the root.
+	// ("/console"): a clean path without a trailing slash. Mount the
+	// handler on BasePath+"/" without stripping it: the console's links and
+	// redirects stay within it, and it answers 404 outside it. Defaults to
+	// "": the root.
 	BasePath string
 	// DLQSuffix names the dead-letter topics: the topics whose name ends
 	// with it. Defaults to dlq.TopicSuffixDefault (".dlq").
@@ -117,15 +125,25 @@ type Config struct {
 	// FormTTL is how long a rendered form may be submitted. Defaults to
 	// FormTTLDefault.
 	FormTTL time.Duration
-	// Secret signs the forms' tokens (at least 32 bytes): give every
-	// instance behind one load balancer the same. Defaults to random bytes
-	// per process: forms rendered before a restart are refused after it.
+	// SessionTTL is how long a sign-in lasts. Defaults to
+	// SessionTTLDefault.
+	SessionTTL time.Duration
+	// Secret signs the forms' tokens and the sessions (at least 32 bytes):
+	// give every instance behind one load balancer the same. Defaults to
+	// random bytes per process: forms rendered and sessions opened before
+	// a restart are refused after it.
 	Secret []byte
 	// RedactFields are more names whose values are masked whole, and
 	// RedactRegexps more patterns to mask (as idemkit's -redact-fields and
 	// -redact-regexp). Defaults to none.
 	RedactFields  []string
 	RedactRegexps []*regexp.Regexp
+	// SecureCookie marks the sign-in cookie Secure (sent over https only).
+	// It is Secure anyway when the request came over TLS, or through a
+	// proxy that says so (X-Forwarded-Proto: https). Set it when the
+	// console is served over https, behind a proxy that terminates TLS.
+	// Defaults to false.
+	SecureCookie bool
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -141,6 +159,7 @@ type Console struct {
 	dedup    *dedup.Store
 	audit    *auditLog
 	forms    *forms
+	sessions *sessions
 	red      *redact.Redactor
 	reveal   *redact.Redactor
 	pages    map[string]*template.Template
@@ -167,12 +186,15 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Console, error) {
 		return nil, fmt.Errorf("%w: nil config", ErrInvalidConfig)
 	case cfg.Authorize == nil:
 		return nil, fmt.Errorf("%w: Authorize is required: the console has no anonymous access", ErrInvalidConfig)
-	case cfg.FormTTL < 0:
-		return nil, fmt.Errorf("%w: FormTTL must not be negative", ErrInvalidConfig)
+	case cfg.FormTTL < 0 || cfg.SessionTTL < 0:
+		return nil, fmt.Errorf("%w: FormTTL and SessionTTL must not be negative", ErrInvalidConfig)
 	case cfg.Secret != nil && len(cfg.Secret) < 32:
 		return nil, fmt.Errorf("%w: Secret must hold at least 32 bytes", ErrInvalidConfig)
-	case cfg.BasePath != "" && (!strings.HasPrefix(cfg.BasePath, "/") || strings.HasSuffix(cfg.BasePath, "/")):
-		return nil, fmt.Errorf("%w: BasePath %q must start with / and not end with one", ErrInvalidConfig, cfg.BasePath)
+	case cfg.BasePath != "" && (!strings.HasPrefix(cfg.BasePath, "/") || strings.HasSuffix(cfg.BasePath, "/") ||
+		path.Clean(cfg.BasePath) != cfg.BasePath ||
+		strings.ContainsAny(cfg.BasePath, "{}% \t")):
+		return nil, fmt.Errorf("%w: BasePath %q must be a clean path that starts with / and does not end with one, "+
+			"without braces, spaces or escapes", ErrInvalidConfig, cfg.BasePath)
 	}
 	if err := cfg.Kafka.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: Kafka: %w", ErrInvalidConfig, err)
@@ -180,6 +202,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Console, error) {
 	c := &Console{pool: pool, cfg: *cfg, tables: cfg.Tables.WithDefaults()}
 	c.cfg.DLQSuffix = cmp.Or(c.cfg.DLQSuffix, dlq.TopicSuffixDefault)
 	c.cfg.FormTTL = cmp.Or(c.cfg.FormTTL, FormTTLDefault)
+	c.cfg.SessionTTL = cmp.Or(c.cfg.SessionTTL, SessionTTLDefault)
 	c.cfg.Thresholds = c.cfg.Thresholds.withDefaults()
 	c.log = cmp.Or(c.cfg.Logger, slog.Default())
 	if err := c.tables.Validate(); err != nil {
@@ -193,6 +216,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Console, error) {
 		}
 	}
 	c.forms = &forms{secret: secret, ttl: c.cfg.FormTTL, now: time.Now}
+	c.sessions = &sessions{secret: secret, ttl: c.cfg.SessionTTL, now: time.Now, revoked: map[string]time.Time{}}
 	var err error
 	if c.monitor, err = monitor.New(&monitor.Config{Kafka: c.cfg.Kafka, Tables: c.tables}); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
@@ -240,54 +264,66 @@ func (t Thresholds) withDefaults() Thresholds {
 }
 
 func (c *Console) routes() {
-	m := http.NewServeMux()
+	// The patterns hold BasePath, so that the mux's own redirects (path
+	// cleaning, a subtree without its slash) stay within it.
+	m, b := http.NewServeMux(), c.cfg.BasePath
 	static, _ := fs.Sub(staticFS, "static")
-	m.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
-	m.HandleFunc("GET /login", c.loginPage)
-	m.HandleFunc("POST /login", c.login)
-	m.HandleFunc("POST /logout", c.logout)
-	m.HandleFunc("GET /{$}", c.authed(c.overviewPage))
-	m.HandleFunc("GET /dlq/{topic}", c.authed(c.lettersPage))
-	m.HandleFunc("GET /dlq/{topic}/{partition}/{offset}", c.authed(c.letterPage))
-	m.HandleFunc("POST /dlq/{topic}/{partition}/{offset}/reveal", c.action(c.revealLetter))
-	m.HandleFunc("POST /dlq/{topic}/replay/dry-run", c.action(c.replayDryRun))
-	m.HandleFunc("POST /dlq/{topic}/replay", c.action(c.replay))
-	m.HandleFunc("GET /outbox", c.authed(c.outboxPage))
-	m.HandleFunc("POST /outbox/retry", c.action(c.outboxRetry))
-	m.HandleFunc("GET /consumers", c.authed(c.consumersPage))
-	m.HandleFunc("GET /consumers/{name}/{topic}", c.authed(c.consumerPage))
-	m.HandleFunc("POST /consumers/{name}/{topic}/retry", c.action(c.parkedRetry))
-	m.HandleFunc("GET /idemhttp", c.authed(c.idemhttpPage))
-	m.HandleFunc("POST /idemhttp/resolve", c.action(c.idemhttpResolve))
-	m.HandleFunc("GET /audit", c.authed(c.auditPage))
-	m.HandleFunc("/", c.authed(func(w http.ResponseWriter, r *http.Request, rq *request) {
+	m.Handle("GET "+b+"/static/", http.StripPrefix(b+"/static/", staticFiles(static)))
+	m.HandleFunc("GET "+b+"/login", c.loginPage)
+	m.HandleFunc("POST "+b+"/login", c.login)
+	m.HandleFunc("POST "+b+"/logout", c.logout)
+	m.HandleFunc("GET "+b+"/{$}", c.authed(c.overviewPage))
+	m.HandleFunc("GET "+b+"/dlq/{topic}", c.authed(c.lettersPage))
+	m.HandleFunc("GET "+b+"/dlq/{topic}/{partition}/{offset}", c.authed(c.letterPage))
+	m.HandleFunc("POST "+b+"/dlq/{topic}/{partition}/{offset}/reveal", c.action(named(actReveal), c.revealLetter))
+	m.HandleFunc("POST "+b+"/dlq/{topic}/replay/dry-run", c.action(named(actDryRun), c.replayDryRun))
+	m.HandleFunc("POST "+b+"/dlq/{topic}/replay", c.action(c.replayAction, c.replay))
+	m.HandleFunc("GET "+b+"/outbox", c.authed(c.outboxPage))
+	m.HandleFunc("POST "+b+"/outbox/retry", c.action(named(actOutboxRetry), c.outboxRetry))
+	m.HandleFunc("GET "+b+"/consumers", c.authed(c.consumersPage))
+	m.HandleFunc("GET "+b+"/consumers/{name}/{topic}", c.authed(c.consumerPage))
+	m.HandleFunc("POST "+b+"/consumers/{name}/{topic}/retry", c.action(named(actParkedRetry), c.parkedRetry))
+	m.HandleFunc("GET "+b+"/idemhttp", c.authed(c.idemhttpPage))
+	m.HandleFunc("POST "+b+"/idemhttp/resolve", c.action(named(actResolve), c.idemhttpResolve))
+	m.HandleFunc("GET "+b+"/audit", c.authed(c.auditPage))
+	m.HandleFunc(b+"/", c.authed(func(w http.ResponseWriter, r *http.Request, rq *request) {
 		c.fail(w, r, rq, http.StatusNotFound, "no such page: "+r.URL.Path)
 	}))
 	c.mux = m
+}
+
+// staticFiles serves the files of fsys, and answers 404 for a directory:
+// no listing.
+func staticFiles(fsys fs.FS) http.Handler {
+	files := http.FileServerFS(fsys)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if st, err := fs.Stat(fsys, cmp.Or(strings.TrimSuffix(r.URL.Path, "/"), ".")); err != nil || st.IsDir() {
+			http.NotFound(w, r)
+			return
+		}
+		files.ServeHTTP(w, r)
+	})
 }
 
 // ServeHTTP serves the console: every response carries strict headers, every
 // page but sign-in and the static files needs Authorize's approval.
 func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
-	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self'; script-src 'self'; "+
+	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self'; script-src 'none'; "+
 		"form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Referrer-Policy", "no-referrer")
 	h.Set("Cross-Origin-Opener-Policy", "same-origin")
-	if c.cfg.BasePath != "" {
-		p, ok := strings.CutPrefix(r.URL.Path, c.cfg.BasePath)
-		if !ok || (p != "" && p[0] != '/') {
+	if b := c.cfg.BasePath; b != "" {
+		// Not the console's: a path outside BasePath, or one that cleans to
+		// outside it (the mux would redirect there).
+		if p := path.Clean(r.URL.Path); p != b && !strings.HasPrefix(p, b+"/") {
 			http.NotFound(w, r)
 			return
 		}
-		r2 := r.Clone(r.Context())
-		r2.URL.Path = cmp.Or(p, "/")
-		r2.URL.RawPath = ""
-		r = r2
 	}
-	if !strings.HasPrefix(r.URL.Path, "/static/") {
+	if !strings.HasPrefix(r.URL.Path, c.cfg.BasePath+"/static/") {
 		h.Set("Cache-Control", "no-store") // pages may hold payloads
 	}
 	if err := c.crossOrg.Check(r); err != nil {
@@ -326,6 +362,11 @@ func (c *Console) authed(page func(http.ResponseWriter, *http.Request, *request)
 	return func(w http.ResponseWriter, r *http.Request) {
 		rq := &request{json: wantsJSON(r)}
 		p, err := c.cfg.Authorize(r)
+		if errors.Is(err, ErrUnauthorized) {
+			if ss, ok := c.session(r); ok {
+				p, err = Principal{Name: ss.principal}, nil
+			}
+		}
 		switch {
 		case errors.Is(err, ErrUnauthorized):
 			c.unauthorized(w, r, rq)
@@ -342,9 +383,25 @@ func (c *Console) authed(page func(http.ResponseWriter, *http.Request, *request)
 	}
 }
 
+// The actions a form token is issued for (see forms). A replay's is
+// replayAction's: it names the selection.
+const (
+	actReveal      = "dlq.reveal"
+	actDryRun      = "dlq.dry-run"
+	actOutboxRetry = "outbox.retry"
+	actParkedRetry = "consumer.parked.retry"
+	actResolve     = "idemhttp.resolve"
+)
+
+// named is the binding of a form whose token names action only.
+func named(action string) func(*http.Request) string {
+	return func(*http.Request) string { return action }
+}
+
 // action runs act for an authorized POST with a valid form token, unless
-// the console is read-only; act gets the form's key (see forms).
-func (c *Console) action(act func(http.ResponseWriter, *http.Request, *request, string)) http.HandlerFunc {
+// the console is read-only; act gets the form's key (see forms). bind says
+// the action the token must have been issued for, from the parsed form.
+func (c *Console) action(bind func(*http.Request) string, act func(http.ResponseWriter, *http.Request, *request, string)) http.HandlerFunc {
 	return c.authed(func(w http.ResponseWriter, r *http.Request, rq *request) {
 		if c.cfg.ReadOnly {
 			c.fail(w, r, rq, http.StatusForbidden, "the console is read-only: no action is taken")
@@ -355,7 +412,7 @@ func (c *Console) action(act func(http.ResponseWriter, *http.Request, *request, 
 			c.fail(w, r, rq, http.StatusBadRequest, "unreadable form: "+err.Error())
 			return
 		}
-		key, err := c.forms.check(r.PostFormValue("csrf"), rq.principal.Name)
+		key, err := c.forms.check(r.PostFormValue("csrf"), rq.principal.Name, bind(r))
 		if err != nil {
 			c.fail(w, r, rq, http.StatusForbidden, err.Error()+": nothing was changed; reload the page and submit the form again")
 			return
@@ -384,9 +441,9 @@ type page struct {
 	Error     string
 }
 
-// Token returns a fresh form token for the page's principal: each form
-// gets its own, the key that makes submitting it twice act once.
-func (p *page) Token() string { return p.c.forms.issue(p.Principal) }
+// Token returns a fresh form token of action for the page's principal:
+// each form gets its own, the key that makes submitting it twice act once.
+func (p *page) Token(action string) string { return p.c.forms.issue(p.Principal, action) }
 
 // render writes data as the page named name, or as JSON.
 func (c *Console) render(w http.ResponseWriter, rq *request, status int, name, title string, data any) {

@@ -30,6 +30,8 @@ func TestMain(m *testing.M) { testenv.Main(m, nil) }
 const (
 	testToken = "s3cret-console-token"
 	testName  = "operator"
+	// testPAN is a card number: pages show it masked (************1111).
+	testPAN = "4111111111111111"
 )
 
 // env is one test's schema, topics and console.
@@ -93,9 +95,40 @@ type response struct {
 	body   string
 }
 
+// resolveForm gives a form made by form the token of the action that path
+// takes, as the page holding the form would have; sent again, the form
+// keeps it. A replay's token names the form's selection, as its dry run's
+// does.
+func (e *env) resolveForm(path string, form url.Values) {
+	principal, ok := strings.CutPrefix(form.Get("csrf"), autoToken)
+	if !ok {
+		return
+	}
+	path, _, _ = strings.Cut(path, "?")
+	action := "unknown"
+	switch {
+	case strings.HasSuffix(path, "/reveal"):
+		action = actReveal
+	case strings.HasSuffix(path, "/replay/dry-run"):
+		action = actDryRun
+	case strings.HasSuffix(path, "/replay"):
+		topic, _ := url.PathUnescape(strings.TrimSuffix(path[strings.Index(path, "/dlq/")+len("/dlq/"):], "/replay"))
+		lf, _ := parseFilter(form)
+		action = selectionAction(topic, form.Get("scope"), lf, formIDs(&http.Request{PostForm: form}))
+	case strings.HasSuffix(path, "/outbox/retry"):
+		action = actOutboxRetry
+	case strings.HasSuffix(path, "/idemhttp/resolve"):
+		action = actResolve
+	case strings.HasSuffix(path, "/retry"):
+		action = actParkedRetry
+	}
+	form.Set("csrf", e.console.forms.issue(principal, action))
+}
+
 // req sends a request through the console; auth adds the token.
 func (e *env) req(method, path string, form url.Values, hdr ...string) response {
 	e.t.Helper()
+	e.resolveForm(path, form)
 	var body io.Reader
 	if form != nil {
 		body = strings.NewReader(form.Encode())
@@ -140,9 +173,14 @@ func (e *env) getJSON(path string, v any) {
 	}
 }
 
-// form returns a form with a fresh token.
+// autoToken marks a form whose token req issues when it sends it, for the
+// action of the path it is sent to (see resolveForm), to the principal
+// after the colon.
+const autoToken = "auto:"
+
+// form returns a form that gets a fresh token of its action when sent.
 func (e *env) form(kv ...string) url.Values {
-	v := url.Values{"csrf": {e.console.forms.issue(testName)}}
+	v := url.Values{"csrf": {autoToken + testName}}
 	for i := 0; i+1 < len(kv); i += 2 {
 		v.Add(kv[i], kv[i+1])
 	}
@@ -361,9 +399,10 @@ func TestDeadLetterEscapedRedactedAndRevealed(t *testing.T) {
 	// Reveal without a token, with a forged one, with an expired one:
 	// refused, nothing audited, nothing shown.
 	for name, f := range map[string]url.Values{
-		"no token":     {},
-		"forged token": {"csrf": {"AAAA" + e.console.forms.issue(testName)[4:]}},
-		"other's":      {"csrf": {e.console.forms.issue("someone-else")}},
+		"no token":       {},
+		"forged token":   {"csrf": {"AAAA" + e.console.forms.issue(testName, actReveal)[4:]}},
+		"other's":        {"csrf": {e.console.forms.issue("someone-else", actReveal)}},
+		"another form's": {"csrf": {e.console.forms.issue(testName, actOutboxRetry)}},
 	} {
 		res := e.req("POST", letter+"/reveal", f)
 		if res.status != http.StatusForbidden || strings.Contains(res.body, "4111111111111111") {
@@ -372,7 +411,7 @@ func TestDeadLetterEscapedRedactedAndRevealed(t *testing.T) {
 	}
 	old := e.console.forms.now
 	e.console.forms.now = func() time.Time { return time.Now().Add(-2 * FormTTLDefault) }
-	expired := e.form()
+	expired := url.Values{"csrf": {e.console.forms.issue(testName, actReveal)}}
 	e.console.forms.now = old
 	if res := e.req("POST", letter+"/reveal", expired); res.status != http.StatusForbidden || !strings.Contains(res.body, "expired") {
 		t.Fatalf("reveal with an expired token: %d\n%s", res.status, res.body)
@@ -590,5 +629,53 @@ func (e *env) idemRecord(account, operation, key string, token int64, leaseLeft 
 		VALUES ($1, $2, $3, '\x00', 'PROCESSING', $4, now() + $5::bigint * interval '1 microsecond', now(), now(), now() + interval '1 day')`,
 		account, operation, key, token, leaseLeft.Microseconds()); err != nil {
 		e.t.Fatal(err)
+	}
+}
+
+// Mounted under BasePath, the mux's own redirects (path cleaning, a subtree
+// without its slash) stay within it, a path that cleans to outside it is
+// not the console's, and New refuses a BasePath that is not a clean path.
+func TestRedirectsStayWithinBasePath(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *Config) { c.BasePath = "/console" })
+	for p, want := range map[string]string{"/console//audit": "/console/audit", "/console/./audit": "/console/audit",
+		"/console/dlq/x.dlq/..": "/console/dlq", "/console/static": "/console/static/", "/console": "/console/"} {
+		res := e.req("GET", p, nil)
+		if loc := res.header.Get("Location"); loc != want {
+			t.Errorf("GET %s: %d to %q, want a redirect to %q", p, res.status, loc, want)
+		}
+	}
+	// A path that cleans to outside the base path is not the console's.
+	for _, p := range []string{"/console/../audit", "/console/static/../../x"} {
+		if res := e.req("GET", p, nil); res.status != http.StatusNotFound {
+			t.Errorf("GET %s: %d %q, want 404", p, res.status, res.header.Get("Location"))
+		}
+	}
+	for _, bad := range []string{"/", "/console/", "console", "/a//b", "/a/../b", "/{x}", "/a b", "/%2e"} {
+		if _, err := New(e.db.Pool, &Config{Kafka: e.console.cfg.Kafka, Authorize: TokenAuth(testToken, testName),
+			BasePath: bad}); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("BasePath %q: %v, want ErrInvalidConfig", bad, err)
+		}
+	}
+}
+
+// The console has no script, and its CSP allows none: mounted in a service,
+// 'self' would be every endpoint of the service.
+func TestCSPAllowsNoScript(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	csp := e.get("/audit").header.Get("Content-Security-Policy")
+	if !strings.Contains(csp, "script-src 'none'") {
+		t.Errorf("CSP %q: script-src should be 'none', the console has no script", csp)
+	}
+}
+
+// /static/ serves its files by name and lists nothing, to anyone.
+func TestStaticListsNoDirectory(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, nil)
+	res := e.req("GET", "/static/", nil, "Authorization", "")
+	if res.status == http.StatusOK {
+		t.Errorf("GET /static/ without credentials: a directory listing:\n%s", res.body)
 	}
 }

@@ -2,9 +2,12 @@ package console
 
 import (
 	"context"
-	"encoding/hex"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -72,10 +75,11 @@ type partitionDetail struct {
 }
 
 type parkedRow struct {
-	Partition   int        `json:"partition"`
-	Offset      int64      `json:"offset"`
-	Key         string     `json:"key"`
-	KeyHex      string     `json:"key_hex"`
+	Partition int    `json:"partition"`
+	Offset    int64  `json:"offset"`
+	Key       string `json:"key"`
+	// KeyID names the key in a retry form: an HMAC of it, never its bytes.
+	KeyID       string     `json:"key_id"`
 	MessageID   string     `json:"message_id"`
 	Head        bool       `json:"head"`
 	Behind      int        `json:"behind"`
@@ -150,7 +154,7 @@ func (c *Console) consumer(ctx context.Context, name, topic string) (*consumerDa
 		return d, nil
 	}
 	for _, p := range list {
-		row := parkedRow{Partition: p.Partition, Offset: p.Offset, Key: c.red.Bytes(p.Key), KeyHex: hex.EncodeToString(p.Key),
+		row := parkedRow{Partition: p.Partition, Offset: p.Offset, Key: c.red.Bytes(p.Key), KeyID: c.parkedKeyID(name, topic, p.Partition, p.Key),
 			MessageID: p.MessageID, Head: p.Head, Behind: p.Behind, Attempts: p.Attempts, NextAttempt: p.NextAttempt.UTC(),
 			Due: p.Due, LastError: c.red.Text(p.LastError), ParkedAt: p.ParkedAt.UTC()}
 		if !p.LastFailure.IsZero() {
@@ -182,8 +186,50 @@ func (c *Console) consumerPage(w http.ResponseWriter, r *http.Request, rq *reque
 	c.render(w, rq, http.StatusOK, "consumer", d.Consumer+" on "+d.Topic, d)
 }
 
+// parkedKeyID is the opaque handle of a parked key in a retry form: an
+// HMAC of the consumer, topic, partition and key under the console's
+// secret. A page shows a key redacted; its raw bytes (even in hex) would
+// undo the redaction, so they never leave the server.
+func (c *Console) parkedKeyID(name, topic string, partition int, key []byte) string {
+	m := hmac.New(sha256.New, c.forms.secret)
+	m.Write([]byte("idemkit-console-parked-key\x00"))
+	for _, s := range []string{name, topic, strconv.Itoa(partition)} {
+		m.Write([]byte(s))
+		m.Write([]byte{0})
+	}
+	m.Write(key)
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil)[:parkedKeyIDLen])
+}
+
+const parkedKeyIDLen = 16
+
+// parkedKey finds the parked key of partition whose handle is id, among
+// the keys parked there.
+func (c *Console) parkedKey(ctx context.Context, name, topic string, partition int, id string) ([]byte, error) {
+	want, err := base64.RawURLEncoding.DecodeString(id)
+	if err != nil || len(want) != parkedKeyIDLen {
+		return nil, badf("key_id: not a parked key's handle")
+	}
+	list, err := consumer.ListParked(ctx, c.pool, c.dedup, consumer.ParkedQuery{Consumer: name, Topic: topic,
+		Partitions: []int{partition}, Limit: parkedResolveLimit})
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range list {
+		if p.Head && hmac.Equal([]byte(c.parkedKeyID(name, topic, partition, p.Key)), []byte(id)) {
+			return p.Key, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: no parked key of partition %d has that handle (released meanwhile?)", errNotFound, partition)
+}
+
+// parkedResolveLimit bounds the parked messages of a partition read to
+// find a key by its handle.
+const parkedResolveLimit = 10 * parkedListLimit
+
 // parkedRetry makes parked keys due now (consumer.RetryParked): one key
-// (key_hex), or every key (all=1), once per form.
+// (partition and key_id, its handle), or every key (all=1), once per form.
+// The audit target names the key redacted, as the page shows it.
 func (c *Console) parkedRetry(w http.ResponseWriter, r *http.Request, rq *request, key string) {
 	ctx, cancel := ctxTimeout(r)
 	defer cancel()
@@ -195,13 +241,18 @@ func (c *Console) parkedRetry(w http.ResponseWriter, r *http.Request, rq *reques
 	q := consumer.ParkedQuery{Consumer: name, Topic: topic}
 	target := fmt.Sprintf("consumer %s on %s: every parked key", name, topic)
 	if r.PostFormValue("all") != "1" {
-		k, err := hex.DecodeString(r.PostFormValue("key_hex"))
-		if err != nil {
-			c.fail(w, r, rq, http.StatusBadRequest, "retry parked: key_hex: not hex")
+		p, err := strconv.Atoi(r.PostFormValue("partition"))
+		if err != nil || p < 0 {
+			c.fail(w, r, rq, http.StatusBadRequest, "retry parked: partition: want a whole number")
 			return
 		}
-		q.Keys = [][]byte{k}
-		target = fmt.Sprintf("consumer %s on %s: key %x", name, topic, k)
+		k, err := c.parkedKey(ctx, name, topic, p, r.PostFormValue("key_id"))
+		if err != nil {
+			c.failErr(w, r, rq, "retry parked", err)
+			return
+		}
+		q.Partitions, q.Keys = []int{p}, [][]byte{k}
+		target = fmt.Sprintf("consumer %s on %s: partition %d key %s", name, topic, p, c.red.Bytes(k))
 	}
 	res, err := c.act(r, rq, key, "consumer.parked.retry", target, func(ctx context.Context) (string, error) {
 		heads, err := consumer.RetryParked(ctx, c.pool, c.dedup, q)

@@ -2,6 +2,9 @@ package console
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
@@ -188,8 +191,10 @@ func (c *Console) lettersPage(w http.ResponseWriter, r *http.Request, rq *reques
 }
 
 // letters lists one page of a topic's dead letters. The listing holds
-// every letter's coordinates and headers, never its key or value
-// (dlq.ListConfig.NoPayload); only the page's rows are rendered.
+// what was parsed of every letter (coordinates, message ID, origin,
+// history), never its key, value or headers (dlq.ListConfig.NoPayload and
+// DropHeaders: the origin's headers are its producer's to choose, and may
+// be large); only the page's rows are rendered.
 func (c *Console) letters(ctx context.Context, r *http.Request) (*lettersData, error) {
 	topic, err := c.topicOf(r)
 	if err != nil {
@@ -208,7 +213,7 @@ func (c *Console) letters(ctx context.Context, r *http.Request) (*lettersData, e
 	if d.Page, err = atoiParam(q, "page", 1, 1, 1<<30); err != nil {
 		return nil, err
 	}
-	l, noReplays, err := c.list(ctx, &dlq.ListConfig{Topics: []string{topic}, Filter: lf.f, NoPayload: true})
+	l, noReplays, err := c.list(ctx, &dlq.ListConfig{Topics: []string{topic}, Filter: lf.f, NoPayload: true, DropHeaders: true})
 	if err != nil {
 		return nil, err
 	}
@@ -313,6 +318,18 @@ func (c *Console) findLetter(ctx context.Context, r *http.Request) (string, *dlq
 	return topic, found, nil
 }
 
+// redactReplay returns a copy of rp with its texts redacted by red: dlq
+// records there the handler's error, which may name what the history's
+// errors name.
+func redactReplay(rp *dlq.Replay, red *redact.Redactor) *dlq.Replay {
+	if rp == nil {
+		return nil
+	}
+	out := *rp
+	out.Detail, out.ReplayedBy = red.Text(out.Detail), red.Text(out.ReplayedBy)
+	return &out
+}
+
 // letter is d's page, redacted by red.
 func (c *Console) letter(ctx context.Context, topic string, d *dlq.DeadLetter, red *redact.Redactor) (*letterData, error) {
 	m := d.Message
@@ -332,14 +349,14 @@ func (c *Console) letter(ctx context.Context, topic string, d *dlq.DeadLetter, r
 	}
 	// Its state: from the listing of its message's letters (every round).
 	if d.MessageID != "" {
-		l, _, err := c.list(ctx, &dlq.ListConfig{Topics: []string{topic}, Filter: dlq.Filter{MessageID: d.MessageID}, NoPayload: true})
+		l, _, err := c.list(ctx, &dlq.ListConfig{Topics: []string{topic}, Filter: dlq.Filter{MessageID: d.MessageID}, NoPayload: true, DropHeaders: true})
 		if err != nil {
 			return nil, err
 		}
 		for _, om := range l.Messages {
 			for _, x := range om.Letters {
 				if x.Message.Partition == m.Partition && x.Message.Offset == m.Offset {
-					ld.State, ld.Replay = x.State, x.Replay
+					ld.State, ld.Replay = x.State, redactReplay(x.Replay, red)
 				}
 			}
 		}
@@ -407,6 +424,11 @@ type replayData struct {
 	Records dlq.Counts   `json:"records"`
 	// Messages counts origin messages (dlq.Summary.Messages).
 	Messages dlq.Counts `json:"messages"`
+	// ConfirmToken is a dry run's token for its confirm form: the csrf of
+	// the replay of the same selection (scope "selected" with the IDs when
+	// IDs is set, else "filtered" with the filter). Empty when there is
+	// nothing to confirm, or the console is read-only.
+	ConfirmToken string `json:"confirm_token,omitempty"`
 	// Result is what the replay did: nil in a dry run.
 	Result *actResult `json:"result,omitempty"`
 	Error  string     `json:"error,omitempty"`
@@ -456,31 +478,40 @@ func (c *Console) replaySelection(ctx context.Context, r *http.Request, topic st
 	var ids []string
 	switch r.PostFormValue("scope") {
 	case "selected":
-		for _, id := range r.PostForm["id"] {
-			if id = strings.TrimSpace(id); id != "" && !slices.Contains(ids, id) {
-				ids = append(ids, id)
-			}
-		}
-		if len(ids) == 0 {
+		if ids = formIDs(r); len(ids) == 0 {
 			return lf, nil, badf("no letter selected: check the letters to replay, or replay every filtered letter")
 		}
 	case "filtered":
 		if lf.Class == "" {
 			return lf, nil, nil
 		}
-		l, _, err := c.list(ctx, &dlq.ListConfig{Topics: []string{topic}, Filter: lf.f, NoPayload: true})
+		l, _, err := c.list(ctx, &dlq.ListConfig{Topics: []string{topic}, Filter: lf.f, NoPayload: true, DropHeaders: true})
 		if err != nil {
 			return lf, nil, err
 		}
-		for _, m := range l.Messages {
+		// Distinct IDs, up to one past the limit: that one is refused.
+		seen := map[string]bool{}
+	scan:
+		for i, m := range l.Messages {
+			if i%1024 == 0 && ctx.Err() != nil {
+				return lf, nil, ctx.Err()
+			}
 			for _, x := range m.Letters {
-				if lf.match(x.DeadLetter) && x.MessageID != "" && !slices.Contains(ids, x.MessageID) {
+				if lf.match(x.DeadLetter) && x.MessageID != "" && !seen[x.MessageID] {
+					seen[x.MessageID] = true
 					ids = append(ids, x.MessageID)
+					if len(ids) > ReplaySelectionMax {
+						break scan
+					}
 				}
 			}
 		}
 		if len(ids) == 0 {
 			return lf, nil, badf("the filter selects no letter with a message ID")
+		}
+		if len(ids) > ReplaySelectionMax {
+			return lf, nil, badf("the filter selects more than %d messages: at most %d per replay; narrow the filter",
+				ReplaySelectionMax, ReplaySelectionMax)
 		}
 	default:
 		return lf, nil, badf("scope: want selected or filtered, not %q", r.PostFormValue("scope"))
@@ -489,6 +520,43 @@ func (c *Console) replaySelection(ctx context.Context, r *http.Request, topic st
 		return lf, nil, badf("%d messages selected: at most %d per replay; narrow the filter", len(ids), ReplaySelectionMax)
 	}
 	return lf, ids, nil
+}
+
+// formIDs are the message IDs a replay form checks: trimmed, each once, in
+// order.
+func formIDs(r *http.Request) []string {
+	var ids []string
+	seen := map[string]bool{}
+	for _, id := range r.PostForm["id"] {
+		if id = strings.TrimSpace(id); id != "" && !seen[id] {
+			seen[id] = true
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// selectionAction is the form action of a replay's confirm form: it names
+// the topic and the selection (scope, filter and message IDs), so that its
+// token, which only the dry run of that selection issues, confirms that
+// replay and no other.
+func selectionAction(topic, scope string, lf letterFilter, ids []string) string {
+	h := sha256.New()
+	for _, s := range append([]string{topic, scope, lf.Values().Encode()}, ids...) {
+		h.Write([]byte(s))
+		h.Write([]byte{0})
+	}
+	return "dlq.replay " + hex.EncodeToString(h.Sum(nil))
+}
+
+// replayAction is the action a replay form's token must name: that of
+// the selection it posts.
+func (c *Console) replayAction(r *http.Request) string {
+	lf, err := parseFilter(r.PostForm)
+	if err != nil {
+		return ""
+	}
+	return selectionAction(r.PathValue("topic"), r.PostFormValue("scope"), lf, formIDs(r))
 }
 
 // runReplay runs the Reprocessor over the selection: once with the filter,
@@ -567,7 +635,52 @@ func (c *Console) replayDryRun(w http.ResponseWriter, r *http.Request, rq *reque
 		c.failErr(w, r, rq, "dry run", err)
 		return
 	}
+	if !c.cfg.ReadOnly && len(d.Items) > 0 {
+		scope := "filtered"
+		if ids != nil {
+			scope = "selected"
+		}
+		d.ConfirmToken = c.forms.issue(rq.principal.Name, selectionAction(topic, scope, lf, ids))
+	}
 	c.render(w, rq, http.StatusOK, "replay", "Replay "+topic+": dry run", d)
+}
+
+// errReplayRunning refuses a replay of a topic that another replay (of
+// this console or another sharing its database) is running.
+var errReplayRunning = errors.New("refused: a replay of this topic is running")
+
+// lockTopic takes the PostgreSQL advisory lock of topic's replays, on a
+// connection of its own held until unlock, or refuses with
+// errReplayRunning. Two Reprocessors of one topic at once would both find
+// a letter not yet replayed and both write it back: one replay per topic
+// at a time writes each once.
+func (c *Console) lockTopic(ctx context.Context, topic string) (unlock func(), err error) {
+	h := sha256.Sum256([]byte("idemkit-console-replay\x00" + c.tables.Schema + "\x00" + topic))
+	lockID := int64(binary.BigEndian.Uint64(h[:8]))
+	conn, err := c.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("lock the topic's replays: %w", err)
+	}
+	var ok bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, lockID).Scan(&ok); err != nil {
+		conn.Release()
+		return nil, fmt.Errorf("lock the topic's replays: %w", err)
+	}
+	if !ok {
+		conn.Release()
+		return nil, fmt.Errorf("%w: try again once it has ended (see the audit page)", errReplayRunning)
+	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		var released bool
+		if err := conn.QueryRow(ctx, `SELECT pg_advisory_unlock($1)`, lockID).Scan(&released); err != nil || !released {
+			// The session may still hold the lock: close it, which ends it.
+			c.log.Error("console: unlock a topic's replays", "topic", topic, "err", err)
+			_ = conn.Conn().Close(ctx)
+		}
+		conn.Release()
+	}, nil
 }
 
 // replay runs the replay a dry run showed, once per form.
@@ -590,7 +703,11 @@ func (c *Console) replay(w http.ResponseWriter, r *http.Request, rq *request, ke
 	}
 	var d *replayData
 	res, err := c.act(r, rq, key, "dlq.replay", target, func(ctx context.Context) (string, error) {
-		var err error
+		unlock, err := c.lockTopic(ctx, topic)
+		if err != nil {
+			return "", err
+		}
+		defer unlock()
 		d, err = c.runReplay(ctx, topic, rq.principal.Name+" (console)", lf, ids, false)
 		if d == nil {
 			return "", err
@@ -606,7 +723,11 @@ func (c *Console) replay(w http.ResponseWriter, r *http.Request, rq *request, ke
 	}
 	d.Result = &res
 	status := http.StatusOK
-	if res.Outcome == outcomeFailed && !res.Duplicate {
+	switch {
+	case res.Duplicate:
+	case res.Outcome == outcomeFailed && strings.HasPrefix(res.Detail, errReplayRunning.Error()):
+		status, d.Error = http.StatusConflict, res.Detail
+	case res.Outcome == outcomeFailed:
 		status, d.Error = http.StatusInternalServerError, res.Detail
 	}
 	c.render(w, rq, status, "replay", "Replay "+topic, d)

@@ -22,8 +22,12 @@
 //   - No anonymous access: Config.Authorize is required and decides every
 //     request but the sign-in page and the static files. TokenAuth admits
 //     a shared token (the standalone command, cmd/idemkit-console, uses it).
+//     The sign-in page checks a token with Authorize and opens a session:
+//     its cookie holds the principal and an expiry signed with
+//     Config.Secret, never the token; sign-out revokes it.
 //   - Every action is a POST carrying a form token: an HMAC, bound to the
-//     principal, valid for Config.FormTTL, refused cross-site. Its nonce
+//     principal and the action (a replay's to the selection of the dry run
+//     that issued it), valid for Config.FormTTL, refused cross-site. Its nonce
 //     is the action's key in the audit table (migrate.Tables.ConsoleAudit,
 //     created by migrate.Up): a form submitted twice acts once, and the
 //     second submission says so. The audit row (who, when, from which

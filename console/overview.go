@@ -211,7 +211,7 @@ func (c *Console) deadLetterSummary(ctx context.Context, o *overviewData) error 
 	var l *dlq.Listing
 	var noReplays bool
 	for {
-		l, noReplays, err = c.list(ctx, &dlq.ListConfig{Topics: topics, NoPayload: true})
+		l, noReplays, err = c.list(ctx, &dlq.ListConfig{Topics: topics, NoPayload: true, DropHeaders: true})
 		if !errors.Is(err, dlq.ErrNoTopic) {
 			break
 		}

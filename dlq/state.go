@@ -152,6 +152,12 @@ type ListConfig struct {
 	// NoPayload drops each dead letter's key and value once read, so that
 	// a large topic can be counted in little memory.
 	NoPayload bool
+	// DropHeaders drops each dead letter's headers (Message.Headers: the
+	// origin message's own and the dead-letter ones) once parsed, keeping
+	// what Parse read from them (origin, message ID, history, …): the
+	// origin's headers are its producer's to choose, and may be large.
+	// Original then has no headers.
+	DropHeaders bool
 }
 
 // DBTX runs queries: a *pgxpool.Pool, a *pgx.Conn and a pgx.Tx all
@@ -192,11 +198,17 @@ func List(ctx context.Context, db DBTX, cfg *ListConfig) (*Listing, error) {
 			if cfg.NoPayload {
 				m.Key, m.Value = nil, nil
 			}
+			if cfg.DropHeaders {
+				m.Headers = nil
+			}
 			l.Unreadable = append(l.Unreadable, m)
 			return nil
 		}
 		if cfg.NoPayload {
 			d.Message.Key, d.Message.Value = nil, nil
+		}
+		if cfg.DropHeaders {
+			d.Message.Headers = nil
 		}
 		k := keyOf(d).originKey
 		i, ok := index[k]

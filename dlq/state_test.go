@@ -108,6 +108,17 @@ func TestListStates(t *testing.T) {
 		l.Messages[0].Letters[0].Message.Value != nil {
 		t.Fatalf("filtered: %+v, %v", l, err)
 	}
+	// Without headers: what Parse read from them is kept.
+	l, err = dlq.List(ctx, e.db.Pool, &dlq.ListConfig{Kafka: testenv.Kafka(t), Topics: []string{e.dlq}, Tables: migrate.Tables{Schema: e.db.Schema},
+		Filter: dlq.Filter{MessageID: "again"}, NoPayload: true, DropHeaders: true})
+	if err != nil || len(l.Messages) != 1 || l.Messages[0].State != dlq.StateUnresolved || len(l.Messages[0].Letters) != 2 {
+		t.Fatalf("without headers: %+v, %v", l, err)
+	}
+	for _, x := range l.Messages[0].Letters {
+		if x.Message.Headers != nil || x.MessageID != "again" || len(x.History) == 0 || x.Origin.Topic == "" {
+			t.Fatalf("without headers: letter %+v", x.DeadLetter)
+		}
+	}
 	// Read on one connection (as a Monitor does), and without a database:
 	// a nil pool, typed or not, reads no replay record.
 	conn, err := e.db.Pool.Acquire(ctx)

@@ -31,6 +31,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -64,7 +65,7 @@ func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(f
 // flags are the command's flags.
 type flags struct {
 	listen, database, schema, brokers string
-	readOnly                          bool
+	readOnly, secureCookie            bool
 	dlqSuffix, dlqTopics              string
 	tls                               bool
 	ca, cert, key, serverName         string
@@ -91,6 +92,7 @@ var envDefaults = map[string]string{
 func (f *flags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:8089", "address to listen on (loopback unless told otherwise)")
 	fs.BoolVar(&f.readOnly, "read-only", false, "hide every action: the console only shows")
+	fs.BoolVar(&f.secureCookie, "secure-cookie", false, "mark the sign-in cookie Secure: set it when a proxy serves the console over https")
 	fs.StringVar(&f.database, "database", "", "PostgreSQL URL (default $IDEMKIT_DATABASE_URL)")
 	fs.StringVar(&f.schema, "schema", "public", "schema of idemkit's tables")
 	fs.StringVar(&f.dlqSuffix, "dlq-suffix", ".dlq", "dead-letter topics are the topics whose name ends with this")
@@ -170,6 +172,35 @@ func (f *flags) kafka() (kafkaconn.Config, error) {
 	return kc, kc.Validate()
 }
 
+// The server's bounds: a client that trickles its request or leaves its
+// connection idle is cut off, so that anyone who reaches the port cannot
+// hold connections open. Forms are small; a response may take a page's
+// reads (up to 2 minutes) and an action (console.ActionTimeout).
+const (
+	readTimeout    = 30 * time.Second
+	writeTimeout   = 2*time.Minute + console.ActionTimeout + time.Minute
+	idleTimeout    = 30 * time.Second
+	maxHeaderBytes = 64 << 10
+)
+
+// tokenMin is the fewest characters of a chosen token.
+const tokenMin = 32
+
+// checkToken refuses a chosen token that is easy to guess or to mangle:
+// shorter than tokenMin, holding whitespace, or one character repeated.
+func checkToken(token string) error {
+	switch {
+	case len(token) < tokenMin:
+		return usagef("IDEMKIT_CONSOLE_TOKEN must be at least %d characters (it has %d): "+
+			"leave it unset and the console draws one", tokenMin, len(token))
+	case strings.IndexFunc(token, unicode.IsSpace) >= 0:
+		return usagef("IDEMKIT_CONSOLE_TOKEN must not hold whitespace")
+	case strings.Trim(token, token[:1]) == "":
+		return usagef("IDEMKIT_CONSOLE_TOKEN must not be one character repeated")
+	}
+	return nil
+}
+
 // run serves the console until ctx ends. ready, when set, receives the
 // address it listens on.
 func run(ctx context.Context, args []string, out io.Writer, ready chan<- string) error {
@@ -198,13 +229,13 @@ func run(ctx context.Context, args []string, out io.Writer, ready chan<- string)
 	}
 	token, generated := os.Getenv("IDEMKIT_CONSOLE_TOKEN"), false
 	if token == "" {
-		b := make([]byte, 24)
+		b := make([]byte, 32)
 		if _, err := rand.Read(b); err != nil {
 			return fmt.Errorf("generate a token: %w", err)
 		}
 		token, generated = base64.RawURLEncoding.EncodeToString(b), true
-	} else if len(token) < 16 {
-		return usagef("IDEMKIT_CONSOLE_TOKEN must be at least 16 characters")
+	} else if err := checkToken(token); err != nil {
+		return err
 	}
 	pool, err := pgxpool.New(ctx, f.database)
 	if err != nil {
@@ -217,7 +248,7 @@ func run(ctx context.Context, args []string, out io.Writer, ready chan<- string)
 		topics = strings.Split(f.dlqTopics, ",")
 	}
 	c, err := console.New(pool, &console.Config{Kafka: kc, Tables: migrate.Tables{Schema: f.schema}, ReadOnly: f.readOnly,
-		Authorize: console.TokenAuth(token, "token"), DLQSuffix: f.dlqSuffix, DLQTopics: topics, Logger: log})
+		SecureCookie: f.secureCookie, Authorize: console.TokenAuth(token, "token"), DLQSuffix: f.dlqSuffix, DLQTopics: topics, Logger: log})
 	if err != nil {
 		return usagef("%v", err)
 	}
@@ -234,7 +265,8 @@ func run(ctx context.Context, args []string, out io.Writer, ready chan<- string)
 	if generated {
 		fmt.Fprintf(out, "token (shown once; set IDEMKIT_CONSOLE_TOKEN to choose it): %s\n", token)
 	}
-	srv := &http.Server{Handler: c, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	srv := &http.Server{Handler: c, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: readTimeout, WriteTimeout: writeTimeout,
+		IdleTimeout: idleTimeout, MaxHeaderBytes: maxHeaderBytes, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()
 	if ready != nil {
