@@ -10,28 +10,7 @@ import (
 
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/kafkaconn"
-	"github.com/idemkit/idemkit/migrate"
 )
-
-// A dead-letter writer that keeps a value too large for payments.dlq in
-// PostgreSQL, the letter carrying a reference to it.
-func ExampleWriterConfig_pool() {
-	pool, err := pgxpool.New(context.Background(), os.Getenv("DATABASE_URL"))
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer pool.Close()
-	w, err := dlq.NewWriter(&dlq.WriterConfig{
-		Kafka: kafkaconn.Config{Brokers: []string{"127.0.0.1:9092"}}, Group: "order-service",
-		Pool:   pool,                             // values over the topic's max.message.bytes go here
-		Tables: migrate.Tables{Schema: "public"}, // the schema of idemkit's tables
-	})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer w.Close()
-	// consumer.Config{..., OnFailure: w.OnFailure}
-}
 
 // Republish the dead letters of one message ID to their origin topic: a dry
 // run first, then the replay; the consumer's dedup absorbs any repeat.

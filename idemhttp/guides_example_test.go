@@ -17,7 +17,7 @@ import (
 func ExampleConfig_noLeaseTakeover() {
 	newSecret, oldSecret := []byte(os.Getenv("IDEMPOTENCY_SECRET")), []byte(os.Getenv("IDEMPOTENCY_SECRET_OLD"))
 	cfg := &idemhttp.Config{
-		FingerprintKeys: [][]byte{newSecret, oldSecret}, // the first signs, both are accepted
+		FingerprintKeys: [][]byte{newSecret, oldSecret}, // the first keys new fingerprints; both match stored ones
 		Account:         func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil },
 		Intent:          idemhttp.IntentJSON("/orderId", "/amount", "/currency"),
 		NoLeaseTakeover: true,             // stuck records go to your Reconciler (Store.Reconcile)

@@ -118,10 +118,12 @@ func TestExample_orderEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// One batch, one transaction: the message, then a producer's retry of it
+	// (a duplicate: nothing more is enqueued).
 	msg := kafka.Message{Offset: 7, Key: []byte("order-43"), Headers: []kafka.Header{{Key: "message-id", Value: []byte("pay-43")}}}
 	retry := msg
-	retry.Offset = 8                                              // a producer retry: a duplicate, nothing enqueued
-	if _, err := c.Deliver(t.Context(), msg, retry); err != nil { // one batch, one transaction
+	retry.Offset = 8
+	if _, err := c.Deliver(t.Context(), msg, retry); err != nil {
 		t.Fatal(err)
 	}
 	idemtest.RequireEnqueuedSince(t.Context(), t, pool, mark,
