@@ -789,7 +789,7 @@ func (rn *run) redriveTx(ctx context.Context, d *DeadLetter, msg *consumer.Messa
 }
 
 // maxConflicts bounds how often one redrive transaction runs again after a
-// serialization failure or a deadlock (as consumer.TxRetriesDefault).
+// serialization failure or a deadlock, as the consumer bounds its own.
 const maxConflicts = 10
 
 // conflict reports a serialization failure or a deadlock.
