@@ -11,58 +11,30 @@
 // The middleware's behaviour is idemhttp's (fingerprint, 422, 409, replay,
 // 5xx release, Wait, TTL): this package passes the same conformance suite
 // (idemhttp/idemhttptest) as the PostgreSQL store. Built on go-redis v9.
+// Example shows a payment endpoint behind the middleware with this store.
 //
 // # Contract
 //
-// Keys. A scope (account, operation, Idempotency-Key) has two keys,
-// Prefix + "{" + h + "}:lock" and ":rec", where h is 128 bits of the
-// SHA-256 of the scope: the braces make h the Redis Cluster hash tag, so
-// both keys of a scope are on one slot and every script below touches one
-// slot. Accounts never share keys. The idempotency key and the account are
-// not spelled out in Redis; what is stored is the request's fingerprint
-// (an HMAC-SHA256 keyed with idemhttp.Config.FingerprintKeys), the response's status, allow-listed headers and body.
+// A scope (account, operation, Idempotency-Key) has its keys under
+// Config.Prefix, both on one Redis Cluster slot; accounts never share keys,
+// and neither the idempotency key nor the account is spelled out in Redis:
+// what is stored is the request's keyed fingerprint and the response's
+// status, allow-listed headers and body.
 //
-// Reservation. One Lua script, atomic in Redis: if the scope has a
-// completed record, it is returned (the replay, or 422 when the fingerprint
-// differs); else SET lock "token fingerprint" NX PX lease reserves the key
-// with a fresh random 128-bit fencing token; else the lock's value and
-// remaining lifetime are returned: 409 request_in_flight, or 422 at once
-// when the holder's fingerprint differs. No request can slip between a
-// completion and the deletion of its lock.
+// A request reserves its key atomically (one Lua script): a completed
+// record is replayed (or 422 when the fingerprint differs), a key held by
+// another request gets 409 request_in_flight (or 422 at once when the
+// holder's fingerprint differs). Completion and release are fenced by a
+// random token per reservation: a holder whose lease ended cannot overwrite
+// the record or free the key of the request that holds it after it.
 //
-// Completion and release are compare-and-set on the token, each one
-// script: the record is stored (SET rec … PX TTL) and the lock deleted only
-// if the lock still holds this request's token, or if the lock expired and
-// nobody took the key since (no lock, no record: a handler that finished
-// just after its lease keeps its record, since its effect happened);
-// release (a 5xx, a panic) deletes the lock only if it holds the token. So
-// a holder whose lease ended cannot overwrite the record or free the lock
-// of the request that holds the key after it: its completion fails
-// (logged; the client still gets the handler's response, since its effects
-// happened).
-//
-// Lease. The lock lives Config.Lease (PX); the handler's context ends at
-// the same instant by this process's clock, which starts before the lock's.
-// When the lease ends, the lock expires and the next request with the key
-// runs: that is the takeover, and its fence is the token above. With
-// idemhttp.Config.NoLeaseTakeover the lock lives for the TTL instead: a
+// The lock lives idemhttp.Config.Lease, and the handler's context ends
+// then; when it ends, the next request with the key runs. With
+// idemhttp.Config.NoLeaseTakeover the lock lives for the TTL instead, and a
 // request whose holder crashed gets 409 until Store.Forget frees the key or
-// the TTL passes.
-//
-// Waiting (idemhttp.Config.Wait). Completion and release publish on the
-// scope's pub/sub channel. The requests of a process that wait share one
-// subscription of the Store, to the channels of every scope under its
-// prefix (PSUBSCRIBE), opened for the first waiter and closed with the
-// last, which wakes the waiters of each message's scope: a duplicate
-// registers there, looks again, and waits for the message, for the lock's
-// expiry or for Wait to end, whichever comes first; it does not poll. So
-// waiting takes one pub/sub connection per process, whatever the number of
-// waiters, which idemhttp.Config.MaxWaiters and MaxKeyWaiters bound; while
-// some request waits, the process receives the completions of every scope
-// of the prefix.
-//
-// TTL. A completed record expires (PX) Config.TTL after its completion;
-// from then on its key is unknown and runs anew.
+// the TTL passes. With idemhttp.Config.Wait, waiting requests are woken by
+// pub/sub, on one subscription per Store. A completed record expires
+// idemhttp.Config.TTL after its completion; from then on its key runs anew.
 //
 // # What it cannot promise
 //
@@ -92,4 +64,8 @@
 //     store_unavailable and run nothing.
 //   - No listing of stuck requests: a lock that expires frees its key by
 //     itself, and one held with NoLeaseTakeover is found only by its key.
+//
+// The design (the keys and hash tags, the reservation, completion and
+// release scripts, the lease, the shared pub/sub subscription) is explained
+// in docs/design/idemredis.md in the repository.
 package idemredis

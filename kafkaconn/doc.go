@@ -17,6 +17,9 @@
 //	runner, err := consumer.New(pool, &consumer.Config{Kafka: kc, Topic: "payments", ...})
 //	relay, err := outbox.NewRelay(pool, store, &outbox.RelayConfig{Kafka: kc})
 //
+// ExampleLoadTLS builds the Config of a SASL_SSL cluster (the cluster's CA,
+// SCRAM-SHA-512).
+//
 // A Config is checked by Validate, which every constructor calls: an
 // unknown mechanism, SASL without a username or password, a TLS client
 // certificate without its key are errors wrapping ErrInvalidConfig before

@@ -1,6 +1,10 @@
 // Package migrate creates and upgrades idemkit's PostgreSQL tables with
 // versioned migrations embedded in the library.
 //
+// Call Migrator.Up from your deployment or at your program's start, before
+// the consumers, relays and middleware that use the tables:
+// ExampleMigrator_Up applies every version to a schema of its own.
+//
 // Each version is a pair of SQL files, NNN_name.up.sql and NNN_name.down.sql,
 // compiled into the binary. Their identifiers (schema, tables, indexes) come
 // from Config and are quoted once with pgx.Identifier before the SQL is

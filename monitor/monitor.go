@@ -1,16 +1,3 @@
-// Package monitor reads the state idemkit keeps in PostgreSQL and Kafka
-// into one Snapshot: each consumer's position per partition against the
-// partition's log end (its lag), its parked messages and its oldest
-// processed-message record; the outbox backlog and its dead messages;
-// the HTTP idempotency records stuck in flight; the days of daily dedup
-// partitions ahead.
-//
-// It reads the tables and the topics, not a running process: what it
-// reports holds whichever process runs the consumers and relays, and
-// whether any runs at all. A consumer that stopped still shows its lag
-// growing; a relay that stopped still shows its backlog ageing.
-// `idemkit status` prints a Snapshot; idemotel's Monitor collects one on a
-// schedule and exports it as gauges.
 package monitor
 
 import (

@@ -1,6 +1,12 @@
 // Package outbox makes side effects part of the business transaction: a
 // transactional outbox on PostgreSQL, a relay that publishes to Kafka, and a
 // dispatcher that runs Go handlers for effects that are not Kafka messages.
+// A service writes its rows and its messages in one transaction; the
+// messages go out once it commits, and never if it rolls back.
+//
+// ExampleStore_EnqueueTx shows a business transaction that writes its row
+// and its event together, and the relay that publishes the event after the
+// commit.
 //
 // # Contract
 //
@@ -56,137 +62,21 @@
 //     run time. Relay.Run returns an error wrapping ErrNotMigrated when the
 //     table is missing.
 //
-// # Design of the relay: shards, ready rows, pipelined rounds
-//
-// Every row has a seq from an identity column (cache 1, so it grows with
-// time across sessions) and a lock_key: a 64-bit hash of the table, the
-// destination and the key (of the ID when there is no key).
-//
-// Shards. The Kafka keys are split into 64 shards (lock_key & 63). A relay
-// leases shards with session advisory locks (pg_try_advisory_lock of the
-// table's namespace and the shard) on a connection of its own, the lease,
-// held across rounds; a shard has one holder at a time. Every relay also
-// holds a shared "member" lock, so relays count each other in pg_locks;
-// every 50ms (10ms while it holds less than its share) each takes free
-// shards or gives back shards until it holds its share, ceil(64/relays). A relay gives a shard back only after
-// everything it published is committed as published; the next holder
-// acquires the lock after that and reads in later statements, so it sees
-// those marks. A relay whose lease connection is lost loses its shards with
-// it (PostgreSQL releases them), and stops at its next statement on it.
-// There is no lock per row or per round: this is what makes a round cost
-// about what a plain SKIP LOCKED loop's does.
-//
-// Ready rows. A Kafka row is ready when it is pending (not published, not
-// dead), not held behind another row (blocked_by) and not waiting. A row
-// waits when it has a time of its own — enqueued with NotBefore, or in
-// retry backoff — or when it is dead (a dead head). A relay reads the
-// first BatchSize ready rows of its shards in seq order from one partial
-// index; waiting rows and rows held behind another are
-// not in that index, so they cost nothing. The rows of a key are kept a
-// prefix: for each ready row the read probes the index of waiting rows (a
-// usually empty index, and when it is empty the probes are skipped) for the
-// first waiting row of its key with a lower seq; if there is one, the row
-// is held behind it — deferred (blocked_by set) behind a row that waits for
-// a time, dead behind a dead row — and leaves the ready index. Waiting
-// rows whose time has come are made ready again by the relay (at most
-// every min(PollInterval, Retry.InitialInterval), and at once when a retry it
-// scheduled is due), together with the rows deferred behind them; Retry
-// does it for a dead row and the rows dead behind it. A ready row that
-// is not due (written by an older EnqueueTx) is made waiting on sight and
-// holds its key like any waiting row.
-//
-// Rounds. A round publishes the rows of one read, all topics and
-// partitions at once: one produce request per partition leader, one record
-// batch per partition with that partition's rows in seq order, all or
-// nothing (MaxBatchBytes keeps a round within one request). While a full
-// batch is being published, one round trip on the lease commits the
-// previous round's transaction (its rows were acknowledged) and, in a new
-// transaction, writes this round's holds, marks this round's rows
-// published, wakes due waiting rows and reads the next round's rows, which
-// therefore leave out this round's. That transaction commits only after
-// Kafka acknowledged the round: in the next round's round trip, or before
-// the relay waits. If a delivery failed, it is rolled back (with the rows
-// it read) and the round's true outcome — rows published, the failure
-// recorded (attempts, error, backoff: the row waits; or dead), nothing
-// for the rows of its key after it, which the next read holds behind it —
-// is written before the next read. A round that drains the backlog (its
-// read was not a full batch) writes its outcome with the next round's
-// read, in one round trip, or on its own within 50ms if none comes.
-//
-// Order. Take two messages a before b of one key, b's transaction having
-// begun after a's committed, or a before b in one transaction: then a's
-// seq is lower. Whenever b is published, a was published before or in the
-// same round, in front of it: the round that publishes b read it as a
-// ready row, in a read that scans the ready rows of b's shard from the
-// lowest seq (no cursor) in a snapshot taken after a's commit (b's
-// transaction began after it). In that snapshot a is published (its first
-// delivery happened earlier), or ready (then it is read before b, as the
-// read takes a prefix in seq order, and published before b: same
-// partition, same record batch or an earlier round's, acknowledged first),
-// or waiting or held (then b is held behind it, or behind a waiting row
-// before it: the probe finds the first waiting row of the key below b).
-// Only the holder of b's shard publishes b's key, and a new holder starts
-// after the previous one's marks are committed. Rows made ready again
-// (woken up, retried) go back to their place in seq order, before any row
-// of their key that was held behind them. Overlapping transactions that
-// write the same key have no defined relative order (each message goes
-// out once its own transaction has committed). A duplicate — a crash
-// between the acknowledgement and the commit, a lost lease connection —
-// may come after later messages of its key; the first delivery of every
-// message is in order.
-//
-// Late commits. Nothing reads the table with a "last seen seq" cursor, and
-// nothing skips a row: a row of a transaction that has not committed is
-// invisible to a read, not passed over; every read starts from the lowest
-// ready seq, so the first read after the commit finds it, whatever was
-// published meanwhile. Rows read ahead are published only if they were
-// read after the commit of the round before them, and a round whose
-// delivery failed drops what it read ahead. (Ordering overlapping
-// transactions by seq too would require the relay to wait for every
-// transaction that might still commit a lower seq, e.g. with xid8 and
-// pg_snapshot_xmin, which would let any long transaction in the database
-// stall the outbox; idemkit does not.)
-//
-// A crash anywhere rolls back the open transaction: the rows are untouched
-// (their marks were not committed), the shard locks go with the
-// connection, and another relay (or the restarted one) publishes them
-// again with the same IDs.
-//
-// Wake-ups. EnqueueTx sends pg_notify(Store.Channel()) in its statement,
-// which PostgreSQL delivers at commit; each relay LISTENs on a connection
-// of its own. An idle relay woken by a notification waits WakeDelay (5ms
-// by default) more before it reads, and drops the notifications that came
-// meanwhile: a burst of commits costs one round, a steady trickle at most
-// a round per WakeDelay plus the round itself. A relay drains (one round
-// after another, pipelined) as long as its reads return full batches,
-// then waits again. PollInterval is the fallback (a lost connection,
-// waiting rows whose time has come).
-//
 // # Dispatcher
 //
 // A Message with Handler set is not for Kafka: a Dispatcher that registered
-// that handler name claims it and calls the handler after the enqueuing
-// transaction committed. The dispatcher works in rounds: each
-// round is one transaction that walks the due rows of its handlers by
-// available_at, takes without waiting the transaction-level advisory lock
-// of each row's key (like SKIP LOCKED at the granularity of a key), reads
-// the locked keys' first rows in seq order and delivers each key's prefix
-// of due rows while the transaction holds the key, then marks them and
-// commits, which releases the keys. A round scans the dispatcher's handlers
-// one after the other, starting with the next one each round, so that a
-// handler's backlog delays another handler's messages by a round at most. The handler may run more than once for
-// one message (a crash after it returned, a lost commit): it must pass
+// that handler name calls the handler after the enqueuing transaction
+// committed, in the order of its key. The handler may run more than once
+// for one message (a crash after it returned, a lost commit): it must pass
 // Record.ID to the provider as the idempotency key, which makes the
 // external effect happen once.
 //
-// # Metrics
+// RelayConfig.Observers and DispatcherConfig.Observers take the events of
+// a round (PublishObserver, FailureObserver, StatsObserver,
+// DeliveryObserver); Store.Stats reports the backlog, the age of its oldest
+// message and the dead messages on demand.
 //
-// Config.Observers take a round's events: a PublishObserver its records
-// once their marks are committed, a FailureObserver each failure (to be
-// tried again, or dead), a StatsObserver, every StatsInterval, the
-// backlog (pending messages), the age of the oldest one, and the number of
-// dead messages (also available on demand with Store.Stats). A
-// DeliveryObserver sees the records between their delivery and the commit
-// of their marks, the point where a crash causes a redelivery; the fault
-// tests kill the process there.
+// The design (shards leased with advisory locks, ready rows, pipelined
+// rounds, why order holds, late commits, wake-ups, the dispatcher's rounds)
+// is explained in docs/design/outbox.md in the repository.
 package outbox

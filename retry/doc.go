@@ -1,5 +1,9 @@
 // Package retry decides whether and when a failed attempt runs again.
 //
+// ExamplePolicy_Do retries a call to a provider that times out twice;
+// ExamplePermanent and ExamplePolicy_Schedule show an error that is never
+// retried and a loop of your own.
+//
 // A Policy is an exponential backoff — initial
 // and maximum interval, multiplier — with jitter (each delay spread uniformly
 // over ±RandomizationFactor, from an injectable random source), bounded by

@@ -18,6 +18,9 @@
 //
 // The guide docs/webhooks.md walks through a service receiving Stripe and
 // GitHub deliveries (examples/webhooks).
+// ExampleNew shows a Stripe endpoint: each event's effect commits with its
+// record, a retry of the event gets the stored answer, a delivery signed
+// with another secret gets 401.
 //
 // # Contract
 //
