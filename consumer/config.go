@@ -199,7 +199,7 @@ type Config struct {
 	// isolated and retried alone, hooks and outcomes stay per message, and
 	// order per partition holds; a batch holds its rows' locks until it
 	// commits (a deadlock with another writer runs the transaction again,
-	// up to 10 times). Set 1 for one transaction per message. Defaults to 500.
+	// at most 10 runs in all). Set 1 for one transaction per message. Defaults to 500.
 	BatchSize int
 	// BatchLinger is how long a batch waits to fill once its first message
 	// arrived. Defaults to 0: a batch takes what is already fetched and does

@@ -110,7 +110,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	defer cancel(nil)
 	log := r.cfg.Logger.With("topic", r.cfg.Topic, "group", r.cfg.GroupID)
 
-	if err := r.waiter("postgres schema").Do(ctx, r.requireSchema); err != nil {
+	if err := r.pgWaiter("postgres schema").Do(ctx, r.requireSchema); err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -119,7 +119,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	// The runner bounds its own transactions; what else uses the pool
 	// (the handler's own sessions, other code) depends on its settings.
 	pgsession.Check(ctx, r.cfg.pool, &r.cfg.pool.Config().ConnConfig.Config, log, "consumer "+r.cfg.GroupID+"/"+r.cfg.Topic)
-	if err := r.waiter("postgres dedup layout").Do(ctx, func(ctx context.Context) error {
+	if err := r.pgWaiter("postgres dedup layout").Do(ctx, func(ctx context.Context) error {
 		_, err := r.claims.Layout(ctx, r.cfg.pool, 0) // bounded by the waiter
 		return err
 	}); err != nil {
@@ -245,17 +245,33 @@ func permanentGroupError(err error) bool {
 
 // waiter returns an outage waiter for one loop of the runner.
 // All of them report to the runner's one tracker: an outage that every
-// partition meets is logged once, not once per partition. Each try is
-// bounded as a transaction is: a connection gone silent is given up on.
+// partition meets is logged once, not once per partition. Kafka requests
+// bound themselves (the client's timeouts); see pgWaiter for PostgreSQL.
 func (r *Runner) waiter(op string) *outage.Waiter {
 	return &outage.Waiter{Op: "consumer " + r.cfg.GroupID + "/" + r.cfg.Topic + ": " + op,
-		Max: r.cfg.MaxOutage, Shared: r.outages, Bound: txBound(r.cfg.HandlerTimeout)}
+		Max: r.cfg.MaxOutage, Shared: r.outages}
+}
+
+// pgWaiter is waiter for PostgreSQL operations: each try is bounded as a
+// transaction is, so that a connection gone silent is given up on.
+func (r *Runner) pgWaiter(op string) *outage.Waiter {
+	w := r.waiter(op)
+	w.Bound = txBound(r.cfg.HandlerTimeout)
+	return w
 }
 
 // do runs op with a waiter of its own until it succeeds (see
 // outage.Waiter.Do); a wait that ctx ends leaves the runner's outage.
 func (r *Runner) do(ctx context.Context, op string, f func(ctx context.Context) error) error {
-	w := r.waiter(op)
+	return r.run(ctx, r.waiter(op), f)
+}
+
+// doPG is do for a PostgreSQL operation (see pgWaiter).
+func (r *Runner) doPG(ctx context.Context, op string, f func(ctx context.Context) error) error {
+	return r.run(ctx, r.pgWaiter(op), f)
+}
+
+func (r *Runner) run(ctx context.Context, w *outage.Waiter, f func(ctx context.Context) error) error {
 	defer w.Stop()
 	return w.Do(ctx, f)
 }
@@ -503,7 +519,7 @@ func (r *Runner) starts(ctx context.Context, client *kafka.Client, assigned []ka
 		positions = map[int]dedup.Position{}
 		ranges    map[int]kafkaoffsets.Range
 	)
-	err := r.do(ctx, "postgres read positions", func(ctx context.Context) error {
+	err := r.doPG(ctx, "postgres read positions", func(ctx context.Context) error {
 		list, err := r.cfg.Store.ListPositions(ctx, r.cfg.pool, r.cfg.Name, r.cfg.Topic)
 		for _, p := range list {
 			positions[p.Partition] = p

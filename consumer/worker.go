@@ -68,7 +68,7 @@ func (w *worker) run(runCtx, genCtx context.Context) {
 	w.state = newPartitionState(w.partition, w.start)
 	w.r.states.add(w.state)
 	defer w.r.states.remove(w.state)
-	w.outage = w.r.waiter(fmt.Sprintf("postgres partition %d", w.partition))
+	w.outage = w.r.pgWaiter(fmt.Sprintf("postgres partition %d", w.partition))
 	defer w.outage.Stop() // a rebalance may end the worker in an outage
 	// Each partition has its own connections: a broker answers the
 	// requests of one connection in turn, and a fetch waiting for records

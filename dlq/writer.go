@@ -425,11 +425,11 @@ type source struct {
 	id        string
 }
 
-// writeLetter writes dl in the first form that fits its topic.
 // valueWriteBudget is what storing a dead letter's value may take, past
 // which (plus pgsession.Margin) a silent connection is given up on.
 const valueWriteBudget = 30 * time.Second
 
+// writeLetter writes dl in the first form that fits its topic.
 func (w *Writer) writeLetter(ctx context.Context, dl *letter, kafkaWait, pgWait *outage.Waiter) error {
 	return w.write(ctx, dl.topic, dl.src, kafkaWait, func(ctx context.Context) (kafka.Message, error) {
 		return w.fit(ctx, dl, pgWait)

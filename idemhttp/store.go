@@ -135,7 +135,8 @@ func NewStore(cfg *StoreConfig) (*Store, error) {
 		table: t,
 
 		// The record of a key, live or not: read by a request in transaction
-		// mode once it holds the key's lock.
+		// mode after each try of the key's lock (lockSQL), in a statement
+		// of its own.
 		readSQL: `SELECT state, fingerprint, token, locked_until, expires_at,
 	response_status, response_headers, response_body
 FROM ` + t + ` WHERE ` + key,

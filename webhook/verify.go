@@ -87,8 +87,10 @@ type Scheme struct {
 	// Tolerance is how far a delivery's timestamp may be from Now, either
 	// way, for the schemes that sign one (Standard Webhooks, Stripe); past
 	// it Verify returns an error matching ErrTimestamp. GitHub and Shopify
-	// sign no timestamp: a captured delivery can be sent again at any time,
-	// and only the deduplication of its ID stops it. Defaults to
+	// sign no timestamp: a captured delivery can be sent again at any time;
+	// under its own ID it is a duplicate, but their IDs are headers outside
+	// the signature, so under a new one it runs again (see the package
+	// documentation). Defaults to
 	// ToleranceDefault (5 minutes).
 	Tolerance time.Duration
 	// Now is the clock timestamps are measured on. Defaults to time.Now.
