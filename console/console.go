@@ -275,16 +275,16 @@ func (c *Console) routes() {
 	m.HandleFunc("GET "+b+"/{$}", c.authed(c.overviewPage))
 	m.HandleFunc("GET "+b+"/dlq/{topic}", c.authed(c.lettersPage))
 	m.HandleFunc("GET "+b+"/dlq/{topic}/{partition}/{offset}", c.authed(c.letterPage))
-	m.HandleFunc("POST "+b+"/dlq/{topic}/{partition}/{offset}/reveal", c.action(named(actReveal), c.revealLetter))
+	m.HandleFunc("POST "+b+"/dlq/{topic}/{partition}/{offset}/reveal", c.action(bindReveal, c.revealLetter))
 	m.HandleFunc("POST "+b+"/dlq/{topic}/replay/dry-run", c.action(named(actDryRun), c.replayDryRun))
 	m.HandleFunc("POST "+b+"/dlq/{topic}/replay", c.action(c.replayAction, c.replay))
 	m.HandleFunc("GET "+b+"/outbox", c.authed(c.outboxPage))
-	m.HandleFunc("POST "+b+"/outbox/retry", c.action(named(actOutboxRetry), c.outboxRetry))
+	m.HandleFunc("POST "+b+"/outbox/retry", c.action(bindOutboxRetry, c.outboxRetry))
 	m.HandleFunc("GET "+b+"/consumers", c.authed(c.consumersPage))
 	m.HandleFunc("GET "+b+"/consumers/{name}/{topic}", c.authed(c.consumerPage))
-	m.HandleFunc("POST "+b+"/consumers/{name}/{topic}/retry", c.action(named(actParkedRetry), c.parkedRetry))
+	m.HandleFunc("POST "+b+"/consumers/{name}/{topic}/retry", c.action(bindParkedRetry, c.parkedRetry))
 	m.HandleFunc("GET "+b+"/idemhttp", c.authed(c.idemhttpPage))
-	m.HandleFunc("POST "+b+"/idemhttp/resolve", c.action(named(actResolve), c.idemhttpResolve))
+	m.HandleFunc("POST "+b+"/idemhttp/resolve", c.action(bindResolve, c.idemhttpResolve))
 	m.HandleFunc("GET "+b+"/audit", c.authed(c.auditPage))
 	m.HandleFunc(b+"/", c.authed(func(w http.ResponseWriter, r *http.Request, rq *request) {
 		c.fail(w, r, rq, http.StatusNotFound, "no such page: "+r.URL.Path)
@@ -398,6 +398,40 @@ func named(action string) func(*http.Request) string {
 	return func(*http.Request) string { return action }
 }
 
+// targeted names an action on one target (a letter, a message, a key, a
+// record): what the token of a form that acts on it is bound to, so that
+// it submits no other form, on no other target.
+func targeted(action string, target ...any) string {
+	var b strings.Builder
+	b.WriteString(action)
+	for _, t := range target {
+		b.WriteByte(0x1f)
+		fmt.Fprint(&b, t)
+	}
+	return b.String()
+}
+
+// The bindings of the forms that act on one target, read from the request
+// as the handlers read it.
+func bindReveal(r *http.Request) string {
+	return targeted(actReveal, r.PathValue("topic"), r.PathValue("partition"), r.PathValue("offset"))
+}
+
+func bindOutboxRetry(r *http.Request) string { return targeted(actOutboxRetry, r.PostFormValue("id")) }
+
+func bindParkedRetry(r *http.Request) string {
+	if r.PostFormValue("all") == "1" {
+		return targeted(actParkedRetry, r.PathValue("name"), r.PathValue("topic"), "all")
+	}
+	return targeted(actParkedRetry, r.PathValue("name"), r.PathValue("topic"), r.PostFormValue("partition"),
+		r.PostFormValue("key_id"))
+}
+
+func bindResolve(r *http.Request) string {
+	return targeted(actResolve, r.PostFormValue("account"), r.PostFormValue("operation"), r.PostFormValue("key"),
+		r.PostFormValue("token"))
+}
+
 // action runs act for an authorized POST with a valid form token, unless
 // the console is read-only; act gets the form's key (see forms). bind says
 // the action the token must have been issued for, from the parsed form.
@@ -444,6 +478,11 @@ type page struct {
 // Token returns a fresh form token of action for the page's principal:
 // each form gets its own, the key that makes submitting it twice act once.
 func (p *page) Token(action string) string { return p.c.forms.issue(p.Principal, action) }
+
+// TokenFor is the form token for action on one target (see targeted).
+func (p *page) TokenFor(action string, target ...any) string {
+	return p.c.forms.issue(p.Principal, targeted(action, target...))
+}
 
 // render writes data as the page named name, or as JSON.
 func (c *Console) render(w http.ResponseWriter, rq *request, status int, name, title string, data any) {

@@ -105,10 +105,15 @@ func (e *env) resolveForm(path string, form url.Values) {
 		return
 	}
 	path, _, _ = strings.Cut(path, "?")
+	seg := strings.Split(strings.TrimPrefix(path, "/"), "/")
+	for i := range seg {
+		seg[i], _ = url.PathUnescape(seg[i])
+	}
 	action := "unknown"
 	switch {
-	case strings.HasSuffix(path, "/reveal"):
-		action = actReveal
+	case strings.HasSuffix(path, "/reveal") && len(seg) >= 5:
+		n := len(seg)
+		action = targeted(actReveal, seg[n-4], seg[n-3], seg[n-2])
 	case strings.HasSuffix(path, "/replay/dry-run"):
 		action = actDryRun
 	case strings.HasSuffix(path, "/replay"):
@@ -116,13 +121,29 @@ func (e *env) resolveForm(path string, form url.Values) {
 		lf, _ := parseFilter(form)
 		action = selectionAction(topic, form.Get("scope"), lf, formIDs(&http.Request{PostForm: form}))
 	case strings.HasSuffix(path, "/outbox/retry"):
-		action = actOutboxRetry
+		action = targeted(actOutboxRetry, form.Get("id"))
 	case strings.HasSuffix(path, "/idemhttp/resolve"):
-		action = actResolve
-	case strings.HasSuffix(path, "/retry"):
-		action = actParkedRetry
+		action = targeted(actResolve, form.Get("account"), form.Get("operation"), form.Get("key"), form.Get("token"))
+	case strings.HasSuffix(path, "/retry") && len(seg) >= 4:
+		n := len(seg)
+		if form.Get("all") == "1" {
+			action = targeted(actParkedRetry, seg[n-3], seg[n-2], "all")
+		} else {
+			action = targeted(actParkedRetry, seg[n-3], seg[n-2], form.Get("partition"), form.Get("key_id"))
+		}
 	}
 	form.Set("csrf", e.console.forms.issue(principal, action))
+}
+
+// revealAction is the action a reveal form's token is bound to, for the
+// letter page at path.
+func revealAction(path string) string {
+	seg := strings.Split(strings.TrimPrefix(path, "/"), "/")
+	for i := range seg {
+		seg[i], _ = url.PathUnescape(seg[i])
+	}
+	n := len(seg)
+	return targeted(actReveal, seg[n-3], seg[n-2], seg[n-1])
 }
 
 // req sends a request through the console; auth adds the token.
@@ -403,6 +424,9 @@ func TestDeadLetterEscapedRedactedAndRevealed(t *testing.T) {
 		"forged token":   {"csrf": {"AAAA" + e.console.forms.issue(testName, actReveal)[4:]}},
 		"other's":        {"csrf": {e.console.forms.issue("someone-else", actReveal)}},
 		"another form's": {"csrf": {e.console.forms.issue(testName, actOutboxRetry)}},
+		// Bound to another letter of the topic: a token acts on its own target only.
+		"another letter's": {"csrf": {e.console.forms.issue(testName, targeted(actReveal, e.dlq, 0, 999999))}},
+		"no letter's":      {"csrf": {e.console.forms.issue(testName, actReveal)}},
 	} {
 		res := e.req("POST", letter+"/reveal", f)
 		if res.status != http.StatusForbidden || strings.Contains(res.body, "4111111111111111") {
@@ -411,7 +435,7 @@ func TestDeadLetterEscapedRedactedAndRevealed(t *testing.T) {
 	}
 	old := e.console.forms.now
 	e.console.forms.now = func() time.Time { return time.Now().Add(-2 * FormTTLDefault) }
-	expired := url.Values{"csrf": {e.console.forms.issue(testName, actReveal)}}
+	expired := url.Values{"csrf": {e.console.forms.issue(testName, revealAction(letter))}}
 	e.console.forms.now = old
 	if res := e.req("POST", letter+"/reveal", expired); res.status != http.StatusForbidden || !strings.Contains(res.body, "expired") {
 		t.Fatalf("reveal with an expired token: %d\n%s", res.status, res.body)
@@ -550,6 +574,11 @@ func TestOutboxRetry(t *testing.T) {
 	}
 	if res := e.req("POST", "/outbox/retry", url.Values{"id": {id}}); res.status != http.StatusForbidden {
 		t.Fatalf("retry without a token: %d", res.status)
+	}
+	// A token of another message's retry form retries nothing else.
+	other := url.Values{"id": {id}, "csrf": {e.console.forms.issue(testName, targeted(actOutboxRetry, "another-id"))}}
+	if res := e.req("POST", "/outbox/retry", other); res.status != http.StatusForbidden {
+		t.Fatalf("retry with another message's token: %d", res.status)
 	}
 	f := e.form("id", id)
 	res = e.req("POST", "/outbox/retry", f)
