@@ -112,6 +112,28 @@ func run(t *testing.T, sc scenario) {
 	if err := a.setup(ctx, pools["test"], p.Keys); err != nil {
 		t.Fatalf("schema: %v", err)
 	}
+	if sc.standbyRunner {
+		// A synchronous standby has the setup's WAL on disk, not yet
+		// necessarily replayed: the runner that reads the standby starts
+		// once it shows what the primary wrote.
+		var lsn string
+		if err := pools["test"].QueryRow(ctx, `SELECT pg_catalog.pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+			var replayed bool
+			if err := pools[standbyRunner].QueryRow(ctx,
+				`SELECT pg_catalog.pg_last_wal_replay_lsn() >= $1::pg_lsn`, lsn).Scan(&replayed); err != nil {
+				t.Fatal(err)
+			}
+			if replayed {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the standby did not replay the setup (primary at %s) within a minute", lsn)
+			}
+		}
+	}
 	store, err := dedup.New(&dedup.Config{Tables: migrate.Tables{Schema: schema}})
 	if err != nil {
 		t.Fatal(err)
