@@ -306,7 +306,8 @@ func (c *Cluster) WaitISR(ctx context.Context, topic string) error {
 }
 
 // CreateTopic creates topic with the given partitions and replication
-// factor and waits until every partition has a leader and a full ISR.
+// factor and waits until every partition has a leader and a full ISR, and
+// every node lists the topic.
 func (c *Cluster) CreateTopic(ctx context.Context, topic string, partitions, replicas int) error {
 	client := &kafka.Client{Addr: kafka.TCP(c.Addrs()...), Timeout: 30 * time.Second}
 	resp, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
@@ -317,7 +318,25 @@ func (c *Cluster) CreateTopic(ctx context.Context, topic string, partitions, rep
 	if err != nil {
 		return fmt.Errorf("kafkaproc: create topic %s: %w", topic, err)
 	}
-	return c.WaitISR(ctx, topic)
+	if err := c.WaitISR(ctx, topic); err != nil {
+		return err
+	}
+	// Every node learns of a new topic on its own time: a client that asks
+	// another node than the one WaitISR asked must find it too.
+	for _, addr := range c.Addrs() {
+		for {
+			md, err := metadata(ctx, []string{addr}, topic)
+			if err == nil && len(md.Topics) == 1 && md.Topics[0].Error == nil && len(md.Topics[0].Partitions) == partitions {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("kafkaproc: %s: node %s does not list topic %s: %v", topic, addr, topic, err)
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	return nil
 }
 
 func (c *Cluster) logTails() string {
