@@ -273,7 +273,7 @@ func verifyStandard(s *Scheme, h http.Header, body []byte) error {
 			continue
 		}
 		seen = true
-		b, err := base64.StdEncoding.DecodeString(sig)
+		b, err := base64.StdEncoding.Strict().DecodeString(sig)
 		if err == nil && s.matches(b, macs) {
 			return s.checkTime(ts)
 		}
@@ -419,7 +419,7 @@ func Shopify(secrets ...string) (*Scheme, error) {
 		if err != nil {
 			return err
 		}
-		sig, err := base64.StdEncoding.DecodeString(v)
+		sig, err := base64.StdEncoding.Strict().DecodeString(v)
 		if err != nil || len(sig) != sha256.Size {
 			return s.fail(ErrSignature, "the %s header is not a base64 HMAC-SHA256", HeaderShopifyHMAC)
 		}
