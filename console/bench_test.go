@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"runtime/debug"
 	"strconv"
 	"testing"
 	"time"
@@ -21,18 +22,34 @@ import (
 
 // BenchmarkDeadLetterPage renders one page of 50 of a dead-letter topic
 // holding IDEMKIT_BENCH_LETTERS letters (2000 by default), and the
-// overview: the time and the memory per page (-benchmem).
+// overview of it and of IDEMKIT_BENCH_CONSUMERS consumers (50 by default)
+// with a position on each of the 12 partitions of a topic: the time, the
+// memory allocated (-benchmem) and the peak of the heap in use per page
+// (peak-heap-MiB).
 func BenchmarkDeadLetterPage(b *testing.B) {
-	n := 2000
-	if s := os.Getenv("IDEMKIT_BENCH_LETTERS"); s != "" {
-		var err error
-		if n, err = strconv.Atoi(s); err != nil {
-			b.Fatal(err)
+	env := func(name string, def int) int {
+		s := os.Getenv(name)
+		if s == "" {
+			return def
 		}
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			b.Fatalf("%s: %v", name, err)
+		}
+		return n
 	}
+	n, consumers := env("IDEMKIT_BENCH_LETTERS", 2000), env("IDEMKIT_BENCH_CONSUMERS", 50)
 	db := testenv.NewDB(b, func(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 		return testenv.Migrate(ctx, pool, schema)
 	})
+	// The consumers: each with a position on every partition of one topic
+	// of 12, as runners write them.
+	source := testenv.NewTopic(b, 12)
+	if _, err := db.Pool.Exec(context.Background(), `INSERT INTO `+db.Table(migrate.ConsumerPositionsDefault)+
+		` (consumer, topic, kafka_partition, next_offset) SELECT 'bench-' || c, $1, p, 0
+		FROM generate_series(1, $2::int) c, generate_series(0, 11) p`, source, consumers); err != nil {
+		b.Fatal(err)
+	}
 	topic := testenv.NewTopic(b, 1)
 	dead := topic + dlq.TopicSuffixDefault
 	testenv.CreateTopic(b, dead, 1)
@@ -65,8 +82,7 @@ func BenchmarkDeadLetterPage(b *testing.B) {
 	defer c.Close()
 	for _, page := range []string{"/dlq/" + url.PathEscape(dead) + "?page=3", "/"} {
 		b.Run(page, func(b *testing.B) {
-			b.ReportAllocs()
-			for b.Loop() {
+			serve := func() {
 				r := httptest.NewRequest("GET", page, nil)
 				r.Header.Set("Authorization", "Bearer "+testToken)
 				rec := httptest.NewRecorder()
@@ -75,6 +91,14 @@ func BenchmarkDeadLetterPage(b *testing.B) {
 					b.Fatalf("%s: %d", page, rec.Code)
 				}
 			}
+			b.ReportAllocs()
+			for b.Loop() {
+				serve()
+			}
+			// Out of the timed loop: the heap's peak while one page is
+			// served, collected often so that the peak is what is held.
+			defer debug.SetGCPercent(debug.SetGCPercent(10))
+			b.ReportMetric(float64(peakHeap(serve))/(1<<20), "peak-heap-MiB")
 		})
 	}
 }

@@ -3,7 +3,6 @@ package console
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -21,8 +20,8 @@ import (
 	"github.com/idemkit/idemkit/internal/redact"
 )
 
-// letterFilter selects dead letters: dlq.Filter and the last failure's
-// error class.
+// letterFilter selects dead letters: a dlq.Filter and the form it came
+// from.
 type letterFilter struct {
 	Origin    string `json:"origin,omitempty"`
 	Class     string `json:"class,omitempty"`
@@ -55,7 +54,10 @@ func parseFilter(v url.Values) (letterFilter, error) {
 			return lf, badf("a filter field is longer than 1000 characters")
 		}
 	}
-	lf.f = dlq.Filter{MessageID: lf.MessageID, OriginTopic: lf.Origin, ErrorContains: lf.Error}
+	lf.f = dlq.Filter{OriginTopic: lf.Origin, ErrorContains: lf.Error, Class: lf.Class}
+	if lf.MessageID != "" {
+		lf.f.MessageIDs = []string{lf.MessageID}
+	}
 	var err error
 	if lf.Since != "" {
 		if lf.f.Since, err = parseTime("since", lf.Since); err != nil {
@@ -71,10 +73,6 @@ func parseFilter(v url.Values) (letterFilter, error) {
 		return lf, badf("since (%s) must be before until (%s)", lf.Since, lf.Until)
 	}
 	return lf, nil
-}
-
-func (lf letterFilter) match(d *dlq.DeadLetter) bool {
-	return lf.f.Match(d) && (lf.Class == "" || d.Last().Class == lf.Class)
 }
 
 // Values are the filter as query parameters.
@@ -190,11 +188,10 @@ func (c *Console) lettersPage(w http.ResponseWriter, r *http.Request, rq *reques
 	c.render(w, rq, http.StatusOK, "letters", d.Topic, d)
 }
 
-// letters lists one page of a topic's dead letters. The listing holds
-// what was parsed of every letter (coordinates, message ID, origin,
-// history), never its key, value or headers (dlq.ListConfig.NoPayload and
-// DropHeaders: the origin's headers are its producer's to choose, and may
-// be large); only the page's rows are rendered.
+// letters lists one page of a topic's dead letters: dlq.List with a
+// Window keeps the page's letters, without their key, value or headers
+// (the origin's headers are its producer's to choose, and may be large),
+// and counts the others as it reads them.
 func (c *Console) letters(ctx context.Context, r *http.Request) (*lettersData, error) {
 	topic, err := c.topicOf(r)
 	if err != nil {
@@ -205,37 +202,25 @@ func (c *Console) letters(ctx context.Context, r *http.Request) (*lettersData, e
 	if err != nil {
 		return nil, err
 	}
-	d := &lettersData{Topic: topic, Filter: lf, Letters: []letterRow{}, States: map[dlq.State]int{}, Notes: []string{},
-		Redacted: true}
+	d := &lettersData{Topic: topic, Filter: lf, Letters: []letterRow{}, Notes: []string{}, Redacted: true}
 	if d.Size, err = atoiParam(q, "size", PageSizeDefault, 1, PageSizeMax); err != nil {
 		return nil, err
 	}
 	if d.Page, err = atoiParam(q, "page", 1, 1, 1<<30); err != nil {
 		return nil, err
 	}
-	l, noReplays, err := c.list(ctx, &dlq.ListConfig{Topics: []string{topic}, Filter: lf.f, NoPayload: true, DropHeaders: true})
+	l, noReplays, err := c.list(ctx, &dlq.ListConfig{Topics: []string{topic}, Filter: lf.f, NoPayload: true, DropHeaders: true,
+		Window: dlq.Window{Skip: (d.Page - 1) * d.Size, Limit: d.Size}})
 	if err != nil {
 		return nil, err
 	}
 	if noReplays {
 		d.Notes = append(d.Notes, noReplaysNote)
 	}
-	d.Read, d.Unreadable = l.Read, len(l.Unreadable)
-	first := (d.Page - 1) * d.Size
+	d.Read, d.Unreadable, d.Total, d.States = l.Read, len(l.Unreadable), l.Selected, l.States
 	for _, m := range l.Messages {
-		counted := false
 		for _, x := range m.Letters {
-			if !lf.match(x.DeadLetter) {
-				continue
-			}
-			if !counted {
-				d.States[m.State]++
-				counted = true
-			}
-			if d.Total >= first && d.Total < first+d.Size {
-				d.Letters = append(d.Letters, c.letterRow(x))
-			}
-			d.Total++
+			d.Letters = append(d.Letters, c.letterRow(x))
 		}
 	}
 	d.Pages = max(1, (d.Total+d.Size-1)/d.Size)
@@ -349,7 +334,7 @@ func (c *Console) letter(ctx context.Context, topic string, d *dlq.DeadLetter, r
 	}
 	// Its state: from the listing of its message's letters (every round).
 	if d.MessageID != "" {
-		l, _, err := c.list(ctx, &dlq.ListConfig{Topics: []string{topic}, Filter: dlq.Filter{MessageID: d.MessageID}, NoPayload: true, DropHeaders: true})
+		l, _, err := c.list(ctx, &dlq.ListConfig{Topics: []string{topic}, Filter: dlq.Filter{MessageIDs: []string{d.MessageID}}, NoPayload: true, DropHeaders: true})
 		if err != nil {
 			return nil, err
 		}
@@ -468,9 +453,8 @@ func countsText(n dlq.Counts) string {
 
 // replaySelection reads what a replay form selects: the letters of the
 // message IDs checked (scope "selected"), or those the filter selects
-// (scope "filtered"). A filter by error class, which dlq.Filter does not
-// know, is turned into the IDs of the letters it selects.
-func (c *Console) replaySelection(ctx context.Context, r *http.Request, topic string) (letterFilter, []string, error) {
+// (scope "filtered").
+func (c *Console) replaySelection(r *http.Request) (letterFilter, []string, error) {
 	lf, err := parseFilter(r.PostForm)
 	if err != nil {
 		return lf, nil, err
@@ -482,37 +466,7 @@ func (c *Console) replaySelection(ctx context.Context, r *http.Request, topic st
 			return lf, nil, badf("no letter selected: check the letters to replay, or replay every filtered letter")
 		}
 	case "filtered":
-		if lf.Class == "" {
-			return lf, nil, nil
-		}
-		l, _, err := c.list(ctx, &dlq.ListConfig{Topics: []string{topic}, Filter: lf.f, NoPayload: true, DropHeaders: true})
-		if err != nil {
-			return lf, nil, err
-		}
-		// Distinct IDs, up to one past the limit: that one is refused.
-		seen := map[string]bool{}
-	scan:
-		for i, m := range l.Messages {
-			if i%1024 == 0 && ctx.Err() != nil {
-				return lf, nil, ctx.Err()
-			}
-			for _, x := range m.Letters {
-				if lf.match(x.DeadLetter) && x.MessageID != "" && !seen[x.MessageID] {
-					seen[x.MessageID] = true
-					ids = append(ids, x.MessageID)
-					if len(ids) > ReplaySelectionMax {
-						break scan
-					}
-				}
-			}
-		}
-		if len(ids) == 0 {
-			return lf, nil, badf("the filter selects no letter with a message ID")
-		}
-		if len(ids) > ReplaySelectionMax {
-			return lf, nil, badf("the filter selects more than %d messages: at most %d per replay; narrow the filter",
-				ReplaySelectionMax, ReplaySelectionMax)
-		}
+		return lf, nil, nil
 	default:
 		return lf, nil, badf("scope: want selected or filtered, not %q", r.PostFormValue("scope"))
 	}
@@ -559,8 +513,8 @@ func (c *Console) replayAction(r *http.Request) string {
 	return selectionAction(r.PathValue("topic"), r.PostFormValue("scope"), lf, formIDs(r))
 }
 
-// runReplay runs the Reprocessor over the selection: once with the filter,
-// or once per message ID.
+// runReplay runs the Reprocessor over the selection: the filter, or the
+// message IDs with the filter's other fields.
 func (c *Console) runReplay(ctx context.Context, topic, by string, lf letterFilter, ids []string, dryRun bool) (*replayData, error) {
 	d := &replayData{Topic: topic, Mode: "republish", DryRun: dryRun, Filter: lf, IDs: ids, Items: []replayItem{},
 		Records: dlq.Counts{}, Messages: dlq.Counts{}}
@@ -569,50 +523,43 @@ func (c *Console) runReplay(ctx context.Context, topic, by string, lf letterFilt
 	if handler != nil {
 		mode, d.Mode = dlq.Redrive, "redrive"
 	}
-	filters := []dlq.Filter{lf.f}
+	f := lf.f
 	if ids != nil {
-		filters = filters[:0]
-		for _, id := range ids {
-			f := lf.f
-			f.MessageID = id
-			filters = append(filters, f)
+		f.MessageIDs = ids
+	}
+	rp, err := dlq.NewReprocessor(c.pool, &dlq.ReprocessorConfig{Kafka: c.cfg.Kafka, Topic: topic, Mode: mode,
+		Handler: handler, Tables: c.tables, Filter: f, DryRun: dryRun, ReplayedBy: by, MaxOutage: time.Minute,
+		Logger: c.log, Progress: func(it dlq.Item) {
+			if it.Action == dlq.Skipped {
+				return
+			}
+			ri := replayItem{Action: it.Action, Partition: it.Raw.Partition, Offset: it.Raw.Offset}
+			if x := it.DeadLetter; x != nil {
+				ri.MessageID = x.MessageID
+				ri.Origin = fmt.Sprintf("%s/%d/%d", x.Origin.Topic, x.Origin.Partition, x.Origin.Offset)
+			}
+			if it.Err != nil {
+				ri.Error = c.red.Text(it.Err.Error())
+			}
+			d.Items = append(d.Items, ri)
+		}})
+	if err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	defer rp.Close()
+	sum, err := rp.Run(ctx)
+	for a, n := range sum.Records {
+		if a != dlq.Skipped {
+			d.Records[a] += n
 		}
 	}
-	for _, f := range filters {
-		rp, err := dlq.NewReprocessor(c.pool, &dlq.ReprocessorConfig{Kafka: c.cfg.Kafka, Topic: topic, Mode: mode,
-			Handler: handler, Tables: c.tables, Filter: f, DryRun: dryRun, ReplayedBy: by, MaxOutage: time.Minute,
-			Logger: c.log, Progress: func(it dlq.Item) {
-				if it.Action == dlq.Skipped {
-					return
-				}
-				ri := replayItem{Action: it.Action, Partition: it.Raw.Partition, Offset: it.Raw.Offset}
-				if x := it.DeadLetter; x != nil {
-					ri.MessageID = x.MessageID
-					ri.Origin = fmt.Sprintf("%s/%d/%d", x.Origin.Topic, x.Origin.Partition, x.Origin.Offset)
-				}
-				if it.Err != nil {
-					ri.Error = c.red.Text(it.Err.Error())
-				}
-				d.Items = append(d.Items, ri)
-			}})
-		if err != nil {
-			return nil, fmt.Errorf("replay: %w", err)
+	for a, n := range sum.Messages {
+		if a != dlq.Skipped {
+			d.Messages[a] += n
 		}
-		sum, err := rp.Run(ctx)
-		rp.Close()
-		for a, n := range sum.Records {
-			if a != dlq.Skipped {
-				d.Records[a] += n
-			}
-		}
-		for a, n := range sum.Messages {
-			if a != dlq.Skipped {
-				d.Messages[a] += n
-			}
-		}
-		if err != nil {
-			return d, fmt.Errorf("replay: %w", err)
-		}
+	}
+	if err != nil {
+		return d, fmt.Errorf("replay: %w", err)
 	}
 	return d, nil
 }
@@ -625,7 +572,7 @@ func (c *Console) replayDryRun(w http.ResponseWriter, r *http.Request, rq *reque
 		c.failErr(w, r, rq, "dry run", err)
 		return
 	}
-	lf, ids, err := c.replaySelection(ctx, r, topic)
+	lf, ids, err := c.replaySelection(r)
 	if err != nil {
 		c.failErr(w, r, rq, "dry run", err)
 		return
@@ -645,54 +592,14 @@ func (c *Console) replayDryRun(w http.ResponseWriter, r *http.Request, rq *reque
 	c.render(w, rq, http.StatusOK, "replay", "Replay "+topic+": dry run", d)
 }
 
-// errReplayRunning refuses a replay of a topic that another replay (of
-// this console or another sharing its database) is running.
-var errReplayRunning = errors.New("refused: a replay of this topic is running")
-
-// lockTopic takes the PostgreSQL advisory lock of topic's replays, on a
-// connection of its own held until unlock, or refuses with
-// errReplayRunning. Two Reprocessors of one topic at once would both find
-// a letter not yet replayed and both write it back: one replay per topic
-// at a time writes each once.
-func (c *Console) lockTopic(ctx context.Context, topic string) (unlock func(), err error) {
-	h := sha256.Sum256([]byte("idemkit-console-replay\x00" + c.tables.Schema + "\x00" + topic))
-	lockID := int64(binary.BigEndian.Uint64(h[:8]))
-	conn, err := c.pool.Acquire(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("lock the topic's replays: %w", err)
-	}
-	var ok bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, lockID).Scan(&ok); err != nil {
-		conn.Release()
-		return nil, fmt.Errorf("lock the topic's replays: %w", err)
-	}
-	if !ok {
-		conn.Release()
-		return nil, fmt.Errorf("%w: try again once it has ended (see the audit page)", errReplayRunning)
-	}
-	return func() {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		var released bool
-		if err := conn.QueryRow(ctx, `SELECT pg_advisory_unlock($1)`, lockID).Scan(&released); err != nil || !released {
-			// The session may still hold the lock: close it, which ends it.
-			c.log.Error("console: unlock a topic's replays", "topic", topic, "err", err)
-			_ = conn.Conn().Close(ctx)
-		}
-		conn.Release()
-	}, nil
-}
-
 // replay runs the replay a dry run showed, once per form.
 func (c *Console) replay(w http.ResponseWriter, r *http.Request, rq *request, key string) {
-	ctx, cancel := ctxTimeout(r)
-	defer cancel()
 	topic, err := c.topicOf(r)
 	if err != nil {
 		c.failErr(w, r, rq, "replay", err)
 		return
 	}
-	lf, ids, err := c.replaySelection(ctx, r, topic)
+	lf, ids, err := c.replaySelection(r)
 	if err != nil {
 		c.failErr(w, r, rq, "replay", err)
 		return
@@ -702,13 +609,14 @@ func (c *Console) replay(w http.ResponseWriter, r *http.Request, rq *request, ke
 		target = topic + ": message IDs " + strings.Join(ids, ",")
 	}
 	var d *replayData
+	running := false // another replay of the topic holds its lock
 	res, err := c.act(r, rq, key, "dlq.replay", target, func(ctx context.Context) (string, error) {
-		unlock, err := c.lockTopic(ctx, topic)
-		if err != nil {
-			return "", err
-		}
-		defer unlock()
+		var err error
 		d, err = c.runReplay(ctx, topic, rq.principal.Name+" (console)", lf, ids, false)
+		if errors.Is(err, dlq.ErrReplayRunning) {
+			running = true
+			return "", errors.New("refused: a replay of this dead-letter topic is running: try again once it has ended (see the audit page)")
+		}
 		if d == nil {
 			return "", err
 		}
@@ -725,7 +633,7 @@ func (c *Console) replay(w http.ResponseWriter, r *http.Request, rq *request, ke
 	status := http.StatusOK
 	switch {
 	case res.Duplicate:
-	case res.Outcome == outcomeFailed && strings.HasPrefix(res.Detail, errReplayRunning.Error()):
+	case running:
 		status, d.Error = http.StatusConflict, res.Detail
 	case res.Outcome == outcomeFailed:
 		status, d.Error = http.StatusInternalServerError, res.Detail

@@ -20,6 +20,7 @@ import (
 	"github.com/idemkit/idemkit/consumer"
 	"github.com/idemkit/idemkit/dlq"
 	"github.com/idemkit/idemkit/internal/testenv"
+	"github.com/idemkit/idemkit/migrate"
 	"github.com/idemkit/idemkit/retry"
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
@@ -163,18 +164,32 @@ func TestConcurrentReplaysOfATopicRunOnce(t *testing.T) {
 		}
 		t.Errorf("3 concurrent replays of 10 letters wrote %d messages to the origin topic, want 10; audit: %q", n, details)
 	}
-	// While a replay of the topic runs (its lock held), another is refused
-	// and audited so.
-	unlock, err := e.console.lockTopic(context.Background(), e.dlq)
+	// While a replay of the topic runs (here a redrive held in its
+	// handler), another is refused and audited so.
+	e.deadLetter(10, "pay-10", "k", `{"amount":100}`, retry.Permanent(errors.New("no order")))
+	started, release := make(chan struct{}), make(chan struct{})
+	rp, err := dlq.NewReprocessor(e.db.Pool, &dlq.ReprocessorConfig{Kafka: testenv.Kafka(t), Topic: e.dlq, Mode: dlq.Redrive,
+		Tables: migrate.Tables{Schema: e.db.Schema}, Handler: consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			close(started)
+			<-release
+			return nil
+		})})
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer rp.Close()
+	ran := make(chan error, 1)
+	go func() { _, err := rp.Run(context.Background()); ran <- err }()
+	<-started
 	res := e.req("POST", base+"/replay", e.form("scope", "filtered"))
-	unlock()
-	if res.status != http.StatusConflict || !strings.Contains(res.body, "a replay of this topic is running") {
+	close(release)
+	if err := <-ran; err != nil {
+		t.Fatal(err)
+	}
+	if res.status != http.StatusConflict || !strings.Contains(res.body, "a replay of this dead-letter topic is running") {
 		t.Errorf("a replay while another runs: %d\n%s", res.status, res.body)
 	}
-	if a := e.audit(); a[0].Outcome != outcomeFailed || !strings.HasPrefix(a[0].Detail, "refused: a replay of this topic is running") {
+	if a := e.audit(); a[0].Outcome != outcomeFailed || !strings.HasPrefix(a[0].Detail, "refused: a replay of this dead-letter topic is running") {
 		t.Errorf("audit of the refused replay: %+v", a[0])
 	}
 	if res := e.req("POST", base+"/replay", e.form("scope", "filtered")); res.status != http.StatusOK {
@@ -229,22 +244,31 @@ func (e *env) timed(method, path string, form url.Values) (int, string, time.Dur
 	return w.Code, w.Body.String(), time.Since(start)
 }
 
-// A replay of every letter of an error class turns the listing into
-// message IDs, each counted once (with a map, stopping one past
-// ReplaySelectionMax): a selection of more messages than that is refused
-// with the limit, and nothing is replayed.
-func TestClassFilteredSelectionOverTheLimit(t *testing.T) {
+// A replay of every letter of an error class is a dlq.Filter the
+// Reprocessor applies: it selects by class however many letters match
+// (no list of message IDs, so no ReplaySelectionMax), and another class
+// selects none.
+func TestClassFilteredReplay(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, nil)
-	e.writeLetters(ReplaySelectionMax + 5)
+	n := ReplaySelectionMax + 5
+	e.writeLetters(n)
 	base := "/dlq/" + url.PathEscape(e.dlq)
-	res := e.req("POST", base+"/replay/dry-run", e.form("scope", "filtered", "class", "permanent"))
-	if res.status != http.StatusBadRequest {
-		t.Fatalf("dry run: %d %.300s", res.status, res.body)
+	for _, tc := range []struct {
+		class string
+		want  int
+	}{{"permanent", n}, {"transient", 0}} {
+		res := e.req("POST", base+"/replay/dry-run", e.form("scope", "filtered", "class", tc.class), "Accept", "application/json")
+		var dry replayData
+		if err := json.Unmarshal([]byte(res.body), &dry); err != nil || res.status != http.StatusOK {
+			t.Fatalf("class %s: %d %v %.300s", tc.class, res.status, err, res.body)
+		}
+		if got := dry.Records[dlq.WouldReplay]; got != tc.want || len(dry.Items) != tc.want {
+			t.Errorf("class %s: %d would be replayed (%d items), want %d", tc.class, got, len(dry.Items), tc.want)
+		}
 	}
-	contains(t, "refusal", res.body, fmt.Sprintf("more than %d messages", ReplaySelectionMax))
-	if n := len(e.audit()); n != 0 {
-		t.Fatalf("%d audit entries after a refused selection", n)
+	if e.originMessages() != 0 || len(e.audit()) != 0 {
+		t.Fatal("a dry run acted")
 	}
 }
 

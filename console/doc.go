@@ -41,13 +41,13 @@
 //     X-Frame-Options: DENY, and Cache-Control: no-store (but the static
 //     files).
 //   - A dead-letter replay runs dlq.Reprocessor in Republish mode, or in
-//     Redrive mode for the topics of Config.Redrive; a selection of
-//     letters (up to ReplaySelectionMax message IDs) runs it once per ID.
-//     It runs within the request: its page shows the summary when done.
+//     Redrive mode for the topics of Config.Redrive, once over the
+//     selection (the filter, or up to ReplaySelectionMax message IDs). It
+//     runs within the request: its page shows the summary when done.
 //   - Seeking a consumer is not an action: the consumer's page prints the
 //     idemkit consumer seek command, to be run with the consumers stopped.
 //
-// A dead-letter page lists a topic with dlq.List without payloads (each
-// letter's coordinates and headers, not its key and value) and renders
-// one page of it; a letter's page reads that letter only.
+// A dead-letter page reads its topic with dlq.List and a Window: it keeps
+// the page's letters, without key, value or headers, and counts the
+// others as it reads them; a letter's page reads that letter only.
 package console

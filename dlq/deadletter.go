@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -145,9 +146,10 @@ func Parse(m kafka.Message) (*DeadLetter, error) {
 
 // Filter selects dead letters; a zero field selects everything.
 type Filter struct {
-	MessageID     string    // exactly this message ID
+	MessageIDs    []string  // one of these message IDs
 	OriginTopic   string    // from this origin topic
 	ErrorContains string    // the last error's text contains this
+	Class         string    // the last failure's error class is this
 	Since, Until  time.Time // the last failure happened in [Since, Until)
 }
 
@@ -155,11 +157,13 @@ type Filter struct {
 func (f Filter) Match(d *DeadLetter) bool {
 	last := d.Last()
 	switch {
-	case f.MessageID != "" && d.MessageID != f.MessageID:
+	case len(f.MessageIDs) > 0 && !slices.Contains(f.MessageIDs, d.MessageID):
 		return false
 	case f.OriginTopic != "" && d.Origin.Topic != f.OriginTopic:
 		return false
 	case f.ErrorContains != "" && !strings.Contains(last.Error, f.ErrorContains):
+		return false
+	case f.Class != "" && last.Class != f.Class:
 		return false
 	case !f.Since.IsZero() && last.LastFailure.Before(f.Since):
 		return false

@@ -410,7 +410,7 @@ func TestReplayFailsAgainThenExhausts(t *testing.T) {
 	e.consume(2, func(*consumer.Message, int) error { return retry.Permanent(errors.New("schema v1")) })
 
 	broken := func(context.Context, pgx.Tx, *consumer.Message) error { return errors.New("still broken") }
-	only := func(c *dlq.ReprocessorConfig) { c.Filter = dlq.Filter{MessageID: "x"}; c.ReplayLimit = 2 }
+	only := func(c *dlq.ReprocessorConfig) { c.Filter = dlq.Filter{MessageIDs: []string{"x"}}; c.ReplayLimit = 2 }
 	sum, err := e.reprocessor(dlq.Redrive, broken, only).Run(context.Background())
 	if err != nil || sum.Records[dlq.FailedAgain] != 1 || sum.Records[dlq.Skipped] != 1 {
 		t.Fatalf("round 1: %v %v", sum, err)

@@ -77,5 +77,5 @@ func ExampleRouteErrors() {
 	for _, m := range l.Messages {
 		fmt.Println(m.MessageID, m.State, len(m.Letters), "dead letter(s)")
 	}
-	fmt.Println(l.Count()[dlq.StateUnresolved], "message(s) wait for a replay")
+	fmt.Println(l.States[dlq.StateUnresolved], "message(s) wait for a replay")
 }

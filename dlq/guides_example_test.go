@@ -26,7 +26,7 @@ func ExampleReprocessor_republish() {
 			Kafka:  kafkaconn.Config{Brokers: []string{"127.0.0.1:9092"}},
 			Topic:  "payments.dlq",
 			Mode:   dlq.Republish,
-			Filter: dlq.Filter{MessageID: "pay-7"},
+			Filter: dlq.Filter{MessageIDs: []string{"pay-7"}},
 			DryRun: dryRun,
 		})
 		if err != nil {

@@ -3,6 +3,8 @@ package dlq
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -210,7 +212,11 @@ type letterKey struct {
 }
 
 func keyOf(d *DeadLetter) letterKey {
-	return letterKey{originKey{d.Origin.Topic, d.Origin.Incarnation, d.Origin.Offset, d.Origin.Partition}, d.Round}
+	return letterKey{d.Origin.key(), d.Round}
+}
+
+func (o Origin) key() originKey {
+	return originKey{o.Topic, o.Incarnation, o.Offset, o.Partition}
 }
 
 // tally builds a Summary.
@@ -399,7 +405,10 @@ type run struct {
 // outages of PostgreSQL and Kafka (see MaxOutage) and goes on where it was;
 // it stops at the first other error it cannot attribute to one dead letter.
 // Running it again is safe: dead letters already replayed are recognised
-// and left alone. A dry run decides each dead letter as the real run would
+// and left alone. One replay of a topic runs at a time: while another holds
+// the topic's lock (in this process or another on the same database) Run
+// returns ErrReplayRunning at once, having done nothing. A dry run takes
+// no lock and decides each dead letter as the real run would
 // at that point, remembering what it decided for the dead letters before:
 // a second copy of a dead letter is AlreadyReplayed, and in Redrive mode a
 // message ID already decided for replay is AlreadyApplied.
@@ -418,6 +427,12 @@ func (r *Reprocessor) Run(ctx context.Context) (Summary, error) {
 		kafka: &outage.Waiter{Op: "replay " + r.cfg.Topic + ": kafka", Log: r.cfg.Logger, Max: r.cfg.MaxOutage}}
 	if r.cfg.DryRun {
 		rn.dry = &dryRun{recorded: map[letterKey]bool{}, claimed: map[claimKey]bool{}}
+	} else {
+		unlock, err := rn.lock(ctx)
+		if err != nil {
+			return tl.summary(), err
+		}
+		defer unlock()
 	}
 	err := rn.scan(ctx, func(m kafka.Message) error {
 		item := Item{Raw: m}
@@ -451,6 +466,70 @@ func (r *Reprocessor) Run(ctx context.Context) (Summary, error) {
 		return nil
 	})
 	return tl.summary(), pgexec.NotMigrated(ErrNotMigrated, err)
+}
+
+// ErrReplayRunning is Run's error when another replay of the same
+// dead-letter topic in the same schema, in this process or another, holds
+// the topic's replay lock: two replays at once would both find a letter not
+// yet replayed and both write it back. Try again once the other ended. Dry
+// runs change nothing and take no lock.
+var ErrReplayRunning = errors.New("dlq: a replay of this dead-letter topic is running")
+
+// lock takes the replay lock of the run's topic: a PostgreSQL session
+// advisory lock, held until unlock on a connection of its own, made as the
+// pool makes its connections (its settings and BeforeConnect/AfterConnect
+// hooks), so that the pool's connections, however few, stay free for the
+// replay. The lock lives as long as that connection: when the connection is
+// lost during the run, the lock is too.
+func (rn *run) lock(ctx context.Context) (unlock func(), err error) {
+	h := sha256.Sum256([]byte("idemkit-dlq-replay\x00" + rn.replays + "\x00" + rn.cfg.Topic))
+	key := int64(binary.BigEndian.Uint64(h[:8]))
+	cfg := rn.cfg.pool.Config() // a copy
+	cfg.MaxConns, cfg.MinConns = 1, 0
+	cfg.ConnConfig.RuntimeParams["application_name"] = "idemkit dlq replay lock"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: lock the replays of %s: %w", rn.cfg.Topic, err)
+	}
+	// The connection stays acquired until unlock: an idle one would be
+	// closed by the pool's health check, and the lock with it.
+	var conn *pgxpool.Conn
+	err = rn.pg.Do(ctx, func(ctx context.Context) error {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		var ok bool
+		if err := c.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&ok); err != nil {
+			c.Release()
+			return err
+		}
+		if !ok {
+			c.Release()
+			return ErrReplayRunning
+		}
+		conn = c
+		return nil
+	})
+	if err != nil {
+		pool.Close()
+		if errors.Is(err, ErrReplayRunning) {
+			return nil, fmt.Errorf("%w: %s", ErrReplayRunning, rn.cfg.Topic)
+		}
+		return nil, fmt.Errorf("dlq: lock the replays of %s: %w", rn.cfg.Topic, err)
+	}
+	return func() {
+		// Unlocked before the session ends, so that a replay started once
+		// this one returned finds the lock free; should the unlock fail,
+		// closing the session still releases it (a moment later).
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pgsession.Timeout(rn.cfg.HandlerTimeout))
+		defer cancel()
+		if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, key); err != nil {
+			rn.cfg.Logger.Warn("dlq: unlock the replays of a topic; closing its session instead", "topic", rn.cfg.Topic, "err", err)
+		}
+		conn.Release()
+		pool.Close()
+	}, nil
 }
 
 // ErrNotMigrated is wrapped by Reprocessor.Run's error when the replay

@@ -80,8 +80,12 @@ type OriginMessage struct {
 	// State is the state of its dead letters of the highest round read
 	// (see Latest).
 	State State
-	// Letters holds its dead letters in the order read.
+	// Letters holds its dead letters the filter selected (and the window
+	// kept), in the order read.
 	Letters []Letter
+
+	top      int  // the highest round of its dead letters read
+	selected bool // the filter selected one of its dead letters
 }
 
 // Listing is what List found in dead-letter topics.
@@ -90,19 +94,18 @@ type Listing struct {
 	// Read counts the records read.
 	Read int
 	// Messages holds the origin messages with a dead letter the filter
-	// selected, in the order of their first dead letter read.
+	// selected (and ListConfig.Window kept), in the order of their first
+	// dead letter read.
 	Messages []OriginMessage
+	// Selected counts the dead letters the filter selected, in the window
+	// or not.
+	Selected int
+	// States counts the origin messages with a dead letter the filter
+	// selected, in the window or not, per state (the empty state: unknown,
+	// with no database).
+	States map[State]int
 	// Unreadable holds the records that are not idemkit dead letters.
 	Unreadable []kafka.Message
-}
-
-// Count returns how many origin messages of l are in each state.
-func (l *Listing) Count() map[State]int {
-	n := map[State]int{}
-	for _, m := range l.Messages {
-		n[m.State]++
-	}
-	return n
 }
 
 // CountByTopic returns, per dead-letter topic, how many origin messages are
@@ -158,6 +161,22 @@ type ListConfig struct {
 	// origin's headers are its producer's to choose, and may be large.
 	// Original then has no headers.
 	DropHeaders bool
+	// Window, when its Limit is above 0, keeps only the selected dead
+	// letters from the Skip-th (from 0, in the order read) to the
+	// Skip+Limit-th: one page of a listing. The others are counted
+	// (Listing.Selected, Listing.States) and dropped as they are read, so a
+	// page of a large topic holds its own letters and a few words per origin
+	// message.
+	Window Window
+}
+
+// Window is a page of a listing: Limit dead letters from the Skip-th.
+type Window struct {
+	Skip, Limit int
+}
+
+func (w Window) keeps(i int) bool {
+	return w.Limit <= 0 || (i >= w.Skip && i-w.Skip < w.Limit)
 }
 
 // DBTX runs queries: a *pgxpool.Pool, a *pgx.Conn and a pgx.Tx all
@@ -166,25 +185,28 @@ type DBTX = pgexec.DB
 
 // List reads dead-letter topics, each from its start to the end it has when
 // List reaches it (as Scan), and the replay records of its messages in db (one
-// query per few thousand origin messages), and returns each dead letter
-// with its state, grouped per origin message. It only reads. A missing
-// topic is ErrNoTopic (naming it); a missing replay records table wraps ErrNotMigrated.
-// It holds what it read in memory (see ListConfig.NoPayload). With a nil
-// db (nil: none) no replay record is read and every State is left empty:
-// unknown. db is a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
+// query per few thousand origin messages), and returns each dead letter the
+// filter selects with its state, grouped per origin message. It only reads.
+// A missing topic is ErrNoTopic (naming it); a missing replay records table
+// wraps ErrNotMigrated. It holds the selected letters in memory (see
+// ListConfig.NoPayload and Window) and, per origin message, its coordinates.
+// With a nil db (nil: none) no replay record is read and every State is left
+// empty: unknown. db is a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
 func List(ctx context.Context, db DBTX, cfg *ListConfig) (*Listing, error) {
 	switch {
 	case cfg == nil:
 		return nil, fmt.Errorf("%w: nil config", ErrInvalidConfig)
 	case len(cfg.Topics) == 0 || slices.Contains(cfg.Topics, ""):
 		return nil, fmt.Errorf("%w: Topics is empty or holds an empty name", ErrInvalidConfig)
+	case cfg.Window.Skip < 0 || cfg.Window.Limit < 0:
+		return nil, fmt.Errorf("%w: Window %+v is negative", ErrInvalidConfig, cfg.Window)
 	}
 	tables := cfg.Tables.WithDefaults()
 	if err := tables.Validate(); err != nil {
 		return nil, err
 	}
 	replays := pgx.Identifier{tables.Schema, tables.DLQReplays}.Sanitize()
-	l := &Listing{}
+	l := &Listing{States: map[State]int{}}
 	for _, t := range cfg.Topics {
 		if !slices.Contains(l.Topics, t) { // a topic named twice is read once
 			l.Topics = append(l.Topics, t)
@@ -204,20 +226,31 @@ func List(ctx context.Context, db DBTX, cfg *ListConfig) (*Listing, error) {
 			l.Unreadable = append(l.Unreadable, m)
 			return nil
 		}
+		k := keyOf(d).originKey
+		i, ok := index[k]
+		if !ok {
+			i = len(l.Messages)
+			index[k] = i
+			l.Messages = append(l.Messages, OriginMessage{Origin: d.Origin, MessageID: d.MessageID, Consumer: d.Consumer,
+				top: d.Round})
+		}
+		om := &l.Messages[i]
+		om.top = max(om.top, d.Round)
+		if !cfg.Filter.Match(d) {
+			return nil
+		}
+		om.selected = true
+		l.Selected++
+		if !cfg.Window.keeps(l.Selected - 1) {
+			return nil
+		}
 		if cfg.NoPayload {
 			d.Message.Key, d.Message.Value = nil, nil
 		}
 		if cfg.DropHeaders {
 			d.Message.Headers = nil
 		}
-		k := keyOf(d).originKey
-		i, ok := index[k]
-		if !ok {
-			i = len(l.Messages)
-			index[k] = i
-			l.Messages = append(l.Messages, OriginMessage{Origin: d.Origin, MessageID: d.MessageID, Consumer: d.Consumer})
-		}
-		l.Messages[i].Letters = append(l.Messages[i].Letters, Letter{DeadLetter: d})
+		om.Letters = append(om.Letters, Letter{DeadLetter: d})
 		return nil
 	}
 	for _, topic := range l.Topics {
@@ -225,22 +258,25 @@ func List(ctx context.Context, db DBTX, cfg *ListConfig) (*Listing, error) {
 			return nil, err
 		}
 	}
-	var records map[originKey]map[int]*Replay
 	if p, ok := db.(*pgxpool.Pool); ok && p == nil { // a nil pool is no database
 		db = nil
 	}
 	if db != nil {
-		var err error
-		if records, err = readReplays(ctx, db, replays, l.Messages); err != nil {
-			return nil, err
+		for chunk := range slices.Chunk(l.Messages, replaysChunk) {
+			records, err := readReplays(ctx, db, replays, chunk)
+			if err != nil {
+				return nil, err
+			}
+			for i := range chunk {
+				chunk[i].decide(records[chunk[i].Origin.key()])
+			}
 		}
 	}
 	kept := l.Messages[:0]
 	for _, m := range l.Messages {
-		if db != nil {
-			m.decide(records[keyOf(m.Letters[0].DeadLetter).originKey])
+		if m.selected {
+			l.States[m.State]++
 		}
-		m.Letters = slices.DeleteFunc(m.Letters, func(x Letter) bool { return !cfg.Filter.Match(x.DeadLetter) })
 		if len(m.Letters) > 0 {
 			kept = append(kept, m)
 		}
@@ -249,35 +285,31 @@ func List(ctx context.Context, db DBTX, cfg *ListConfig) (*Listing, error) {
 	return l, nil
 }
 
-// decide sets the state of m's dead letters from the replay records of its
-// origin, by round.
+// decide sets the state of m and of its dead letters from the replay
+// records of its origin, by round.
 func (m *OriginMessage) decide(records map[int]*Replay) {
-	last := -1 // the highest round read or recorded
-	for _, x := range m.Letters {
-		last = max(last, x.Round)
-	}
+	last := m.top // the highest round read or recorded
 	for round := range records {
 		last = max(last, round)
 	}
-	top := -1 // the highest round read
-	for i := range m.Letters {
-		x := &m.Letters[i]
-		x.Replay = records[x.Round]
+	state := func(round int) (State, *Replay) {
+		r := records[round]
 		switch {
-		case x.Replay != nil && x.Replay.Outcome != Republished && x.Replay.Outcome != RepublishedNoID:
-			x.State = stateOf(x.Replay.Outcome)
-		case x.Round < last:
+		case r != nil && r.Outcome != Republished && r.Outcome != RepublishedNoID:
+			return stateOf(r.Outcome), r
+		case round < last:
 			// Republished and failed again, or failed again without a
 			// record (its record was lost): a later round took over.
-			x.State = StateSuperseded
-		case x.Replay != nil:
-			x.State = StateReplayed
-		default:
-			x.State = StateUnresolved
+			return StateSuperseded, r
+		case r != nil:
+			return StateReplayed, r
 		}
-		if x.Round > top {
-			top, m.State = x.Round, x.State
-		}
+		return StateUnresolved, nil
+	}
+	m.State, _ = state(m.top)
+	for i := range m.Letters {
+		x := &m.Letters[i]
+		x.State, x.Replay = state(x.Round)
 	}
 }
 
@@ -288,41 +320,39 @@ const replaysChunk = 5000
 // round.
 func readReplays(ctx context.Context, db DBTX, table string, msgs []OriginMessage) (map[originKey]map[int]*Replay, error) {
 	out := map[originKey]map[int]*Replay{}
-	for chunk := range slices.Chunk(msgs, replaysChunk) {
-		topics := make([]string, len(chunk))
-		incarnations := make([]int64, len(chunk))
-		partitions := make([]int32, len(chunk))
-		offsets := make([]int64, len(chunk))
-		for i, m := range chunk {
-			o := m.Origin
-			topics[i], incarnations[i], partitions[i], offsets[i] = o.Topic, o.Incarnation, int32(o.Partition), o.Offset
+	topics := make([]string, len(msgs))
+	incarnations := make([]int64, len(msgs))
+	partitions := make([]int32, len(msgs))
+	offsets := make([]int64, len(msgs))
+	for i, m := range msgs {
+		o := m.Origin
+		topics[i], incarnations[i], partitions[i], offsets[i] = o.Topic, o.Incarnation, int32(o.Partition), o.Offset
+	}
+	rows, err := db.Query(ctx, `SELECT r.origin_topic, r.origin_incarnation, r.origin_partition, r.origin_offset,
+		r.replay_round, r.outcome, coalesce(r.detail, ''), r.dead_letter_topic, r.replayed_by, r.replayed_at
+		FROM `+table+` r JOIN unnest($1::text[], $2::int8[], $3::int4[], $4::int8[]) AS o (topic, incarnation, part, off)
+		ON r.origin_topic = o.topic AND r.origin_incarnation = o.incarnation
+		AND r.origin_partition = o.part AND r.origin_offset = o.off`,
+		topics, incarnations, partitions, offsets)
+	if err != nil {
+		return nil, replaysError(err)
+	}
+	var k originKey
+	var round int
+	var outcome string
+	var r Replay
+	_, err = pgx.ForEachRow(rows, []any{&k.topic, &k.incarnation, &k.partition, &k.offset, &round, &outcome,
+		&r.Detail, &r.DeadLetterTopic, &r.ReplayedBy, &r.ReplayedAt}, func() error {
+		r.Outcome = Action(outcome)
+		if out[k] == nil {
+			out[k] = map[int]*Replay{}
 		}
-		rows, err := db.Query(ctx, `SELECT r.origin_topic, r.origin_incarnation, r.origin_partition, r.origin_offset,
-			r.replay_round, r.outcome, coalesce(r.detail, ''), r.dead_letter_topic, r.replayed_by, r.replayed_at
-			FROM `+table+` r JOIN unnest($1::text[], $2::int8[], $3::int4[], $4::int8[]) AS o (topic, incarnation, part, off)
-			ON r.origin_topic = o.topic AND r.origin_incarnation = o.incarnation
-			AND r.origin_partition = o.part AND r.origin_offset = o.off`,
-			topics, incarnations, partitions, offsets)
-		if err != nil {
-			return nil, replaysError(err)
-		}
-		var k originKey
-		var round int
-		var outcome string
-		var r Replay
-		_, err = pgx.ForEachRow(rows, []any{&k.topic, &k.incarnation, &k.partition, &k.offset, &round, &outcome,
-			&r.Detail, &r.DeadLetterTopic, &r.ReplayedBy, &r.ReplayedAt}, func() error {
-			r.Outcome = Action(outcome)
-			if out[k] == nil {
-				out[k] = map[int]*Replay{}
-			}
-			rec := r
-			out[k][round] = &rec
-			return nil
-		})
-		if err != nil {
-			return nil, replaysError(err)
-		}
+		rec := r
+		out[k][round] = &rec
+		return nil
+	})
+	if err != nil {
+		return nil, replaysError(err)
 	}
 	return out, nil
 }

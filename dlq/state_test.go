@@ -3,7 +3,9 @@ package dlq_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
+	"slices"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -41,7 +43,7 @@ func TestListStates(t *testing.T) {
 	}
 	// spent fails in its last round; again fails and goes around once more.
 	if _, err := e.reprocessor(dlq.Redrive, failing, func(c *dlq.ReprocessorConfig) {
-		c.ReplayLimit, c.Filter = 1, dlq.Filter{MessageID: "spent"}
+		c.ReplayLimit, c.Filter = 1, dlq.Filter{MessageIDs: []string{"spent"}}
 	}).Run(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +52,7 @@ func TestListStates(t *testing.T) {
 	}
 	e.deadLetter(w, "republished", 4)
 	if _, err := e.reprocessor(dlq.Republish, nil, func(c *dlq.ReprocessorConfig) {
-		c.Filter = dlq.Filter{MessageID: "republished"}
+		c.Filter = dlq.Filter{MessageIDs: []string{"republished"}}
 	}).Run(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -97,26 +99,85 @@ func TestListStates(t *testing.T) {
 	if r := l.Messages[3].Letters[0].Replay; r == nil || r.Outcome != dlq.Exhausted || r.ReplayedBy != "test" {
 		t.Fatalf("spent's replay record %+v", r)
 	}
-	if got := l.Count(); !maps.Equal(got, map[dlq.State]int{dlq.StateApplied: 2, dlq.StateUnresolved: 2,
+	if got := l.States; !maps.Equal(got, map[dlq.State]int{dlq.StateApplied: 2, dlq.StateUnresolved: 2,
 		dlq.StateExhausted: 1, dlq.StateReplayed: 1}) {
 		t.Fatalf("count %v", got)
 	}
 	// A filter selects dead letters; states still come from all of them.
 	l, err = dlq.List(ctx, e.db.Pool, &dlq.ListConfig{Kafka: testenv.Kafka(t), Topics: []string{e.dlq}, Tables: migrate.Tables{Schema: e.db.Schema},
-		Filter: dlq.Filter{MessageID: "again"}, NoPayload: true})
+		Filter: dlq.Filter{MessageIDs: []string{"again"}}, NoPayload: true})
 	if err != nil || len(l.Messages) != 1 || l.Messages[0].State != dlq.StateUnresolved || len(l.Messages[0].Letters) != 2 ||
 		l.Messages[0].Letters[0].Message.Value != nil {
 		t.Fatalf("filtered: %+v, %v", l, err)
 	}
 	// Without headers: what Parse read from them is kept.
 	l, err = dlq.List(ctx, e.db.Pool, &dlq.ListConfig{Kafka: testenv.Kafka(t), Topics: []string{e.dlq}, Tables: migrate.Tables{Schema: e.db.Schema},
-		Filter: dlq.Filter{MessageID: "again"}, NoPayload: true, DropHeaders: true})
+		Filter: dlq.Filter{MessageIDs: []string{"again"}}, NoPayload: true, DropHeaders: true})
 	if err != nil || len(l.Messages) != 1 || l.Messages[0].State != dlq.StateUnresolved || len(l.Messages[0].Letters) != 2 {
 		t.Fatalf("without headers: %+v, %v", l, err)
 	}
 	for _, x := range l.Messages[0].Letters {
 		if x.Message.Headers != nil || x.MessageID != "again" || len(x.History) == 0 || x.Origin.Topic == "" {
 			t.Fatalf("without headers: letter %+v", x.DeadLetter)
+		}
+	}
+	// A window keeps one page of the selected letters, in the order read,
+	// and counts every selected letter and message.
+	full := map[dlq.State]int{dlq.StateApplied: 2, dlq.StateUnresolved: 2, dlq.StateExhausted: 1, dlq.StateReplayed: 1}
+	page := func(f dlq.Filter, w dlq.Window) *dlq.Listing {
+		t.Helper()
+		l, err := dlq.List(ctx, e.db.Pool, &dlq.ListConfig{Kafka: testenv.Kafka(t), Topics: []string{e.dlq},
+			Tables: migrate.Tables{Schema: e.db.Schema}, Filter: f, NoPayload: true, Window: w})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	shape := func(l *dlq.Listing) (out []string) {
+		for _, m := range l.Messages {
+			for _, x := range m.Letters {
+				out = append(out, fmt.Sprintf("%s/%d:%s", x.MessageID, x.Round, x.State))
+			}
+			out = append(out, "="+string(m.State))
+		}
+		return out
+	}
+	l = page(dlq.Filter{}, dlq.Window{Skip: 3, Limit: 3})
+	if got, want := shape(l), []string{"again/0:superseded", "again/1:unresolved", "=unresolved", "spent/0:exhausted", "=exhausted"}; !slices.Equal(got, want) ||
+		l.Selected != 8 || !maps.Equal(l.States, full) {
+		t.Fatalf("window 3+3: %v, %d selected, %v; want %v, 8, %v", got, l.Selected, l.States, want, full)
+	}
+	if l = page(dlq.Filter{}, dlq.Window{Skip: 8, Limit: 3}); len(l.Messages) != 0 || l.Selected != 8 || !maps.Equal(l.States, full) {
+		t.Fatalf("window past the end: %v, %d selected, %v", shape(l), l.Selected, l.States)
+	}
+	l = page(dlq.Filter{MessageIDs: []string{"again"}}, dlq.Window{Skip: 1, Limit: 5})
+	if got, want := shape(l), []string{"again/1:unresolved", "=unresolved"}; !slices.Equal(got, want) || l.Selected != 2 ||
+		!maps.Equal(l.States, map[dlq.State]int{dlq.StateUnresolved: 1}) {
+		t.Fatalf("filtered window: %v, %d selected, %v", got, l.Selected, l.States)
+	}
+	if _, err := dlq.List(ctx, e.db.Pool, &dlq.ListConfig{Kafka: testenv.Kafka(t), Topics: []string{e.dlq},
+		Window: dlq.Window{Skip: -1}}); !errors.Is(err, dlq.ErrInvalidConfig) {
+		t.Fatalf("a negative window: %v, want ErrInvalidConfig", err)
+	}
+	// The error class of the last failure selects.
+	classes := map[string]int{}
+	for _, d := range e.deadLetters() {
+		classes[d.Last().Class]++
+	}
+	if len(classes) < 2 {
+		t.Fatalf("the letters' classes %v: want two at least to filter by one", classes)
+	}
+	for class, n := range classes {
+		l := page(dlq.Filter{Class: class}, dlq.Window{})
+		if l.Selected != n {
+			t.Errorf("class %s: %d selected, want %d", class, l.Selected, n)
+		}
+		for _, m := range l.Messages {
+			for _, x := range m.Letters {
+				if x.Last().Class != class {
+					t.Errorf("class %s: kept %s/%d of class %s", class, x.MessageID, x.Round, x.Last().Class)
+				}
+			}
 		}
 	}
 	// Read on one connection (as a Monitor does), and without a database:
@@ -127,7 +188,7 @@ func TestListStates(t *testing.T) {
 	}
 	defer conn.Release()
 	cfg := &dlq.ListConfig{Kafka: testenv.Kafka(t), Topics: []string{e.dlq}, Tables: migrate.Tables{Schema: e.db.Schema}}
-	if l, err := dlq.List(ctx, conn.Conn(), cfg); err != nil || !maps.Equal(l.Count(), map[dlq.State]int{dlq.StateApplied: 2,
+	if l, err := dlq.List(ctx, conn.Conn(), cfg); err != nil || !maps.Equal(l.States, map[dlq.State]int{dlq.StateApplied: 2,
 		dlq.StateUnresolved: 2, dlq.StateExhausted: 1, dlq.StateReplayed: 1}) {
 		t.Fatalf("on one connection: %v, %v", l, err)
 	}

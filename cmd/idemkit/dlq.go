@@ -25,7 +25,7 @@ import (
 type dlqFlags struct {
 	conn
 	topic, id, at   string
-	origin, errText string
+	origin, errText, class string
 	since, until    string
 	dryRun          bool
 	rate            float64
@@ -104,6 +104,7 @@ func dlqCmd(ctx context.Context, cmd *command, args []string, out io.Writer) (er
 	} else {
 		fs.StringVar(&f.origin, "origin", "", "select dead letters from this origin topic")
 		fs.StringVar(&f.errText, "error", "", "select dead letters whose last error contains this text")
+		fs.StringVar(&f.class, "class", "", "select dead letters whose last error class is this (permanent, transient, …)")
 		fs.StringVar(&f.since, "since", "", "select dead letters that last failed at or after this time (RFC 3339)")
 		fs.StringVar(&f.until, "until", "", "select dead letters that last failed before this time (RFC 3339)")
 	}
@@ -168,7 +169,10 @@ func dlqCmd(ctx context.Context, cmd *command, args []string, out io.Writer) (er
 }
 
 func (f *dlqFlags) parseFilter() error {
-	f.filter = dlq.Filter{MessageID: f.id, OriginTopic: f.origin, ErrorContains: f.errText}
+	f.filter = dlq.Filter{OriginTopic: f.origin, ErrorContains: f.errText, Class: f.class}
+	if f.id != "" {
+		f.filter.MessageIDs = []string{f.id}
+	}
 	for _, t := range []struct {
 		name, v string
 		dst     *time.Time
@@ -329,7 +333,7 @@ func (f *dlqFlags) list(ctx context.Context, kc kafkaconn.Config, out io.Writer)
 		}
 		var count map[dlq.State]int
 		if pool != nil {
-			count = l.Count()
+			count = l.States
 		}
 		return writeJSON(out, struct {
 			Topics      []string          `json:"topics"`
@@ -369,7 +373,7 @@ func (f *dlqFlags) list(ctx context.Context, kc kafkaconn.Config, out io.Writer)
 	if unknown != "" {
 		fmt.Fprintln(out, "states unknown (?): "+unknown)
 	} else {
-		fmt.Fprintf(out, "origin messages: %s\n", states(l.Count()))
+		fmt.Fprintf(out, "origin messages: %s\n", states(l.States))
 	}
 	return nil
 }
