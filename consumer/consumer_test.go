@@ -845,6 +845,47 @@ func TestMissingTopicIsAnError(t *testing.T) {
 	}
 }
 
+// TestTopicCreatedWhileStarting: a topic the brokers do not know yet when
+// the runner starts (created a moment ago, not yet on the broker asked) is
+// asked for again: created once the runner said it waits, it is consumed,
+// and Run does not end.
+func TestTopicCreatedWhileStarting(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	cfg := e.config(baseModes[0], nil)
+	e.topic = testenv.Name(t, "late")
+	cfg.Topic = e.topic
+	logs, logger := testenv.NewLogs(t)
+	cfg.Logger = logger
+	r, err := consumer.New(e.db.Pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	consumer.SetTopicWait(r, 5*time.Minute) // longer than the test
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- r.Run(ctx) }()
+	waitFor(t, "the runner to say the topic is unknown", func() (bool, string) {
+		select {
+		case err := <-ran:
+			t.Fatalf("Run ended before the topic was created: %v", err)
+		default:
+		}
+		n := logs.Count(consumer.TopicUnknownMsg, "")
+		return n > 0, fmt.Sprintf("%d", n)
+	})
+	testenv.CreateTopic(t, e.topic, 1)
+	e.produce(msg("late-1", "k", 1))
+	waitFor(t, "late-1 to be applied", func() (bool, string) {
+		runs := e.runs()
+		return runs["late-1"] == 1, fmt.Sprintf("%v", runs)
+	})
+	cancel()
+	if err := <-ran; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}
+
 // TestRetentionPurge: with Config.Retention the runner purges dedup records
 // older than it, and only those; a redelivery of a purged ID counts as new.
 func TestRetentionPurge(t *testing.T) {

@@ -45,7 +45,9 @@
 //
 // Errors Run returns, to match with errors.Is or errors.As: ErrInvalidConfig,
 // ErrNotMigrated (the tables are missing: run package migrate),
-// ErrTopicNotFound, a *PositionError matching ErrTopicRecreated (the stored
+// ErrTopicNotFound (the brokers still do not know the topic after a few
+// seconds of asking again: a topic created a moment ago may not have
+// reached the broker asked), a *PositionError matching ErrTopicRecreated (the stored
 // position does not describe the topic Kafka has; Config.OnRecreated
 // RecreatedRestart starts it over instead), a *MessageError, and a
 // *retry.OutageError when an outage lasts longer than Config.MaxOutage

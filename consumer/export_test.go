@@ -6,6 +6,10 @@ import "time"
 // differs from the database's. Call it before Run.
 func SetClock(r *Runner, now func() time.Time) { r.now = now }
 
+// SetTopicWait sets how long r asks again for a topic the brokers do not
+// know.
+func SetTopicWait(r *Runner, d time.Duration) { r.topicWait = d }
+
 // SetLockWaitWarn sets how long claims wait for another session's lock
 // before the runner logs who holds it, and returns a function that puts it
 // back. Tests that change it must not run in parallel with others.

@@ -57,6 +57,9 @@ type Runner struct {
 	// messages fall due is decided on the database's clock, which every
 	// runner of the group and `idemkit consumer parked retry` share.
 	now func() time.Time
+	// topicWait is how long a topic the brokers do not know is asked for
+	// again before Run fails with ErrTopicNotFound (topicWaitDefault).
+	topicWait time.Duration
 	// maintain asks partitionLoop for a run now (a claim found no daily
 	// partition for its day).
 	maintain chan struct{}
@@ -82,7 +85,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Runner, error) {
 		return nil, err
 	}
 	r := &Runner{cfg: c, obs: obs, claims: dedupq.Of(c.Store), setLocal: pgsession.SetLocal(c.HandlerTimeout),
-		parkSQL: newParkSQL(c.Store.Tables()), sem: make(chan struct{}, c.MaxPartitions), now: time.Now, maintain: make(chan struct{}, 1)}
+		parkSQL: newParkSQL(c.Store.Tables()), sem: make(chan struct{}, c.MaxPartitions), now: time.Now, maintain: make(chan struct{}, 1),
+		topicWait: topicWaitDefault}
 	r.outages = &outage.Tracker{Log: c.Logger.With("topic", c.Topic, "group", c.GroupID)}
 	if len(obs.outage) > 0 {
 		r.outages.OnStart, r.outages.OnEnd = obs.outageStarted, obs.outageEnded
@@ -396,21 +400,49 @@ func (r *Runner) client() (*kafka.Client, func(), error) {
 	return &kafka.Client{Addr: r.cfg.Kafka.Addr(), Timeout: kafkaRequestTimeout, Transport: t}, t.CloseIdleConnections, nil
 }
 
+// topicWaitDefault is how long a runner asks again for a topic the brokers
+// do not know: a topic created a moment ago may not have reached the broker
+// asked yet.
+const topicWaitDefault = 10 * time.Second
+
 // requireTopic checks that the topic exists before joining the group, so
-// that a typo or a missing topic is an error, not a silent wait.
+// that a typo or a missing topic is an error, not a silent wait. A topic
+// unknown to the broker asked is asked for again for topicWait.
 func (r *Runner) requireTopic(ctx context.Context, client *kafka.Client) error {
-	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{r.cfg.Topic}})
-	if err != nil {
-		return fmt.Errorf("consumer: metadata for topic %s: %w", r.cfg.Topic, r.cfg.Kafka.Wrap(err))
+	var since time.Time
+	for {
+		md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{r.cfg.Topic}})
+		if err != nil {
+			return fmt.Errorf("consumer: metadata for topic %s: %w", r.cfg.Topic, r.cfg.Kafka.Wrap(err))
+		}
+		if len(md.Topics) == 1 && !errors.Is(md.Topics[0].Error, kafka.UnknownTopicOrPartition) {
+			if err := md.Topics[0].Error; err != nil {
+				return fmt.Errorf("consumer: metadata for topic %s: %w", r.cfg.Topic, err)
+			}
+			return nil
+		}
+		if since.IsZero() {
+			since = time.Now()
+			r.cfg.Logger.Info(TopicUnknownMsg, "topic", r.cfg.Topic, "wait", r.topicWait)
+		}
+		if time.Since(since) >= r.topicWait {
+			return fmt.Errorf("%w: %s (create it first; idemkit never creates topics)", ErrTopicNotFound, r.cfg.Topic)
+		}
+		t := time.NewTimer(250 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
 	}
-	if len(md.Topics) != 1 || errors.Is(md.Topics[0].Error, kafka.UnknownTopicOrPartition) {
-		return fmt.Errorf("%w: %s (create it first; idemkit never creates topics)", ErrTopicNotFound, r.cfg.Topic)
-	}
-	if err := md.Topics[0].Error; err != nil {
-		return fmt.Errorf("consumer: metadata for topic %s: %w", r.cfg.Topic, err)
-	}
-	return nil
 }
+
+// TopicUnknownMsg is logged (Info) when the brokers do not know the topic
+// to consume: the runner asks again for a few seconds (a topic created a
+// moment ago may not have reached every broker) before Run fails with
+// ErrTopicNotFound.
+const TopicUnknownMsg = "the brokers do not know the topic; asking again before giving up"
 
 // startGeneration starts the generation's work: one goroutine of the
 // generation reads the stored positions and the partitions' log ranges, then
