@@ -210,7 +210,7 @@ func (c *Console) letters(ctx context.Context, r *http.Request) (*lettersData, e
 		return nil, err
 	}
 	l, noReplays, err := c.list(ctx, &dlq.ListConfig{Topics: []string{topic}, Filter: lf.f, NoPayload: true, DropHeaders: true,
-		Window: dlq.Window{Skip: (d.Page - 1) * d.Size, Limit: d.Size}})
+		Window: &dlq.Window{Skip: (d.Page - 1) * d.Size, Limit: d.Size}})
 	if err != nil {
 		return nil, err
 	}

@@ -211,7 +211,8 @@ func (c *Console) deadLetterSummary(ctx context.Context, o *overviewData) error 
 	var l *dlq.Listing
 	var noReplays bool
 	for {
-		l, noReplays, err = c.list(ctx, &dlq.ListConfig{Topics: topics, NoPayload: true, DropHeaders: true})
+		l, noReplays, err = c.list(ctx, &dlq.ListConfig{Topics: topics, NoPayload: true, DropHeaders: true,
+			Window: &dlq.Window{}}) // counts only
 		if !errors.Is(err, dlq.ErrNoTopic) {
 			break
 		}
@@ -233,31 +234,19 @@ func (c *Console) deadLetterSummary(ctx context.Context, o *overviewData) error 
 	if noReplays {
 		o.Notes = append(o.Notes, noReplaysNote)
 	}
-	counts := l.CountByTopic()
 	for i := range o.DeadLetters {
 		d := &o.DeadLetters[i]
-		d.States = counts[d.Topic]
+		tc := l.ByTopic[d.Topic]
+		d.States = tc.States
 		d.Unresolved = d.States[dlq.StateUnresolved]
 		for _, m := range l.Unreadable {
 			if m.Topic == d.Topic {
 				d.Unreadable++
 			}
 		}
-	}
-	for _, m := range l.Messages {
-		x := m.Latest()
-		at := x.Last().LastFailure.UTC()
-		i := slices.IndexFunc(o.DeadLetters, func(d deadLetterTopic) bool { return d.Topic == x.Message.Topic })
-		if i < 0 {
-			continue
-		}
-		d := &o.DeadLetters[i]
-		if d.Oldest == nil || at.Before(*d.Oldest) {
-			d.Oldest = &at
-		}
-		if d.Newest == nil || at.After(*d.Newest) {
-			at := at
-			d.Newest = &at
+		if !tc.Oldest.IsZero() {
+			oldest, newest := tc.Oldest.UTC(), tc.Newest.UTC()
+			d.Oldest, d.Newest = &oldest, &newest
 		}
 	}
 	return nil
@@ -274,6 +263,12 @@ func (c *Console) list(ctx context.Context, cfg *dlq.ListConfig) (l *dlq.Listing
 	if errors.Is(err, dlq.ErrNotMigrated) {
 		noReplays = true
 		if l, err = dlq.List(ctx, nil, cfg); err == nil {
+			for _, n := range append([]map[dlq.State]int{l.States}, topicStates(l)...) {
+				if n[""] > 0 {
+					n[dlq.StateUnresolved] += n[""]
+				}
+				delete(n, "")
+			}
 			for i := range l.Messages {
 				m := &l.Messages[i]
 				m.State = dlq.StateUnresolved
@@ -287,6 +282,15 @@ func (c *Console) list(ctx context.Context, cfg *dlq.ListConfig) (l *dlq.Listing
 		return nil, false, fmt.Errorf("read dead letters: %w", err)
 	}
 	return l, noReplays, nil
+}
+
+// topicStates are the counts per state of l.ByTopic.
+func topicStates(l *dlq.Listing) []map[dlq.State]int {
+	var out []map[dlq.State]int
+	for _, c := range l.ByTopic {
+		out = append(out, c.States)
+	}
+	return out
 }
 
 // check compares the overview with the thresholds, as idemkit status.

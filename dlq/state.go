@@ -83,9 +83,6 @@ type OriginMessage struct {
 	// Letters holds its dead letters the filter selected (and the window
 	// kept), in the order read.
 	Letters []Letter
-
-	top      int  // the highest round of its dead letters read
-	selected bool // the filter selected one of its dead letters
 }
 
 // Listing is what List found in dead-letter topics.
@@ -104,27 +101,20 @@ type Listing struct {
 	// selected, in the window or not, per state (the empty state: unknown,
 	// with no database).
 	States map[State]int
+	// ByTopic counts the same messages per dead-letter topic, each in the
+	// topic of its dead letter of the highest round (its first copy), where
+	// a replay would take it. Every topic listed has an entry.
+	ByTopic map[string]TopicCount
 	// Unreadable holds the records that are not idemkit dead letters.
 	Unreadable []kafka.Message
 }
 
-// CountByTopic returns, per dead-letter topic, how many origin messages are
-// in each state, each message counted once: in the topic of its dead letter
-// of the highest round (its first copy), where a replay would take it. Every
-// topic listed has an entry.
-func (l *Listing) CountByTopic() map[string]map[State]int {
-	n := map[string]map[State]int{}
-	for _, t := range l.Topics {
-		n[t] = map[State]int{}
-	}
-	for _, m := range l.Messages {
-		t := m.Latest().Message.Topic
-		if n[t] == nil {
-			n[t] = map[State]int{}
-		}
-		n[t][m.State]++
-	}
-	return n
+// TopicCount is what a listing counted in one dead-letter topic: its
+// origin messages per state, and the oldest and newest last failure of
+// their dead letters there.
+type TopicCount struct {
+	States         map[State]int
+	Oldest, Newest time.Time
 }
 
 // Latest returns m's dead letter of the highest round: the first copy read.
@@ -161,13 +151,13 @@ type ListConfig struct {
 	// origin's headers are its producer's to choose, and may be large.
 	// Original then has no headers.
 	DropHeaders bool
-	// Window, when its Limit is above 0, keeps only the selected dead
-	// letters from the Skip-th (from 0, in the order read) to the
-	// Skip+Limit-th: one page of a listing. The others are counted
-	// (Listing.Selected, Listing.States) and dropped as they are read, so a
-	// page of a large topic holds its own letters and a few words per origin
-	// message.
-	Window Window
+	// Window, when set, keeps only the selected dead letters from the
+	// Skip-th (from 0, in the order read) to the Skip+Limit-th: one page of
+	// a listing; a Limit of 0 keeps none, to count only. The others are
+	// counted (Listing.Selected, States, ByTopic) and dropped as they are
+	// read, so a page of a large topic holds its own letters and a few
+	// words per origin message. Nil keeps every selected letter.
+	Window *Window
 }
 
 // Window is a page of a listing: Limit dead letters from the Skip-th.
@@ -175,8 +165,8 @@ type Window struct {
 	Skip, Limit int
 }
 
-func (w Window) keeps(i int) bool {
-	return w.Limit <= 0 || (i >= w.Skip && i-w.Skip < w.Limit)
+func (w *Window) keeps(i int) bool {
+	return w == nil || (i >= w.Skip && i-w.Skip < w.Limit)
 }
 
 // DBTX runs queries: a *pgxpool.Pool, a *pgx.Conn and a pgx.Tx all
@@ -198,21 +188,27 @@ func List(ctx context.Context, db DBTX, cfg *ListConfig) (*Listing, error) {
 		return nil, fmt.Errorf("%w: nil config", ErrInvalidConfig)
 	case len(cfg.Topics) == 0 || slices.Contains(cfg.Topics, ""):
 		return nil, fmt.Errorf("%w: Topics is empty or holds an empty name", ErrInvalidConfig)
-	case cfg.Window.Skip < 0 || cfg.Window.Limit < 0:
-		return nil, fmt.Errorf("%w: Window %+v is negative", ErrInvalidConfig, cfg.Window)
+	case cfg.Window != nil && (cfg.Window.Skip < 0 || cfg.Window.Limit < 0):
+		return nil, fmt.Errorf("%w: Window %+v is negative", ErrInvalidConfig, *cfg.Window)
 	}
 	tables := cfg.Tables.WithDefaults()
 	if err := tables.Validate(); err != nil {
 		return nil, err
 	}
 	replays := pgx.Identifier{tables.Schema, tables.DLQReplays}.Sanitize()
-	l := &Listing{States: map[State]int{}}
+	l := &Listing{States: map[State]int{}, ByTopic: map[string]TopicCount{}}
 	for _, t := range cfg.Topics {
 		if !slices.Contains(l.Topics, t) { // a topic named twice is read once
 			l.Topics = append(l.Topics, t)
+			l.ByTopic[t] = TopicCount{States: map[State]int{}}
 		}
 	}
-	index := map[originKey]int{}
+	// What List holds of every origin message read: a few words, and the
+	// origin topic's name once (interned).
+	var seen []seenMessage
+	index := map[originKey]int32{}
+	names := map[string]string{}
+	at := 0 // the topic read, in l.Topics
 	read := func(m kafka.Message) error {
 		l.Read++
 		d, err := Parse(m)
@@ -226,20 +222,30 @@ func List(ctx context.Context, db DBTX, cfg *ListConfig) (*Listing, error) {
 			l.Unreadable = append(l.Unreadable, m)
 			return nil
 		}
-		k := keyOf(d).originKey
+		name, ok := names[d.Origin.Topic]
+		if !ok {
+			name = d.Origin.Topic
+			names[name] = name
+		}
+		d.Origin.Topic = name
+		k := d.Origin.key()
 		i, ok := index[k]
 		if !ok {
-			i = len(l.Messages)
+			i = int32(len(seen))
 			index[k] = i
-			l.Messages = append(l.Messages, OriginMessage{Origin: d.Origin, MessageID: d.MessageID, Consumer: d.Consumer,
-				top: d.Round})
+			seen = append(seen, seenMessage{key: k, top: -1, kept: -1})
 		}
-		om := &l.Messages[i]
-		om.top = max(om.top, d.Round)
+		sm := &seen[i]
+		if int32(d.Round) > sm.top {
+			sm.top, sm.topAt, sm.topFail = int32(d.Round), int32(at), 0
+			if t := d.Last().LastFailure; !t.IsZero() {
+				sm.topFail = t.UnixNano()
+			}
+		}
 		if !cfg.Filter.Match(d) {
 			return nil
 		}
-		om.selected = true
+		sm.selected = true
 		l.Selected++
 		if !cfg.Window.keeps(l.Selected - 1) {
 			return nil
@@ -250,45 +256,77 @@ func List(ctx context.Context, db DBTX, cfg *ListConfig) (*Listing, error) {
 		if cfg.DropHeaders {
 			d.Message.Headers = nil
 		}
+		if sm.kept < 0 {
+			sm.kept = int32(len(l.Messages))
+			l.Messages = append(l.Messages, OriginMessage{Origin: d.Origin, MessageID: d.MessageID, Consumer: d.Consumer})
+		}
+		om := &l.Messages[sm.kept]
 		om.Letters = append(om.Letters, Letter{DeadLetter: d})
 		return nil
 	}
-	for _, topic := range l.Topics {
+	for i, topic := range l.Topics {
+		at = i
 		if err := Scan(ctx, cfg.Kafka, topic, read); err != nil {
 			return nil, err
 		}
 	}
+	index, names = nil, nil // read: the GC may have them
 	if p, ok := db.(*pgxpool.Pool); ok && p == nil { // a nil pool is no database
 		db = nil
 	}
-	if db != nil {
-		for chunk := range slices.Chunk(l.Messages, replaysChunk) {
-			records, err := readReplays(ctx, db, replays, chunk)
-			if err != nil {
+	for chunk := range slices.Chunk(seen, replaysChunk) {
+		var records map[originKey]map[int]*Replay
+		if db != nil {
+			var err error
+			if records, err = readReplays(ctx, db, replays, chunk); err != nil {
 				return nil, err
 			}
-			for i := range chunk {
-				chunk[i].decide(records[chunk[i].Origin.key()])
+		}
+		for _, sm := range chunk {
+			var state State
+			var om *OriginMessage
+			if sm.kept >= 0 {
+				om = &l.Messages[sm.kept]
 			}
+			if db != nil {
+				state = decide(int(sm.top), records[sm.key], om)
+			}
+			if !sm.selected {
+				continue
+			}
+			l.States[state]++
+			tc := l.ByTopic[l.Topics[sm.topAt]]
+			tc.States[state]++
+			if sm.topFail != 0 {
+				at := time.Unix(0, sm.topFail).UTC()
+				if tc.Oldest.IsZero() || at.Before(tc.Oldest) {
+					tc.Oldest = at
+				}
+				if at.After(tc.Newest) {
+					tc.Newest = at
+				}
+			}
+			l.ByTopic[l.Topics[sm.topAt]] = tc
 		}
 	}
-	kept := l.Messages[:0]
-	for _, m := range l.Messages {
-		if m.selected {
-			l.States[m.State]++
-		}
-		if len(m.Letters) > 0 {
-			kept = append(kept, m)
-		}
-	}
-	l.Messages = slices.Clip(kept)
 	return l, nil
 }
 
-// decide sets the state of m and of its dead letters from the replay
-// records of its origin, by round.
-func (m *OriginMessage) decide(records map[int]*Replay) {
-	last := m.top // the highest round read or recorded
+// seenMessage is what List keeps of an origin message while it reads.
+type seenMessage struct {
+	key      originKey
+	topFail  int64 // the last failure (Unix ns; 0: none) of its first dead letter of round top
+	top      int32 // the highest round of its dead letters read
+	topAt    int32 // the topic of that dead letter, in Listing.Topics
+	kept     int32 // its index in Listing.Messages, -1 when none of its letters is kept
+	selected bool  // the filter selected one of its dead letters
+}
+
+// decide returns the state of an origin message whose highest round read is
+// top, from its replay records by round, and sets the state of m and of its
+// dead letters (m may be nil).
+func decide(top int, records map[int]*Replay, m *OriginMessage) State {
+	last := top // the highest round read or recorded
 	for round := range records {
 		last = max(last, round)
 	}
@@ -306,11 +344,15 @@ func (m *OriginMessage) decide(records map[int]*Replay) {
 		}
 		return StateUnresolved, nil
 	}
-	m.State, _ = state(m.top)
-	for i := range m.Letters {
-		x := &m.Letters[i]
-		x.State, x.Replay = state(x.Round)
+	s, _ := state(top)
+	if m != nil {
+		m.State = s
+		for i := range m.Letters {
+			x := &m.Letters[i]
+			x.State, x.Replay = state(x.Round)
+		}
 	}
+	return s
 }
 
 // replaysChunk bounds the origins of one replay records query.
@@ -318,15 +360,15 @@ const replaysChunk = 5000
 
 // readReplays reads the replay records of msgs' origins, per origin and
 // round.
-func readReplays(ctx context.Context, db DBTX, table string, msgs []OriginMessage) (map[originKey]map[int]*Replay, error) {
+func readReplays(ctx context.Context, db DBTX, table string, msgs []seenMessage) (map[originKey]map[int]*Replay, error) {
 	out := map[originKey]map[int]*Replay{}
 	topics := make([]string, len(msgs))
 	incarnations := make([]int64, len(msgs))
 	partitions := make([]int32, len(msgs))
 	offsets := make([]int64, len(msgs))
 	for i, m := range msgs {
-		o := m.Origin
-		topics[i], incarnations[i], partitions[i], offsets[i] = o.Topic, o.Incarnation, int32(o.Partition), o.Offset
+		k := m.key
+		topics[i], incarnations[i], partitions[i], offsets[i] = k.topic, k.incarnation, int32(k.partition), k.offset
 	}
 	rows, err := db.Query(ctx, `SELECT r.origin_topic, r.origin_incarnation, r.origin_partition, r.origin_offset,
 		r.replay_round, r.outcome, coalesce(r.detail, ''), r.dead_letter_topic, r.replayed_by, r.replayed_at

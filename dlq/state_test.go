@@ -124,7 +124,7 @@ func TestListStates(t *testing.T) {
 	// A window keeps one page of the selected letters, in the order read,
 	// and counts every selected letter and message.
 	full := map[dlq.State]int{dlq.StateApplied: 2, dlq.StateUnresolved: 2, dlq.StateExhausted: 1, dlq.StateReplayed: 1}
-	page := func(f dlq.Filter, w dlq.Window) *dlq.Listing {
+	page := func(f dlq.Filter, w *dlq.Window) *dlq.Listing {
 		t.Helper()
 		l, err := dlq.List(ctx, e.db.Pool, &dlq.ListConfig{Kafka: testenv.Kafka(t), Topics: []string{e.dlq},
 			Tables: migrate.Tables{Schema: e.db.Schema}, Filter: f, NoPayload: true, Window: w})
@@ -142,21 +142,21 @@ func TestListStates(t *testing.T) {
 		}
 		return out
 	}
-	l = page(dlq.Filter{}, dlq.Window{Skip: 3, Limit: 3})
+	l = page(dlq.Filter{}, &dlq.Window{Skip: 3, Limit: 3})
 	if got, want := shape(l), []string{"again/0:superseded", "again/1:unresolved", "=unresolved", "spent/0:exhausted", "=exhausted"}; !slices.Equal(got, want) ||
 		l.Selected != 8 || !maps.Equal(l.States, full) {
 		t.Fatalf("window 3+3: %v, %d selected, %v; want %v, 8, %v", got, l.Selected, l.States, want, full)
 	}
-	if l = page(dlq.Filter{}, dlq.Window{Skip: 8, Limit: 3}); len(l.Messages) != 0 || l.Selected != 8 || !maps.Equal(l.States, full) {
+	if l = page(dlq.Filter{}, &dlq.Window{Skip: 8, Limit: 3}); len(l.Messages) != 0 || l.Selected != 8 || !maps.Equal(l.States, full) {
 		t.Fatalf("window past the end: %v, %d selected, %v", shape(l), l.Selected, l.States)
 	}
-	l = page(dlq.Filter{MessageIDs: []string{"again"}}, dlq.Window{Skip: 1, Limit: 5})
+	l = page(dlq.Filter{MessageIDs: []string{"again"}}, &dlq.Window{Skip: 1, Limit: 5})
 	if got, want := shape(l), []string{"again/1:unresolved", "=unresolved"}; !slices.Equal(got, want) || l.Selected != 2 ||
 		!maps.Equal(l.States, map[dlq.State]int{dlq.StateUnresolved: 1}) {
 		t.Fatalf("filtered window: %v, %d selected, %v", got, l.Selected, l.States)
 	}
 	if _, err := dlq.List(ctx, e.db.Pool, &dlq.ListConfig{Kafka: testenv.Kafka(t), Topics: []string{e.dlq},
-		Window: dlq.Window{Skip: -1}}); !errors.Is(err, dlq.ErrInvalidConfig) {
+		Window: &dlq.Window{Skip: -1}}); !errors.Is(err, dlq.ErrInvalidConfig) {
 		t.Fatalf("a negative window: %v, want ErrInvalidConfig", err)
 	}
 	// The error class of the last failure selects.
@@ -168,7 +168,7 @@ func TestListStates(t *testing.T) {
 		t.Fatalf("the letters' classes %v: want two at least to filter by one", classes)
 	}
 	for class, n := range classes {
-		l := page(dlq.Filter{Class: class}, dlq.Window{})
+		l := page(dlq.Filter{Class: class}, nil)
 		if l.Selected != n {
 			t.Errorf("class %s: %d selected, want %d", class, l.Selected, n)
 		}

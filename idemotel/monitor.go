@@ -181,11 +181,14 @@ func (m *Monitor) collect(ctx context.Context, pool *pgxpool.Pool) error {
 	var dead map[string]map[dlq.State]int
 	if len(m.cfg.DeadLetterTopics) > 0 {
 		l, lerr := dlq.List(ctx, pool, &dlq.ListConfig{Kafka: m.cfg.Kafka, Topics: m.cfg.DeadLetterTopics,
-			Tables: m.mon.Tables(), NoPayload: true})
+			Tables: m.mon.Tables(), NoPayload: true, DropHeaders: true, Window: &dlq.Window{}}) // counts only
 		if lerr != nil {
 			err = errors.Join(err, fmt.Errorf("read dead-letter topics: %w", lerr))
 		} else {
-			dead = l.CountByTopic()
+			dead = map[string]map[dlq.State]int{}
+			for t, c := range l.ByTopic {
+				dead[t] = c.States
+			}
 		}
 	}
 	m.mu.Lock()

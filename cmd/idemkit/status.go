@@ -290,7 +290,8 @@ func (f *statusFlags) deadLetters(ctx context.Context, kc kafkaconn.Config, pool
 	}
 	// One listing of them all: a message whose rounds went to several
 	// topics (routes) counts once, in the topic of its latest round.
-	lcfg := &dlq.ListConfig{Kafka: kc, Topics: topics, Tables: migrate.Tables{Schema: f.schema}, NoPayload: true}
+	lcfg := &dlq.ListConfig{Kafka: kc, Topics: topics, Tables: migrate.Tables{Schema: f.schema}, NoPayload: true,
+		DropHeaders: true, Window: &dlq.Window{}} // counts only
 	l, err := dlq.List(ctx, pool, lcfg)
 	noReplays := errors.Is(err, dlq.ErrNotMigrated)
 	if noReplays {
@@ -302,16 +303,15 @@ func (f *statusFlags) deadLetters(ctx context.Context, kc kafkaconn.Config, pool
 	if err != nil {
 		return fmt.Errorf("read dead-letter topics: %w", err)
 	}
-	counts := l.CountByTopic()
 	if noReplays {
-		for _, c := range counts {
-			c[dlq.StateUnresolved] += c[""]
-			delete(c, "")
+		for _, c := range l.ByTopic {
+			c.States[dlq.StateUnresolved] += c.States[""]
+			delete(c.States, "")
 		}
 	}
 	for i := range rep.DeadLetters {
 		d := &rep.DeadLetters[i]
-		d.States = counts[d.Topic]
+		d.States = l.ByTopic[d.Topic].States
 		d.Unresolved = d.States[dlq.StateUnresolved]
 		for _, m := range l.Unreadable {
 			if m.Topic == d.Topic {
