@@ -112,7 +112,7 @@ func Read(ctx context.Context, client *kafka.Client, topic string, r Range, fn f
 		return nil
 	}
 	reader, err := kread.New(&kread.Config{Client: client, Topic: topic, Partition: r.Partition,
-		MaxBytes: 8 << 20, MaxWait: 250 * time.Millisecond}, r.First)
+		MaxBytes: 1 << 20, MaxWait: 250 * time.Millisecond}, r.First)
 	if err != nil {
 		return err
 	}
