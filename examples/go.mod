@@ -3,8 +3,8 @@ module github.com/idemkit/idemkit/examples
 go 1.26.0
 
 require (
-	github.com/idemkit/idemkit v0.0.0
-	github.com/idemkit/idemkit/idemredis v0.0.0
+	github.com/idemkit/idemkit v0.1.0
+	github.com/idemkit/idemkit/idemredis v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/segmentio/kafka-go v0.4.51
@@ -40,7 +40,7 @@ require (
 
 require (
 	github.com/cenkalti/backoff/v4 v4.3.0 // indirect
-	github.com/idemkit/idemkit/idemotel v0.0.0
+	github.com/idemkit/idemkit/idemotel v0.1.0
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect

@@ -3,7 +3,7 @@ module github.com/idemkit/idemkit/idemotel
 go 1.26.0
 
 require (
-	github.com/idemkit/idemkit v0.0.0
+	github.com/idemkit/idemkit v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/common v0.72.0

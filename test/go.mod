@@ -4,8 +4,8 @@ go 1.26.0
 
 require (
 	github.com/docker/docker v28.5.1+incompatible
-	github.com/idemkit/idemkit v0.0.0
-	github.com/idemkit/idemkit/idemredis v0.0.0
+	github.com/idemkit/idemkit v0.1.0
+	github.com/idemkit/idemkit/idemredis v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/segmentio/kafka-go v0.4.51
