@@ -14,6 +14,7 @@ import (
 	"os/user"
 	"reflect"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -393,7 +394,8 @@ func whoami() string {
 type run struct {
 	*Reprocessor
 	pg, kafka *outage.Waiter
-	dry       *dryRun // nil unless DryRun
+	dry       *dryRun     // nil unless DryRun
+	held      *replayLock // the topic's replay lock; nil in a dry run
 }
 
 // Run replays every selected dead letter once and returns what it did (see
@@ -407,9 +409,11 @@ type run struct {
 // Running it again is safe: dead letters already replayed are recognised
 // and left alone. One replay of a topic runs at a time: while another holds
 // the topic's lock (in this process or another on the same database) Run
-// returns ErrReplayRunning at once, having done nothing. A dry run takes
-// no lock and decides each dead letter as the real run would
-// at that point, remembering what it decided for the dead letters before:
+// returns ErrReplayRunning at once, having done nothing. Should the session
+// holding its lock be lost during the run, Run takes the lock again (waiting
+// out an outage), or stops with ErrReplayLockLost when another replay took
+// it meanwhile. A dry run takes no lock and decides each dead letter
+// as the real run would at that point, remembering what it decided for the dead letters before:
 // a second copy of a dead letter is AlreadyReplayed, and in Redrive mode a
 // message ID already decided for replay is AlreadyApplied.
 func (r *Reprocessor) Run(ctx context.Context) (Summary, error) {
@@ -428,11 +432,13 @@ func (r *Reprocessor) Run(ctx context.Context) (Summary, error) {
 	if r.cfg.DryRun {
 		rn.dry = &dryRun{recorded: map[letterKey]bool{}, claimed: map[claimKey]bool{}}
 	} else {
-		unlock, err := rn.lock(ctx)
+		lk, err := rn.lock(ctx)
 		if err != nil {
 			return tl.summary(), err
 		}
-		defer unlock()
+		defer lk.unlock()
+		rn.held = lk
+		ctx = lk.ctx
 	}
 	err := rn.scan(ctx, func(m kafka.Message) error {
 		item := Item{Raw: m}
@@ -451,6 +457,11 @@ func (r *Reprocessor) Run(ctx context.Context) (Summary, error) {
 				case <-pace:
 				}
 			}
+			if rn.held != nil {
+				if err := rn.held.check(ctx); err != nil {
+					return err
+				}
+			}
 			item.Action, item.Err, err = rn.replay(ctx, d)
 			if err != nil {
 				return err
@@ -465,6 +476,12 @@ func (r *Reprocessor) Run(ctx context.Context) (Summary, error) {
 		}
 		return nil
 	})
+	if rn.held != nil {
+		if cause := context.Cause(rn.held.ctx); cause != nil && rn.held.ctx.Err() != nil && !errors.Is(cause, context.Canceled) &&
+			!errors.Is(cause, context.DeadlineExceeded) {
+			return tl.summary(), cause // the heartbeat's: the lock lost, or an outage outlasted MaxOutage
+		}
+	}
 	return tl.summary(), pgexec.NotMigrated(ErrNotMigrated, err)
 }
 
@@ -475,32 +492,83 @@ func (r *Reprocessor) Run(ctx context.Context) (Summary, error) {
 // runs change nothing and take no lock.
 var ErrReplayRunning = errors.New("dlq: a replay of this dead-letter topic is running")
 
-// lock takes the replay lock of the run's topic: a PostgreSQL session
-// advisory lock, held until unlock on a connection of its own, made as the
-// pool makes its connections (its settings and BeforeConnect/AfterConnect
-// hooks), so that the pool's connections, however few, stay free for the
-// replay. The lock lives as long as that connection: when the connection is
-// lost during the run, the lock is too.
-func (rn *run) lock(ctx context.Context) (unlock func(), err error) {
+// lockHeartbeat is how often a replay checks the session that holds its
+// topic's lock while it runs.
+const lockHeartbeat = 5 * time.Second
+
+// ErrReplayLockLost is Run's error when the PostgreSQL session holding the
+// topic's replay lock was lost during the run (the server restarted, the
+// connection went silent, an administrator ended it) and another replay of
+// the topic took the lock before this one could take it again: the replay
+// stops rather than go on beside the other. Running it again once the other
+// ended is safe: what it replayed is recognised.
+var ErrReplayLockLost = errors.New("dlq: the session holding the topic's replay lock was lost")
+
+// replayLock is a topic's replay lock, held by a PostgreSQL session of its
+// own: a session advisory lock on a connection made as the pool makes its
+// connections (its settings and BeforeConnect/AfterConnect hooks), so that
+// the pool's connections, however few, stay free for the replay. The
+// session is bounded on the server (idle_session_timeout, TCP keepalives:
+// a replay whose client vanished frees the lock) and checked every
+// lockHeartbeat and before each dead letter is replayed. When it is lost
+// (the server restarted, the connection went silent, an administrator ended
+// it) the lock is taken again, waiting out an outage; if another replay took
+// it meanwhile, ctx ends with ErrReplayLockLost and the replay stops.
+type replayLock struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	pool   *pgxpool.Pool
+	key    int64
+	topic  string
+	pg     *outage.Waiter
+	log    *slog.Logger
+	done   chan struct{}
+	mu     sync.Mutex    // conn's one user at a time
+	conn   *pgxpool.Conn // nil while the lock is not held
+}
+
+// lock takes the replay lock of the run's topic, or refuses with
+// ErrReplayRunning.
+func (rn *run) lock(ctx context.Context) (*replayLock, error) {
 	h := sha256.Sum256([]byte("idemkit-dlq-replay\x00" + rn.replays + "\x00" + rn.cfg.Topic))
-	key := int64(binary.BigEndian.Uint64(h[:8]))
 	cfg := rn.cfg.pool.Config() // a copy
-	cfg.MaxConns, cfg.MinConns = 1, 0
-	cfg.ConnConfig.RuntimeParams["application_name"] = "idemkit dlq replay lock"
+	cfg.MaxConns, cfg.MinConns, cfg.MinIdleConns = 1, 0, 0
+	name := "idemkit dlq replay lock"
+	if app := cfg.ConnConfig.RuntimeParams["application_name"]; app != "" {
+		name = app + " (" + name + ")"
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = name
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("dlq: lock the replays of %s: %w", rn.cfg.Topic, err)
 	}
-	// The connection stays acquired until unlock: an idle one would be
-	// closed by the pool's health check, and the lock with it.
-	var conn *pgxpool.Conn
-	err = rn.pg.Do(ctx, func(ctx context.Context) error {
-		c, err := pool.Acquire(ctx)
+	l := &replayLock{pool: pool, key: int64(binary.BigEndian.Uint64(h[:8])), topic: rn.cfg.Topic, log: rn.cfg.Logger,
+		done: make(chan struct{}), pg: &outage.Waiter{Op: "replay " + rn.cfg.Topic + ": postgres lock", Log: rn.cfg.Logger,
+			Max: rn.cfg.MaxOutage, Bound: lockHeartbeat}}
+	if err := l.take(ctx); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	l.ctx, l.cancel = context.WithCancelCause(ctx)
+	go l.heartbeat()
+	return l, nil
+}
+
+// take takes the lock on a new session, waiting out outages. The
+// connection stays acquired until unlock: an idle one would be closed by
+// the pool's health check, and the lock with it.
+func (l *replayLock) take(ctx context.Context) error {
+	err := l.pg.Do(ctx, func(ctx context.Context) error {
+		c, err := l.pool.Acquire(ctx)
 		if err != nil {
 			return err
 		}
+		if err := pgsession.SetSession(ctx, c.Conn(), 0, pgsession.Timeout(3*lockHeartbeat)); err != nil {
+			c.Release()
+			return err
+		}
 		var ok bool
-		if err := c.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&ok); err != nil {
+		if err := c.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, l.key).Scan(&ok); err != nil {
 			c.Release()
 			return err
 		}
@@ -508,28 +576,92 @@ func (rn *run) lock(ctx context.Context) (unlock func(), err error) {
 			c.Release()
 			return ErrReplayRunning
 		}
-		conn = c
+		l.conn = c
 		return nil
 	})
-	if err != nil {
-		pool.Close()
-		if errors.Is(err, ErrReplayRunning) {
-			return nil, fmt.Errorf("%w: %s", ErrReplayRunning, rn.cfg.Topic)
-		}
-		return nil, fmt.Errorf("dlq: lock the replays of %s: %w", rn.cfg.Topic, err)
+	switch {
+	case errors.Is(err, ErrReplayRunning):
+		return fmt.Errorf("%w: %s", ErrReplayRunning, l.topic)
+	case err != nil:
+		return fmt.Errorf("dlq: lock the replays of %s: %w", l.topic, err)
 	}
-	return func() {
+	return nil
+}
+
+// heartbeat checks the session every lockHeartbeat until the run ends; a
+// lock it cannot take again ends the run.
+func (l *replayLock) heartbeat() {
+	defer close(l.done)
+	t := time.NewTicker(lockHeartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.ctx.Done():
+			return
+		case <-t.C:
+			if err := l.check(l.ctx); err != nil {
+				l.cancel(err)
+				return
+			}
+		}
+	}
+}
+
+// check asks the session for a sign of life, within lockHeartbeat; a
+// session that gives none is closed and the lock taken again on a new one.
+// It returns ErrReplayLockLost when another replay took the lock meanwhile,
+// the run's end when it ended, or the outage that outlasted MaxOutage.
+func (l *replayLock) check(ctx context.Context) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := context.Cause(l.ctx); err != nil {
+		return err
+	}
+	if l.conn != nil {
+		cctx, cancel := context.WithTimeout(ctx, lockHeartbeat)
+		_, err := l.conn.Exec(cctx, `SELECT 1`)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		l.log.Warn("dlq: the session holding the topic's replay lock was lost; taking the lock again", "topic", l.topic, "err", err)
+		_ = l.conn.Conn().Close(ctx) // ends the session, if it is still there
+		l.conn.Release()
+		l.conn = nil
+	}
+	if err := l.take(ctx); err != nil {
+		if errors.Is(err, ErrReplayRunning) {
+			err = fmt.Errorf("%w: another replay of %s took it meanwhile; this one stopped (run it again once the other ended: what it replayed is recognised)",
+				ErrReplayLockLost, l.topic)
+			l.log.Error("dlq: the replay lost its topic's lock; stopping", "topic", l.topic)
+		}
+		return err
+	}
+	l.log.Info("dlq: the topic's replay lock is held again", "topic", l.topic)
+	return nil
+}
+
+// unlock stops the heartbeat, unlocks, and ends the session.
+func (l *replayLock) unlock() {
+	l.cancel(nil)
+	<-l.done
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.conn != nil {
 		// Unlocked before the session ends, so that a replay started once
 		// this one returned finds the lock free; should the unlock fail,
 		// closing the session still releases it (a moment later).
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pgsession.Timeout(rn.cfg.HandlerTimeout))
+		ctx, cancel := context.WithTimeout(context.Background(), lockHeartbeat)
 		defer cancel()
-		if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, key); err != nil {
-			rn.cfg.Logger.Warn("dlq: unlock the replays of a topic; closing its session instead", "topic", rn.cfg.Topic, "err", err)
+		if _, err := l.conn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, l.key); err != nil {
+			l.log.Warn("dlq: unlock the replays of a topic; closing its session instead", "topic", l.topic, "err", err)
 		}
-		conn.Release()
-		pool.Close()
-	}, nil
+		l.conn.Release()
+	}
+	l.pool.Close()
 }
 
 // ErrNotMigrated is wrapped by Reprocessor.Run's error when the replay
