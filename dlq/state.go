@@ -270,7 +270,7 @@ func List(ctx context.Context, db DBTX, cfg *ListConfig) (*Listing, error) {
 			return nil, err
 		}
 	}
-	index, names = nil, nil // read: the GC may have them
+	index, names = nil, nil                          // read: the GC may have them
 	if p, ok := db.(*pgxpool.Pool); ok && p == nil { // a nil pool is no database
 		db = nil
 	}
