@@ -123,12 +123,29 @@ func child() int {
 					stop()
 				}
 			},
-			// A run that starts at the end (the previous one, in the
-			// default mode, committed up to it) has nothing to commit.
+			// A run that starts at the end (the previous one committed up to
+			// it in PostgreSQL) handles nothing: it ends once Kafka's
+			// committed offset is there too — at once when the previous run
+			// committed it to Kafka, else when this run commits its start,
+			// which is ahead of Kafka's (OnOffsetCommitted).
 			OnAssigned: func(_ string, _ int, start int64) {
-				if start >= until {
-					stop()
+				if start < until {
+					return
 				}
+				go func() {
+					client := &kafka.Client{Addr: kafka.TCP(strings.Split(os.Getenv(testenv.EnvKafkaBrokers), ",")...)}
+					for runCtx.Err() == nil {
+						res, err := client.OffsetFetch(runCtx, &kafka.OffsetFetchRequest{GroupID: os.Getenv(childGroup),
+							Topics: map[string][]int{os.Getenv(childTopic): {0}}})
+						if err == nil && res.Error == nil {
+							if res.Topics[os.Getenv(childTopic)][0].CommittedOffset >= until {
+								stop()
+							}
+							return
+						}
+						time.Sleep(100 * time.Millisecond) // the coordinator is busy: ask again
+					}
+				}()
 			},
 		}},
 	})
