@@ -29,12 +29,7 @@ func TestOneReplayPerTopic(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newEnv(t, true)
-	w, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: testenv.Kafka(t), Group: e.group, Logger: e.logger})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	e.deadLetter(w, "pay-1", 0)
+	e.oneDeadLetter("pay-1")
 	started, release := make(chan struct{}), make(chan struct{})
 	first := e.reprocessor(dlq.Redrive, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		close(started)
@@ -117,12 +112,7 @@ func TestReplayTakesItsLockAgain(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newEnv(t, true)
-	w, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: testenv.Kafka(t), Group: e.group, Logger: e.logger})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	e.deadLetter(w, "pay-1", 0)
+	e.oneDeadLetter("pay-1")
 	logs, logger := testenv.NewLogs(t)
 	started, release := make(chan struct{}), make(chan struct{})
 	first := e.reprocessor(dlq.Redrive, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
@@ -159,12 +149,7 @@ func TestReplayStopsWhenItsLockIsTaken(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newEnv(t, true)
-	w, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: testenv.Kafka(t), Group: e.group, Logger: e.logger})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	e.deadLetter(w, "pay-1", 0)
+	e.oneDeadLetter("pay-1")
 	gate := make(chan struct{})
 	started := make(chan struct{})
 	first := e.reprocessorOn(lockGatedPool(t, gate), dlq.Redrive, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
@@ -217,12 +202,7 @@ func TestVanishedReplayFreesTheLock(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newEnv(t, true)
-	w, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: testenv.Kafka(t), Group: e.group, Logger: e.logger})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	e.deadLetter(w, "pay-1", 0)
+	e.oneDeadLetter("pay-1")
 	u, err := url.Parse(testenv.DatabaseURL(t))
 	if err != nil {
 		t.Fatal(err)
@@ -270,4 +250,16 @@ func TestVanishedReplayFreesTheLock(t *testing.T) {
 	if runs := e.runs(); runs["pay-1"] != 1 {
 		t.Fatalf("effects %v, want pay-1 once", runs)
 	}
+}
+
+// oneDeadLetter writes a dead letter of id to e's dead-letter topic, as the
+// consumer's Writer does.
+func (e *env) oneDeadLetter(id string) {
+	e.t.Helper()
+	w, err := dlq.NewWriter(&dlq.WriterConfig{Kafka: testenv.Kafka(e.t), Group: e.group, Logger: e.logger})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer w.Close()
+	e.deadLetter(w, id, 0)
 }

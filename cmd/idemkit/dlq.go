@@ -24,20 +24,20 @@ import (
 
 type dlqFlags struct {
 	conn
-	topic, id, at   string
+	topic, id, at          string
 	origin, errText, class string
-	since, until    string
-	dryRun          bool
-	rate            float64
-	replayLimit     int
-	maxOutage       time.Duration
-	retention       time.Duration
-	applyOld        bool
-	filter          dlq.Filter
-	json            bool
-	red             redactor
-	partition       int
-	offset          int64
+	since, until           string
+	dryRun                 bool
+	rate                   float64
+	replayLimit            int
+	maxOutage              time.Duration
+	retention              time.Duration
+	applyOld               bool
+	filter                 dlq.Filter
+	json                   bool
+	red                    redactor
+	partition              int
+	offset                 int64
 }
 
 const dlqListHelp = `Lists the dead letters of dead-letter topics (written by dlq.Writer; -topic a,b
